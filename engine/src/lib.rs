@@ -1,0 +1,3 @@
+//! # mcqio: a user-space polled NVMe engine
+//!
+//! (skeleton; the engine lands here)

@@ -1,0 +1,2 @@
+//! mcqio-perf (skeleton)
+fn main() {}
