@@ -142,7 +142,10 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(pattern::first_mismatch(7, 8192, &a), None);
         // Same data checked at another offset or with another seed fails.
-        assert_eq!(pattern::first_mismatch(7, 8192 + 512, &a).map(|m| m.0), Some(8192 + 512));
+        assert_eq!(
+            pattern::first_mismatch(7, 8192 + 512, &a).map(|m| m.0),
+            Some(8192 + 512)
+        );
         assert!(pattern::first_mismatch(8, 8192, &a).is_some());
         // A region is the concatenation of its parts.
         let mut tail = vec![0u8; 2048];
