@@ -20,6 +20,7 @@ pub mod backend;
 pub mod dma;
 pub mod iommu;
 pub mod iova;
+pub mod mapping;
 
 pub use backend::{Backend, DoorbellHook, Mmio};
 pub use dma::{
@@ -27,3 +28,7 @@ pub use dma::{
 };
 pub use iommu::{DmaDir, Iommu, IommuCounters, IommuError, IommuStats};
 pub use iova::{Iova, IovaAllocator, IovaError, IovaRange};
+pub use mapping::{
+    AppBuffer, BufPool, DmaMapper, DmaMode, IoBuffer, LazyConfig, MapError, MapFailed, Mapped,
+    MapperConfig, MapperStats, PoolBuf, PoolConfig, QueueMapper, Returned,
+};
