@@ -5,30 +5,95 @@
 //!
 //! - [`Iova`] and [`IovaAllocator`]: device addresses and the allocator that
 //!   hands them out from the IOMMU's valid windows.
-//! - [`Iommu`]: the IOMMU seam. VFIO's type1 container implements it; the fake
-//!   IOMMU in `mcqio-fixtures` implements it for tests.
+//! - [`Iommu`]: the IOMMU seam. VFIO's type1 container implements it
+//!   ([`VfioIommu`]); the fake IOMMU in `mcqio-fixtures` implements it for tests.
 //! - [`DmaSpace`] and [`DmaRegion`]: pinned memory mapped at an IOVA, freed in
 //!   the right order on drop. **Read the DMA contract in [`dma`]**: the device
 //!   writes DMA memory concurrently, so no `&`/`&mut` reference is ever formed
 //!   over it; access is through raw pointers and volatile copies.
 //! - [`Backend`] and [`Mmio`]: the hardware seam the engine drives.
+//!   [`VfioBackend`] is the real one; [`Bar`] is BAR0 (and, via
+//!   [`Bar::anonymous`], a memory-backed stand-in).
+//! - [`doctor()`], [`devices`], [`bind`], [`unbind`]: set-up and diagnosis,
+//!   the library side of `mcqio-perf doctor|devices|bind|unbind`.
+//!
+//! ## Using a real controller
+//!
+//! 1. The machine needs an IOMMU (VT-d/AMD-Vi enabled in the firmware,
+//!    `intel_iommu=on` or `amd_iommu=on` on older kernels) and VFIO
+//!    (`modprobe vfio-pci`).
+//! 2. Move the controller from the kernel's `nvme` driver to `vfio-pci`:
+//!    [`bind`] (`mcqio-perf bind 0000:01:00.0`). Every other device in its
+//!    IOMMU group must be on `vfio-pci` or on no driver; [`devices`] shows
+//!    the group and what blocks it. [`unbind`] gives it back to `nvme`.
+//! 3. As a non-root user: `bind --user <name>` hands over `/dev/vfio/<group>`,
+//!    and `RLIMIT_MEMLOCK` must cover the DMA memory
+//!    ([`memlock_needed`]; root has `CAP_IPC_LOCK` and no limit).
+//! 4. Optional: 2 MiB huge pages (`echo 512 > /proc/sys/vm/nr_hugepages`)
+//!    make DMA regions cheaper to pin and map; 4 KiB pages are used otherwise.
+//! 5. [`VfioBackend::open`]`("0000:01:00.0")` and hand the backend to the
+//!    engine. If anything is missing, the error says what to do, and
+//!    [`doctor()`] (`mcqio-perf doctor <BDF>`) checks everything at once.
+//!
+//! ```no_run
+//! use mcqio_vfio::{Backend, Mmio, VfioBackend};
+//! let ctrl = VfioBackend::open("0000:01:00.0")?;
+//! let version = ctrl.regs().read32(0x08); // NVMe VS register
+//! println!("{}: NVMe {}.{}", ctrl.name(), version >> 16, (version >> 8) & 0xff);
+//! # Ok::<(), mcqio_vfio::VfioError>(())
+//! ```
+//!
+//! ## Safety contract of DMA memory
+//!
+//! Once mapped, a [`DmaRegion`] is shared with a device that reads and writes
+//! it at any time, without the compiler knowing. Therefore:
+//!
+//! - no `&T`/`&mut T`/slice reference is ever created over DMA memory; use
+//!   [`DmaRegion::as_ptr`] with volatile or atomic accesses, or the copying
+//!   accessors ([`DmaRegion::read_bytes`], [`DmaRegion::write_obj`], …);
+//! - memory stays mapped (and so allocated) until the IOMMU unmap has
+//!   returned: a region unmaps, then frees its IOVA, then frees its pages, and
+//!   leaks rather than frees if the unmap fails;
+//! - ordering against the device (a release fence before a doorbell store,
+//!   an acquire fence after observing a completion's phase bit) is the
+//!   driver's job;
+//! - the IOMMU domain lives as long as any region: regions keep the
+//!   [`DmaSpace`], which keeps the [`VfioIommu`], which keeps the device and
+//!   container open (closed device → group → container, see [`VfioIommu`]).
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod bar;
+pub mod container;
+pub mod device;
 pub mod dma;
+pub mod doctor;
+pub mod error;
 pub mod iommu;
 pub mod iova;
 pub mod mapping;
+pub mod memlock;
+pub mod setup;
+mod sys;
+pub mod sysfs;
 
 pub use backend::{Backend, DoorbellHook, Mmio};
+pub use bar::{Bar, BarAccessError, BarBacking};
+pub use container::VfioIommu;
+pub use device::{precheck, DeviceInfo, OpenOptions, VfioBackend, DEFAULT_DMA_BUDGET};
 pub use dma::{
     DmaError, DmaRegion, DmaSpace, HugePages, PageKind, PlainData, HUGE_PAGE_SIZE, PAGE_SIZE,
 };
+pub use doctor::{doctor, Check, CheckStatus, DoctorOptions, DoctorReport};
+pub use error::{GroupBlocker, Result, VfioError};
 pub use iommu::{DmaDir, Iommu, IommuCounters, IommuError, IommuStats};
 pub use iova::{Iova, IovaAllocator, IovaError, IovaRange};
 pub use mapping::{
     AppBuffer, BufPool, DmaMapper, DmaMode, IoBuffer, LazyConfig, MapError, MapFailed, Mapped,
     MapperConfig, MapperStats, PoolBuf, PoolConfig, QueueMapper, Returned,
 };
+pub use memlock::{memlock_needed, MemlockStatus};
+pub use setup::{bind, devices, unbind, BindOptions, BindOutcome, NvmeController};
+pub use sysfs::{PciAddress, PciDevice, SysRoots};
