@@ -1,3 +1,115 @@
 //! # mcqio: a user-space polled NVMe engine
 //!
-//! (skeleton; the engine lands here)
+//! mcqio drives an NVMe controller from user space through the
+//! [`mcqio_vfio::Backend`] seam (VFIO for real devices, the fake controller
+//! of `mcqio-fixtures` in tests). It is passive: it spawns no threads, takes
+//! no locks and makes no system calls on the I/O path. The application owns
+//! one [`QueuePair`] per thread and polls it.
+//!
+//! ```text
+//! Controller::new(backend, ControllerOptions::default())   // bring-up, identify
+//!   └─ ctrl.create_qpair(QpairOptions::default())          // one per thread (Send + !Sync)
+//!        ├─ qp.read(nsid, slba, nlb, buf, tag)             // SQE into the ring, no doorbell yet
+//!        ├─ qp.submit()                                    // one SQ-tail doorbell per batch
+//!        └─ qp.poll(max, |c: Completion<_>| ..)            // phase-bit polling, buffer handed back
+//! ```
+//!
+//! - [`spec`]: wire formats (registers, SQE/CQE, command builders, identify, status).
+//! - [`ctrl`]: [`Controller`] bring-up, admin queue, shutdown.
+//! - [`queue`]: [`QueuePair`]: rings, doorbells, trackers (CID = slot | generation).
+//! - [`io`]: the I/O API: [`DmaBuf`], the [`IoBuf`] trait, [`Completion`], typed errors.
+//! - [`mcq`]: one queue pair per core on pinned threads.
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![warn(missing_docs)]
+
+pub mod ctrl;
+pub mod io;
+pub mod mcq;
+pub mod queue;
+pub mod spec;
+
+pub use ctrl::{Controller, ControllerOptions, Namespace};
+pub use io::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind};
+pub use mcq::run_per_core;
+pub use queue::{QpairOptions, QpairStats, QueuePair};
+pub use spec::NvmeStatus;
+
+pub use mcqio_vfio as vfio;
+
+/// Errors of the control path (bring-up, admin commands, queue creation,
+/// blocking I/O). The asynchronous I/O path reports through
+/// [`SubmitError`] and [`IoError`] instead.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// DMA memory could not be allocated or mapped.
+    #[error("DMA memory: {0}")]
+    Dma(#[from] mcqio_vfio::DmaError),
+    /// The controller did not reach a state in time.
+    #[error("controller did not {what} within {timeout_ms} ms; check that the device is not held by another driver, then reset it (echo 1 > /sys/bus/pci/devices/<bdf>/reset)")]
+    Timeout {
+        /// What we were waiting for.
+        what: &'static str,
+        /// The bound we used.
+        timeout_ms: u64,
+    },
+    /// CSTS.CFS is set: the controller hit a fatal internal error.
+    #[error("controller fatal status (CSTS.CFS) is set; the controller must be reset before it can be used again")]
+    ControllerFatal,
+    /// Register reads return all ones: the device was removed or its BAR is unreachable.
+    #[error("the device does not respond (registers read all ones): it was removed or its BAR is no longer reachable")]
+    DeviceGone,
+    /// An admin command completed with an error status.
+    #[error("{command} failed: {status}")]
+    Command {
+        /// Which command.
+        command: &'static str,
+        /// What the controller said.
+        status: NvmeStatus,
+    },
+    /// The identify data is unusable.
+    #[error(transparent)]
+    Identify(#[from] spec::identify::IdentifyError),
+    /// More queue pairs (threads) were requested than the controller granted.
+    #[error("{requested} queue pairs requested but the controller granted only {granted} I/O queues; use at most {granted} threads (queues are never shared silently)")]
+    NotEnoughQueues {
+        /// Queue pairs asked for.
+        requested: usize,
+        /// I/O queue pairs the controller granted in Set Features (Number of Queues).
+        granted: usize,
+    },
+    /// Every granted queue id is in use by a live [`QueuePair`].
+    #[error("all {granted} I/O queue pairs the controller granted are in use; drop a QueuePair before creating another")]
+    NoFreeQueue {
+        /// I/O queue pairs granted.
+        granted: usize,
+    },
+    /// An option is out of range.
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+    /// A blocking call found other commands in flight on the queue pair.
+    #[error("blocking I/O needs an idle queue pair but {outstanding} commands are in flight; poll them to completion first")]
+    QueueBusy {
+        /// Commands in flight.
+        outstanding: usize,
+    },
+    /// A blocking call's command was rejected before submission.
+    #[error("request rejected: {0}")]
+    Submit(SubmitErrorKind),
+    /// A blocking call's command completed with an error.
+    #[error("I/O failed: {0}")]
+    Io(#[from] IoError),
+    /// A worker thread of [`run_per_core`] panicked.
+    #[error("worker thread {0} panicked")]
+    WorkerPanicked(usize),
+}
+
+impl<T> From<SubmitError<T>> for Error {
+    fn from(e: SubmitError<T>) -> Self {
+        Error::Submit(e.kind)
+    }
+}
+
+/// Result of control-path operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,462 @@
+//! The I/O API's data types: DMA buffers, completions and typed errors.
+//!
+//! # Buffer ownership
+//!
+//! A submission *moves* its buffer into the command's tracker; the buffer
+//! comes back in the [`Completion`] (or in the [`SubmitError`] if the command
+//! was rejected). While the device may access the memory nobody else can
+//! touch it, and nothing is cloned or reference-counted per I/O.
+//!
+//! Any type can carry data if it implements [`IoBuf`]: [`DmaBuf`] (memory
+//! from a [`DmaSpace`]), `Vec<DmaBuf>` (vectored: several buffers, one PRP
+//! list), or a buffer that some other layer mapped (a pool, a strict or lazy
+//! mapping) and describes by IOVA + length.
+//!
+//! # PRP rules enforced at submission
+//!
+//! The first segment may start at any 4-byte aligned IOVA; every later
+//! segment must start on a 4 KiB page boundary, and every segment but the
+//! last must end on one. A buffer breaking these rules is rejected with
+//! [`SubmitErrorKind::Misaligned`].
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use mcqio_vfio::{DmaDir, DmaError, DmaRegion, DmaSpace, Iova};
+
+use crate::spec::NvmeStatus;
+
+/// One IOVA-contiguous piece of an I/O buffer.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct IoSeg {
+    /// Device address of the first byte.
+    pub iova: Iova,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// Memory the device may read or write for a command.
+///
+/// # Safety
+///
+/// An implementor promises that, for as long as the value is alive (and it
+/// may be moved — moving must not move or free the memory):
+/// - every segment `[iova, iova + len)` is mapped in the IOMMU of the space
+///   for which [`IoBuf::is_mapped_in`] returns true, with at least the
+///   direction [`IoBuf::dir`] reports, onto host memory that stays allocated;
+/// - no Rust reference to that memory exists while the value is held by a
+///   queue pair (the device writes it concurrently);
+/// - `segment_count`, `segment`, `dir` and `is_mapped_in` return the same
+///   answers every time.
+pub unsafe trait IoBuf: Send {
+    /// Number of segments (at least 1).
+    fn segment_count(&self) -> usize;
+    /// Segment `i` (`i < segment_count()`).
+    fn segment(&self, i: usize) -> IoSeg;
+    /// Which way the device may move data through this buffer.
+    fn dir(&self) -> DmaDir;
+    /// Whether the buffer is mapped in `space` (the controller's DMA space).
+    fn is_mapped_in(&self, space: &DmaSpace) -> bool;
+    /// Total bytes over all segments.
+    #[inline]
+    fn total_len(&self) -> usize {
+        (0..self.segment_count()).map(|i| self.segment(i).len).sum()
+    }
+}
+
+/// A slice of a [`DmaRegion`]: memory the device can reach.
+///
+/// `DmaBuf`s made from one region never overlap: a region becomes one buffer
+/// ([`DmaBuf::new`]) that can only be divided ([`DmaBuf::split_at`],
+/// [`DmaBuf::chunks`]). So a `DmaBuf` that is not in flight is exclusively
+/// owned, and copying in and out of it is an ordinary memcpy.
+pub struct DmaBuf {
+    region: Arc<DmaRegion>,
+    offset: usize,
+    len: usize,
+}
+
+impl fmt::Debug for DmaBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaBuf")
+            .field("iova", &self.iova())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl DmaBuf {
+    /// The whole region as one buffer.
+    pub fn new(region: DmaRegion) -> Self {
+        let len = region.len();
+        DmaBuf {
+            region: Arc::new(region),
+            offset: 0,
+            len,
+        }
+    }
+
+    /// Allocate a new region of `len` bytes (rounded up to pages) in `space`
+    /// and make it one buffer of exactly `len` bytes.
+    pub fn alloc(space: &Arc<DmaSpace>, len: usize, dir: DmaDir) -> Result<Self, DmaError> {
+        let region = space.alloc(len, dir)?;
+        Ok(DmaBuf {
+            region: Arc::new(region),
+            offset: 0,
+            len,
+        })
+    }
+
+    /// Split into `[0, mid)` and `[mid, len)`. Fails if `mid > len`.
+    pub fn split_at(self, mid: usize) -> Result<(DmaBuf, DmaBuf), DmaError> {
+        if mid > self.len {
+            return Err(DmaError::OutOfBounds {
+                offset: mid,
+                len: 0,
+                size: self.len,
+            });
+        }
+        let tail = DmaBuf {
+            region: Arc::clone(&self.region),
+            offset: self.offset + mid,
+            len: self.len - mid,
+        };
+        let head = DmaBuf {
+            region: self.region,
+            offset: self.offset,
+            len: mid,
+        };
+        Ok((head, tail))
+    }
+
+    /// Cut into consecutive buffers of `size` bytes (the last one may be
+    /// shorter). `size` must not be zero.
+    pub fn chunks(self, size: usize) -> Result<Vec<DmaBuf>, DmaError> {
+        if size == 0 {
+            return Err(DmaError::ZeroLength);
+        }
+        let mut out = Vec::with_capacity(self.len.div_ceil(size));
+        let mut rest = self;
+        while rest.len > size {
+            let (a, b) = rest.split_at(size)?;
+            out.push(a);
+            rest = b;
+        }
+        out.push(rest);
+        Ok(out)
+    }
+
+    /// Device address of byte 0.
+    #[inline]
+    pub fn iova(&self) -> Iova {
+        self.region.iova().add(self.offset as u64)
+    }
+
+    /// Length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Host pointer to byte 0 (for volatile access or memcpy while the
+    /// buffer is not in flight).
+    #[inline]
+    pub fn as_ptr(&self) -> NonNull<u8> {
+        // SAFETY: `offset <= region.len()` is an invariant of every constructor.
+        unsafe { self.region.as_ptr().add(self.offset) }
+    }
+
+    /// The region this buffer is part of.
+    pub fn region(&self) -> &Arc<DmaRegion> {
+        &self.region
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), DmaError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(DmaError::OutOfBounds {
+                offset,
+                len,
+                size: self.len,
+            }),
+        }
+    }
+
+    /// Copy `src` into the buffer at `offset`.
+    pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
+        self.check(offset, src.len())?;
+        // SAFETY: bounds checked; the buffer is not in flight (we hold it by
+        // `&mut`, and a queue pair holds in-flight buffers by value), and no
+        // other DmaBuf overlaps it (type invariant), so nothing else reads
+        // or writes these bytes during the copy. No reference is formed.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.as_ptr().as_ptr().add(offset),
+                src.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Copy `dst.len()` bytes out of the buffer starting at `offset`.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), DmaError> {
+        self.check(offset, dst.len())?;
+        // SAFETY: bounds checked; not in flight and not overlapped (see
+        // `write_at`). The device's writes were ordered before the completion
+        // by the queue's Acquire fence, which happened before we got it back.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.as_ptr().as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Fill the whole buffer with `byte`.
+    pub fn fill(&mut self, byte: u8) {
+        // SAFETY: in bounds by construction; exclusive as in `write_at`.
+        unsafe { std::ptr::write_bytes(self.as_ptr().as_ptr(), byte, self.len) };
+    }
+
+    /// Copy the contents into a new vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len];
+        self.read_at(0, &mut v)
+            .expect("whole-buffer read is in bounds");
+        v
+    }
+}
+
+// SAFETY: a `DmaBuf` is a range of a live `DmaRegion` (kept alive by the
+// Arc), which is mapped at `region.iova()` in `region.space()` with
+// `region.dir()` for its whole life; moving the DmaBuf moves only the Arc.
+unsafe impl IoBuf for DmaBuf {
+    #[inline]
+    fn segment_count(&self) -> usize {
+        1
+    }
+    #[inline]
+    fn segment(&self, _i: usize) -> IoSeg {
+        IoSeg {
+            iova: self.iova(),
+            len: self.len,
+        }
+    }
+    #[inline]
+    fn dir(&self) -> DmaDir {
+        self.region.dir()
+    }
+    #[inline]
+    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
+        std::ptr::eq(Arc::as_ptr(self.region.space()), space)
+    }
+    #[inline]
+    fn total_len(&self) -> usize {
+        self.len
+    }
+}
+
+fn common_dir(a: DmaDir, b: DmaDir) -> DmaDir {
+    match (
+        a.device_reads() && b.device_reads(),
+        a.device_writes() && b.device_writes(),
+    ) {
+        (true, true) => DmaDir::Bidirectional,
+        (true, false) => DmaDir::ToDevice,
+        (false, true) => DmaDir::FromDevice,
+        // No common direction: report one that fails either check below by
+        // construction of the caller (read needs writes, write needs reads).
+        (false, false) => a,
+    }
+}
+
+// SAFETY: each element upholds the contract for its own segment; the Vec
+// owns them, so they live exactly as long as the Vec. `dir` is the
+// intersection of the elements' directions when one exists.
+unsafe impl<B: IoBuf> IoBuf for Vec<B> {
+    fn segment_count(&self) -> usize {
+        self.iter().map(|b| b.segment_count()).sum()
+    }
+    fn segment(&self, mut i: usize) -> IoSeg {
+        for b in self {
+            let n = b.segment_count();
+            if i < n {
+                return b.segment(i);
+            }
+            i -= n;
+        }
+        IoSeg {
+            iova: Iova(0),
+            len: 0,
+        }
+    }
+    fn dir(&self) -> DmaDir {
+        let mut it = self.iter();
+        let Some(first) = it.next() else {
+            return DmaDir::Bidirectional;
+        };
+        let d = first.dir();
+        let all_agree = self.iter().all(|b| b.dir() == d);
+        if all_agree {
+            d
+        } else {
+            self.iter()
+                .map(|b| b.dir())
+                .fold(DmaDir::Bidirectional, common_dir)
+        }
+    }
+    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
+        self.iter().all(|b| b.is_mapped_in(space))
+    }
+}
+
+/// How a command ended, when it did not succeed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IoError {
+    /// The controller completed the command with an error status.
+    #[error("controller returned {0}")]
+    Nvme(NvmeStatus),
+    /// The command was cancelled by the host (queue deletion, reset); it may be resubmitted.
+    #[error(
+        "command aborted by the host (queue deleted or controller reset); it may be resubmitted"
+    )]
+    Aborted,
+    /// No completion arrived within the timeout.
+    #[error("no completion within the timeout; the command is still owned by the queue until it is aborted or the queue is reset")]
+    TimedOut,
+    /// The controller failed (CSTS.CFS) or disappeared.
+    #[error("the controller failed or was removed")]
+    ControllerFailed,
+}
+
+/// Why a submission was rejected. Nothing was sent to the device.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitErrorKind {
+    /// Every tracker is busy: poll completions, then resubmit.
+    #[error("queue full: poll for completions, then resubmit")]
+    QueueFull,
+    /// A zero-block or zero-byte request.
+    #[error("zero-length request")]
+    ZeroLength,
+    /// The LBA range runs past the end of the namespace.
+    #[error("LBAs {slba}..{slba}+{nlb} are past the end of the namespace ({nsze} blocks)")]
+    LbaOutOfRange {
+        /// Starting LBA.
+        slba: u64,
+        /// Blocks.
+        nlb: u64,
+        /// Namespace size in blocks.
+        nsze: u64,
+    },
+    /// The buffer holds fewer bytes than the transfer needs.
+    #[error("buffer has {available} bytes but the transfer needs {needed}")]
+    BufferTooSmall {
+        /// Bytes needed (blocks × block size).
+        needed: u64,
+        /// Bytes in the buffer.
+        available: u64,
+    },
+    /// A segment breaks the PRP alignment rules (module docs).
+    #[error("buffer segment {segment} at IOVA {iova} breaks PRP alignment (first segment: 4-byte aligned start; others: page-aligned start; all but the last: page-aligned end)")]
+    Misaligned {
+        /// Segment index.
+        segment: usize,
+        /// Its IOVA.
+        iova: Iova,
+    },
+    /// The buffer is not mapped in this controller's DMA space.
+    #[error(
+        "buffer is not DMA-mapped for this controller: allocate it from the controller's DMA space"
+    )]
+    NotDmaMapped,
+    /// The buffer's mapping does not allow the transfer's direction.
+    #[error("buffer is mapped {mapped:?} but the command needs the device to {needs}")]
+    WrongDirection {
+        /// How it is mapped.
+        mapped: DmaDir,
+        /// What the command needs.
+        needs: &'static str,
+    },
+    /// No active namespace with this id.
+    #[error("namespace {nsid} does not exist or is not active")]
+    UnknownNamespace {
+        /// The id given.
+        nsid: u32,
+    },
+    /// The transfer exceeds the controller's MDTS (or the queue's PRP capacity).
+    #[error("transfer of {bytes} bytes exceeds the maximum of {max} bytes per command; split it (the blocking API splits automatically)")]
+    TransferTooLarge {
+        /// Bytes asked for.
+        bytes: u64,
+        /// Limit per command.
+        max: u64,
+    },
+    /// Dataset Management with no ranges or more than 256.
+    #[error("{count} ranges given; a Dataset Management command takes 1 to 256")]
+    BadRangeCount {
+        /// Ranges given.
+        count: usize,
+    },
+    /// The controller does not support this command (ONCS).
+    #[error("the controller does not support {0}")]
+    Unsupported(&'static str),
+    /// The controller has failed; no more commands are accepted.
+    #[error("the controller has failed; no more commands are accepted")]
+    ControllerFailed,
+}
+
+/// A rejected submission: why, and the payload handed back untouched.
+pub struct SubmitError<T> {
+    /// Why it was rejected.
+    pub kind: SubmitErrorKind,
+    /// The buffer (or `()` for commands without one), returned to the caller.
+    pub buf: T,
+}
+
+impl<T> SubmitError<T> {
+    /// Take the payload back.
+    pub fn into_buf(self) -> T {
+        self.buf
+    }
+}
+
+impl<T> fmt::Debug for SubmitError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SubmitError")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Display for SubmitError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.kind, f)
+    }
+}
+
+impl<T> std::error::Error for SubmitError<T> {}
+
+/// A finished command.
+#[derive(Debug)]
+pub struct Completion<B> {
+    /// The tag given at submission.
+    pub tag: u64,
+    /// Success, or how it failed.
+    pub result: Result<(), IoError>,
+    /// The data buffer, handed back (`None` for commands without one).
+    pub buf: Option<B>,
+    /// Command-specific result dword 0.
+    pub dw0: u32,
+}

@@ -1,0 +1,117 @@
+//! The completion ring: phase-bit polling.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, Ordering};
+
+use mcqio_vfio::DmaRegion;
+
+use super::doorbell::Doorbell;
+use crate::spec::cqe::STATUS_OFFSET;
+use crate::spec::Cqe;
+
+/// A completion queue: ring memory, local head and phase, head doorbell.
+pub(crate) struct CompQueue {
+    ring: NonNull<Cqe>,
+    entries: u16,
+    head: u16,
+    phase: u16,
+    rung_head: u16,
+    pub db: Doorbell,
+    mem: DmaRegion,
+}
+
+// SAFETY: `ring` points into `mem`, owned by this value; used only through
+// `&mut self` by the owning thread.
+unsafe impl Send for CompQueue {}
+
+impl CompQueue {
+    /// Take ownership of `mem` (at least `entries * 16` bytes). The ring is
+    /// zeroed here so every entry starts with phase 0; the first pass of the
+    /// controller writes phase 1.
+    pub fn new(mem: DmaRegion, entries: u16, db: Doorbell) -> Self {
+        assert!(mem.len() >= entries as usize * std::mem::size_of::<Cqe>());
+        mem.fill(0);
+        CompQueue {
+            ring: mem.as_ptr().cast(),
+            entries,
+            head: 0,
+            phase: 1,
+            rung_head: 0,
+            db,
+            mem,
+        }
+    }
+
+    pub fn region(&self) -> &DmaRegion {
+        &self.mem
+    }
+
+    /// The entry at the head if the controller has posted it.
+    #[inline]
+    pub fn peek(&self) -> Option<Cqe> {
+        // SAFETY: `head < entries`; the ring is live DMA memory owned by self.
+        let slot = unsafe { self.ring.as_ptr().add(self.head as usize) };
+        // SAFETY: in bounds (above); the status halfword is 2-byte aligned;
+        // volatile because the controller writes it concurrently.
+        let status = unsafe {
+            slot.cast::<u8>()
+                .add(STATUS_OFFSET)
+                .cast::<u16>()
+                .read_volatile()
+        };
+        if status & 1 != self.phase {
+            return None;
+        }
+        // Acquire: the phase-bit load above must happen before the loads of
+        // the rest of this CQE and, later, of the data the device wrote into
+        // the command's buffer. (The device writes data, then the CQE with
+        // the phase bit last.)
+        fence(Ordering::Acquire);
+        // SAFETY: in bounds; the controller finished writing this entry (phase
+        // matched); volatile copy, no reference.
+        Some(unsafe { slot.read_volatile() })
+    }
+
+    /// Consume the head entry.
+    #[inline]
+    pub fn advance(&mut self) {
+        self.head += 1;
+        if self.head == self.entries {
+            self.head = 0;
+            self.phase ^= 1;
+        }
+    }
+
+    /// Hint the CPU to fetch the next entry.
+    #[inline]
+    pub fn prefetch_next(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let next = if self.head + 1 == self.entries {
+                0
+            } else {
+                self.head + 1
+            };
+            // SAFETY: `next < entries`, inside the ring; prefetch has no
+            // architectural effect and forms no reference.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    self.ring.as_ptr().add(next as usize).cast(),
+                )
+            };
+        }
+    }
+
+    /// Tell the controller how far we consumed (once per poll).
+    #[inline]
+    pub fn flush(&mut self) {
+        if self.head == self.rung_head {
+            return;
+        }
+        // Release: our reads of the consumed CQEs must complete before the
+        // controller may reuse their slots, which the head store permits.
+        fence(Ordering::Release);
+        self.db.ring(self.rung_head, self.head);
+        self.rung_head = self.head;
+    }
+}

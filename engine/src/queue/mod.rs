@@ -1,0 +1,19 @@
+//! Queue pairs: rings, doorbells, trackers.
+//!
+//! - `sq`: the submission ring and its tail doorbell (batched: one store per flush).
+//! - `cq`: the completion ring, phase-bit polling, one head doorbell per poll.
+//! - `tracker`: per-slot command state; CID = slot | generation.
+//! - [`pair`]: [`QueuePair`], the public per-thread I/O object.
+
+pub(crate) mod cq;
+pub(crate) mod doorbell;
+pub mod pair;
+pub(crate) mod sq;
+pub(crate) mod tracker;
+
+pub use pair::{Outstanding, QpairOptions, QpairStats, QueuePair};
+
+/// NVMe memory page size used by mcqio (CC.MPS = 0).
+pub const PAGE_SIZE: u64 = 4096;
+pub(crate) const PAGE_SHIFT: u32 = 12;
+pub(crate) const PAGE_MASK: u64 = PAGE_SIZE - 1;

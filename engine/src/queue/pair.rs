@@ -1,0 +1,1086 @@
+//! [`QueuePair`]: one submission/completion queue pair, owned by one thread.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace};
+
+use super::cq::CompQueue;
+use super::doorbell::Doorbell;
+use super::sq::SubQueue;
+use super::tracker::Trackers;
+use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
+use crate::ctrl::Controller;
+use crate::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
+use crate::spec::regs;
+use crate::spec::sqe::{
+    Command, CreateIoCq, CreateIoSq, DatasetManagement, DsmRange, Flush, Read, Write, WriteZeroes,
+    DSM_MAX_RANGES, MAX_NLB,
+};
+use crate::spec::{Cqe, NvmeStatus, Sqe};
+use crate::{Error, Result};
+
+/// The largest queue depth (outstanding commands per queue pair).
+pub const MAX_DEPTH: u16 = 4096;
+/// PRP entries per list page.
+const PRP_PER_PAGE: usize = (PAGE_SIZE / 8) as usize;
+/// Tag used by the blocking API.
+const BLOCKING_TAG: u64 = u64::MAX;
+/// Empty polls (with commands outstanding) between CSTS health checks.
+const HEALTH_CHECK_INTERVAL: u32 = 4096;
+
+/// Options for [`Controller::create_qpair`].
+#[derive(Clone, Debug)]
+pub struct QpairOptions {
+    /// Commands that may be outstanding at once (1..=4096). The rings get
+    /// `depth + 1` entries, so neither the SQ nor the CQ can ever overflow.
+    pub depth: u16,
+    /// Most completions one [`QueuePair::poll`] delivers (0: `depth`).
+    pub max_completions_per_poll: usize,
+    /// How long blocking calls wait for their completion before returning
+    /// [`IoError::TimedOut`].
+    pub blocking_timeout: Duration,
+}
+
+impl Default for QpairOptions {
+    fn default() -> Self {
+        QpairOptions {
+            depth: 256,
+            max_completions_per_poll: 0,
+            blocking_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Counters of one queue pair.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QpairStats {
+    /// Commands placed in the SQ.
+    pub submitted: u64,
+    /// Completions delivered.
+    pub completed: u64,
+    /// CQEs that matched no command in flight (duplicate, stale, corrupt CID):
+    /// consumed and dropped, never delivered.
+    pub stale_completions: u64,
+    /// SQ tail doorbell MMIO stores.
+    pub sq_doorbell_writes: u64,
+    /// SQ tail updates that needed no MMIO store (shadow doorbell, EventIdx).
+    pub sq_doorbell_skipped: u64,
+    /// CQ head doorbell MMIO stores.
+    pub cq_doorbell_writes: u64,
+    /// CQ head updates that needed no MMIO store (shadow doorbell).
+    pub cq_doorbell_skipped: u64,
+}
+
+/// A command still owned by the device, as reported by the timeout scan.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Outstanding {
+    /// Tag given at submission.
+    pub tag: u64,
+    /// Command identifier (for Abort).
+    pub cid: u16,
+    /// Age, at the queue's coarse clock (updated once per poll).
+    pub age: Duration,
+}
+
+#[derive(Copy, Clone, Debug)]
+struct NsGeom {
+    nsze: u64,
+    lba_shift: u32,
+}
+
+/// One I/O submission queue and its completion queue.
+///
+/// `Send` but not `Sync`: create one per thread (see [`crate::mcq`]) and
+/// keep it there. No locks, atomics, allocations or system calls are made on
+/// the I/O path ([`read`](Self::read), [`write`](Self::write), ...,
+/// [`submit`](Self::submit), [`poll`](Self::poll)).
+///
+/// `B` is the buffer type moved through the queue (default [`DmaBuf`]); any
+/// [`IoBuf`] works, e.g. `Vec<DmaBuf>` for vectored I/O.
+///
+/// Transfers larger than the controller's MDTS (or
+/// [`crate::ControllerOptions::max_transfer`]) are **rejected** on this API
+/// with [`SubmitErrorKind::TransferTooLarge`]: splitting silently would turn
+/// one tag into several completions. The blocking API splits.
+///
+/// Dropping a queue pair deletes its SQ then CQ on the controller; buffers of
+/// commands still in flight are dropped after the deletion (so the device
+/// cannot write to them any more). Use [`QueuePair::close`] to get every
+/// outstanding command back as a completion instead.
+pub struct QueuePair<B: IoBuf = DmaBuf> {
+    sq: SubQueue,
+    cq: CompQueue,
+    trackers: Trackers<B>,
+    prp_ptr: NonNull<u64>,
+    prp_iova: u64,
+    prp_pages: usize,
+    ns: Box<[Option<NsGeom>]>,
+    max_xfer: u64,
+    max_per_poll: usize,
+    oncs: u16,
+    space: Arc<DmaSpace>,
+    qid: u16,
+    failed: Option<Error0>,
+    now_ms: u32,
+    epoch: Instant,
+    idle_polls: u32,
+    submitted: u64,
+    completed: u64,
+    blocking_timeout: Duration,
+    bounce: Option<DmaBuf>,
+    closed: bool,
+    _prp_mem: DmaRegion,
+    ctrl: Arc<Controller>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+/// Why a queue stopped accepting commands.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Error0 {
+    Fatal,
+    Gone,
+}
+
+// SAFETY: every raw pointer in a QueuePair (rings, PRP pages, doorbells)
+// points into memory this value owns or keeps alive (its DmaRegions, the BAR
+// via `ctrl`); the pair is used through `&mut self` by one thread at a time,
+// so moving it to another thread is sound if its buffers can move (`B: Send`).
+unsafe impl<B: IoBuf> Send for QueuePair<B> {}
+
+struct PrpWriter {
+    list: *mut u64,
+    list_iova: u64,
+    pages: usize,
+    page: usize,
+    idx: usize,
+    count: usize,
+    first: u64,
+}
+
+impl PrpWriter {
+    #[inline]
+    fn push(&mut self, addr: u64) -> Result<(), ()> {
+        if self.idx == PRP_PER_PAGE {
+            // The page is full: its last slot becomes a pointer to the next
+            // list page, and the entry that was there moves to the next page.
+            if self.page + 1 >= self.pages {
+                return Err(());
+            }
+            let last_at = self.page * PRP_PER_PAGE + PRP_PER_PAGE - 1;
+            let next_at = (self.page + 1) * PRP_PER_PAGE;
+            // SAFETY: both indices are inside this slot's `pages` list pages,
+            // which are live DMA memory owned by the queue; the device does
+            // not read them before the doorbell. Volatile, no reference.
+            unsafe {
+                let last = self.list.add(last_at).read_volatile();
+                self.list.add(next_at).write_volatile(last);
+                self.list
+                    .add(last_at)
+                    .write_volatile(self.list_iova + ((self.page as u64 + 1) << PAGE_SHIFT));
+            }
+            self.page += 1;
+            self.idx = 1;
+        }
+        // SAFETY: `page < pages` and `idx < PRP_PER_PAGE`: inside the slot's
+        // list pages (see above).
+        unsafe {
+            self.list
+                .add(self.page * PRP_PER_PAGE + self.idx)
+                .write_volatile(addr)
+        };
+        if self.count == 0 {
+            self.first = addr;
+        }
+        self.idx += 1;
+        self.count += 1;
+        Ok(())
+    }
+
+    /// PRP2: nothing, the single second page, or the list.
+    #[inline]
+    fn finish(&self) -> u64 {
+        match self.count {
+            0 => 0,
+            1 => self.first,
+            _ => self.list_iova,
+        }
+    }
+}
+
+impl<B: IoBuf> QueuePair<B> {
+    pub(crate) fn create(ctrl: &Arc<Controller>, opts: &QpairOptions) -> Result<Self> {
+        if opts.depth == 0 || opts.depth > MAX_DEPTH {
+            return Err(Error::InvalidOption(format!(
+                "queue depth {} is outside 1..={MAX_DEPTH}",
+                opts.depth
+            )));
+        }
+        let entries = opts.depth as u32 + 1;
+        let mqes = ctrl.cap().max_queue_entries();
+        if entries > mqes {
+            return Err(Error::InvalidOption(format!(
+                "queue depth {} needs {entries} ring entries but the controller supports at most {mqes} (CAP.MQES); use depth <= {}",
+                opts.depth,
+                mqes - 1
+            )));
+        }
+        let entries = entries as u16;
+        let qid = ctrl.alloc_qid()?;
+        match Self::create_with_qid(ctrl, opts, qid, entries) {
+            Ok(qp) => Ok(qp),
+            Err(e) => {
+                ctrl.release_qid(qid);
+                Err(e)
+            }
+        }
+    }
+
+    fn create_with_qid(
+        ctrl: &Arc<Controller>,
+        opts: &QpairOptions,
+        qid: u16,
+        entries: u16,
+    ) -> Result<Self> {
+        let space = Arc::clone(ctrl.dma());
+        let cq_mem = space.alloc(entries as usize * size_of::<Cqe>(), DmaDir::Bidirectional)?;
+        let sq_mem = space.alloc(entries as usize * size_of::<Sqe>(), DmaDir::ToDevice)?;
+        let max_xfer = ctrl.max_transfer();
+        // Entries after PRP1: at most one per page of the largest transfer.
+        let entries_needed = (max_xfer >> PAGE_SHIFT) as usize + 1;
+        let prp_pages = if entries_needed <= PRP_PER_PAGE {
+            1
+        } else {
+            (entries_needed - 1).div_ceil(PRP_PER_PAGE - 1)
+        };
+        let prp_mem = space.alloc(
+            opts.depth as usize * prp_pages * PAGE_SIZE as usize,
+            DmaDir::ToDevice,
+        )?;
+        let (sq_shadow, cq_shadow) = ctrl.shadow_slots(qid);
+        let hook = ctrl.backend().doorbell_hook();
+        let dstrd = ctrl.cap().dstrd();
+        // SAFETY: doorbell offsets computed from CAP.DSTRD for a granted qid
+        // lie inside BAR0, which `ctrl` (kept alive by this queue) maps;
+        // shadow slots are inside the controller's shadow pages.
+        let (sq_db, cq_db) = unsafe {
+            (
+                Doorbell::new(
+                    ctrl.bar(),
+                    regs::sq_tail_doorbell(qid, dstrd),
+                    sq_shadow,
+                    false,
+                    hook.clone(),
+                ),
+                Doorbell::new(
+                    ctrl.bar(),
+                    regs::cq_head_doorbell(qid, dstrd),
+                    cq_shadow,
+                    false,
+                    hook,
+                ),
+            )
+        };
+        let cq = CompQueue::new(cq_mem, entries, cq_db);
+        let sq = SubQueue::new(sq_mem, entries, sq_db);
+
+        ctrl.admin(
+            CreateIoCq::new(qid, entries)
+                .sqe()
+                .with_prp(cq.region().iova().raw(), 0),
+            "Create I/O Completion Queue",
+        )?;
+        if let Err(e) = ctrl.admin(
+            CreateIoSq::new(qid, entries, qid)
+                .sqe()
+                .with_prp(sq.region().iova().raw(), 0),
+            "Create I/O Submission Queue",
+        ) {
+            let _ = ctrl.admin(
+                crate::spec::sqe::DeleteIoCq(qid).sqe(),
+                "Delete I/O Completion Queue",
+            );
+            return Err(e);
+        }
+
+        let mut ns: Vec<Option<NsGeom>> = Vec::new();
+        for n in ctrl.namespaces() {
+            let i = n.id as usize;
+            if ns.len() <= i {
+                ns.resize(i + 1, None);
+            }
+            ns[i] = Some(NsGeom {
+                nsze: n.nsze,
+                lba_shift: n.lba_shift,
+            });
+        }
+        let max_per_poll = match opts.max_completions_per_poll {
+            0 => opts.depth as usize,
+            n => n,
+        };
+        Ok(QueuePair {
+            sq,
+            cq,
+            trackers: Trackers::new(opts.depth),
+            prp_ptr: prp_mem.as_ptr().cast(),
+            prp_iova: prp_mem.iova().raw(),
+            prp_pages,
+            ns: ns.into_boxed_slice(),
+            max_xfer,
+            max_per_poll,
+            oncs: ctrl.identify().oncs,
+            space,
+            qid,
+            failed: None,
+            now_ms: 0,
+            epoch: Instant::now(),
+            idle_polls: 0,
+            submitted: 0,
+            completed: 0,
+            blocking_timeout: opts.blocking_timeout,
+            bounce: None,
+            closed: false,
+            _prp_mem: prp_mem,
+            ctrl: Arc::clone(ctrl),
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// The queue id (1-based; 0 is the admin queue).
+    pub fn qid(&self) -> u16 {
+        self.qid
+    }
+
+    /// The controller this pair belongs to.
+    pub fn controller(&self) -> &Arc<Controller> {
+        &self.ctrl
+    }
+
+    /// Commands that may be outstanding at once.
+    pub fn depth(&self) -> usize {
+        self.trackers.depth()
+    }
+
+    /// Commands submitted and not yet completed.
+    #[inline]
+    pub fn outstanding(&self) -> usize {
+        self.trackers.outstanding()
+    }
+
+    /// Whether a submission now would fail with [`SubmitErrorKind::QueueFull`].
+    #[inline]
+    pub fn is_full(&self) -> bool {
+        self.trackers.is_full()
+    }
+
+    /// Largest transfer per command, in bytes.
+    pub fn max_transfer(&self) -> u64 {
+        self.max_xfer
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> QpairStats {
+        QpairStats {
+            submitted: self.submitted,
+            completed: self.completed,
+            stale_completions: self.trackers.stale,
+            sq_doorbell_writes: self.sq.db.mmio_writes,
+            sq_doorbell_skipped: self.sq.db.mmio_skipped,
+            cq_doorbell_writes: self.cq.db.mmio_writes,
+            cq_doorbell_skipped: self.cq.db.mmio_skipped,
+        }
+    }
+
+    #[inline]
+    fn geom(&self, nsid: u32) -> Option<NsGeom> {
+        match self.ns.get(nsid as usize) {
+            Some(Some(g)) => Some(*g),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn check_lba(&self, nsid: u32, slba: u64, nlb: u32) -> Result<NsGeom, SubmitErrorKind> {
+        if self.failed.is_some() {
+            return Err(SubmitErrorKind::ControllerFailed);
+        }
+        let Some(g) = self.geom(nsid) else {
+            return Err(SubmitErrorKind::UnknownNamespace { nsid });
+        };
+        if nlb == 0 {
+            return Err(SubmitErrorKind::ZeroLength);
+        }
+        match slba.checked_add(nlb as u64) {
+            Some(end) if end <= g.nsze => Ok(g),
+            _ => Err(SubmitErrorKind::LbaOutOfRange {
+                slba,
+                nlb: nlb as u64,
+                nsze: g.nsze,
+            }),
+        }
+    }
+
+    /// Read `nlb` blocks from `slba` of namespace `nsid` into `buf`.
+    ///
+    /// The SQE is written to the ring; the doorbell is rung by
+    /// [`submit`](Self::submit) or the next [`poll`](Self::poll).
+    #[inline]
+    pub fn read(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: B,
+        tag: u64,
+    ) -> Result<(), SubmitError<B>> {
+        self.submit_read(Read::new(nsid, slba, nlb), buf, tag)
+    }
+
+    /// Write `nlb` blocks at `slba` of namespace `nsid` from `buf`.
+    #[inline]
+    pub fn write(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: B,
+        tag: u64,
+    ) -> Result<(), SubmitError<B>> {
+        self.submit_write(Write::new(nsid, slba, nlb), buf, tag)
+    }
+
+    /// Submit a [`Read`] built with options (FUA, limited retry).
+    #[inline]
+    pub fn submit_read(&mut self, cmd: Read, buf: B, tag: u64) -> Result<(), SubmitError<B>> {
+        self.submit_data(cmd.sqe(), cmd.nsid(), cmd.slba(), cmd.nlb(), buf, tag, true)
+    }
+
+    /// Submit a [`Write`] built with options (FUA, limited retry).
+    #[inline]
+    pub fn submit_write(&mut self, cmd: Write, buf: B, tag: u64) -> Result<(), SubmitError<B>> {
+        self.submit_data(
+            cmd.sqe(),
+            cmd.nsid(),
+            cmd.slba(),
+            cmd.nlb(),
+            buf,
+            tag,
+            false,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn submit_data(
+        &mut self,
+        sqe: Sqe,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: B,
+        tag: u64,
+        device_writes: bool,
+    ) -> Result<(), SubmitError<B>> {
+        let g = match self.check_lba(nsid, slba, nlb) {
+            Ok(g) => g,
+            Err(kind) => return Err(SubmitError { kind, buf }),
+        };
+        let bytes = (nlb as u64) << g.lba_shift;
+        if nlb > MAX_NLB || bytes > self.max_xfer {
+            let max = self.max_xfer.min((MAX_NLB as u64) << g.lba_shift);
+            return Err(SubmitError {
+                kind: SubmitErrorKind::TransferTooLarge { bytes, max },
+                buf,
+            });
+        }
+        let dir = buf.dir();
+        let ok_dir = if device_writes {
+            dir.device_writes()
+        } else {
+            dir.device_reads()
+        };
+        if !ok_dir {
+            let needs = if device_writes {
+                "write into it (read command)"
+            } else {
+                "read from it (write command)"
+            };
+            return Err(SubmitError {
+                kind: SubmitErrorKind::WrongDirection { mapped: dir, needs },
+                buf,
+            });
+        }
+        if !buf.is_mapped_in(&self.space) {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::NotDmaMapped,
+                buf,
+            });
+        }
+        let Some(slot) = self.trackers.alloc() else {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::QueueFull,
+                buf,
+            });
+        };
+        let (prp1, prp2) = match self.build_prp(&buf, bytes, slot) {
+            Ok(p) => p,
+            Err(kind) => {
+                self.trackers.unreserve(slot);
+                return Err(SubmitError { kind, buf });
+            }
+        };
+        let cid = self.trackers.slot(slot).cid;
+        self.sq.push(sqe.with_cid(cid).with_prp(prp1, prp2));
+        self.trackers.arm(slot, tag, Some(buf), self.now_ms);
+        self.submitted += 1;
+        Ok(())
+    }
+
+    #[inline]
+    fn prp_writer(&self, slot: u16) -> PrpWriter {
+        let off = slot as usize * self.prp_pages * PRP_PER_PAGE;
+        PrpWriter {
+            // SAFETY: `slot < depth` and the PRP region holds `depth *
+            // prp_pages` pages, so the slot's first list page is inside it.
+            list: unsafe { self.prp_ptr.as_ptr().add(off) },
+            list_iova: self.prp_iova + ((slot as u64 * self.prp_pages as u64) << PAGE_SHIFT),
+            pages: self.prp_pages,
+            page: 0,
+            idx: 0,
+            count: 0,
+            first: 0,
+        }
+    }
+
+    /// PRP1/PRP2 for `bytes` of `buf`, writing a PRP list into `slot`'s
+    /// pages when more than two pages are touched.
+    #[inline]
+    fn build_prp(&self, buf: &B, bytes: u64, slot: u16) -> Result<(u64, u64), SubmitErrorKind> {
+        let nseg = buf.segment_count();
+        if nseg == 0 {
+            return Err(SubmitErrorKind::BufferTooSmall {
+                needed: bytes,
+                available: 0,
+            });
+        }
+        let seg0 = buf.segment(0);
+        let start = seg0.iova.raw();
+        if start & 3 != 0 {
+            return Err(SubmitErrorKind::Misaligned {
+                segment: 0,
+                iova: seg0.iova,
+            });
+        }
+        let first_room = PAGE_SIZE - (start & PAGE_MASK);
+        let too_large = SubmitErrorKind::TransferTooLarge {
+            bytes,
+            max: self.max_xfer,
+        };
+        if nseg == 1 {
+            if (seg0.len as u64) < bytes {
+                return Err(SubmitErrorKind::BufferTooSmall {
+                    needed: bytes,
+                    available: seg0.len as u64,
+                });
+            }
+            if bytes <= first_room {
+                return Ok((start, 0));
+            }
+            let next = start + first_room;
+            let rest = bytes - first_room;
+            if rest <= PAGE_SIZE {
+                return Ok((start, next));
+            }
+            let count = (rest + PAGE_MASK) >> PAGE_SHIFT;
+            let mut w = self.prp_writer(slot);
+            for i in 0..count {
+                w.push(next + (i << PAGE_SHIFT)).map_err(|_| too_large)?;
+            }
+            return Ok((start, w.finish()));
+        }
+        // Vectored: walk the segments, enforcing the PRP alignment rules.
+        let mut w = self.prp_writer(slot);
+        let mut remaining = bytes;
+        let take0 = (seg0.len as u64).min(remaining);
+        remaining -= take0;
+        if remaining > 0 && (start + seg0.len as u64) & PAGE_MASK != 0 {
+            return Err(SubmitErrorKind::Misaligned {
+                segment: 0,
+                iova: seg0.iova,
+            });
+        }
+        let mut a = start + first_room;
+        while a < start + take0 {
+            w.push(a).map_err(|_| too_large)?;
+            a += PAGE_SIZE;
+        }
+        for i in 1..nseg {
+            if remaining == 0 {
+                break;
+            }
+            let seg = buf.segment(i);
+            if seg.len == 0 {
+                continue;
+            }
+            let s = seg.iova.raw();
+            let take = (seg.len as u64).min(remaining);
+            remaining -= take;
+            if s & PAGE_MASK != 0 || (remaining > 0 && seg.len as u64 & PAGE_MASK != 0) {
+                return Err(SubmitErrorKind::Misaligned {
+                    segment: i,
+                    iova: seg.iova,
+                });
+            }
+            let mut a = s;
+            while a < s + take {
+                w.push(a).map_err(|_| too_large)?;
+                a += PAGE_SIZE;
+            }
+        }
+        if remaining > 0 {
+            return Err(SubmitErrorKind::BufferTooSmall {
+                needed: bytes,
+                available: buf.total_len() as u64,
+            });
+        }
+        Ok((start, w.finish()))
+    }
+
+    #[inline]
+    fn submit_no_data(&mut self, sqe: Sqe, tag: u64) -> Result<(), SubmitError<()>> {
+        let Some(slot) = self.trackers.alloc() else {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::QueueFull,
+                buf: (),
+            });
+        };
+        let cid = self.trackers.slot(slot).cid;
+        self.sq.push(sqe.with_cid(cid));
+        self.trackers.arm(slot, tag, None, self.now_ms);
+        self.submitted += 1;
+        Ok(())
+    }
+
+    /// Flush the volatile write cache of namespace `nsid`.
+    pub fn flush(&mut self, nsid: u32, tag: u64) -> Result<(), SubmitError<()>> {
+        let err = |kind| Err(SubmitError { kind, buf: () });
+        if self.failed.is_some() {
+            return err(SubmitErrorKind::ControllerFailed);
+        }
+        if self.geom(nsid).is_none() {
+            return err(SubmitErrorKind::UnknownNamespace { nsid });
+        }
+        self.submit_no_data(Flush::new(nsid).sqe(), tag)
+    }
+
+    /// Write zeroes to `nlb` blocks from `slba` (no data buffer).
+    pub fn write_zeroes(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        tag: u64,
+    ) -> Result<(), SubmitError<()>> {
+        let err = |kind| Err(SubmitError { kind, buf: () });
+        if let Err(k) = self.check_lba(nsid, slba, nlb) {
+            return err(k);
+        }
+        if nlb > MAX_NLB {
+            return err(SubmitErrorKind::TransferTooLarge {
+                bytes: nlb as u64,
+                max: MAX_NLB as u64,
+            });
+        }
+        if self.oncs & crate::spec::identify::oncs::WRITE_ZEROES == 0 {
+            return err(SubmitErrorKind::Unsupported("Write Zeroes (ONCS bit 3)"));
+        }
+        self.submit_no_data(WriteZeroes::new(nsid, slba, nlb).sqe(), tag)
+    }
+
+    /// Deallocate (TRIM) the `(slba, nlb)` ranges with one Dataset
+    /// Management command. The range list goes into the command's
+    /// pre-allocated page: no buffer needed.
+    pub fn deallocate(
+        &mut self,
+        nsid: u32,
+        ranges: &[(u64, u32)],
+        tag: u64,
+    ) -> Result<(), SubmitError<()>> {
+        let err = |kind| Err(SubmitError { kind, buf: () });
+        if self.failed.is_some() {
+            return err(SubmitErrorKind::ControllerFailed);
+        }
+        if self.geom(nsid).is_none() {
+            return err(SubmitErrorKind::UnknownNamespace { nsid });
+        }
+        if ranges.is_empty() || ranges.len() > DSM_MAX_RANGES {
+            return err(SubmitErrorKind::BadRangeCount {
+                count: ranges.len(),
+            });
+        }
+        for &(slba, nlb) in ranges {
+            if let Err(k) = self.check_lba(nsid, slba, nlb) {
+                return err(k);
+            }
+        }
+        if self.oncs & crate::spec::identify::oncs::DATASET_MANAGEMENT == 0 {
+            return err(SubmitErrorKind::Unsupported(
+                "Dataset Management (ONCS bit 2)",
+            ));
+        }
+        let Some(slot) = self.trackers.alloc() else {
+            return err(SubmitErrorKind::QueueFull);
+        };
+        let w = self.prp_writer(slot);
+        let list = w.list.cast::<DsmRange>();
+        for (i, &(slba, nlb)) in ranges.iter().enumerate() {
+            // SAFETY: at most 256 ranges of 16 bytes: inside the slot's first
+            // 4 KiB list page (live DMA memory owned by the queue, not read
+            // by the device before the doorbell).
+            unsafe {
+                list.add(i).write_volatile(DsmRange {
+                    cattr: 0,
+                    nlb,
+                    slba,
+                })
+            };
+        }
+        let cid = self.trackers.slot(slot).cid;
+        let sqe = DatasetManagement::new(nsid, ranges.len() as u16)
+            .deallocate()
+            .sqe()
+            .with_cid(cid)
+            .with_prp(w.list_iova, 0);
+        self.sq.push(sqe);
+        self.trackers.arm(slot, tag, None, self.now_ms);
+        self.submitted += 1;
+        Ok(())
+    }
+
+    /// Ring the SQ tail doorbell once for every command queued since the
+    /// last ring. Returns whether there was anything to ring.
+    #[inline]
+    pub fn submit(&mut self) -> bool {
+        self.sq.flush()
+    }
+
+    /// Ring pending submissions, then deliver up to `max` completions (and at
+    /// most the queue's `max_completions_per_poll`) to `f`, then write the CQ
+    /// head doorbell once. Returns how many completions were delivered.
+    ///
+    /// `Err` means the controller failed ([`Error::ControllerFatal`]) or
+    /// disappeared ([`Error::DeviceGone`]); this is checked from time to time
+    /// while commands are outstanding and nothing completes.
+    #[inline]
+    pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
+        if let Some(e) = self.failed {
+            return Err(failed_error(e));
+        }
+        self.sq.flush();
+        let max = max.min(self.max_per_poll);
+        let mut delivered = 0;
+        let mut seen = 0;
+        while seen < max {
+            let Some(cqe) = self.cq.peek() else { break };
+            self.cq.advance();
+            self.cq.prefetch_next();
+            seen += 1;
+            self.sq.head = cqe.sq_head;
+            match self.trackers.lookup(cqe.cid) {
+                Some(slot) if cqe.sq_id == self.qid => {
+                    let (tag, buf) = self.trackers.complete(slot);
+                    let result = if NvmeStatus::raw_is_success(cqe.status) {
+                        Ok(())
+                    } else {
+                        Err(IoError::Nvme(cqe.nvme_status()))
+                    };
+                    f(Completion {
+                        tag,
+                        result,
+                        buf,
+                        dw0: cqe.dw0,
+                    });
+                    delivered += 1;
+                }
+                _ => {
+                    self.trackers.stale += 1;
+                    log::warn!(
+                        "queue {}: dropped stale/duplicate completion (cid {:#06x}, sq {}, status {:#06x})",
+                        self.qid,
+                        cqe.cid,
+                        cqe.sq_id,
+                        cqe.status
+                    );
+                }
+            }
+        }
+        self.cq.flush();
+        self.completed += delivered as u64;
+        if seen == 0 && self.trackers.outstanding() > 0 {
+            self.idle_polls += 1;
+            if self.idle_polls % HEALTH_CHECK_INTERVAL == 0 {
+                self.now_ms = self.epoch.elapsed().as_millis() as u32;
+                self.check_health()?;
+            }
+        } else {
+            self.idle_polls = 0;
+            self.now_ms = self.epoch.elapsed().as_millis() as u32;
+        }
+        Ok(delivered)
+    }
+
+    /// Read CSTS and mark the queue failed if the controller is fatal or gone.
+    pub fn check_health(&mut self) -> Result<()> {
+        match self.ctrl.health() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.failed = Some(match e {
+                    Error::DeviceGone => Error0::Gone,
+                    _ => Error0::Fatal,
+                });
+                Err(e)
+            }
+        }
+    }
+
+    /// Report every command outstanding for longer than `timeout`.
+    ///
+    /// This is the hook for timeout handling (abort, reset) built on top: it
+    /// only reports. Ages use the queue's coarse clock, refreshed here.
+    pub fn check_timeouts(&mut self, timeout: Duration, mut f: impl FnMut(Outstanding)) -> usize {
+        self.now_ms = self.epoch.elapsed().as_millis() as u32;
+        let limit = timeout.as_millis().min(u32::MAX as u128) as u32;
+        let now = self.now_ms;
+        let mut n = 0;
+        for (_, cid, tag, at) in self.trackers.busy() {
+            let age = now.wrapping_sub(at);
+            if age >= limit {
+                n += 1;
+                f(Outstanding {
+                    tag,
+                    cid,
+                    age: Duration::from_millis(age as u64),
+                });
+            }
+        }
+        n
+    }
+
+    /// Delete the queues on the controller, deliver every completion the
+    /// controller still posts, and complete every remaining command with
+    /// [`IoError::Aborted`]: each submitted command completes exactly once.
+    pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
+        self.closed = true;
+        let r = self.ctrl.delete_sq(self.qid);
+        if r.is_ok() {
+            // The controller posts completions (often "aborted: SQ
+            // deletion") for what it fetched before deleting the SQ.
+            while let Some(cqe) = self.cq.peek() {
+                self.cq.advance();
+                if let Some(slot) = self.trackers.lookup(cqe.cid) {
+                    let (tag, buf) = self.trackers.complete(slot);
+                    let result = if NvmeStatus::raw_is_success(cqe.status) {
+                        Ok(())
+                    } else {
+                        Err(IoError::Nvme(cqe.nvme_status()))
+                    };
+                    f(Completion {
+                        tag,
+                        result,
+                        buf,
+                        dw0: cqe.dw0,
+                    });
+                } else {
+                    self.trackers.stale += 1;
+                }
+            }
+        }
+        let r = r.and_then(|()| self.ctrl.delete_cq(self.qid));
+        match r {
+            Ok(()) => {
+                self.trackers.drain(|tag, buf| {
+                    f(Completion {
+                        tag,
+                        result: Err(IoError::Aborted),
+                        buf,
+                        dw0: 0,
+                    })
+                });
+                self.ctrl.release_qid(self.qid);
+                Ok(())
+            }
+            Err(e) => {
+                // The device may still own the buffers: never hand them back.
+                self.trackers.drain(|_, buf| std::mem::forget(buf));
+                Err(e)
+            }
+        }
+    }
+}
+
+fn failed_error(e: Error0) -> Error {
+    match e {
+        Error0::Fatal => Error::ControllerFatal,
+        Error0::Gone => Error::DeviceGone,
+    }
+}
+
+impl<B: IoBuf> Drop for QueuePair<B> {
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        let r = self
+            .ctrl
+            .delete_sq(self.qid)
+            .and_then(|()| self.ctrl.delete_cq(self.qid));
+        match r {
+            Ok(()) => self.ctrl.release_qid(self.qid),
+            Err(e) => {
+                log::error!(
+                    "queue {}: deleting the queues failed ({e}); leaking {} in-flight buffers so the device cannot write into reused memory",
+                    self.qid,
+                    self.trackers.outstanding()
+                );
+                self.trackers.drain(|_, buf| std::mem::forget(buf));
+            }
+        }
+    }
+}
+
+/// The blocking convenience API, on the default buffer type. It bounces
+/// through one DMA buffer the queue pair keeps (allocated on first use) and
+/// splits requests larger than the per-command limit.
+impl QueuePair<DmaBuf> {
+    fn blocking_prepare(&mut self, nsid: u32, len: usize) -> Result<(NsGeom, u64)> {
+        let g = self
+            .geom(nsid)
+            .ok_or(Error::Submit(SubmitErrorKind::UnknownNamespace { nsid }))?;
+        if len == 0 {
+            return Err(Error::Submit(SubmitErrorKind::ZeroLength));
+        }
+        let lba = 1u64 << g.lba_shift;
+        if len as u64 & (lba - 1) != 0 {
+            return Err(Error::Submit(SubmitErrorKind::BufferTooSmall {
+                needed: (len as u64).div_ceil(lba) * lba,
+                available: len as u64,
+            }));
+        }
+        let out = self.trackers.outstanding();
+        if out != 0 {
+            return Err(Error::QueueBusy { outstanding: out });
+        }
+        let chunk = self.max_xfer.min((MAX_NLB as u64) << g.lba_shift) & !(lba - 1);
+        if self
+            .bounce
+            .as_ref()
+            .is_none_or(|b| (b.len() as u64) < chunk.min(len as u64))
+        {
+            self.bounce = None;
+            self.bounce = Some(DmaBuf::alloc(
+                &self.space,
+                chunk.min(len as u64) as usize,
+                DmaDir::Bidirectional,
+            )?);
+        }
+        Ok((g, chunk))
+    }
+
+    fn wait_blocking(&mut self) -> Result<DmaBuf> {
+        self.submit();
+        let deadline = Instant::now() + self.blocking_timeout;
+        let mut spins = 0u32;
+        loop {
+            let mut done = None;
+            self.poll(1, |c| done = Some(c))?;
+            if let Some(c) = done {
+                let buf = c.buf.expect("blocking commands carry the bounce buffer");
+                return match c.result {
+                    Ok(()) => Ok(buf),
+                    Err(e) => {
+                        self.bounce = Some(buf);
+                        Err(Error::Io(e))
+                    }
+                };
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 64 == 0 {
+                if Instant::now() >= deadline {
+                    // The bounce buffer stays with the command until it
+                    // completes or the queue is closed.
+                    return Err(Error::Io(IoError::TimedOut));
+                }
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Read `dst.len()` bytes (a multiple of the block size) from `slba`.
+    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    pub fn read_blocking(&mut self, nsid: u32, slba: u64, dst: &mut [u8]) -> Result<()> {
+        let (g, chunk) = self.blocking_prepare(nsid, dst.len())?;
+        let mut lba = slba;
+        for part in dst.chunks_mut(chunk as usize) {
+            let nlb = (part.len() >> g.lba_shift) as u32;
+            let buf = self.bounce.take().expect("prepared");
+            self.read(nsid, lba, nlb, buf, BLOCKING_TAG).map_err(|e| {
+                let k = e.kind;
+                self.bounce = Some(e.buf);
+                Error::Submit(k)
+            })?;
+            let buf = self.wait_blocking()?;
+            buf.read_at(0, part)?;
+            self.bounce = Some(buf);
+            lba += nlb as u64;
+        }
+        Ok(())
+    }
+
+    /// Write `src` (a multiple of the block size) at `slba`.
+    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    pub fn write_blocking(&mut self, nsid: u32, slba: u64, src: &[u8]) -> Result<()> {
+        let (g, chunk) = self.blocking_prepare(nsid, src.len())?;
+        let mut lba = slba;
+        for part in src.chunks(chunk as usize) {
+            let nlb = (part.len() >> g.lba_shift) as u32;
+            let mut buf = self.bounce.take().expect("prepared");
+            buf.write_at(0, part)?;
+            self.write(nsid, lba, nlb, buf, BLOCKING_TAG).map_err(|e| {
+                let k = e.kind;
+                self.bounce = Some(e.buf);
+                Error::Submit(k)
+            })?;
+            let buf = self.wait_blocking()?;
+            self.bounce = Some(buf);
+            lba += nlb as u64;
+        }
+        Ok(())
+    }
+
+    /// Flush namespace `nsid` and wait.
+    pub fn flush_blocking(&mut self, nsid: u32) -> Result<()> {
+        let out = self.trackers.outstanding();
+        if out != 0 {
+            return Err(Error::QueueBusy { outstanding: out });
+        }
+        self.flush(nsid, BLOCKING_TAG)?;
+        self.submit();
+        let deadline = Instant::now() + self.blocking_timeout;
+        loop {
+            let mut res = None;
+            self.poll(1, |c| res = Some(c.result))?;
+            if let Some(r) = res {
+                return r.map_err(Error::Io);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Io(IoError::TimedOut));
+            }
+            std::thread::yield_now();
+        }
+    }
+}

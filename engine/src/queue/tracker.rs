@@ -1,0 +1,218 @@
+//! Per-slot command state and command identifiers.
+//!
+//! Each queue pre-allocates one [`Slot`] per possible outstanding command.
+//! A command's CID is `slot | generation << slot_bits`: the low bits find the
+//! slot without a search, the generation changes every time the slot is
+//! reused. A CQE whose CID does not match a busy slot's current CID (a
+//! duplicate, a late completion of an earlier command in that slot, or a
+//! corrupted CID) is counted as stale and never delivered.
+//!
+//! With depth `d`, `slot_bits = ceil(log2 d)` and the remaining `16 -
+//! slot_bits` bits are generation (at least 4 for the maximum depth of
+//! 4096), so a stale CQE is caught unless its slot has been reused exactly
+//! a multiple of `2^gen_bits` times since — vanishingly unlikely for
+//! duplicates, which arrive right after the original.
+
+/// One command's bookkeeping. Kept small: the hot path touches one slot.
+pub(crate) struct Slot<B> {
+    pub tag: u64,
+    pub buf: Option<B>,
+    /// CID of the command in flight (or of the next one, when free).
+    pub cid: u16,
+    pub busy: bool,
+    /// Coarse submit time (queue clock, ms) for timeout scans.
+    pub submitted_ms: u32,
+}
+
+/// Reserved CID: the Error Information log uses FFFFh for "no command".
+const CID_RESERVED: u16 = 0xFFFF;
+
+pub(crate) struct Trackers<B> {
+    slots: Box<[Slot<B>]>,
+    free: Vec<u16>,
+    slot_bits: u32,
+    slot_mask: u16,
+    /// Stale or duplicate CQEs seen.
+    pub stale: u64,
+}
+
+impl<B> Trackers<B> {
+    /// `depth` slots (1..=4096).
+    pub fn new(depth: u16) -> Self {
+        assert!((1..=4096).contains(&depth));
+        let slot_bits = (u16::BITS - (depth - 1).leading_zeros()).max(1);
+        let slot_mask = ((1u32 << slot_bits) - 1) as u16;
+        let slots = (0..depth)
+            .map(|i| Slot {
+                tag: 0,
+                buf: None,
+                cid: i,
+                busy: false,
+                submitted_ms: 0,
+            })
+            .collect();
+        // Pop order: slot 0 first.
+        let free = (0..depth).rev().collect();
+        Trackers {
+            slots,
+            free,
+            slot_bits,
+            slot_mask,
+            stale: 0,
+        }
+    }
+
+    #[inline]
+    pub fn depth(&self) -> usize {
+        self.slots.len()
+    }
+
+    #[inline]
+    pub fn outstanding(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    #[inline]
+    pub fn is_full(&self) -> bool {
+        self.free.is_empty()
+    }
+
+    /// Reserve a free slot; its CID is `slot(s).cid`.
+    #[inline]
+    pub fn alloc(&mut self) -> Option<u16> {
+        self.free.pop()
+    }
+
+    /// Return a slot reserved by `alloc` but never armed (submission failed).
+    #[inline]
+    pub fn unreserve(&mut self, slot: u16) {
+        self.free.push(slot);
+    }
+
+    #[inline]
+    pub fn slot(&self, slot: u16) -> &Slot<B> {
+        &self.slots[slot as usize]
+    }
+
+    /// Mark `slot` in flight.
+    #[inline]
+    pub fn arm(&mut self, slot: u16, tag: u64, buf: Option<B>, now_ms: u32) {
+        let s = &mut self.slots[slot as usize];
+        s.tag = tag;
+        s.buf = buf;
+        s.busy = true;
+        s.submitted_ms = now_ms;
+    }
+
+    /// The slot a CID refers to, if it is in flight with exactly that CID.
+    #[inline]
+    pub fn lookup(&self, cid: u16) -> Option<u16> {
+        let slot = cid & self.slot_mask;
+        match self.slots.get(slot as usize) {
+            Some(s) if s.busy && s.cid == cid => Some(slot),
+            _ => None,
+        }
+    }
+
+    /// Finish the command in `slot` (from `lookup`): free it, advance its
+    /// generation, and hand back tag and buffer.
+    #[inline]
+    pub fn complete(&mut self, slot: u16) -> (u64, Option<B>) {
+        let bits = self.slot_bits;
+        let s = &mut self.slots[slot as usize];
+        s.busy = false;
+        let mut cid = s.cid.wrapping_add(1 << bits);
+        if cid == CID_RESERVED {
+            // Skip to the next generation; the slot bits are unchanged
+            // because we add a multiple of 2^slot_bits.
+            cid = cid.wrapping_add(1 << bits);
+        }
+        s.cid = cid;
+        let out = (s.tag, s.buf.take());
+        self.free.push(slot);
+        out
+    }
+
+    /// Iterate over busy slots: (slot, cid, tag, submitted_ms).
+    pub fn busy(&self) -> impl Iterator<Item = (u16, u16, u64, u32)> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.busy)
+            .map(|(i, s)| (i as u16, s.cid, s.tag, s.submitted_ms))
+    }
+
+    /// Complete every busy slot (the device no longer owns them: queue
+    /// deleted or controller reset), in slot order.
+    pub fn drain(&mut self, mut f: impl FnMut(u64, Option<B>)) {
+        for i in 0..self.slots.len() {
+            if self.slots[i].busy {
+                let (tag, buf) = self.complete(i as u16);
+                f(tag, buf);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cid_carries_slot_and_generation() {
+        let mut t: Trackers<u32> = Trackers::new(4);
+        let s = t.alloc().unwrap();
+        let cid = t.slot(s).cid;
+        assert_eq!(cid & 0b11, s);
+        t.arm(s, 7, Some(1), 0);
+        assert_eq!(t.lookup(cid), Some(s));
+        let (tag, buf) = t.complete(s);
+        assert_eq!((tag, buf), (7, Some(1)));
+        // A duplicate of the same CID no longer matches.
+        assert_eq!(t.lookup(cid), None);
+        // The slot is reused with a new generation; the old CID stays stale.
+        let s2 = t.alloc().unwrap();
+        assert_eq!(s2, s);
+        t.arm(s2, 8, None, 0);
+        assert_ne!(t.slot(s2).cid, cid);
+        assert_eq!(t.lookup(cid), None);
+        assert_eq!(t.lookup(t.slot(s2).cid), Some(s2));
+    }
+
+    #[test]
+    fn never_hands_out_reserved_cid() {
+        // depth 4096: 12 slot bits, 4 generation bits; slot 4095 hits FFFFh.
+        let mut t: Trackers<()> = Trackers::new(4096);
+        let slots: Vec<u16> = (0..4096).map(|_| t.alloc().unwrap()).collect();
+        assert!(t.alloc().is_none());
+        let last = *slots.iter().max().unwrap();
+        for s in &slots {
+            if *s != last {
+                t.unreserve(*s);
+            }
+        }
+        let mut slot = last;
+        for _ in 0..64 {
+            assert_ne!(t.slot(slot).cid, CID_RESERVED);
+            t.arm(slot, 0, None, 0);
+            t.complete(slot);
+            // LIFO free list: the slot just completed comes back first.
+            slot = t.alloc().unwrap();
+            assert_eq!(slot, last);
+        }
+    }
+
+    #[test]
+    fn drain_completes_each_busy_slot_once() {
+        let mut t: Trackers<u8> = Trackers::new(8);
+        for i in 0..5 {
+            let s = t.alloc().unwrap();
+            t.arm(s, i, Some(i as u8), 0);
+        }
+        let mut seen = vec![];
+        t.drain(|tag, _| seen.push(tag));
+        seen.sort();
+        assert_eq!(seen, vec![0, 1, 2, 3, 4]);
+        assert_eq!(t.outstanding(), 0);
+    }
+}
