@@ -1,0 +1,555 @@
+//! One job: a thread, one queue, a tight submit/poll loop.
+//!
+//! The loop is generic over the queue (monomorphised per device) and over two
+//! const flags — latency histogram on/off and verification on/off — so the
+//! plain benchmark path carries no branches or work for features not in use.
+//!
+//! Per batch the loop reads the clock once before filling free slots (the
+//! submit stamp for every I/O of the batch) and once when a poll finds
+//! completions (the completion stamp for every I/O it reaps). Per I/O it
+//! draws an LBA, pushes an SQE, and on completion adds one latency sample.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crossbeam::utils::CachePadded;
+use hdrhistogram::Histogram;
+
+use crate::clock::Clock;
+use crate::queue::{IoReq, IoStatus, JobQueue, QueueError};
+use crate::verify::{self, Mismatch, VerifyMap, UNKNOWN};
+use crate::workload::{IoGen, Op, Pattern};
+
+/// Jobs wait for the go signal.
+pub const PHASE_READY: u32 = 0;
+/// Jobs run, their numbers are thrown away.
+pub const PHASE_WARMUP: u32 = 1;
+/// Jobs run and count.
+pub const PHASE_MEASURE: u32 = 2;
+/// Jobs stop issuing, drain and return.
+pub const PHASE_STOP: u32 = 3;
+/// Set-up failed somewhere: leave without running.
+pub const PHASE_ABORT: u32 = 4;
+
+/// How many failures a job describes in detail.
+pub const MAX_FAILURE_DETAILS: usize = 8;
+
+/// Highest latency the histogram tracks (60 s, in ns); larger values saturate.
+pub const HIST_MAX_NS: u64 = 60_000_000_000;
+
+/// A fresh latency histogram (ns, 3 significant digits).
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("static histogram bounds are valid")
+}
+
+/// State the run controller and the jobs share.
+#[derive(Debug)]
+pub struct Shared {
+    /// One of the `PHASE_*` values.
+    pub phase: AtomicU32,
+    /// Completions so far per job (for the per-second samples and progress).
+    pub completed: Vec<CachePadded<AtomicU64>>,
+    /// Jobs that have finished their I/O count (`-n`).
+    pub finished: AtomicU32,
+}
+
+impl Shared {
+    /// State for `jobs` jobs.
+    pub fn new(jobs: usize) -> Self {
+        Shared {
+            phase: AtomicU32::new(PHASE_READY),
+            completed: (0..jobs)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+            finished: AtomicU32::new(0),
+        }
+    }
+}
+
+/// What one job does.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    /// Job number.
+    pub index: usize,
+    /// Namespace (1-based).
+    pub nsid: u32,
+    /// First LBA the job may touch.
+    pub first_lba: u64,
+    /// Blocks in the job's range.
+    pub blocks: u64,
+    /// Blocks per I/O.
+    pub nlb: u32,
+    /// Where a sequential stream starts (I/O-sized positions into the range).
+    pub seq_start: u64,
+    /// Logical block size in bytes.
+    pub lbads: u32,
+    /// Access pattern.
+    pub pattern: Pattern,
+    /// Percentage of reads.
+    pub read_pct: u8,
+    /// Queue depth.
+    pub depth: usize,
+    /// Stop after this many I/Os in the measured phase.
+    pub ios_limit: Option<u64>,
+    /// Seed for the LBA stream and the verify tags.
+    pub seed: u64,
+    /// Write tags and check reads.
+    pub verify: bool,
+    /// Record a latency histogram.
+    pub histogram: bool,
+}
+
+/// CPU time of the calling thread.
+pub fn thread_cpu() -> (Duration, Duration) {
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one rusage into the owned `ru`.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    if rc != 0 {
+        return (Duration::ZERO, Duration::ZERO);
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+/// What a job measured.
+#[derive(Debug, Clone)]
+pub struct JobResult {
+    /// Job number.
+    pub index: usize,
+    /// Namespace.
+    pub nsid: u32,
+    /// I/Os completed (successfully or not) in the measured phase.
+    pub ios: u64,
+    /// Reads among them.
+    pub reads: u64,
+    /// Writes among them.
+    pub writes: u64,
+    /// Bytes moved by them.
+    pub bytes: u64,
+    /// I/Os that failed (any phase, including prefill and drain).
+    pub errors: u64,
+    /// Reads whose data did not verify (any phase).
+    pub verify_mismatches: u64,
+    /// Blocks checked by verification.
+    pub verified_blocks: u64,
+    /// The first failures, described.
+    pub failures: Vec<String>,
+    /// Sum of latencies, ns.
+    pub lat_sum_ns: u64,
+    /// Smallest latency, ns.
+    pub lat_min_ns: u64,
+    /// Largest latency, ns.
+    pub lat_max_ns: u64,
+    /// Latency histogram, if requested.
+    pub hist: Option<Histogram<u64>>,
+    /// Length of the measured phase.
+    pub elapsed: Duration,
+    /// User CPU time in the measured phase.
+    pub cpu_usr: Duration,
+    /// System CPU time in the measured phase.
+    pub cpu_sys: Duration,
+    /// Blocks written by the verify prefill.
+    pub prefill_blocks: u64,
+}
+
+impl JobResult {
+    fn new(spec: &JobSpec) -> Self {
+        JobResult {
+            index: spec.index,
+            nsid: spec.nsid,
+            ios: 0,
+            reads: 0,
+            writes: 0,
+            bytes: 0,
+            errors: 0,
+            verify_mismatches: 0,
+            verified_blocks: 0,
+            failures: Vec::new(),
+            lat_sum_ns: 0,
+            lat_min_ns: u64::MAX,
+            lat_max_ns: 0,
+            hist: spec.histogram.then(new_histogram),
+            elapsed: Duration::ZERO,
+            cpu_usr: Duration::ZERO,
+            cpu_sys: Duration::ZERO,
+            prefill_blocks: 0,
+        }
+    }
+
+    fn reset_counts(&mut self) {
+        self.ios = 0;
+        self.reads = 0;
+        self.writes = 0;
+        self.bytes = 0;
+        self.lat_sum_ns = 0;
+        self.lat_min_ns = u64::MAX;
+        self.lat_max_ns = 0;
+        if let Some(h) = &mut self.hist {
+            h.reset();
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    t_submit: u64,
+    slba: u64,
+    op: Op,
+    generation: u32,
+}
+
+/// Everything but the queue, so completions can update it while the queue
+/// is borrowed by `reap`.
+struct State<'a, const H: bool, const V: bool> {
+    spec: &'a JobSpec,
+    clock: Clock,
+    free: Vec<u32>,
+    slots: Vec<Slot>,
+    bufs: Vec<NonNull<u8>>,
+    res: JobResult,
+    vmap: Option<VerifyMap>,
+    /// Completions count toward `res` (false during prefill and drain).
+    counting: bool,
+    inflight: usize,
+    completed_total: u64,
+}
+
+impl<const H: bool, const V: bool> State<'_, H, V> {
+    fn fail(&mut self, msg: impl FnOnce() -> String) {
+        if self.res.failures.len() < MAX_FAILURE_DETAILS {
+            let m = msg();
+            self.res.failures.push(format!(
+                "job {} ns {}: {m}",
+                self.spec.index, self.spec.nsid
+            ));
+        }
+    }
+
+    #[inline(always)]
+    fn complete(&mut self, slot: usize, status: IoStatus, now: u64) {
+        let s = self.slots[slot];
+        let nlb = self.spec.nlb;
+        self.inflight -= 1;
+        self.completed_total += 1;
+        self.free.push(slot as u32);
+        if let IoStatus::Failed(code) = status {
+            self.res.errors += 1;
+            let op = s.op;
+            self.fail(|| {
+                format!(
+                    "{op:?} of {nlb} blocks at LBA {} failed with status {code:#x}",
+                    s.slba
+                )
+            });
+        }
+        if V {
+            let ok = status == IoStatus::Ok;
+            if let Some(vmap) = self.vmap.as_mut() {
+                match s.op {
+                    Op::Write => vmap.release_written(s.slba, nlb, ok.then_some(s.generation)),
+                    Op::Read => vmap.release(s.slba, nlb),
+                }
+            }
+            if ok && s.op == Op::Read {
+                self.check_read(slot, s);
+            }
+        }
+        if self.counting {
+            let ns = self.clock.ticks_to_ns(now.wrapping_sub(s.t_submit));
+            let r = &mut self.res;
+            r.ios += 1;
+            match s.op {
+                Op::Read => r.reads += 1,
+                Op::Write => r.writes += 1,
+            }
+            r.lat_sum_ns += ns;
+            r.lat_min_ns = r.lat_min_ns.min(ns);
+            r.lat_max_ns = r.lat_max_ns.max(ns);
+            if H {
+                if let Some(h) = r.hist.as_mut() {
+                    h.saturating_record(ns.max(1));
+                }
+            }
+        }
+    }
+
+    #[cold]
+    fn check_read(&mut self, slot: usize, s: Slot) {
+        let lbads = self.spec.lbads as usize;
+        let Some(vmap) = self.vmap.as_ref() else {
+            return;
+        };
+        let mut bad: Option<Mismatch> = None;
+        for b in 0..self.spec.nlb as usize {
+            let lba = s.slba + b as u64;
+            let generation = vmap.generation(lba);
+            if generation == UNKNOWN {
+                continue;
+            }
+            self.res.verified_blocks += 1;
+            // SAFETY: the slot's buffer holds nlb * lbads bytes, is 8-aligned
+            // (page-aligned slots, lbads >= 512) and the I/O has completed.
+            let block = unsafe { self.bufs[slot].add(b * lbads) };
+            let seed = self.spec.seed;
+            // SAFETY: see above.
+            let checked =
+                unsafe { verify::check_block(block, lbads, lba, seed, generation as u64) };
+            if let Err(m) = checked {
+                bad = Some(m);
+                break;
+            }
+        }
+        if let Some(m) = bad {
+            self.res.verify_mismatches += 1;
+            self.fail(|| format!("verify: {m}"));
+        }
+    }
+}
+
+/// Run one job on `q` until the controller says stop (or the I/O count is
+/// reached). The caller pins the thread; this returns after draining.
+pub fn run<Q: JobQueue>(
+    q: Q,
+    spec: &JobSpec,
+    shared: &Shared,
+    clock: Clock,
+    ready: impl FnOnce(Result<(), String>),
+) -> Result<JobResult, QueueError> {
+    let need = spec.nlb as usize * spec.lbads as usize;
+    if q.buffer_len() < need || q.depth() < spec.depth {
+        let e = QueueError(format!(
+            "the queue offers {} slots of {} bytes; the job needs {} of {need}",
+            q.depth(),
+            q.buffer_len(),
+            spec.depth
+        ));
+        ready(Err(e.to_string()));
+        return Err(e);
+    }
+    match (spec.histogram, spec.verify) {
+        (false, false) => Runner::<Q, false, false>::new(q, spec, clock).run(shared, ready),
+        (true, false) => Runner::<Q, true, false>::new(q, spec, clock).run(shared, ready),
+        (false, true) => Runner::<Q, false, true>::new(q, spec, clock).run(shared, ready),
+        (true, true) => Runner::<Q, true, true>::new(q, spec, clock).run(shared, ready),
+    }
+}
+
+struct Runner<'a, Q, const H: bool, const V: bool> {
+    q: Q,
+    st: State<'a, H, V>,
+}
+
+impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
+    fn new(q: Q, spec: &'a JobSpec, clock: Clock) -> Self {
+        let depth = spec.depth.min(q.depth());
+        let bufs = (0..depth).map(|i| q.buffer(i)).collect();
+        let first = Slot {
+            t_submit: 0,
+            slba: 0,
+            op: Op::Read,
+            generation: 0,
+        };
+        Runner {
+            st: State {
+                spec,
+                clock,
+                // Reversed so slot 0 is used first (LIFO keeps hot buffers hot).
+                free: (0..depth as u32).rev().collect(),
+                slots: vec![first; depth],
+                bufs,
+                res: JobResult::new(spec),
+                vmap: V.then(|| VerifyMap::new(spec.first_lba, spec.blocks, UNKNOWN)),
+                counting: false,
+                inflight: 0,
+                completed_total: 0,
+            },
+            q,
+        }
+    }
+
+    /// Fill free slots from `gen`, up to `budget` more I/Os.
+    #[inline(always)]
+    fn fill(&mut self, gen: &mut IoGen, budget: &mut u64) {
+        if self.st.free.is_empty() || *budget == 0 {
+            return;
+        }
+        let st = &mut self.st;
+        let nlb = st.spec.nlb;
+        let t = st.clock.now();
+        while *budget > 0 {
+            let Some(slot) = st.free.pop() else { break };
+            let op = gen.op();
+            let slba = gen.lba();
+            let mut generation = 0;
+            if V {
+                let vmap = st.vmap.as_mut().expect("verify map exists in verify mode");
+                if !vmap.try_claim(slba, nlb) {
+                    st.free.push(slot);
+                    break;
+                }
+                if op == Op::Write {
+                    generation = vmap.next_generation(slba);
+                    let lbads = st.spec.lbads as usize;
+                    for b in 0..nlb as usize {
+                        // SAFETY: the slot is not in flight; its buffer holds
+                        // nlb * lbads bytes and is 8-aligned.
+                        unsafe {
+                            verify::write_block(
+                                st.bufs[slot as usize].add(b * lbads),
+                                lbads,
+                                slba + b as u64,
+                                st.spec.seed,
+                                generation as u64,
+                            )
+                        };
+                    }
+                }
+            }
+            match self.q.push(slot as usize, IoReq { op, slba, nlb }) {
+                Ok(()) => {
+                    st.slots[slot as usize] = Slot {
+                        t_submit: t,
+                        slba,
+                        op,
+                        generation,
+                    };
+                    st.inflight += 1;
+                    *budget -= 1;
+                }
+                Err(_) => {
+                    if V {
+                        if let Some(v) = st.vmap.as_mut() {
+                            v.release(slba, nlb);
+                        }
+                    }
+                    st.free.push(slot);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Submit and reap once.
+    #[inline(always)]
+    fn turn(&mut self) -> Result<usize, QueueError> {
+        self.q.submit(self.st.inflight)?;
+        let st = &mut self.st;
+        let mut now = 0u64;
+        let clock = st.clock;
+        self.q.reap(|slot, status| {
+            if now == 0 {
+                now = clock.now();
+            }
+            st.complete(slot, status, now);
+        })
+    }
+
+    /// Write every block of the job's range once so reads have something to check.
+    fn prefill(&mut self) -> Result<(), QueueError> {
+        let spec = self.st.spec;
+        let mut gen = IoGen::new(
+            Pattern::Write,
+            0,
+            spec.first_lba,
+            spec.blocks,
+            spec.nlb,
+            0,
+            spec.seed,
+        );
+        let positions = spec.blocks / spec.nlb as u64;
+        let mut budget = positions;
+        while budget > 0 || self.st.inflight > 0 {
+            self.fill(&mut gen, &mut budget);
+            self.turn()?;
+        }
+        self.st.res.prefill_blocks = positions * spec.nlb as u64;
+        Ok(())
+    }
+
+    fn run(
+        mut self,
+        shared: &Shared,
+        ready: impl FnOnce(Result<(), String>),
+    ) -> Result<JobResult, QueueError> {
+        let spec = self.st.spec;
+        if V {
+            if let Err(e) = self.prefill() {
+                ready(Err(e.to_string()));
+                return Err(e);
+            }
+        }
+        ready(Ok(()));
+        let mut phase = shared.phase.load(Ordering::Acquire);
+        while phase == PHASE_READY {
+            std::thread::yield_now();
+            phase = shared.phase.load(Ordering::Acquire);
+        }
+        if phase == PHASE_ABORT {
+            return Ok(self.st.res);
+        }
+        let seed = spec.seed ^ (spec.index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut gen = IoGen::new(
+            spec.pattern,
+            spec.read_pct,
+            spec.first_lba,
+            spec.blocks,
+            spec.nlb,
+            spec.seq_start,
+            seed,
+        );
+        let counter = &shared.completed[spec.index];
+        let mut budget = u64::MAX;
+        let mut t_start = self.st.clock.now();
+        let mut cpu_start = thread_cpu();
+        let mut measuring = false;
+        if phase == PHASE_MEASURE {
+            measuring = true;
+            self.st.counting = true;
+            budget = spec.ios_limit.unwrap_or(u64::MAX);
+        }
+        loop {
+            let p = shared.phase.load(Ordering::Relaxed);
+            if p != phase {
+                phase = p;
+                if phase == PHASE_MEASURE && !measuring {
+                    measuring = true;
+                    self.st.res.reset_counts();
+                    self.st.counting = true;
+                    budget = spec.ios_limit.unwrap_or(u64::MAX);
+                    t_start = self.st.clock.now();
+                    cpu_start = thread_cpu();
+                } else if phase >= PHASE_STOP {
+                    break;
+                }
+            }
+            self.fill(&mut gen, &mut budget);
+            if budget == 0 && self.st.inflight == 0 {
+                break;
+            }
+            if self.turn()? > 0 {
+                counter.store(self.st.completed_total, Ordering::Relaxed);
+            }
+        }
+        let t_end = self.st.clock.now();
+        let cpu_end = thread_cpu();
+        if measuring {
+            self.st.res.elapsed =
+                Duration::from_nanos(self.st.clock.ticks_to_ns(t_end.wrapping_sub(t_start)));
+            self.st.res.cpu_usr = cpu_end.0.saturating_sub(cpu_start.0);
+            self.st.res.cpu_sys = cpu_end.1.saturating_sub(cpu_start.1);
+        }
+        if spec.ios_limit.is_some() && budget == 0 {
+            shared.finished.fetch_add(1, Ordering::Release);
+        }
+        // Drain: these completions are not counted, but errors and
+        // verification still are.
+        self.st.counting = false;
+        while self.st.inflight > 0 {
+            self.turn()?;
+        }
+        counter.store(self.st.completed_total, Ordering::Relaxed);
+        Ok(self.st.res)
+    }
+}

@@ -1,0 +1,602 @@
+//! Results: the JSON document (`--json`) and the spdk_nvme_perf-style table.
+//!
+//! # JSON shape
+//!
+//! A single run prints one [`RunReport`]:
+//!
+//! ```text
+//! { "device": "fake:null", "backend": "...", "workload": {...},
+//!   "jobs": [ {job, device, core, nsid, ios, iops, iops_min, iops_max, iops_avg,
+//!              mib_s, errors, verify_mismatches, cpu_usr_pct, cpu_sys_pct,
+//!              lat_us: {avg, min, max, p50, p90, p99, p99_9, p99_99}, ...}, ... ],
+//!   "total": { the same fields summed/merged, plus cpu_ns_per_io, cycles_per_io },
+//!   "dma": {mode, maps, unmapped_ranges, unmap_calls, invalidations, mapped_bytes} | null,
+//!   "verify": {blocks_checked, mismatches, prefill_blocks} | null,
+//!   "failures": ["first failures, described"], "notes": [...], "clock": {...} }
+//! ```
+//!
+//! With `--compare` it prints a [`CompareReport`]:
+//! `{ "base": RunReport, "other": RunReport, "ratio": {iops, mib_s, lat_avg, lat_p99,
+//! cpu_ns_per_io} }` where every ratio is base / other (IOPS 1.5 = base is 1.5×
+//! faster; lat_avg 0.5 = base has half the latency).
+//!
+//! Percentiles are `null` unless a histogram was recorded (`-L` or `--json`).
+
+use std::fmt::Write as _;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// Latency summary in microseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatUs {
+    /// Mean.
+    pub avg: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+    /// Median.
+    pub p50: Option<f64>,
+    /// 90th percentile.
+    pub p90: Option<f64>,
+    /// 99th percentile.
+    pub p99: Option<f64>,
+    /// 99.9th percentile.
+    pub p99_9: Option<f64>,
+    /// 99.99th percentile.
+    pub p99_99: Option<f64>,
+}
+
+/// The percentiles reported (as in spdk_nvme_perf's summary, trimmed).
+pub const PERCENTILES: [f64; 5] = [50.0, 90.0, 99.0, 99.9, 99.99];
+
+impl LatUs {
+    /// From a sum/min/max in ns over `n` samples and an optional histogram in ns.
+    pub fn from_ns(sum: u64, min: u64, max: u64, n: u64, hist: Option<&Histogram<u64>>) -> Self {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let p = |q: f64| {
+            hist.filter(|h| !h.is_empty())
+                .map(|h| us(h.value_at_quantile(q / 100.0)))
+        };
+        LatUs {
+            avg: if n == 0 {
+                0.0
+            } else {
+                sum as f64 / n as f64 / 1000.0
+            },
+            min: if n == 0 { 0.0 } else { us(min) },
+            max: us(max),
+            p50: p(PERCENTILES[0]),
+            p90: p(PERCENTILES[1]),
+            p99: p(PERCENTILES[2]),
+            p99_9: p(PERCENTILES[3]),
+            p99_99: p(PERCENTILES[4]),
+        }
+    }
+
+    fn percentiles(&self) -> [(f64, Option<f64>); 5] {
+        [
+            (PERCENTILES[0], self.p50),
+            (PERCENTILES[1], self.p90),
+            (PERCENTILES[2], self.p99),
+            (PERCENTILES[3], self.p99_9),
+            (PERCENTILES[4], self.p99_99),
+        ]
+    }
+}
+
+/// Throughput and latency of one job or of the total.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// I/Os completed in the measured phase.
+    pub ios: u64,
+    /// Reads among them.
+    pub reads: u64,
+    /// Writes among them.
+    pub writes: u64,
+    /// I/Os per second over the measured phase.
+    pub iops: f64,
+    /// Smallest per-second sample.
+    pub iops_min: f64,
+    /// Largest per-second sample.
+    pub iops_max: f64,
+    /// Mean of the per-second samples.
+    pub iops_avg: f64,
+    /// Number of per-second samples.
+    pub iops_samples: usize,
+    /// MiB per second.
+    pub mib_s: f64,
+    /// Failed I/Os.
+    pub errors: u64,
+    /// Reads that failed verification.
+    pub verify_mismatches: u64,
+    /// User CPU, percent of the job thread's wall time (total: mean over jobs).
+    pub cpu_usr_pct: f64,
+    /// System CPU, percent (as `cpu_usr_pct`).
+    pub cpu_sys_pct: f64,
+    /// Latency in microseconds.
+    pub lat_us: LatUs,
+    /// Length of the measured phase, seconds (total: the longest job).
+    pub elapsed_s: f64,
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobReport {
+    /// Job number.
+    pub job: usize,
+    /// Device label.
+    pub device: String,
+    /// Core the job was pinned to.
+    pub core: Option<usize>,
+    /// Namespace.
+    pub nsid: u32,
+    /// The numbers.
+    #[serde(flatten)]
+    pub stats: Stats,
+}
+
+/// The Total row plus whole-run costs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TotalReport {
+    /// Sums and merges over jobs.
+    #[serde(flatten)]
+    pub stats: Stats,
+    /// Job-thread CPU time (user + system) per I/O, ns.
+    pub cpu_ns_per_io: f64,
+    /// The same in TSC cycles (reference cycles at the TSC rate), when the TSC is the clock.
+    pub cycles_per_io: Option<f64>,
+}
+
+/// The workload as run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadReport {
+    /// fio pattern name.
+    pub pattern: String,
+    /// Percentage of reads.
+    pub read_pct: u8,
+    /// Bytes per I/O.
+    pub io_size: u64,
+    /// Queue depth per job.
+    pub queue_depth: usize,
+    /// Jobs (threads).
+    pub jobs: usize,
+    /// Measured seconds asked for (`-t`), if time-bound.
+    pub time_s: Option<f64>,
+    /// I/Os per job asked for (`-n`), if count-bound.
+    pub ios_per_job: Option<u64>,
+    /// Warm-up seconds.
+    pub warmup_s: f64,
+    /// Whether data was verified.
+    pub verify: bool,
+    /// DMA mode.
+    pub dma: String,
+    /// Seed of the LBA streams and tags.
+    pub seed: u64,
+}
+
+/// IOMMU counters over the run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DmaReport {
+    /// DMA mode.
+    pub mode: String,
+    /// Map calls during the measured phase.
+    pub maps: u64,
+    /// Ranges unmapped during the measured phase.
+    pub unmapped_ranges: u64,
+    /// Unmap calls during the measured phase.
+    pub unmap_calls: u64,
+    /// IOTLB invalidations during the measured phase.
+    pub invalidations: u64,
+    /// Bytes mapped at the end of the measured phase.
+    pub mapped_bytes: u64,
+}
+
+/// Verification summary.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// Blocks whose contents were checked.
+    pub blocks_checked: u64,
+    /// Reads that did not match.
+    pub mismatches: u64,
+    /// Blocks written by the prefill before the run.
+    pub prefill_blocks: u64,
+}
+
+/// The timer used for latency.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClockReport {
+    /// `tsc` or `instant`.
+    pub source: String,
+    /// Cost of one clock read, ns (measured at start-up).
+    pub ns_per_call: f64,
+    /// Ticks per second.
+    pub ticks_per_sec: f64,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    /// The device spec.
+    pub device: String,
+    /// What is underneath (engine/backend description).
+    pub backend: String,
+    /// The workload.
+    pub workload: WorkloadReport,
+    /// Per-job rows.
+    pub jobs: Vec<JobReport>,
+    /// The Total row.
+    pub total: TotalReport,
+    /// IOMMU counters, for devices with an IOMMU.
+    pub dma: Option<DmaReport>,
+    /// Verification summary, with `--verify`.
+    pub verify: Option<VerifyReport>,
+    /// The first failures (I/O errors, verify mismatches), described.
+    pub failures: Vec<String>,
+    /// Remarks (fallbacks taken, what a device measures).
+    pub notes: Vec<String>,
+    /// The latency clock.
+    pub clock: ClockReport,
+}
+
+/// Ratios base / other.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ratio {
+    /// IOPS ratio (> 1: base is faster).
+    pub iops: f64,
+    /// Bandwidth ratio.
+    pub mib_s: f64,
+    /// Mean latency ratio (< 1: base is quicker).
+    pub lat_avg: f64,
+    /// 99th percentile latency ratio, when both have histograms.
+    pub lat_p99: Option<f64>,
+    /// CPU per I/O ratio (< 1: base is cheaper).
+    pub cpu_ns_per_io: f64,
+}
+
+/// Two runs of one workload (`--compare`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareReport {
+    /// The `--device` run.
+    pub base: RunReport,
+    /// The `--compare` run.
+    pub other: RunReport,
+    /// base / other.
+    pub ratio: Ratio,
+}
+
+fn div(a: f64, b: f64) -> f64 {
+    if b == 0.0 {
+        0.0
+    } else {
+        a / b
+    }
+}
+
+impl CompareReport {
+    /// Pair two runs and compute the ratios.
+    pub fn new(base: RunReport, other: RunReport) -> Self {
+        let (a, b) = (&base.total, &other.total);
+        let ratio = Ratio {
+            iops: div(a.stats.iops, b.stats.iops),
+            mib_s: div(a.stats.mib_s, b.stats.mib_s),
+            lat_avg: div(a.stats.lat_us.avg, b.stats.lat_us.avg),
+            lat_p99: a
+                .stats
+                .lat_us
+                .p99
+                .zip(b.stats.lat_us.p99)
+                .map(|(x, y)| div(x, y)),
+            cpu_ns_per_io: div(a.cpu_ns_per_io, b.cpu_ns_per_io),
+        };
+        CompareReport { base, other, ratio }
+    }
+
+    /// The ratio line(s) for the table output.
+    pub fn ratio_text(&self) -> String {
+        let r = &self.ratio;
+        let mut s = format!(
+            "{} vs {}: IOPS {:.2}x, MiB/s {:.2}x, avg latency {:.2}x",
+            self.base.device, self.other.device, r.iops, r.mib_s, r.lat_avg
+        );
+        if let Some(p) = r.lat_p99 {
+            let _ = write!(s, ", p99 latency {p:.2}x");
+        }
+        let _ = write!(s, ", CPU per I/O {:.2}x", r.cpu_ns_per_io);
+        s
+    }
+}
+
+const RULE: &str = "========================================================================================================";
+
+fn row(out: &mut String, name: &str, s: &Stats) {
+    let _ = writeln!(
+        out,
+        "{name:<44}: {:>12.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+        s.iops, s.mib_s, s.lat_us.avg, s.lat_us.min, s.lat_us.max
+    );
+}
+
+impl RunReport {
+    /// Whether anything failed (I/O errors or verification mismatches).
+    pub fn failed(&self) -> bool {
+        self.total.stats.errors > 0 || self.total.stats.verify_mismatches > 0
+    }
+
+    /// The human-readable table.
+    pub fn table(&self, percentiles: bool) -> String {
+        let mut out = String::new();
+        let w = &self.workload;
+        let bound = match (w.ios_per_job, w.time_s) {
+            (Some(n), _) => format!("{n} I/Os per job"),
+            (None, Some(t)) => format!("{t} s"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{} ({}): {} {}B, read {}%, QD {} x {} job(s), {bound}{}{}",
+            self.device,
+            self.backend,
+            w.pattern,
+            w.io_size,
+            w.read_pct,
+            w.queue_depth,
+            w.jobs,
+            if w.warmup_s > 0.0 {
+                format!(" after {} s warm-up", w.warmup_s)
+            } else {
+                String::new()
+            },
+            if w.verify { ", verify" } else { "" }
+        );
+        let _ = writeln!(out, "{RULE}");
+        let _ = writeln!(
+            out,
+            "{:<44}  {:>12} {:>10} {:>32}",
+            "", "", "", "Latency(us)"
+        );
+        let _ = writeln!(
+            out,
+            "{:<44}: {:>12} {:>10} {:>10} {:>10} {:>10}",
+            "Device Information", "IOPS", "MiB/s", "Average", "min", "max"
+        );
+        for j in &self.jobs {
+            let core = j
+                .core
+                .map_or_else(|| "any core".to_string(), |c| format!("core {c}"));
+            row(
+                &mut out,
+                &format!("{} ns{} from {core}", j.device, j.nsid),
+                &j.stats,
+            );
+        }
+        let _ = writeln!(out, "{RULE}");
+        let t = &self.total.stats;
+        row(&mut out, "Total", t);
+        let _ = writeln!(out);
+        if t.iops_samples > 0 {
+            let _ = writeln!(
+                out,
+                "IOPS per second: min {:.0}, max {:.0}, avg {:.0} ({} samples)",
+                t.iops_min, t.iops_max, t.iops_avg, t.iops_samples
+            );
+        }
+        let _ = write!(
+            out,
+            "CPU (job threads): usr {:.1}%, sys {:.1}%; {:.0} ns",
+            t.cpu_usr_pct, t.cpu_sys_pct, self.total.cpu_ns_per_io
+        );
+        if let Some(c) = self.total.cycles_per_io {
+            let _ = write!(out, " ({c:.0} TSC cycles)");
+        }
+        let _ = writeln!(out, " of CPU per I/O");
+        let _ = writeln!(
+            out,
+            "Errors: {} failed I/O(s), {} verify mismatch(es)",
+            t.errors, t.verify_mismatches
+        );
+        if let Some(v) = &self.verify {
+            let _ = writeln!(
+                out,
+                "Verify: {} blocks checked ({} prefilled)",
+                v.blocks_checked, v.prefill_blocks
+            );
+        }
+        if let Some(d) = &self.dma {
+            let _ = writeln!(
+                out,
+                "DMA ({}): {} maps, {} unmap calls ({} ranges), {} invalidations during the run; {} bytes mapped",
+                d.mode, d.maps, d.unmap_calls, d.unmapped_ranges, d.invalidations, d.mapped_bytes
+            );
+        }
+        if percentiles {
+            let _ = writeln!(out);
+            let mut rows: Vec<(String, &LatUs)> = Vec::new();
+            if self.jobs.len() > 1 {
+                for j in &self.jobs {
+                    rows.push((
+                        format!("job {} ({} ns{})", j.job, j.device, j.nsid),
+                        &j.stats.lat_us,
+                    ));
+                }
+            }
+            rows.push(("Total".into(), &t.lat_us));
+            for (name, l) in rows {
+                let _ = writeln!(out, "Summary latency data for {name}:");
+                for (p, v) in l.percentiles() {
+                    match v {
+                        Some(v) => {
+                            let _ = writeln!(out, "  {p:>9.5}% : {v:>12.3}us");
+                        }
+                        None => {
+                            let _ = writeln!(out, "  {p:>9.5}% : {:>12}", "n/a");
+                        }
+                    }
+                }
+            }
+        }
+        for n in &self.notes {
+            let _ = writeln!(out, "note: {n}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_run(device: &str, iops: f64, avg: f64) -> RunReport {
+        let stats = Stats {
+            ios: 1000,
+            reads: 1000,
+            iops,
+            iops_min: iops,
+            iops_max: iops,
+            iops_avg: iops,
+            iops_samples: 1,
+            mib_s: iops * 4096.0 / 1048576.0,
+            lat_us: LatUs {
+                avg,
+                min: 0.5,
+                max: 9.0,
+                p50: Some(1.0),
+                p90: Some(2.0),
+                p99: Some(4.0),
+                p99_9: Some(8.0),
+                p99_99: Some(9.0),
+            },
+            elapsed_s: 1.0,
+            ..Default::default()
+        };
+        RunReport {
+            device: device.into(),
+            backend: "test".into(),
+            workload: WorkloadReport {
+                pattern: "randread".into(),
+                read_pct: 100,
+                io_size: 4096,
+                queue_depth: 32,
+                jobs: 1,
+                time_s: Some(1.0),
+                ios_per_job: None,
+                warmup_s: 0.0,
+                verify: false,
+                dma: "premapped".into(),
+                seed: 1,
+            },
+            jobs: vec![JobReport {
+                job: 0,
+                device: device.into(),
+                core: Some(0),
+                nsid: 1,
+                stats: stats.clone(),
+            }],
+            total: TotalReport {
+                stats,
+                cpu_ns_per_io: 100.0,
+                cycles_per_io: Some(300.0),
+            },
+            dma: None,
+            verify: None,
+            failures: vec![],
+            notes: vec![],
+            clock: ClockReport {
+                source: "tsc".into(),
+                ns_per_call: 7.0,
+                ticks_per_sec: 3e9,
+            },
+        }
+    }
+
+    #[test]
+    fn percentiles_from_a_known_histogram() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).unwrap();
+        // 1..=10000 ns, one each: p50 = 5000 ns, p99 = 9900 ns.
+        for v in 1..=10_000u64 {
+            h.record(v).unwrap();
+        }
+        let l = LatUs::from_ns((1..=10_000u64).sum(), 1, 10_000, 10_000, Some(&h));
+        assert!((l.avg - 5.0005).abs() < 1e-9, "{}", l.avg);
+        assert_eq!(l.min, 0.001);
+        assert_eq!(l.max, 10.0);
+        let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() <= b * 0.001 + 0.001;
+        assert!(close(l.p50, 5.0), "{:?}", l.p50);
+        assert!(close(l.p90, 9.0), "{:?}", l.p90);
+        assert!(close(l.p99, 9.9), "{:?}", l.p99);
+        assert!(close(l.p99_9, 9.99), "{:?}", l.p99_9);
+        assert!(close(l.p99_99, 10.0), "{:?}", l.p99_99);
+        let none = LatUs::from_ns(0, u64::MAX, 0, 0, None);
+        assert_eq!((none.avg, none.min, none.p50), (0.0, 0.0, None));
+    }
+
+    #[test]
+    fn json_roundtrip_has_required_fields() {
+        let r = sample_run("fake:null", 1e6, 2.0);
+        let s = serde_json::to_string(&r).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        for k in ["device", "workload", "jobs", "total"] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        for k in [
+            "ios",
+            "iops",
+            "iops_min",
+            "iops_max",
+            "iops_avg",
+            "mib_s",
+            "errors",
+            "cpu_usr_pct",
+            "cpu_sys_pct",
+        ] {
+            assert!(
+                v["total"].get(k).is_some_and(|x| x.is_number()),
+                "total.{k}"
+            );
+            assert!(
+                v["jobs"][0].get(k).is_some_and(|x| x.is_number()),
+                "jobs[0].{k}"
+            );
+        }
+        for k in ["avg", "min", "max", "p50", "p90", "p99", "p99_9", "p99_99"] {
+            assert!(
+                v["total"]["lat_us"].get(k).is_some_and(|x| x.is_number()),
+                "lat_us.{k}"
+            );
+        }
+        let back: RunReport = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn compare_ratios_and_shape() {
+        let c = CompareReport::new(
+            sample_run("fake:null", 3e6, 1.0),
+            sample_run("uring:null", 2e6, 2.0),
+        );
+        assert!((c.ratio.iops - 1.5).abs() < 1e-12);
+        assert!((c.ratio.lat_avg - 0.5).abs() < 1e-12);
+        assert_eq!(c.ratio.lat_p99, Some(1.0));
+        let v = serde_json::to_value(&c).unwrap();
+        assert!(v["base"]["total"]["iops"].is_number());
+        assert!(v["other"]["total"]["iops"].is_number());
+        assert!(v["ratio"]["iops"].is_number());
+        assert!(c.ratio_text().contains("IOPS 1.50x"));
+        let back: CompareReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn table_has_rows() {
+        let mut r = sample_run("uring:null", 1234.5, 2.0);
+        r.total.stats.errors = 2;
+        let t = r.table(true);
+        assert!(t.contains("uring:null ns1 from core 0"));
+        assert!(t.contains("Total"));
+        assert!(t.contains("1234.50"));
+        assert!(t.contains("99.99000%"));
+        assert!(t.contains("2 failed I/O(s)"));
+        assert!(r.failed());
+    }
+}

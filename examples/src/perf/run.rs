@@ -1,0 +1,529 @@
+//! One run on one device: plan the jobs, start them pinned, drive the
+//! phases (warm-up, measure, stop), sample IOPS every second, and build the
+//! report.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+use crate::clock::{Clock, ClockSource};
+use crate::job::{
+    self, JobResult, JobSpec, Shared, PHASE_ABORT, PHASE_MEASURE, PHASE_STOP, PHASE_WARMUP,
+};
+use crate::report::{
+    ClockReport, DmaReport, JobReport, LatUs, RunReport, Stats, TotalReport, VerifyReport,
+    WorkloadReport,
+};
+use crate::spec::{DeviceSpec, SpecError};
+use crate::target::{OpenPlan, Target};
+use crate::uring::UringError;
+use crate::workload::Pattern;
+
+/// The most blocks one job tracks for `--verify` (4 bytes of state each).
+pub const VERIFY_MAX_BLOCKS: u64 = 1 << 22;
+
+/// Why a run could not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum PerfError {
+    /// A bad spec or value.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// An option combination that cannot work.
+    #[error("{0}")]
+    Usage(String),
+    /// The device kind is not available in this build.
+    #[error("{0}")]
+    Unsupported(String),
+    /// io_uring set-up failed.
+    #[error(transparent)]
+    Uring(#[from] UringError),
+    /// A job failed to start or its queue broke.
+    #[error("job {job}: {msg}")]
+    Job {
+        /// Job number.
+        job: usize,
+        /// What went wrong.
+        msg: String,
+    },
+}
+
+/// DMA buffer policy (issue 6 wires strict and lazy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DmaMode {
+    /// Buffers allocated and mapped once per job; no IOMMU work per I/O.
+    Premapped,
+    /// Map before each I/O, unmap with invalidation at completion.
+    Strict,
+    /// Unmaps batched in per-CPU flush queues.
+    Lazy,
+}
+
+impl DmaMode {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DmaMode::Premapped => "premapped",
+            DmaMode::Strict => "strict",
+            DmaMode::Lazy => "lazy",
+        }
+    }
+}
+
+/// Everything a run needs besides the device.
+#[derive(Debug, Clone)]
+pub struct RunOpts {
+    /// Access pattern.
+    pub pattern: Pattern,
+    /// Read percentage for mixed patterns.
+    pub mix: u8,
+    /// Bytes per I/O.
+    pub io_size: u64,
+    /// Queue depth per job.
+    pub depth: usize,
+    /// Number of jobs.
+    pub jobs: usize,
+    /// Cores to pin jobs to (job i on the i-th entry); empty: do not pin.
+    pub cpus: Vec<usize>,
+    /// Measured time (ignored with `ios`).
+    pub time: Duration,
+    /// I/Os per job instead of a time.
+    pub ios: Option<u64>,
+    /// Warm-up time.
+    pub warmup: Duration,
+    /// Verify data.
+    pub verify: bool,
+    /// Record latency histograms.
+    pub histogram: bool,
+    /// DMA mode.
+    pub dma: DmaMode,
+    /// Seed.
+    pub seed: u64,
+    /// Print a live line per second on stderr.
+    pub progress: bool,
+}
+
+fn label_progress(prefix: &str, ios: u64, dt: f64, io_size: u64) -> String {
+    let iops = ios as f64 / dt;
+    format!(
+        "{prefix}{iops:>12.0} IOPS, {:>10.2} MiB/s",
+        iops * io_size as f64 / (1 << 20) as f64
+    )
+}
+
+/// Plan, run and report one device.
+pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunReport, PerfError> {
+    if o.verify && !spec.stores_data() {
+        return Err(PerfError::Usage(format!(
+            "--verify needs a device that stores data; `{}` moves none (use fake or uring:<file>)",
+            spec.label()
+        )));
+    }
+    if o.dma != DmaMode::Premapped {
+        return Err(PerfError::Unsupported(format!(
+            "--dma {} is not available yet (the DMA-modes layer has not landed); use --dma premapped",
+            o.dma.name()
+        )));
+    }
+    let pct = o.pattern.read_pct(o.mix);
+    let plan = OpenPlan {
+        jobs: o.jobs,
+        writes: pct < 100 || o.verify,
+    };
+    let target = Arc::new(Target::open(spec, &plan)?);
+    let lbads = target.lbads() as u64;
+    if o.io_size == 0 || o.io_size % lbads != 0 {
+        return Err(PerfError::Usage(format!(
+            "I/O size {} is not a multiple of {}'s {lbads}-byte logical block (try -o {})",
+            o.io_size,
+            spec.label(),
+            lbads.max(4096)
+        )));
+    }
+    let nlb = o.io_size / lbads;
+    if nlb > u32::MAX as u64 {
+        return Err(PerfError::Usage(format!(
+            "I/O size {} is too large",
+            o.io_size
+        )));
+    }
+    let nlb = nlb as u32;
+    let namespaces = target.namespaces();
+    let mut notes = target.notes();
+    if o.jobs < namespaces.len() {
+        notes.push(format!(
+            "{} namespaces but {} job(s): jobs take namespaces round-robin, so some stay idle (use -j {})",
+            namespaces.len(),
+            o.jobs,
+            namespaces.len()
+        ));
+    }
+    // Assign jobs to namespaces and ranges.
+    let mut specs = Vec::with_capacity(o.jobs);
+    for i in 0..o.jobs {
+        let ns = namespaces[i % namespaces.len()];
+        let peers = (o.jobs - 1 - i % namespaces.len()) / namespaces.len() + 1;
+        let rank = (i / namespaces.len()) as u64;
+        if ns.blocks < nlb as u64 {
+            return Err(PerfError::Usage(format!(
+                "namespace {} has {} blocks, fewer than one {}-byte I/O",
+                ns.nsid, ns.blocks, o.io_size
+            )));
+        }
+        let (first, blocks, seq_start) = if o.verify {
+            // Disjoint ranges so no two jobs race on a block's expected contents.
+            let share = (ns.blocks / peers as u64) / nlb as u64 * nlb as u64;
+            if share < nlb as u64 {
+                return Err(PerfError::Usage(format!(
+                    "--verify gives each job its own range, but namespace {} is too small for {peers} jobs of {}-byte I/Os",
+                    ns.nsid, o.io_size
+                )));
+            }
+            let capped = share
+                .min(VERIFY_MAX_BLOCKS / nlb as u64 * nlb as u64)
+                .max(nlb as u64);
+            if capped < share && i == 0 {
+                notes.push(format!("--verify covers the first {capped} blocks of each job's range (state is kept per block)"));
+            }
+            (rank * share, capped, 0)
+        } else {
+            let positions = ns.blocks / nlb as u64;
+            (0, ns.blocks, rank * positions / peers as u64)
+        };
+        specs.push(JobSpec {
+            index: i,
+            nsid: ns.nsid,
+            first_lba: first,
+            blocks,
+            nlb,
+            seq_start,
+            lbads: lbads as u32,
+            pattern: o.pattern,
+            read_pct: pct,
+            depth: o.depth,
+            ios_limit: o.ios,
+            seed: o.seed,
+            verify: o.verify,
+            histogram: o.histogram,
+        });
+    }
+
+    let shared = Arc::new(Shared::new(o.jobs));
+    let (tx, rx) = mpsc::channel::<(usize, Result<(), String>)>();
+    let mut handles = Vec::with_capacity(o.jobs);
+    for spec in specs.iter().cloned() {
+        let target = Arc::clone(&target);
+        let shared = Arc::clone(&shared);
+        let tx = tx.clone();
+        let core = o.cpus.get(spec.index).copied();
+        let job = spec.index;
+        let h = std::thread::Builder::new()
+            .name(format!("mcqio-perf-j{}", spec.index))
+            .spawn(move || -> (Result<JobResult, String>, bool) {
+                let pinned = core
+                    .is_none_or(|id| core_affinity::set_for_current(core_affinity::CoreId { id }));
+                let idx = spec.index;
+                let r = target.run_job(&spec, &shared, clock, |r| {
+                    let _ = tx.send((idx, r));
+                });
+                (r, pinned)
+            })
+            .map_err(|e| PerfError::Job {
+                job,
+                msg: format!("cannot start thread: {e}"),
+            })?;
+        handles.push(h);
+    }
+    drop(tx);
+    let mut setup_err = None;
+    for _ in 0..o.jobs {
+        match rx.recv() {
+            Ok((_, Ok(()))) => {}
+            Ok((job, Err(msg))) => {
+                setup_err.get_or_insert(PerfError::Job { job, msg });
+            }
+            Err(_) => {
+                setup_err.get_or_insert(PerfError::Job {
+                    job: 0,
+                    msg: "a job thread exited during set-up".into(),
+                });
+                break;
+            }
+        }
+    }
+    if let Some(e) = setup_err {
+        shared.phase.store(PHASE_ABORT, Ordering::Release);
+        for h in handles {
+            let _ = h.join();
+        }
+        return Err(e);
+    }
+
+    let tty = o.progress && std::io::stderr().is_terminal();
+    let counts = |s: &Shared| -> Vec<u64> {
+        s.completed
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    };
+    if !o.warmup.is_zero() {
+        shared.phase.store(PHASE_WARMUP, Ordering::Release);
+        let t0 = Instant::now();
+        let mut last = (t0, counts(&shared).iter().sum::<u64>());
+        while t0.elapsed() < o.warmup {
+            let left = o.warmup.saturating_sub(t0.elapsed());
+            std::thread::sleep(left.min(Duration::from_secs(1)));
+            let now = (Instant::now(), counts(&shared).iter().sum::<u64>());
+            if tty {
+                eprint!(
+                    "\r{}",
+                    label_progress(
+                        "[warmup] ",
+                        now.1 - last.1,
+                        (now.0 - last.0).as_secs_f64(),
+                        o.io_size
+                    )
+                );
+            }
+            last = now;
+        }
+    }
+    let iommu_before = target.iommu_stats();
+    let t0 = Instant::now();
+    let base = counts(&shared);
+    shared.phase.store(PHASE_MEASURE, Ordering::Release);
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); o.jobs];
+    let mut total_samples: Vec<f64> = Vec::new();
+    let mut last_t = t0;
+    let mut last_c = base.clone();
+    let end = t0 + o.time;
+    loop {
+        let next = last_t + Duration::from_secs(1);
+        let deadline = if o.ios.is_some() { next } else { next.min(end) };
+        // Sleep in short steps while waiting for count-bound jobs.
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            if o.ios.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs {
+                break;
+            }
+            let step = if o.ios.is_some() {
+                Duration::from_millis(5)
+            } else {
+                deadline - now
+            };
+            std::thread::sleep(step.min(deadline - now));
+        }
+        let now = Instant::now();
+        let c = counts(&shared);
+        let dt = (now - last_t).as_secs_f64();
+        if dt >= 0.9 {
+            let mut sum = 0.0;
+            for (j, (a, b)) in c.iter().zip(&last_c).enumerate() {
+                let r = (a - b) as f64 / dt;
+                samples[j].push(r);
+                sum += r;
+            }
+            total_samples.push(sum);
+            if tty {
+                let d: u64 = c.iter().zip(&last_c).map(|(a, b)| a - b).sum();
+                eprint!("\r{}", label_progress("", d, dt, o.io_size));
+            }
+            last_t = now;
+            last_c = c;
+        }
+        let done = match o.ios {
+            Some(_) => shared.finished.load(Ordering::Acquire) as usize == o.jobs,
+            None => now >= end,
+        };
+        if done {
+            break;
+        }
+    }
+    shared.phase.store(PHASE_STOP, Ordering::Release);
+    let iommu_after = target.iommu_stats();
+    if tty {
+        eprint!("\r{:60}\r", "");
+        let _ = std::io::stderr().flush();
+    }
+    let mut results = Vec::with_capacity(o.jobs);
+    let mut job_err = None;
+    for (i, h) in handles.into_iter().enumerate() {
+        match h.join() {
+            Ok((Ok(r), pinned)) => {
+                if !pinned {
+                    notes.push(format!("job {i}: could not pin to core {}", o.cpus[i]));
+                }
+                results.push(r);
+            }
+            Ok((Err(msg), _)) => {
+                job_err.get_or_insert(PerfError::Job { job: i, msg });
+            }
+            Err(_) => {
+                job_err.get_or_insert(PerfError::Job {
+                    job: i,
+                    msg: "the job thread panicked".into(),
+                });
+            }
+        }
+    }
+    if let Some(e) = job_err {
+        return Err(e);
+    }
+
+    // Build the report.
+    let mib = |bytes_per_s: f64| bytes_per_s / (1u64 << 20) as f64;
+    let summarize = |s: &[f64], fallback: f64| -> (f64, f64, f64) {
+        if s.is_empty() {
+            (fallback, fallback, fallback)
+        } else {
+            let min = s.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = s.iter().copied().fold(0.0, f64::max);
+            (min, max, s.iter().sum::<f64>() / s.len() as f64)
+        }
+    };
+    let mut jobs = Vec::with_capacity(results.len());
+    let mut merged: Option<Histogram<u64>> = o.histogram.then(job::new_histogram);
+    let mut tot = Stats::default();
+    let (mut lat_sum, mut lat_min, mut lat_max) = (0u64, u64::MAX, 0u64);
+    let (mut usr, mut sys, mut elapsed_sum) = (0.0f64, 0.0f64, 0.0f64);
+    let mut failures = Vec::new();
+    let mut verify = VerifyReport::default();
+    for r in &results {
+        let el = r.elapsed.as_secs_f64();
+        let iops = if el > 0.0 { r.ios as f64 / el } else { 0.0 };
+        let (mn, mx, avg) = summarize(&samples[r.index], iops);
+        let stats = Stats {
+            ios: r.ios,
+            reads: r.reads,
+            writes: r.writes,
+            iops,
+            iops_min: mn,
+            iops_max: mx,
+            iops_avg: avg,
+            iops_samples: samples[r.index].len(),
+            mib_s: mib(iops * o.io_size as f64),
+            errors: r.errors,
+            verify_mismatches: r.verify_mismatches,
+            cpu_usr_pct: if el > 0.0 {
+                r.cpu_usr.as_secs_f64() / el * 100.0
+            } else {
+                0.0
+            },
+            cpu_sys_pct: if el > 0.0 {
+                r.cpu_sys.as_secs_f64() / el * 100.0
+            } else {
+                0.0
+            },
+            lat_us: LatUs::from_ns(
+                r.lat_sum_ns,
+                r.lat_min_ns,
+                r.lat_max_ns,
+                r.ios,
+                r.hist.as_ref(),
+            ),
+            elapsed_s: el,
+        };
+        tot.ios += r.ios;
+        tot.reads += r.reads;
+        tot.writes += r.writes;
+        tot.iops += iops;
+        tot.errors += r.errors;
+        tot.verify_mismatches += r.verify_mismatches;
+        tot.elapsed_s = tot.elapsed_s.max(el);
+        lat_sum += r.lat_sum_ns;
+        lat_min = lat_min.min(r.lat_min_ns);
+        lat_max = lat_max.max(r.lat_max_ns);
+        usr += r.cpu_usr.as_secs_f64();
+        sys += r.cpu_sys.as_secs_f64();
+        elapsed_sum += el;
+        if let (Some(m), Some(h)) = (merged.as_mut(), r.hist.as_ref()) {
+            let _ = m.add(h);
+        }
+        failures.extend(r.failures.iter().cloned());
+        verify.blocks_checked += r.verified_blocks;
+        verify.mismatches += r.verify_mismatches;
+        verify.prefill_blocks += r.prefill_blocks;
+        jobs.push(JobReport {
+            job: r.index,
+            device: spec.label(),
+            core: o.cpus.get(r.index).copied(),
+            nsid: r.nsid,
+            stats,
+        });
+    }
+    let (mn, mx, avg) = summarize(&total_samples, tot.iops);
+    tot.iops_min = mn;
+    tot.iops_max = mx;
+    tot.iops_avg = avg;
+    tot.iops_samples = total_samples.len();
+    tot.mib_s = mib(tot.iops * o.io_size as f64);
+    tot.cpu_usr_pct = if elapsed_sum > 0.0 {
+        usr / elapsed_sum * 100.0
+    } else {
+        0.0
+    };
+    tot.cpu_sys_pct = if elapsed_sum > 0.0 {
+        sys / elapsed_sum * 100.0
+    } else {
+        0.0
+    };
+    tot.lat_us = LatUs::from_ns(lat_sum, lat_min, lat_max, tot.ios, merged.as_ref());
+    let cpu_ns_per_io = if tot.ios > 0 {
+        (usr + sys) * 1e9 / tot.ios as f64
+    } else {
+        0.0
+    };
+    let total = TotalReport {
+        stats: tot,
+        cpu_ns_per_io,
+        cycles_per_io: (clock.source() == ClockSource::Tsc)
+            .then(|| cpu_ns_per_io * clock.ticks_per_sec() / 1e9),
+    };
+    let dma = match (iommu_before, iommu_after) {
+        (Some(a), Some(b)) => Some(DmaReport {
+            mode: o.dma.name().into(),
+            maps: b.maps - a.maps,
+            unmapped_ranges: b.unmapped_ranges - a.unmapped_ranges,
+            unmap_calls: b.unmap_calls - a.unmap_calls,
+            invalidations: b.invalidations - a.invalidations,
+            mapped_bytes: b.mapped_bytes,
+        }),
+        _ => None,
+    };
+    Ok(RunReport {
+        device: spec.raw.clone(),
+        backend: target.describe(),
+        workload: WorkloadReport {
+            pattern: o.pattern.name().into(),
+            read_pct: pct,
+            io_size: o.io_size,
+            queue_depth: o.depth,
+            jobs: o.jobs,
+            time_s: o.ios.is_none().then_some(o.time.as_secs_f64()),
+            ios_per_job: o.ios,
+            warmup_s: o.warmup.as_secs_f64(),
+            verify: o.verify,
+            dma: o.dma.name().into(),
+            seed: o.seed,
+        },
+        jobs,
+        total,
+        dma,
+        verify: o.verify.then_some(verify),
+        failures,
+        notes,
+        clock: ClockReport {
+            source: match clock.source() {
+                ClockSource::Tsc => "tsc".into(),
+                ClockSource::Instant => "instant".into(),
+            },
+            ns_per_call: clock.cost_ns(),
+            ticks_per_sec: clock.ticks_per_sec(),
+        },
+    })
+}

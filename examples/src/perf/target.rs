@@ -1,0 +1,118 @@
+//! A device opened for a run, shared by its jobs.
+//!
+//! [`Target::run_job`] holds the one `match` on the device kind: it builds the
+//! job's queue of the concrete type and calls the generic job loop with it.
+
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::job::{self, JobResult, JobSpec, Shared};
+use crate::run::PerfError;
+use crate::spec::{DeviceKind, DeviceSpec};
+use crate::uring::UringTarget;
+
+/// A namespace the jobs can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Namespace {
+    /// Namespace id (1-based).
+    pub nsid: u32,
+    /// Size in logical blocks.
+    pub blocks: u64,
+}
+
+/// What opening a device needs to know about the run.
+#[derive(Debug, Clone)]
+pub struct OpenPlan {
+    /// Jobs (queue pairs) that will run.
+    pub jobs: usize,
+    /// Whether the workload writes.
+    pub writes: bool,
+}
+
+/// An open device.
+#[derive(Debug)]
+pub enum Target {
+    /// `uring:null` or `uring:<path>`.
+    Uring(Arc<UringTarget>),
+}
+
+impl Target {
+    /// Open the device a spec names.
+    pub fn open(spec: &DeviceSpec, plan: &OpenPlan) -> Result<Target, PerfError> {
+        let _ = plan.jobs;
+        match &spec.kind {
+            DeviceKind::UringNull => Ok(Target::Uring(Arc::new(UringTarget::null()))),
+            DeviceKind::UringFile { path } => Ok(Target::Uring(Arc::new(UringTarget::open(
+                path,
+                spec.opts.lbads,
+                spec.opts.size,
+                spec.opts.direct,
+                plan.writes,
+            )?))),
+            DeviceKind::Fake { .. } | DeviceKind::Vfio { .. } => Err(PerfError::Unsupported(format!(
+                "`{}`: the mcqio engine is not integrated into mcqio-perf yet; use uring:null or uring:<path>",
+                spec.label()
+            ))),
+        }
+    }
+
+    /// Logical block size in bytes.
+    pub fn lbads(&self) -> u32 {
+        match self {
+            Target::Uring(t) => t.lbads(),
+        }
+    }
+
+    /// Namespaces available to jobs.
+    pub fn namespaces(&self) -> Vec<Namespace> {
+        match self {
+            Target::Uring(t) => vec![Namespace {
+                nsid: 1,
+                blocks: t.blocks(),
+            }],
+        }
+    }
+
+    /// One line on what is underneath.
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Uring(t) => t.describe(),
+        }
+    }
+
+    /// Remarks for the report.
+    pub fn notes(&self) -> Vec<String> {
+        match self {
+            Target::Uring(t) => t.notes().to_vec(),
+        }
+    }
+
+    /// IOMMU counters, if the device sits behind an IOMMU.
+    pub fn iommu_stats(&self) -> Option<mcqio_vfio::IommuStats> {
+        match self {
+            Target::Uring(_) => None,
+        }
+    }
+
+    /// Build this job's queue on the calling thread and run the job loop.
+    /// `ready` is called once set-up (and the verify prefill) is done or failed.
+    pub fn run_job(
+        &self,
+        spec: &JobSpec,
+        shared: &Shared,
+        clock: Clock,
+        ready: impl FnOnce(Result<(), String>),
+    ) -> Result<JobResult, String> {
+        let buf_len = spec.nlb as usize * spec.lbads as usize;
+        match self {
+            Target::Uring(t) => match t.queue(spec.depth, buf_len) {
+                Ok(q) => job::run(q, spec, shared, clock, ready).map_err(|e| e.to_string()),
+                Err(e) => {
+                    let m = e.to_string();
+                    ready(Err(m.clone()));
+                    Err(m)
+                }
+            },
+        }
+    }
+}

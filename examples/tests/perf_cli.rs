@@ -1,0 +1,142 @@
+//! Runs the built `mcqio-perf` binary end to end (short runs, JSON checked
+//! for the documented fields).
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn perf(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mcqio-perf"))
+        .args(args)
+        .output()
+        .expect("mcqio-perf runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn check_run(v: &Value) {
+    for k in ["device", "workload", "jobs", "total"] {
+        assert!(v.get(k).is_some(), "missing {k} in {v}");
+    }
+    let total = &v["total"];
+    for k in [
+        "ios",
+        "iops",
+        "iops_min",
+        "iops_max",
+        "iops_avg",
+        "mib_s",
+        "errors",
+        "cpu_usr_pct",
+        "cpu_sys_pct",
+    ] {
+        assert!(
+            total[k].is_number(),
+            "total.{k} missing or not a number: {total}"
+        );
+    }
+    for k in ["avg", "min", "max", "p50", "p90", "p99", "p99_9", "p99_99"] {
+        assert!(total["lat_us"][k].is_number(), "total.lat_us.{k}: {total}");
+    }
+    assert!(
+        total["ios"].as_u64().unwrap() > 0,
+        "no I/O completed: {total}"
+    );
+    assert_eq!(total["errors"].as_u64(), Some(0));
+    let jobs = v["jobs"].as_array().expect("jobs is an array");
+    assert!(!jobs.is_empty());
+    assert!(jobs[0]["iops"].is_number());
+}
+
+#[test]
+fn uring_null_json() {
+    let (code, out, err) = perf(&["-d", "uring:null", "-n", "20000", "-q", "8", "--json"]);
+    assert_eq!(code, 0, "stderr: {err}");
+    let v: Value = serde_json::from_str(&out).expect("stdout is one JSON document");
+    check_run(&v);
+    assert_eq!(v["total"]["ios"].as_u64(), Some(20000));
+    assert_eq!(v["device"], "uring:null");
+}
+
+#[test]
+fn uring_file_verify_and_compare() {
+    let dir = std::env::temp_dir().join(format!("mcqio-perf-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("dev.img");
+    let spec = format!("uring:{},size=4M", file.display());
+    let (code, out, err) = perf(&[
+        "-d",
+        &spec,
+        "-w",
+        "randrw",
+        "-n",
+        "4000",
+        "-q",
+        "16",
+        "--verify",
+        "--json",
+        "--compare",
+        "uring:null",
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    // --compare with --verify on a null device is refused: verify needs data.
+    assert_eq!(code, 2, "stdout: {out} stderr: {err}");
+    assert!(
+        err.contains("--verify needs a device that stores data"),
+        "{err}"
+    );
+
+    std::fs::create_dir_all(&dir).unwrap();
+    let (code, out, err) = perf(&[
+        "-d", &spec, "-w", "randrw", "-n", "4000", "-q", "16", "--verify", "--json",
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "stderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    check_run(&v);
+    assert!(
+        v["verify"]["blocks_checked"].as_u64().unwrap() > 0,
+        "{}",
+        v["verify"]
+    );
+    assert_eq!(v["verify"]["mismatches"].as_u64(), Some(0));
+}
+
+#[test]
+fn compare_json_shape() {
+    let (code, out, err) = perf(&[
+        "-d",
+        "uring:null",
+        "-n",
+        "5000",
+        "-q",
+        "4",
+        "--json",
+        "--compare",
+        "uring:null",
+    ]);
+    assert_eq!(code, 0, "stderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    check_run(&v["base"]);
+    check_run(&v["other"]);
+    assert!(v["ratio"]["iops"].is_number());
+}
+
+#[test]
+fn table_output_and_bad_input() {
+    let (code, out, err) = perf(&["-d", "uring:null", "-n", "1000", "-L"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Device Information"), "{out}");
+    assert!(out.contains("Total"), "{out}");
+    assert!(out.contains("99.99000%"), "{out}");
+
+    let (code, _, err) = perf(&["-d", "nvme:0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown device kind"), "{err}");
+    let (code, _, err) = perf(&["-d", "uring:null", "-o", "1000", "-n", "10"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("not a multiple"), "{err}");
+}
