@@ -187,65 +187,110 @@ struct Phases {
 
 type WorkerResult = Result<(u64, Duration, MapperStats), MapError>;
 
-fn setup(
-    space: &Arc<DmaSpace>,
-    spec: &BenchSpec,
-    cfg: &MapperConfig,
-) -> Result<(QueueMapper, Vec<IoBuffer>), MapError> {
-    let mut mapper = QueueMapper::new(space, cfg)?;
-    // Enough application buffers to fill the flush queue and keep one going.
-    let mut free: Vec<IoBuffer> = Vec::new();
-    if let Some(pool) = mapper.pool() {
-        free.push(pool.alloc()?.into());
-    } else {
-        for _ in 0..cfg.lazy.batch + 1 {
-            free.push(AppBuffer::new(spec.io_size)?.into());
-        }
-    }
-    Ok((mapper, free))
+/// One thread's mapper and buffers: the unit both the timed table and
+/// criterion's per-iteration measurement drive.
+#[derive(Debug)]
+pub struct BenchWorker {
+    mapper: QueueMapper,
+    free: Vec<IoBuffer>,
+    returned: Vec<Returned>,
+    seq: u64,
 }
 
-fn run_loop(
-    mapper: &mut QueueMapper,
-    free: &mut Vec<IoBuffer>,
-    stop: &AtomicBool,
-) -> Result<(u64, Duration), MapError> {
-    let mut returned: Vec<Returned> = Vec::with_capacity(free.len());
+impl BenchWorker {
+    /// A mapper for `mode` on `space` plus the buffers it needs: one pool
+    /// buffer, or `batch + 1` application buffers (the flush queue holds up to
+    /// `batch` of them).
+    pub fn new(space: &Arc<DmaSpace>, spec: &BenchSpec) -> Result<Self, MapError> {
+        let cfg = spec
+            .mode
+            .config(spec.io_size, spec.window_len, spec.max_delay);
+        let mut mapper = QueueMapper::new(space, &cfg)?;
+        let mut free: Vec<IoBuffer> = Vec::new();
+        if let Some(pool) = mapper.pool() {
+            free.push(pool.alloc()?.into());
+        } else {
+            for _ in 0..cfg.lazy.batch + 1 {
+                free.push(AppBuffer::new(spec.io_size)?.into());
+            }
+        }
+        Ok(Self {
+            returned: Vec::with_capacity(free.len()),
+            mapper,
+            free,
+            seq: 0,
+        })
+    }
+
+    /// One map → touch → release cycle, recycling whatever comes back.
+    #[inline]
+    pub fn cycle(&mut self) -> Result<(), MapError> {
+        let mut buf = loop {
+            match self.free.pop() {
+                Some(b) => break b,
+                None => {
+                    self.mapper.flush(&mut self.returned)?;
+                    self.free.extend(self.returned.drain(..).map(|r| r.buf));
+                }
+            }
+        };
+        touch(&mut buf, self.seq);
+        let len = buf.len();
+        let m = self
+            .mapper
+            .map(buf, len, DmaDir::Bidirectional, self.seq)
+            .map_err(|f| f.error)?;
+        self.mapper.release(m, &mut self.returned)?;
+        if self.seq % 64 == 0 {
+            self.mapper.poll(&mut self.returned)?;
+        }
+        self.free.extend(self.returned.drain(..).map(|r| r.buf));
+        self.seq += 1;
+        Ok(())
+    }
+
+    /// Run `cycles` cycles and the final flush; the time it took.
+    pub fn run(&mut self, cycles: u64) -> Result<Duration, MapError> {
+        let t0 = Instant::now();
+        for _ in 0..cycles {
+            self.cycle()?;
+        }
+        self.flush()?;
+        Ok(t0.elapsed())
+    }
+
+    /// Flush queued unmaps and take their buffers back.
+    pub fn flush(&mut self) -> Result<(), MapError> {
+        self.mapper.flush(&mut self.returned)?;
+        self.free.extend(self.returned.drain(..).map(|r| r.buf));
+        Ok(())
+    }
+
+    /// The mapper's counters.
+    pub fn stats(&self) -> MapperStats {
+        self.mapper.stats()
+    }
+}
+
+fn run_until(w: &mut BenchWorker, stop: &AtomicBool) -> Result<(u64, Duration), MapError> {
     let t0 = Instant::now();
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let Some(mut buf) = free.pop() else {
-            mapper.flush(&mut returned)?;
-            free.extend(returned.drain(..).map(|r| r.buf));
-            continue;
-        };
-        touch(&mut buf, n);
-        let len = buf.len();
-        let m = mapper
-            .map(buf, len, DmaDir::Bidirectional, n)
-            .map_err(|f| f.error)?;
-        mapper.release(m, &mut returned)?;
-        if n % 64 == 0 {
-            mapper.poll(&mut returned)?;
-        }
-        free.extend(returned.drain(..).map(|r| r.buf));
+        w.cycle()?;
         n += 1;
     }
-    mapper.flush(&mut returned)?;
+    w.flush()?;
     Ok((n, t0.elapsed()))
 }
 
 /// One thread: set up, loop until `stop`, passing every barrier even on error.
 fn worker(space: &Arc<DmaSpace>, spec: &BenchSpec, ph: &Phases, stop: &AtomicBool) -> WorkerResult {
-    let cfg = spec
-        .mode
-        .config(spec.io_size, spec.window_len, spec.max_delay);
-    let built = setup(space, spec, &cfg);
+    let built = BenchWorker::new(space, spec);
     ph.ready.wait();
     ph.go.wait();
-    let r = match built {
-        Ok((mut mapper, mut free)) => {
-            let r = run_loop(&mut mapper, &mut free, stop).map(|(n, t)| (n, t, mapper.stats()));
+    match built {
+        Ok(mut w) => {
+            let r = run_until(&mut w, stop).map(|(n, t)| (n, t, w.stats()));
             ph.done.wait();
             ph.finished.wait();
             r
@@ -255,8 +300,7 @@ fn worker(space: &Arc<DmaSpace>, spec: &BenchSpec, ph: &Phases, stop: &AtomicBoo
             ph.finished.wait();
             Err(e)
         }
-    };
-    r
+    }
 }
 
 /// Run one row: `spec.threads` threads of map → touch → unmap for `spec.duration`.

@@ -262,9 +262,6 @@ impl DmaMapper for LazyMapper {
         } else {
             Some(buf)
         };
-        if self.queue.is_empty() {
-            self.deadline = Some(Instant::now() + self.cfg.max_delay);
-        }
         self.stats.queued_bytes += m.len() as u64;
         self.queue.push(Entry {
             iova: m.iova(),
@@ -274,6 +271,9 @@ impl DmaMapper for LazyMapper {
         });
         if self.queue.len() >= self.cfg.batch {
             self.flush_now(Cause::Full, out)?;
+        } else if self.queue.len() == 1 {
+            // The clock is read once per batch, when its first entry arrives.
+            self.deadline = Some(Instant::now() + self.cfg.max_delay);
         }
         Ok(())
     }

@@ -44,6 +44,33 @@
 //!    tearing down a queue, or when the application waits for one specific
 //!    buffer. Dropping a mapper flushes too (returned buffers are then freed).
 //!
+//! ```
+//! use mcqio_vfio::{AppBuffer, DmaDir, DmaMapper, Mapped, QueueMapper, Returned};
+//!
+//! /// Submission side: one I/O of `len` bytes into `buf` (a read command).
+//! fn submit(q: &mut QueueMapper, buf: AppBuffer, len: usize, cid: u16)
+//!     -> Result<Mapped, mcqio_vfio::MapFailed>
+//! {
+//!     let m = q.map(buf.into(), len, DmaDir::FromDevice, cid as u64)?;
+//!     // PRP1 = m.iova(); PRP2 / the PRP list = m.iova().add(4096 * i), i >= 1.
+//!     Ok(m)
+//! }
+//!
+//! /// Completion side: after consuming the CQE for the request holding `m`.
+//! fn complete(q: &mut QueueMapper, m: Mapped, done: &mut Vec<Returned>)
+//!     -> Result<(), mcqio_vfio::MapError>
+//! {
+//!     q.release(m, done)?;
+//!     q.poll(done)?; // also on idle passes of the reaping loop
+//!     for r in done.drain(..) {
+//!         // r.tag identifies the request; r.buf may go back to the app now.
+//!         let _app_buffer = r.buf.into_app();
+//!     }
+//!     Ok(())
+//! }
+//! # let _ = (submit, complete);
+//! ```
+//!
 //! A request's completion can be delivered to the application together with
 //! its buffer (hold the status until the [`Returned`] with its tag appears) or
 //! separately (status at once, buffer later); lazy mode's extra latency only
@@ -521,6 +548,14 @@ pub trait DmaMapper: Send {
     /// Counters.
     fn stats(&self) -> MapperStats;
 }
+
+// Mappers move to their queue's thread; buffers cross threads freely.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<QueueMapper>();
+    send::<IoBuffer>();
+    send::<Mapped>();
+};
 
 static NEXT_MAPPER_ID: AtomicU32 = AtomicU32::new(1);
 
