@@ -152,6 +152,11 @@ impl VfioIommu {
         &self.device
     }
 
+    /// The container (the fd IOMMU mappings are made on).
+    pub fn container(&self) -> &Arc<VfioContainer> {
+        &self.container
+    }
+
     /// The IOVA windows the kernel reported (`None` before Linux 5.4).
     pub fn reported_ranges(&self) -> Option<&[IovaRange]> {
         self.reported.as_deref()
@@ -166,6 +171,33 @@ impl VfioIommu {
     /// (`vfio_iommu_type1.dma_entry_limit`), if reported.
     pub fn dma_mappings_available(&self) -> Option<u32> {
         self.dma_avail
+    }
+
+    /// Unmap `[iova, iova+len)`, which covers `n` whole mappings, with one ioctl.
+    fn unmap_run(&self, iova: Iova, len: u64, n: u64) -> Result<(), IommuError> {
+        match sys::unmap_dma(self.container_fd, iova.raw(), len) {
+            Ok(done) if done == len => {
+                // The kernel syncs the IOTLB once per up to 512 regions.
+                self.counters
+                    .on_unmap(n, len, n.div_ceil(TYPE1_REGIONS_PER_SYNC));
+                Ok(())
+            }
+            Ok(done) => {
+                // Which mappings went is unknown; count the call and bytes.
+                self.counters.on_unmap(0, done, u64::from(done > 0));
+                Err(IommuError::Unmap {
+                    iova,
+                    len,
+                    reason: format!("only {done:#x} bytes were mapped there"),
+                })
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Err(IommuError::Gone),
+            Err(e) => Err(IommuError::Unmap {
+                iova,
+                len,
+                reason: e.to_string(),
+            }),
+        }
     }
 
     fn map_reason(&self, e: &std::io::Error) -> String {
@@ -208,40 +240,19 @@ unsafe impl Iommu for VfioIommu {
     }
 
     fn unmap(&self, iova: Iova, len: u64) -> Result<(), IommuError> {
-        self.unmap_many(&[(iova, len)])
+        if len == 0 {
+            return Ok(());
+        }
+        self.unmap_run(iova, len, 1)
     }
 
     /// One `VFIO_IOMMU_UNMAP_DMA` per run of exactly adjacent ranges (type1v2
     /// unmaps every whole mapping inside the range), so the kernel gathers
     /// the IOTLB invalidation of the run.
     fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<(), IommuError> {
-        for (iova, len, n) in coalesce(ranges) {
-            match sys::unmap_dma(self.container_fd, iova.raw(), len) {
-                Ok(done) if done == len => {
-                    // The kernel syncs the IOTLB once per up to 512 regions.
-                    self.counters
-                        .on_unmap(n, len, n.div_ceil(TYPE1_REGIONS_PER_SYNC));
-                }
-                Ok(done) => {
-                    self.counters
-                        .on_unmap(n, done, n.div_ceil(TYPE1_REGIONS_PER_SYNC));
-                    return Err(IommuError::Unmap {
-                        iova,
-                        len,
-                        reason: format!("only {done:#x} bytes were mapped there"),
-                    });
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Err(IommuError::Gone),
-                Err(e) => {
-                    return Err(IommuError::Unmap {
-                        iova,
-                        len,
-                        reason: e.to_string(),
-                    })
-                }
-            }
-        }
-        Ok(())
+        coalesce(ranges)
+            .into_iter()
+            .try_for_each(|(iova, len, n)| self.unmap_run(iova, len, n))
     }
 
     fn valid_ranges(&self) -> Vec<IovaRange> {
@@ -276,11 +287,11 @@ impl Drop for VfioIommu {
                 self.sysfs_path.display()
             );
         }
-        // `self.container` (the last field users see) drops after this body:
-        // once the device's own reference is gone too, /dev/vfio/vfio closes.
+        // `self.container` drops after this body; with the device's own
+        // reference gone, that is the last one and /dev/vfio/vfio closes.
         log::debug!(
-            "closing VFIO container ({} references left)",
-            Arc::strong_count(&self.container)
+            "{}: VFIO device closed, closing the container",
+            self.sysfs_path.display()
         );
     }
 }

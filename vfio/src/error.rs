@@ -135,7 +135,7 @@ pub enum VfioError {
     },
 
     /// Another process holds the group or the device open.
-    #[error("{} is busy: another process (a VM, another mcqio run) has the device open; stop it, or find it with `fuser -v {}`; run `mcqio-perf doctor {bdf}`", .path.display(), .path.display())]
+    #[error("{} is busy: the device is already open (by a VM, another mcqio run, or this process); close it first, or find the holder with `fuser -v {}`; run `mcqio-perf doctor {bdf}`", .path.display(), .path.display())]
     Busy {
         /// The address.
         bdf: String,

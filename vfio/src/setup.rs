@@ -25,11 +25,28 @@ use crate::sysfs::{
     SysRoots, NVME_DRIVER, VFIO_PCI_DRIVER,
 };
 
-/// How long [`bind`] waits for `/dev/vfio/<group>` to appear (devtmpfs
-/// creates it as the group registers; udev may still be changing it).
-const GROUP_NODE_WAIT: Duration = Duration::from_secs(2);
-/// Poll interval while waiting for the node.
-const GROUP_NODE_POLL: Duration = Duration::from_millis(10);
+/// How long [`bind`]/[`unbind`] wait for the new driver to show up in sysfs
+/// and for `/dev/vfio/<group>` to appear (probing is synchronous for
+/// `drivers_probe`, but a driver may defer it, and udev may still be
+/// creating or changing the node).
+const SETTLE_WAIT: Duration = Duration::from_secs(3);
+/// Poll interval while waiting.
+const SETTLE_POLL: Duration = Duration::from_millis(10);
+
+/// Poll `done` until it holds or `limit` has passed; returns its last value.
+fn settle(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let mut waited = Duration::ZERO;
+    loop {
+        if done() {
+            return true;
+        }
+        if waited >= limit {
+            return false;
+        }
+        std::thread::sleep(SETTLE_POLL);
+        waited += SETTLE_POLL;
+    }
+}
 
 /// An NVMe controller as `mcqio-perf devices` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -355,7 +372,7 @@ fn write_attr(bdf: &str, path: &Path, value: &str) -> Result<()> {
 pub fn bind(roots: &SysRoots, bdf: &str, opts: &BindOptions) -> Result<BindOutcome> {
     let addr = PciAddress::parse(bdf)?;
     let previous = start_bind(roots, &addr, opts)?;
-    finish_bind(roots, &addr, opts, previous)
+    finish_bind(roots, &addr, opts, previous, SETTLE_WAIT)
 }
 
 /// Checks and sysfs writes of [`bind`]; returns the earlier state.
@@ -420,8 +437,12 @@ fn finish_bind(
     addr: &PciAddress,
     opts: &BindOptions,
     (previous, changed, forced_over): (Option<String>, bool, Vec<String>),
+    wait: Duration,
 ) -> Result<BindOutcome> {
     let b = addr.to_string();
+    settle(wait, || {
+        PciDevice::read(roots, addr).is_ok_and(|d| d.is_vfio())
+    });
     let dev = PciDevice::read(roots, addr)?;
     if !dev.is_vfio() {
         return Err(VfioError::RebindFailed {
@@ -434,11 +455,7 @@ fn finish_bind(
     let node = group.map(|g| roots.vfio_group_node(g));
     let mut granted_uid = None;
     if let Some(node) = &node {
-        let mut waited = Duration::ZERO;
-        while !node.exists() && waited < GROUP_NODE_WAIT {
-            std::thread::sleep(GROUP_NODE_POLL);
-            waited += GROUP_NODE_POLL;
-        }
+        settle(wait, || node.exists());
         if let Some(user) = &opts.user {
             let uid = lookup_uid(user).ok_or_else(|| VfioError::NoSuchUser {
                 bdf: b.clone(),
@@ -504,7 +521,7 @@ fn lookup_uid(user: &str) -> Option<u32> {
 pub fn unbind(roots: &SysRoots, bdf: &str, force: bool) -> Result<BindOutcome> {
     let addr = PciAddress::parse(bdf)?;
     let previous = start_unbind(roots, &addr, force)?;
-    finish_unbind(roots, &addr, previous)
+    finish_unbind(roots, &addr, previous, SETTLE_WAIT)
 }
 
 fn start_unbind(
@@ -551,7 +568,11 @@ fn finish_unbind(
     roots: &SysRoots,
     addr: &PciAddress,
     (previous, changed, forced_over): (Option<String>, bool, Vec<String>),
+    wait: Duration,
 ) -> Result<BindOutcome> {
+    settle(wait, || {
+        PciDevice::read(roots, addr).is_ok_and(|d| d.driver.as_deref() == Some(NVME_DRIVER))
+    });
     let dev = PciDevice::read(roots, addr)?;
     if dev.driver.as_deref() != Some(NVME_DRIVER) {
         return Err(VfioError::RebindFailed {
@@ -692,7 +713,7 @@ mod tests {
         assert_eq!(fs.read("sys/bus/pci/drivers_probe"), "0000:00:03.0");
         assert_eq!(fs.read("sys/bus/pci/drivers/vfio-pci/bind"), "");
         // The kernel did not move it (in this fake): the whole call says so.
-        let e = finish_bind(&fs.roots, &addr, &opts, state.clone()).unwrap_err();
+        let e = finish_bind(&fs.roots, &addr, &opts, state.clone(), Duration::ZERO).unwrap_err();
         assert!(
             matches!(e, VfioError::RebindFailed { ref actual, .. } if actual.as_deref() == Some("nvme")),
             "{e}"
@@ -701,7 +722,7 @@ mod tests {
         // Now as the kernel would: vfio-pci probed it and made the node.
         kernel_rebinds(&fs, "0000:00:03.0", "vfio-pci");
         fs.write("dev/vfio/3", "");
-        let out = finish_bind(&fs.roots, &addr, &opts, state).unwrap();
+        let out = finish_bind(&fs.roots, &addr, &opts, state, Duration::ZERO).unwrap();
         assert_eq!(out.previous_driver.as_deref(), Some("nvme"));
         assert_eq!(out.driver.as_deref(), Some("vfio-pci"));
         assert!(out.changed);
@@ -778,11 +799,11 @@ mod tests {
         );
         assert_eq!(fs.read("sys/bus/pci/drivers_probe"), "0000:01:00.0");
         assert!(matches!(
-            finish_unbind(&fs.roots, &addr, state.clone()),
+            finish_unbind(&fs.roots, &addr, state.clone(), Duration::ZERO),
             Err(VfioError::RebindFailed { .. })
         ));
         kernel_rebinds(&fs, "0000:01:00.0", "nvme");
-        let out = finish_unbind(&fs.roots, &addr, state).unwrap();
+        let out = finish_unbind(&fs.roots, &addr, state, Duration::ZERO).unwrap();
         assert_eq!(out.previous_driver.as_deref(), Some("vfio-pci"));
         assert_eq!(out.driver.as_deref(), Some("nvme"));
         assert!(!unbind(&fs.roots, "0000:01:00.0", false).unwrap().changed);
