@@ -682,7 +682,16 @@ impl Drop for Controller {
     fn drop(&mut self) {
         let regs = self.backend.regs();
         let cc = Cc(regs.read32(regs::CC));
-        if cc.0 == u32::MAX || !cc.enabled() {
+        let csts = Csts(regs.read32(regs::CSTS));
+        if cc.0 == u32::MAX || csts.is_all_ones() || !cc.enabled() {
+            return;
+        }
+        if csts.cfs() {
+            // A fatal controller does not process shutdown; don't wait for it.
+            log::warn!(
+                "{}: controller fatal at drop; skipping shutdown",
+                self.backend.name()
+            );
             return;
         }
         regs.write32(regs::CC, cc.shn(Cc::SHN_NORMAL).0);

@@ -460,3 +460,33 @@ pub struct Completion<B> {
     /// Command-specific result dword 0.
     pub dw0: u32,
 }
+
+// SAFETY: a `Mapped` owns its buffer (the memory stays allocated while it
+// lives) and describes one IOVA-contiguous mapping of `len()` bytes with
+// direction `dir()`, which stays mapped until the `Mapped` is handed back to
+// its mapper by value — impossible while a queue pair holds it. A mapper does
+// not record its DMA space, so `is_mapped_in` cannot check it: create the
+// mapper over the controller's space (`Controller::dma()`), as documented on
+// [`crate::QueuePair`]. A mismatch makes the device fault in the IOMMU; it
+// cannot make the host touch freed memory.
+unsafe impl IoBuf for mcqio_vfio::Mapped {
+    #[inline]
+    fn segment_count(&self) -> usize {
+        1
+    }
+    #[inline]
+    fn segment(&self, _i: usize) -> IoSeg {
+        IoSeg {
+            iova: self.iova(),
+            len: self.len(),
+        }
+    }
+    #[inline]
+    fn dir(&self) -> DmaDir {
+        mcqio_vfio::Mapped::dir(self)
+    }
+    #[inline]
+    fn is_mapped_in(&self, _space: &DmaSpace) -> bool {
+        true
+    }
+}

@@ -100,7 +100,17 @@ struct NsGeom {
 /// [`submit`](Self::submit), [`poll`](Self::poll)).
 ///
 /// `B` is the buffer type moved through the queue (default [`DmaBuf`]); any
-/// [`IoBuf`] works, e.g. `Vec<DmaBuf>` for vectored I/O.
+/// [`IoBuf`] works, e.g. `Vec<DmaBuf>` for vectored I/O, or
+/// [`mcqio_vfio::Mapped`] from a `DmaMapper` (premapped pool, strict or lazy
+/// mapping) — create that mapper over [`Controller::dma`], since a `Mapped`
+/// cannot prove which DMA space it belongs to.
+///
+/// A queue pair cannot be shared between threads:
+///
+/// ```compile_fail
+/// fn is_sync<T: Sync>() {}
+/// is_sync::<mcqio::QueuePair>();
+/// ```
 ///
 /// Transfers larger than the controller's MDTS (or
 /// [`crate::ControllerOptions::max_transfer`]) are **rejected** on this API
