@@ -140,3 +140,66 @@ fn table_output_and_bad_input() {
     assert_eq!(code, 2);
     assert!(err.contains("not a multiple"), "{err}");
 }
+
+#[test]
+fn fake_json_with_dma_counters() {
+    let (code, out, err) = perf(&["-d", "fake,size=8M", "-n", "5000", "-q", "16", "--json"]);
+    assert_eq!(code, 0, "stderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    check_run(&v);
+    assert_eq!(v["total"]["ios"].as_u64(), Some(5000));
+    // Premapped buffers: no IOMMU work during the run, and the counters are reported.
+    assert_eq!(v["dma"]["maps"].as_u64(), Some(0), "{}", v["dma"]);
+    assert!(v["dma"]["mapped_bytes"].as_u64().unwrap() > 0);
+
+    let (code, out, err) = perf(&[
+        "-d",
+        "fake:null",
+        "-n",
+        "5000",
+        "-q",
+        "64",
+        "-w",
+        "randrw",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "stderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    check_run(&v);
+    assert!(v["total"]["writes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn fake_verify_passes_clean_and_fails_on_corruption() {
+    let (code, out, err) = perf(&[
+        "-d",
+        "fake,size=4M",
+        "-w",
+        "randrw",
+        "-n",
+        "5000",
+        "--verify",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "stderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(v["verify"]["blocks_checked"].as_u64().unwrap() > 0);
+    assert_eq!(v["verify"]["mismatches"].as_u64(), Some(0));
+
+    let (code, _out, err) = perf(&[
+        "-d",
+        "fake,size=4M,corrupt=0.05",
+        "-w",
+        "randread",
+        "-n",
+        "5000",
+        "--verify",
+    ]);
+    assert_eq!(code, 1, "corrupted reads must fail the run; stderr: {err}");
+    assert!(err.contains("verify mismatch"), "{err}");
+    assert!(
+        err.contains("verify: LBA "),
+        "the first failures name the LBA: {err}"
+    );
+    assert!(err.contains("expected tag"), "{err}");
+}

@@ -17,7 +17,7 @@ use crossbeam::utils::CachePadded;
 use hdrhistogram::Histogram;
 
 use crate::clock::Clock;
-use crate::queue::{IoReq, IoStatus, JobQueue, QueueError};
+use crate::queue::{IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::verify::{self, Mismatch, VerifyMap, UNKNOWN};
 use crate::workload::{IoGen, Op, Pattern};
 
@@ -52,6 +52,8 @@ pub struct Shared {
     pub completed: Vec<CachePadded<AtomicU64>>,
     /// Jobs that have finished their I/O count (`-n`).
     pub finished: AtomicU32,
+    /// Jobs that stopped on a queue error.
+    pub failed: AtomicU32,
 }
 
 impl Shared {
@@ -63,6 +65,7 @@ impl Shared {
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
             finished: AtomicU32::new(0),
+            failed: AtomicU32::new(0),
         }
     }
 }
@@ -234,15 +237,10 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
         self.inflight -= 1;
         self.completed_total += 1;
         self.free.push(slot as u32);
-        if let IoStatus::Failed(code) = status {
+        if let IoStatus::Failed(why) = status {
             self.res.errors += 1;
             let op = s.op;
-            self.fail(|| {
-                format!(
-                    "{op:?} of {nlb} blocks at LBA {} failed with status {code:#x}",
-                    s.slba
-                )
-            });
+            self.fail(|| format!("{op:?} of {nlb} blocks at LBA {} failed: {why}", s.slba));
         }
         if V {
             let ok = status == IoStatus::Ok;
@@ -328,12 +326,16 @@ pub fn run<Q: JobQueue>(
         ready(Err(e.to_string()));
         return Err(e);
     }
-    match (spec.histogram, spec.verify) {
+    let r = match (spec.histogram, spec.verify) {
         (false, false) => Runner::<Q, false, false>::new(q, spec, clock).run(shared, ready),
         (true, false) => Runner::<Q, true, false>::new(q, spec, clock).run(shared, ready),
         (false, true) => Runner::<Q, false, true>::new(q, spec, clock).run(shared, ready),
         (true, true) => Runner::<Q, true, true>::new(q, spec, clock).run(shared, ready),
+    };
+    if r.is_err() {
+        shared.failed.fetch_add(1, Ordering::Release);
     }
+    r
 }
 
 struct Runner<'a, Q, const H: bool, const V: bool> {
@@ -371,9 +373,9 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
 
     /// Fill free slots from `gen`, up to `budget` more I/Os.
     #[inline(always)]
-    fn fill(&mut self, gen: &mut IoGen, budget: &mut u64) {
+    fn fill(&mut self, gen: &mut IoGen, budget: &mut u64) -> Result<(), QueueError> {
         if self.st.free.is_empty() || *budget == 0 {
-            return;
+            return Ok(());
         }
         let st = &mut self.st;
         let nlb = st.spec.nlb;
@@ -418,17 +420,27 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                     st.inflight += 1;
                     *budget -= 1;
                 }
-                Err(_) => {
+                Err(e) => {
                     if V {
                         if let Some(v) = st.vmap.as_mut() {
                             v.release(slba, nlb);
                         }
                     }
                     st.free.push(slot);
-                    break;
+                    match e {
+                        PushError::Full => break,
+                        // The queue refused a request the job built: a bug
+                        // or a device limit, not a device error. Stop.
+                        PushError::Rejected(why) => {
+                            return Err(QueueError(format!(
+                                "{op:?} of {nlb} blocks at LBA {slba} rejected: {why}"
+                            )))
+                        }
+                    }
                 }
             }
         }
+        Ok(())
     }
 
     /// Submit and reap once.
@@ -461,7 +473,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         let positions = spec.blocks / spec.nlb as u64;
         let mut budget = positions;
         while budget > 0 || self.st.inflight > 0 {
-            self.fill(&mut gen, &mut budget);
+            self.fill(&mut gen, &mut budget)?;
             self.turn()?;
         }
         self.st.res.prefill_blocks = positions * spec.nlb as u64;
@@ -524,7 +536,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                     break;
                 }
             }
-            self.fill(&mut gen, &mut budget);
+            self.fill(&mut gen, &mut budget)?;
             if budget == 0 && self.st.inflight == 0 {
                 break;
             }

@@ -21,6 +21,7 @@
 
 mod clock;
 mod job;
+mod nvme;
 mod queue;
 mod report;
 mod run;

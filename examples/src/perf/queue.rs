@@ -21,19 +21,52 @@ pub struct IoReq {
     pub nlb: u32,
 }
 
+/// Why an I/O failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The kernel returned this errno (io_uring).
+    Errno(i32),
+    /// The transfer was shorter than asked (io_uring past the end of a file).
+    Short {
+        /// Bytes transferred.
+        got: u32,
+        /// Bytes asked for.
+        want: u32,
+    },
+    /// The controller completed the command with an error status.
+    Nvme(mcqio::NvmeStatus),
+    /// The host side ended the command (abort, timeout, controller failure).
+    Host(mcqio::IoError),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Errno(e) => write!(f, "{}", std::io::Error::from_raw_os_error(*e)),
+            Failure::Short { got, want } => write!(f, "short transfer: {got} of {want} bytes"),
+            Failure::Nvme(s) => write!(f, "NVMe status {s}"),
+            Failure::Host(e) => write!(f, "{e}"),
+        }
+    }
+}
+
 /// The outcome of one I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoStatus {
     /// It completed successfully.
     Ok,
-    /// The device or kernel reported an error; the code is device-specific
-    /// (an NVMe status field, or a negative errno for io_uring).
-    Failed(i32),
+    /// It failed.
+    Failed(Failure),
 }
 
-/// The queue refused an I/O because it is full; retry after reaping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueFull;
+/// Why a queue did not take an I/O.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PushError {
+    /// The queue is full; retry after reaping.
+    Full,
+    /// The queue refused the request itself (nothing was sent); the message says why.
+    Rejected(String),
+}
 
 /// A fatal queue error (the queue is unusable).
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +88,7 @@ pub trait JobQueue {
 
     /// Queue `req` for slot `slot`. It reaches the device at the next
     /// [`JobQueue::submit`]. `slot` must not be in flight.
-    fn push(&mut self, slot: usize, req: IoReq) -> Result<(), QueueFull>;
+    fn push(&mut self, slot: usize, req: IoReq) -> Result<(), PushError>;
 
     /// Make pushed I/Os visible to the device (ring the doorbell, enter the
     /// kernel). Blocking backends may wait here for at least one completion

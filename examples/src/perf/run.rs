@@ -40,6 +40,9 @@ pub enum PerfError {
     /// io_uring set-up failed.
     #[error(transparent)]
     Uring(#[from] UringError),
+    /// The device could not be opened.
+    #[error("{0}")]
+    Device(String),
     /// A job failed to start or its queue broke.
     #[error("job {job}: {msg}")]
     Job {
@@ -130,7 +133,11 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     let pct = o.pattern.read_pct(o.mix);
     let plan = OpenPlan {
         jobs: o.jobs,
+        depth: o.depth,
+        io_size: o.io_size,
         writes: pct < 100 || o.verify,
+        job_cores: o.cpus.clone(),
+        seed: o.seed,
     };
     let target = Arc::new(Target::open(spec, &plan)?);
     let lbads = target.lbads() as u64;
@@ -336,10 +343,11 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             last_t = now;
             last_c = c;
         }
-        let done = match o.ios {
-            Some(_) => shared.finished.load(Ordering::Acquire) as usize == o.jobs,
-            None => now >= end,
-        };
+        let done = shared.failed.load(Ordering::Acquire) > 0
+            || match o.ios {
+                Some(_) => shared.finished.load(Ordering::Acquire) as usize == o.jobs,
+                None => now >= end,
+            };
         if done {
             break;
         }

@@ -16,7 +16,8 @@
 //! `size` (bytes per namespace or file), `corrupt` (probability that the fake
 //! corrupts read data), `latency` (fake device latency per command),
 //! `qpairs` (I/O queue pairs the fake offers), `core` (CPU the fake's device
-//! thread is pinned to), `direct` (0/1: O_DIRECT for `uring:<path>`).
+//! thread is pinned to), `sync` (0/1: the fake runs inside the doorbell store,
+//! on the job's thread), `direct` (0/1: O_DIRECT for `uring:<path>`).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -165,6 +166,9 @@ pub struct DeviceOpts {
     pub core: Option<usize>,
     /// Use O_DIRECT (uring file).
     pub direct: Option<bool>,
+    /// Run the fake synchronously inside the doorbell store (no device
+    /// thread): deterministic, and all device work lands on the job's core.
+    pub sync: Option<bool>,
 }
 
 /// A parsed `--device` value.
@@ -185,7 +189,7 @@ impl fmt::Display for DeviceSpec {
 }
 
 const FAKE_KEYS: &[&str] = &[
-    "lbads", "ns", "size", "corrupt", "latency", "qpairs", "core",
+    "lbads", "ns", "size", "corrupt", "latency", "qpairs", "core", "sync",
 ];
 const VFIO_KEYS: &[&str] = &["qpairs"];
 const URING_NULL_KEYS: &[&str] = &[];
@@ -299,12 +303,17 @@ impl std::str::FromStr for DeviceSpec {
                     opts.qpairs = Some(n as u16);
                 }
                 "core" => opts.core = Some(num(v)? as usize),
-                "direct" => {
-                    opts.direct = Some(match v {
+                "direct" | "sync" => {
+                    let b = match v {
                         "1" | "true" | "yes" => true,
                         "0" | "false" | "no" => false,
-                        _ => return err(format!("direct={v}: use 0 or 1")),
-                    })
+                        _ => return err(format!("{k}={v}: use 0 or 1")),
+                    };
+                    if k == "direct" {
+                        opts.direct = Some(b);
+                    } else {
+                        opts.sync = Some(b);
+                    }
                 }
                 _ => unreachable!("key list and match agree"),
             }

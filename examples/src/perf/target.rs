@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::job::{self, JobResult, JobSpec, Shared};
+use crate::nvme::NvmeTarget;
 use crate::run::PerfError;
 use crate::spec::{DeviceKind, DeviceSpec};
 use crate::uring::UringTarget;
@@ -25,8 +26,16 @@ pub struct Namespace {
 pub struct OpenPlan {
     /// Jobs (queue pairs) that will run.
     pub jobs: usize,
+    /// Queue depth per job.
+    pub depth: usize,
+    /// Bytes per I/O.
+    pub io_size: u64,
     /// Whether the workload writes.
     pub writes: bool,
+    /// Cores the jobs are pinned to (a fake's device thread stays off them).
+    pub job_cores: Vec<usize>,
+    /// The run's seed (also seeds the fake's fault injection).
+    pub seed: u64,
 }
 
 /// An open device.
@@ -34,12 +43,13 @@ pub struct OpenPlan {
 pub enum Target {
     /// `uring:null` or `uring:<path>`.
     Uring(Arc<UringTarget>),
+    /// `fake`, `fake:null` or `vfio:<BDF>`: the mcqio engine.
+    Nvme(NvmeTarget),
 }
 
 impl Target {
     /// Open the device a spec names.
     pub fn open(spec: &DeviceSpec, plan: &OpenPlan) -> Result<Target, PerfError> {
-        let _ = plan.jobs;
         match &spec.kind {
             DeviceKind::UringNull => Ok(Target::Uring(Arc::new(UringTarget::null()))),
             DeviceKind::UringFile { path } => Ok(Target::Uring(Arc::new(UringTarget::open(
@@ -49,10 +59,9 @@ impl Target {
                 spec.opts.direct,
                 plan.writes,
             )?))),
-            DeviceKind::Fake { .. } | DeviceKind::Vfio { .. } => Err(PerfError::Unsupported(format!(
-                "`{}`: the mcqio engine is not integrated into mcqio-perf yet; use uring:null or uring:<path>",
-                spec.label()
-            ))),
+            DeviceKind::Fake { .. } | DeviceKind::Vfio { .. } => NvmeTarget::open(spec, plan)
+                .map(Target::Nvme)
+                .map_err(|e| PerfError::Device(format!("{}: {e}", spec.label()))),
         }
     }
 
@@ -60,6 +69,7 @@ impl Target {
     pub fn lbads(&self) -> u32 {
         match self {
             Target::Uring(t) => t.lbads(),
+            Target::Nvme(t) => t.lbads(),
         }
     }
 
@@ -70,6 +80,7 @@ impl Target {
                 nsid: 1,
                 blocks: t.blocks(),
             }],
+            Target::Nvme(t) => t.namespaces().to_vec(),
         }
     }
 
@@ -77,6 +88,7 @@ impl Target {
     pub fn describe(&self) -> String {
         match self {
             Target::Uring(t) => t.describe(),
+            Target::Nvme(t) => t.describe().to_string(),
         }
     }
 
@@ -84,6 +96,7 @@ impl Target {
     pub fn notes(&self) -> Vec<String> {
         match self {
             Target::Uring(t) => t.notes().to_vec(),
+            Target::Nvme(t) => t.notes(),
         }
     }
 
@@ -91,6 +104,7 @@ impl Target {
     pub fn iommu_stats(&self) -> Option<mcqio_vfio::IommuStats> {
         match self {
             Target::Uring(_) => None,
+            Target::Nvme(t) => Some(t.iommu_stats()),
         }
     }
 
@@ -109,6 +123,13 @@ impl Target {
                 Ok(q) => job::run(q, spec, shared, clock, ready).map_err(|e| e.to_string()),
                 Err(e) => {
                     let m = e.to_string();
+                    ready(Err(m.clone()));
+                    Err(m)
+                }
+            },
+            Target::Nvme(t) => match t.queue(spec.nsid, spec.depth, buf_len) {
+                Ok(q) => job::run(q, spec, shared, clock, ready).map_err(|e| e.to_string()),
+                Err(m) => {
                     ready(Err(m.clone()));
                     Err(m)
                 }

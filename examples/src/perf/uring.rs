@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use crate::queue::{IoReq, IoStatus, JobQueue, QueueError, QueueFull};
+use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::workload::Op;
 
 /// Default size of a file `uring:<path>` creates when the path does not exist.
@@ -353,7 +353,7 @@ impl JobQueue for UringQueue {
     }
 
     #[inline]
-    fn push(&mut self, slot: usize, req: IoReq) -> Result<(), QueueFull> {
+    fn push(&mut self, slot: usize, req: IoReq) -> Result<(), PushError> {
         let entry = match &self.target.backing {
             Backing::Null => {
                 self.expect[slot] = 0;
@@ -381,7 +381,7 @@ impl JobQueue for UringQueue {
         let entry: squeue::Entry = entry.user_data(slot as u64);
         // SAFETY: the buffer is this slot's, owned by the queue and not in
         // flight (the job's contract); it outlives the ring (field order).
-        unsafe { self.ring.submission().push(&entry) }.map_err(|_| QueueFull)?;
+        unsafe { self.ring.submission().push(&entry) }.map_err(|_| PushError::Full)?;
         self.pending += 1;
         Ok(())
     }
@@ -416,11 +416,14 @@ impl JobQueue for UringQueue {
         for cqe in self.ring.completion() {
             let slot = cqe.user_data() as usize;
             let res = cqe.result();
+            let want = self.expect[slot];
             let status = if res < 0 {
-                IoStatus::Failed(res)
-            } else if res as u32 != self.expect[slot] {
-                // A short transfer (e.g. past the end of a file).
-                IoStatus::Failed(-libc::EIO)
+                IoStatus::Failed(Failure::Errno(-res))
+            } else if res as u32 != want {
+                IoStatus::Failed(Failure::Short {
+                    got: res as u32,
+                    want,
+                })
             } else {
                 IoStatus::Ok
             };
