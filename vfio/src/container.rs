@@ -269,6 +269,11 @@ unsafe impl Iommu for VfioIommu {
     fn counters(&self) -> &IommuCounters {
         &self.counters
     }
+
+    fn pins_pages(&self) -> bool {
+        // VFIO_IOMMU_MAP_DMA pins (and charges to locked_vm) every page it maps.
+        true
+    }
 }
 
 impl Drop for VfioIommu {

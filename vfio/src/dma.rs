@@ -125,7 +125,7 @@ fn memlock_limit() -> String {
 }
 
 impl HostMemory {
-    fn new(len: usize, policy: HugePages) -> Result<Self, DmaError> {
+    fn new(len: usize, policy: HugePages, lock: bool) -> Result<Self, DmaError> {
         if len == 0 {
             return Err(DmaError::ZeroLength);
         }
@@ -135,15 +135,16 @@ impl HostMemory {
                 hlen,
                 libc::MAP_HUGETLB | libc::MAP_HUGE_2MB,
                 PageKind::Huge2M,
+                lock,
             ) {
                 return Ok(m);
             }
             // No free huge pages: fall through to base pages, never fail here.
         }
-        Self::mmap(round_up(len, PAGE_SIZE), 0, PageKind::Base4K)
+        Self::mmap(round_up(len, PAGE_SIZE), 0, PageKind::Base4K, lock)
     }
 
-    fn mmap(len: usize, extra: libc::c_int, kind: PageKind) -> Result<Self, DmaError> {
+    fn mmap(len: usize, extra: libc::c_int, kind: PageKind, lock: bool) -> Result<Self, DmaError> {
         // SAFETY: an anonymous private mapping with a null hint has no
         // preconditions; the result is checked against MAP_FAILED.
         let p = unsafe {
@@ -167,6 +168,9 @@ impl HostMemory {
             len,
             kind,
         };
+        if !lock {
+            return Ok(mem);
+        }
         // SAFETY: `mem.ptr..+len` is the mapping just created and owned by `mem`.
         if unsafe { libc::mlock(p, len) } != 0 {
             let source = std::io::Error::last_os_error();
@@ -221,7 +225,7 @@ impl DmaSpace {
 
     /// Allocate, pin and map `len` bytes (rounded up to the page size).
     pub fn alloc(self: &Arc<Self>, len: usize, dir: DmaDir) -> Result<DmaRegion, DmaError> {
-        let mem = HostMemory::new(len, self.huge)?;
+        let mem = HostMemory::new(len, self.huge, !self.iommu.pins_pages())?;
         let align = match mem.kind {
             PageKind::Huge2M => HUGE_PAGE_SIZE,
             PageKind::Base4K => PAGE_SIZE,

@@ -169,4 +169,11 @@ pub unsafe trait Iommu: Send + Sync {
 
     /// Counters for maps, unmaps and invalidations.
     fn counters(&self) -> &IommuCounters;
+
+    /// Whether `map` itself pins the pages (VFIO type1 does). When it does,
+    /// [`crate::DmaSpace`] skips its own `mlock`: both count against
+    /// `RLIMIT_MEMLOCK`, so locking twice would halve what a non-root user can map.
+    fn pins_pages(&self) -> bool {
+        false
+    }
 }
