@@ -1,8 +1,7 @@
 //! Map → I/O → unmap cost of the three DMA mapping modes.
 //!
-//! Two parts, both on the recording test IOMMU (`CountingIommu`) with an
-//! IOTLB invalidation cost of 0, 1 µs and 100 µs (busy-wait under the domain
-//! lock, as VFIO type1 holds its lock across unmap and sync):
+//! Two parts, both on a fake IOMMU with an IOTLB invalidation cost of 0, 1 µs
+//! and 100 µs (a busy-wait per sync):
 //!
 //! 1. criterion: time per cycle on one thread, per mode and cost;
 //! 2. the ECMDQ-shaped table (only with `cargo bench`, not `cargo test`):
@@ -11,15 +10,22 @@
 //!    best row.
 //!
 //! Environment: `DMA_BENCH_MS` (time per table row, default 300),
-//! `DMA_BENCH_THREADS` (largest thread count, default all CPUs).
+//! `DMA_BENCH_THREADS` (largest thread count, default all CPUs),
+//! `DMA_BENCH_IOMMU`: `fake` (default; `mcqio_fixtures::FakeIommu`, the
+//! controller fake's IOMMU: syncs run outside its map lock, so concurrent
+//! invalidations overlap, like per-CPU command queues) or `counting`
+//! (`CountingIommu`: syncs run under the domain lock, as VFIO type1 holds
+//! `iommu->lock` across unmap and sync, so they serialise like one shared
+//! command queue).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
+use mcqio_fixtures::{FakeIommu, FakeIommuConfig};
 use mcqio_vfio::mapping::bench::{format_table, run_table, BenchMode, BenchSpec, BenchWorker};
 use mcqio_vfio::mapping::testing::CountingIommu;
-use mcqio_vfio::{DmaSpace, HugePages};
+use mcqio_vfio::{DmaSpace, HugePages, Iommu};
 
 /// Invalidation costs measured: free, a fast hardware sync, a slow one.
 const COSTS: [Duration; 3] = [
@@ -28,13 +34,25 @@ const COSTS: [Duration; 3] = [
     Duration::from_micros(100),
 ];
 
+fn counting() -> bool {
+    std::env::var("DMA_BENCH_IOMMU").is_ok_and(|v| v == "counting")
+}
+
 fn space(cost: Duration) -> Arc<DmaSpace> {
-    let iommu = Arc::new(CountingIommu::new().with_invalidation_cost(cost));
+    let iommu: Arc<dyn Iommu> = if counting() {
+        Arc::new(CountingIommu::new().with_invalidation_cost(cost))
+    } else {
+        Arc::new(FakeIommu::new(FakeIommuConfig {
+            invalidation_cost: cost,
+            ..FakeIommuConfig::default()
+        }))
+    };
     DmaSpace::new(iommu, HugePages::Never)
 }
 
 fn label(cost: Duration) -> String {
-    format!("inval={}us", cost.as_micros())
+    let which = if counting() { "counting" } else { "fake" };
+    format!("{which}/inval={}us", cost.as_micros())
 }
 
 fn per_cycle(c: &mut Criterion) {

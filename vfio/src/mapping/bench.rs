@@ -275,9 +275,13 @@ impl BenchWorker {
 fn run_until(w: &mut BenchWorker, stop: &AtomicBool) -> Result<(u64, Duration), MapError> {
     let t0 = Instant::now();
     let mut n = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    // At least one cycle per thread, however late the scheduler runs it.
+    loop {
         w.cycle()?;
         n += 1;
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
     }
     w.flush()?;
     Ok((n, t0.elapsed()))
