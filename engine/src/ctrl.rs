@@ -106,6 +106,38 @@ struct ShadowPages {
     event_idx: DmaRegion,
 }
 
+impl ShadowPages {
+    /// The (SQ tail, CQ head) slots of queue `qid`; `None` if the page is
+    /// too small for that queue. `zero` resets the shadow values (a new
+    /// queue starts at 0; the admin queue keeps what the controller copied in).
+    fn slots(&self, qid: u16, dstrd: u8, zero: bool) -> (Option<Shadow>, Option<Shadow>) {
+        let stride = regs::doorbell_stride(dstrd);
+        let sq_off = 2 * qid as usize * stride;
+        let cq_off = (2 * qid as usize + 1) * stride;
+        if cq_off + 4 > self.shadow.len() || cq_off + 4 > self.event_idx.len() {
+            return (None, None);
+        }
+        if zero {
+            let _ = self.shadow.write_obj::<u32>(sq_off, 0);
+            let _ = self.shadow.write_obj::<u32>(cq_off, 0);
+        }
+        // SAFETY: offsets checked against both pages' lengths above; the
+        // pages live as long as the controller, which every queue (and the
+        // admin queue, which the controller owns) keeps alive.
+        let at = |r: &DmaRegion, off: usize| unsafe { r.as_ptr().add(off).cast::<u32>() };
+        (
+            Some(Shadow {
+                value: at(&self.shadow, sq_off),
+                event_idx: at(&self.event_idx, sq_off),
+            }),
+            Some(Shadow {
+                value: at(&self.shadow, cq_off),
+                event_idx: at(&self.event_idx, cq_off),
+            }),
+        )
+    }
+}
+
 /// BAR base pointer. `Send + Sync`: it is only used to compute doorbell
 /// addresses; stores through it are volatile and made by queue owners.
 #[derive(Copy, Clone)]
@@ -398,10 +430,19 @@ impl Controller {
                 .with_prp(s.iova().raw(), e.iova().raw());
             match admin.exec(regs, sqe, "Doorbell Buffer Config", t) {
                 Ok(_) => {
-                    shadow = Some(ShadowPages {
+                    let pages = ShadowPages {
                         shadow: s,
                         event_idx: e,
-                    })
+                    };
+                    // Newer QEMU applies the shadow doorbells to the admin
+                    // queue too (and reads the shadow tail instead of the MMIO
+                    // value), so the admin doorbells update their slots as
+                    // well; they still always write MMIO (`always_mmio`), so a
+                    // controller that ignores the admin slots works too.
+                    let (sq, cq) = pages.slots(0, dstrd, false);
+                    admin.sq.db.set_shadow(sq);
+                    admin.cq.db.set_shadow(cq);
+                    shadow = Some(pages);
                 }
                 Err(Error::Command { status, .. }) => {
                     log::warn!(
@@ -587,30 +628,10 @@ impl Controller {
 
     /// Shadow doorbell slots for queue `qid` (SQ tail, CQ head), zeroed.
     pub(crate) fn shadow_slots(&self, qid: u16) -> (Option<Shadow>, Option<Shadow>) {
-        let Some(s) = &self.shadow else {
-            return (None, None);
-        };
-        let stride = regs::doorbell_stride(self.cap.dstrd());
-        let sq_off = 2 * qid as usize * stride;
-        let cq_off = (2 * qid as usize + 1) * stride;
-        if cq_off + 4 > s.shadow.len() {
-            return (None, None);
+        match &self.shadow {
+            Some(s) => s.slots(qid, self.cap.dstrd(), true),
+            None => (None, None),
         }
-        let _ = s.shadow.write_obj::<u32>(sq_off, 0);
-        let _ = s.shadow.write_obj::<u32>(cq_off, 0);
-        // SAFETY: offsets checked against the page length above; the pages
-        // live as long as the controller, which every queue keeps alive.
-        let at = |r: &DmaRegion, off: usize| unsafe { r.as_ptr().add(off).cast::<u32>() };
-        (
-            Some(Shadow {
-                value: at(&s.shadow, sq_off),
-                event_idx: at(&s.event_idx, sq_off),
-            }),
-            Some(Shadow {
-                value: at(&s.shadow, cq_off),
-                event_idx: at(&s.event_idx, cq_off),
-            }),
-        )
     }
 
     /// The doorbell hook of the backend, if any.

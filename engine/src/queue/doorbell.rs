@@ -66,6 +66,11 @@ impl Doorbell {
         }
     }
 
+    /// Start (or stop) updating a shadow slot on every ring.
+    pub fn set_shadow(&mut self, shadow: Option<Shadow>) {
+        self.shadow = shadow;
+    }
+
     /// Publish `new` (the doorbell previously held `old`). The caller has
     /// already issued the Release fence that orders its ring writes first.
     #[inline]

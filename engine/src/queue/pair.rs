@@ -90,6 +90,9 @@ pub struct Outstanding {
 struct NsGeom {
     nsze: u64,
     lba_shift: u32,
+    /// Formatted with per-block metadata: data transfers would need
+    /// metadata buffers (or larger blocks), which mcqio does not build.
+    metadata: bool,
 }
 
 /// One I/O submission queue and its completion queue.
@@ -146,6 +149,17 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     _prp_mem: DmaRegion,
     ctrl: Arc<Controller>,
     _not_sync: PhantomData<Cell<()>>,
+}
+
+impl<B: IoBuf> std::fmt::Debug for QueuePair<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qid", &self.qid)
+            .field("depth", &self.trackers.depth())
+            .field("outstanding", &self.trackers.outstanding())
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a queue stopped accepting commands.
@@ -255,6 +269,13 @@ impl<B: IoBuf> QueuePair<B> {
         qid: u16,
         entries: u16,
     ) -> Result<Self> {
+        let dstrd = ctrl.cap().dstrd();
+        let bar_len = ctrl.backend().regs().len();
+        if regs::cq_head_doorbell(qid, dstrd) + 4 > bar_len {
+            return Err(Error::InvalidOption(format!(
+                "queue {qid}'s doorbell lies beyond the {bar_len}-byte BAR; the controller granted more queues than its BAR has doorbells for"
+            )));
+        }
         let space = Arc::clone(ctrl.dma());
         let cq_mem = space.alloc(entries as usize * size_of::<Cqe>(), DmaDir::Bidirectional)?;
         let sq_mem = space.alloc(entries as usize * size_of::<Sqe>(), DmaDir::ToDevice)?;
@@ -272,7 +293,6 @@ impl<B: IoBuf> QueuePair<B> {
         )?;
         let (sq_shadow, cq_shadow) = ctrl.shadow_slots(qid);
         let hook = ctrl.backend().doorbell_hook();
-        let dstrd = ctrl.cap().dstrd();
         // SAFETY: doorbell offsets computed from CAP.DSTRD for a granted qid
         // lie inside BAR0, which `ctrl` (kept alive by this queue) maps;
         // shadow slots are inside the controller's shadow pages.
@@ -325,6 +345,7 @@ impl<B: IoBuf> QueuePair<B> {
             ns[i] = Some(NsGeom {
                 nsze: n.nsze,
                 lba_shift: n.lba_shift,
+                metadata: n.identify.metadata_size() > 0,
             });
         }
         let max_per_poll = match opts.max_completions_per_poll {
@@ -498,6 +519,14 @@ impl<B: IoBuf> QueuePair<B> {
             Ok(g) => g,
             Err(kind) => return Err(SubmitError { kind, buf }),
         };
+        if g.metadata {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::Unsupported(
+                    "data transfers on a namespace formatted with metadata",
+                ),
+                buf,
+            });
+        }
         let bytes = (nlb as u64) << g.lba_shift;
         if nlb > MAX_NLB || bytes > self.max_xfer {
             let max = self.max_xfer.min((MAX_NLB as u64) << g.lba_shift);
