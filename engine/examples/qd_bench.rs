@@ -4,7 +4,7 @@
 //! check of the hot path while developing.
 //!
 //! ```text
-//! cargo run --release -p mcqio --example qd_bench -- [sync|threaded] [QD] [SECONDS]
+//! cargo run --release -p mcqio --example qd_bench -- [sync|threaded] [QD] [SECONDS] [--engine-only]
 //! ```
 
 use std::sync::Arc;
@@ -99,6 +99,10 @@ fn main() {
         _ => ExecMode::Sync,
     };
     let e = engine(exec, qd, secs);
+    if args.iter().any(|a| a == "--engine-only") {
+        println!("QD{qd} {mode}: mcqio null reads {:.2} M/s", e / 1e6);
+        return;
+    }
     let u = uring_nops(qd, secs);
     println!(
         "QD{qd} {mode}: mcqio null reads {:.2} M/s, io_uring NOPs {:.2} M/s, ratio {:.2}",

@@ -173,7 +173,10 @@ impl DmaBuf {
         unsafe { self.region.as_ptr().add(self.offset) }
     }
 
-    /// The region this buffer is part of.
+    /// The region this buffer is part of (for its IOVA, length and
+    /// direction, or IOMMU experiments). Its byte accessors reach the whole
+    /// region, including sibling buffers that may be in flight: prefer this
+    /// buffer's own [`read_at`](Self::read_at)/[`write_at`](Self::write_at).
     pub fn region(&self) -> &Arc<DmaRegion> {
         &self.region
     }
