@@ -550,3 +550,55 @@ fn bench_rows_have_the_expected_iommu_work() {
         "{table}"
     );
 }
+
+#[test]
+fn pool_memory_outlives_the_pool_while_buffers_are_out() {
+    let (iommu, space) = space();
+    let mut pool = BufPool::new(
+        &space,
+        &PoolConfig {
+            buf_size: PAGE_SIZE,
+            count: 2,
+        },
+    )
+    .unwrap();
+    let buf = pool.alloc().unwrap();
+    drop(pool);
+    assert_eq!(
+        iommu.live_mappings(),
+        1,
+        "a buffer is still out: stay mapped"
+    );
+    buf.write_bytes(0, &[7; 8]).unwrap();
+    iommu.device_read(buf.iova(), &mut [0; 8]).unwrap();
+    drop(buf);
+    assert_eq!(
+        iommu.live_mappings(),
+        0,
+        "last buffer gone: unmapped and freed"
+    );
+}
+
+#[test]
+fn dropping_a_lazy_mapper_flushes_its_queue_and_returns_its_window() {
+    let window: u64 = 1 << 30;
+    // An IOMMU with room for exactly one window.
+    let iommu = Arc::new(
+        CountingIommu::new().with_ranges(vec![crate::IovaRange::new(2 << 20, (2 << 20) + window)]),
+    );
+    let space = DmaSpace::new(iommu.clone(), HugePages::Never);
+    {
+        let mut m = LazyMapper::new(&space, window, LazyConfig::with_batch(64)).unwrap();
+        let mut out = Vec::new();
+        for i in 0..10 {
+            let x = m.map(app(1), PAGE_SIZE, DmaDir::ToDevice, i).unwrap();
+            m.release(x, &mut out).unwrap();
+        }
+        assert_eq!(iommu.live_mappings(), 10);
+    }
+    assert_eq!(iommu.live_mappings(), 0);
+    // The window went back: the next mapper gets the whole space again.
+    assert!(space.alloc_iova(4096, 4096).is_ok());
+    assert!(LazyMapper::new(&space, window, LazyConfig::default()).is_err());
+    drop(StrictMapper::new(&space, window / 2).unwrap());
+}
