@@ -99,6 +99,25 @@
 //! `IOVA_DEFAULT_FQ_TIMEOUT`: 256 amortises one IOTLB sync over 256 I/Os and
 //! stays under VFIO type1's 512-region gather limit, so a coalesced batch is
 //! one sync; 10 ms bounds how long memory stays pinned and reachable.
+//!
+//! Coalescing works because each mapper sub-allocates its window first-fit
+//! from the bottom: I/Os mapped one after another get adjacent IOVAs, and a
+//! flush frees whole runs, so the window heals back into one free range. With
+//! roughly in-order completion a full batch is one range: one
+//! `VFIO_IOMMU_UNMAP_DMA` for up to 512 mappings, one IOTLB sync. An I/O still
+//! in flight in the middle of a batch splits it into two ranges.
+//!
+//! # Limits of a real VFIO container
+//!
+//! - VFIO type1 caps the number of live mappings per container
+//!   (`dma_entry_limit`, 65535 by default). Strict and lazy mappers hold one
+//!   per in-flight I/O plus, in lazy mode, one per queued unmap; premapped
+//!   pools hold one per pool.
+//! - Pages are pinned by the map call and charged to `RLIMIT_MEMLOCK` for
+//!   unprivileged processes, as are [`AppBuffer`]'s `mlock`ed pages; root
+//!   (`CAP_IPC_LOCK`) is not limited.
+//! - A real map call pins pages and writes page tables (microseconds), so
+//!   strict and lazy pay that per I/O; only premapped avoids it.
 
 use std::fmt;
 use std::ptr::NonNull;
