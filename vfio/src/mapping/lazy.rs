@@ -134,10 +134,16 @@ impl LazyMapper {
 
     /// Deliberately break the ordering guarantee: hand each buffer back at
     /// `release`, before the flush that unmaps it (Linux non-strict style).
-    /// Exists only so tests can show that the checks catch it.
+    /// Exists only so tests can show that their checks catch it.
+    ///
+    /// # Safety
+    ///
+    /// Buffers handed back early are still mapped: the caller must keep each
+    /// one alive (not drop it) until a flush after its release returned, and
+    /// must expect the device to change its bytes until then.
     #[cfg(any(test, feature = "test-utils"))]
     #[doc(hidden)]
-    pub fn set_release_before_flush_for_tests(&mut self, on: bool) {
+    pub unsafe fn set_release_before_flush_for_tests(&mut self, on: bool) {
         self.release_before_flush = on;
     }
 

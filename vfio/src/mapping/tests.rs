@@ -363,7 +363,10 @@ fn lazy_random_run(
     };
     let mut m = lazy(space, batch, FOREVER);
     if broken {
-        m.set_release_before_flush_for_tests(true);
+        // SAFETY: every buffer stays in `owned`/`inflight` until the final
+        // flush below; device writes to early-returned buffers are exactly
+        // what the run detects (through volatile stores, no live borrow).
+        unsafe { m.set_release_before_flush_for_tests(true) };
     }
     let mut obs = Observed::default();
     // Buffers the application holds, each filled with APP_BYTE.
