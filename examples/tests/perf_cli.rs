@@ -111,7 +111,7 @@ fn compare_json_shape() {
         "-d",
         "uring:null",
         "-n",
-        "5000",
+        "2000",
         "-q",
         "4",
         "--json",
@@ -143,11 +143,11 @@ fn table_output_and_bad_input() {
 
 #[test]
 fn fake_json_with_dma_counters() {
-    let (code, out, err) = perf(&["-d", "fake,size=8M", "-n", "5000", "-q", "16", "--json"]);
+    let (code, out, err) = perf(&["-d", "fake,size=8M", "-n", "2000", "-q", "16", "--json"]);
     assert_eq!(code, 0, "stderr: {err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     check_run(&v);
-    assert_eq!(v["total"]["ios"].as_u64(), Some(5000));
+    assert_eq!(v["total"]["ios"].as_u64(), Some(2000));
     // Premapped buffers: no IOMMU work during the run, and the counters are reported.
     assert_eq!(v["dma"]["maps"].as_u64(), Some(0), "{}", v["dma"]);
     assert!(v["dma"]["mapped_bytes"].as_u64().unwrap() > 0);
@@ -156,7 +156,7 @@ fn fake_json_with_dma_counters() {
         "-d",
         "fake:null",
         "-n",
-        "5000",
+        "2000",
         "-q",
         "64",
         "-w",
@@ -177,7 +177,7 @@ fn fake_verify_passes_clean_and_fails_on_corruption() {
         "-w",
         "randrw",
         "-n",
-        "5000",
+        "2000",
         "--verify",
         "--json",
     ]);
@@ -192,7 +192,7 @@ fn fake_verify_passes_clean_and_fails_on_corruption() {
         "-w",
         "randread",
         "-n",
-        "5000",
+        "2000",
         "--verify",
     ]);
     assert_eq!(code, 1, "corrupted reads must fail the run; stderr: {err}");
@@ -202,4 +202,26 @@ fn fake_verify_passes_clean_and_fails_on_corruption() {
         "the first failures name the LBA: {err}"
     );
     assert!(err.contains("expected tag"), "{err}");
+}
+
+#[test]
+fn setup_commands_on_an_empty_system() {
+    // A root with empty sys/, proc/ and dev/: no VFIO, no IOMMU, no devices.
+    let base = std::env::temp_dir().join(format!("mcqio-perf-root-{}", std::process::id()));
+    for d in ["sys/bus/pci/devices", "proc", "dev"] {
+        std::fs::create_dir_all(base.join(d)).unwrap();
+    }
+    let root = base.to_str().unwrap();
+    let (code, out, err) = perf(&["devices", "--root", root]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("no NVMe controllers"), "{out}");
+    let (code, out, err) = perf(&["doctor", "--root", root]);
+    assert_eq!(code, 1, "doctor must fail without VFIO: {out} {err}");
+    assert!(out.contains("[FAIL] vfio"), "{out}");
+    assert!(out.contains("fix:"), "{out}");
+    assert!(out.contains("not ready"), "{out}");
+    let (code, _, err) = perf(&["bind", "not-an-address", "--root", root]);
+    assert_eq!(code, 1);
+    assert!(err.contains("is not a PCI address"), "{err}");
+    let _ = std::fs::remove_dir_all(&base);
 }

@@ -14,6 +14,9 @@
 //! mcqio-perf -d fake,corrupt=0.001 --verify -w randrw   # exits 1, names the bad LBAs
 //! ```
 //!
+//! Set-up subcommands: `mcqio-perf devices`, `bind <BDF>`, `unbind <BDF>`,
+//! `doctor [<BDF>]` (see `mcqio-perf help <command>`).
+//!
 //! Exit status: 0 on success, 1 when an I/O failed or verification found a
 //! mismatch (the first failures are printed), 2 on usage or set-up errors.
 
@@ -25,6 +28,7 @@ mod nvme;
 mod queue;
 mod report;
 mod run;
+mod setup;
 mod spec;
 mod target;
 mod uring;
@@ -34,7 +38,7 @@ mod workload;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser};
 
 use crate::report::CompareReport;
 use crate::run::{DmaMode, PerfError, RunOpts};
@@ -73,13 +77,10 @@ fn seconds(s: &str) -> Result<f64, String> {
 )]
 struct Cli {
     #[command(subcommand)]
-    cmd: Option<Command>,
+    cmd: Option<setup::Command>,
     #[command(flatten)]
     run: RunArgs,
 }
-
-#[derive(Debug, Subcommand)]
-enum Command {}
 
 #[derive(Debug, Args)]
 struct RunArgs {
@@ -255,7 +256,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.cmd {
         None => perf(&cli.run),
-        Some(c) => match *c {},
+        Some(c) => return setup::run(c),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,205 @@
+//! The set-up subcommands: `devices`, `bind`, `unbind`, `doctor`.
+//!
+//! Thin front ends over `mcqio_vfio::{devices, bind, unbind, doctor}`, so an
+//! application that links the library prints the same diagnosis.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use mcqio_vfio::{BindOptions, BindOutcome, DoctorOptions, SysRoots};
+
+use crate::spec::parse_size;
+
+/// Set-up and diagnosis commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List NVMe controllers: address, ids, driver, IOMMU group, viability, use
+    Devices(DevicesArgs),
+    /// Hand a controller to vfio-pci (refuses while the kernel uses it)
+    Bind(BindArgs),
+    /// Give a controller back to the kernel's nvme driver
+    Unbind(UnbindArgs),
+    /// Check everything a VFIO run needs; exit 0 only when a run would work
+    Doctor(DoctorArgs),
+}
+
+/// Options every set-up command takes.
+#[derive(Debug, Args)]
+pub struct Roots {
+    /// Look for sys/, proc/ and dev/ under this directory instead of / (testing)
+    #[arg(long, hide = true)]
+    root: Option<PathBuf>,
+}
+
+impl Roots {
+    fn get(&self) -> SysRoots {
+        self.root
+            .as_ref()
+            .map_or_else(SysRoots::default, SysRoots::under)
+    }
+}
+
+/// `devices`.
+#[derive(Debug, Args)]
+pub struct DevicesArgs {
+    #[command(flatten)]
+    roots: Roots,
+}
+
+/// `bind`.
+#[derive(Debug, Args)]
+pub struct BindArgs {
+    /// PCI address (0000:01:00.0 or 01:00.0)
+    bdf: String,
+    /// Bind even if a namespace is mounted or open, or the device is not NVMe
+    #[arg(long)]
+    force: bool,
+    /// Give this user (name or uid) the `/dev/vfio/<group>` node
+    #[arg(long)]
+    user: Option<String>,
+    #[command(flatten)]
+    roots: Roots,
+}
+
+/// `unbind`.
+#[derive(Debug, Args)]
+pub struct UnbindArgs {
+    /// PCI address
+    bdf: String,
+    /// Unbind even if a process has the VFIO group open
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    roots: Roots,
+}
+
+/// `doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The controller to check (system-wide checks only without it)
+    bdf: Option<String>,
+    /// DMA memory the planned run maps, for the locked-memory and huge page
+    /// checks (e.g. 64M); default: the library's default budget
+    #[arg(long = "dma-budget", value_parser = |s: &str| parse_size(s).map_err(|e| e.to_string()))]
+    dma_budget: Option<u64>,
+    #[command(flatten)]
+    roots: Roots,
+}
+
+fn outcome(verb: &str, o: &BindOutcome) {
+    let was = o.previous_driver.as_deref().unwrap_or("no driver");
+    let now = o.driver.as_deref().unwrap_or("no driver");
+    if o.changed {
+        println!("{}: {verb}: {was} -> {now}", o.bdf);
+    } else {
+        println!("{}: already on {now}; nothing to do", o.bdf);
+    }
+    if let Some(g) = o.group {
+        print!("  IOMMU group {g}");
+        if let Some(n) = &o.group_node {
+            print!(" ({})", n.display());
+        }
+        println!();
+    }
+    if let Some(uid) = o.granted_uid {
+        println!("  group node given to uid {uid}");
+    }
+    for b in &o.blockers {
+        println!("  warning: {b} shares the IOMMU group and keeps it from being viable: unbind it or bind it to vfio-pci too");
+    }
+    for f in &o.forced_over {
+        println!("  forced although: {f}");
+    }
+}
+
+fn fail(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("mcqio-perf: error: {e}");
+    ExitCode::FAILURE
+}
+
+/// Run a set-up command.
+pub fn run(cmd: &Command) -> ExitCode {
+    match cmd {
+        Command::Devices(a) => match mcqio_vfio::devices(&a.roots.get()) {
+            Ok(list) if list.is_empty() => {
+                println!("no NVMe controllers (PCI class 0x0108) found");
+                ExitCode::SUCCESS
+            }
+            Ok(list) => {
+                println!(
+                    "{:<14} {:<10} {:<10} {:<6} {:<14} In use / namespaces",
+                    "Address", "ID", "Driver", "Group", "Group viable"
+                );
+                for c in &list {
+                    let p = &c.pci;
+                    let viable = match (p.iommu_group, c.blockers.is_empty()) {
+                        (None, _) => "no IOMMU".to_string(),
+                        (Some(_), true) => "yes".to_string(),
+                        (Some(_), false) => "no".to_string(),
+                    };
+                    let usage = if !c.in_use.is_empty() {
+                        c.in_use.join("; ")
+                    } else if !c.namespaces.is_empty() {
+                        format!("idle ({})", c.namespaces.join(", "))
+                    } else {
+                        "idle".to_string()
+                    };
+                    println!(
+                        "{:<14} {:04x}:{:04x}  {:<10} {:<6} {:<14} {}",
+                        p.bdf.to_string(),
+                        p.vendor,
+                        p.device,
+                        p.driver.as_deref().unwrap_or("none"),
+                        p.iommu_group
+                            .map_or_else(|| "-".to_string(), |g| g.to_string()),
+                        viable,
+                        usage
+                    );
+                    for b in &c.blockers {
+                        println!("{:<14} group blocked by {b}", "");
+                    }
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+        Command::Bind(a) => {
+            let opts = BindOptions {
+                force: a.force,
+                user: a.user.clone(),
+            };
+            match mcqio_vfio::bind(&a.roots.get(), &a.bdf, &opts) {
+                Ok(o) => {
+                    outcome("bound", &o);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            }
+        }
+        Command::Unbind(a) => match mcqio_vfio::unbind(&a.roots.get(), &a.bdf, a.force) {
+            Ok(o) => {
+                outcome("unbound", &o);
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+        Command::Doctor(a) => {
+            let mut opts = DoctorOptions {
+                roots: a.roots.get(),
+                bdf: a.bdf.clone(),
+                ..DoctorOptions::default()
+            };
+            if let Some(b) = a.dma_budget {
+                opts.dma_budget = b;
+            }
+            let report = mcqio_vfio::doctor(&opts);
+            println!("{report}");
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
