@@ -4,7 +4,13 @@
 //! check of the hot path while developing.
 //!
 //! ```text
-//! cargo run --release -p mcqio --example qd_bench -- [sync|threaded] [QD] [SECONDS] [--engine-only]
+//! cargo run --release -p mcqio --example qd_bench -- [sync|threaded|loopback] [QD] [SECONDS] [--engine-only]
+//! ```
+//!
+//! `loopback` replaces the fake with a stub that completes every command at
+//! once without parsing it (see `loopback.rs`): the engine's own cost.
+//!
+//! ```text
 //! ```
 
 use std::sync::Arc;
@@ -14,14 +20,18 @@ use mcqio::vfio::{Backend, DmaDir};
 use mcqio::{Controller, ControllerOptions, QpairOptions};
 use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, NamespaceConfig};
 
-fn engine(exec: ExecMode, qd: usize, secs: f64) -> f64 {
-    let fake = FakeController::new(FakeConfig {
-        namespaces: vec![NamespaceConfig::null(1 << 40, 512)],
-        exec,
-        ..FakeConfig::default()
-    })
-    .unwrap();
-    let backend: Arc<dyn Backend> = fake.clone();
+mod loopback;
+
+fn engine(exec: Option<ExecMode>, qd: usize, secs: f64) -> f64 {
+    let backend: Arc<dyn Backend> = match exec {
+        Some(exec) => FakeController::new(FakeConfig {
+            namespaces: vec![NamespaceConfig::null(1 << 40, 512)],
+            exec,
+            ..FakeConfig::default()
+        })
+        .unwrap(),
+        None => loopback::Loopback::new(),
+    };
     let ctrl = Controller::new(backend, ControllerOptions::default()).unwrap();
     let mut qp = ctrl
         .create_qpair(QpairOptions {
@@ -92,11 +102,12 @@ fn main() {
     let qd: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(128);
     let secs: f64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2.0);
     let exec = match mode {
-        "threaded" => ExecMode::Threaded {
+        "threaded" => Some(ExecMode::Threaded {
             workers: 1,
             pin_core: Some(1),
-        },
-        _ => ExecMode::Sync,
+        }),
+        "loopback" => None,
+        _ => Some(ExecMode::Sync),
     };
     let e = engine(exec, qd, secs);
     if args.iter().any(|a| a == "--engine-only") {
