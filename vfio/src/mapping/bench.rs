@@ -211,7 +211,7 @@ impl BenchWorker {
             free.push(pool.alloc()?.into());
         } else {
             for _ in 0..cfg.lazy.batch + 1 {
-                free.push(AppBuffer::new(spec.io_size)?.into());
+                free.push(AppBuffer::for_space(space, spec.io_size)?.into());
             }
         }
         Ok(Self {

@@ -4,8 +4,9 @@ use std::ptr::NonNull;
 
 use crate::dma::{DmaError, PAGE_SIZE};
 
-/// Page-aligned anonymous memory owned by the application, locked with
-/// `mlock` so it stays resident while the IOMMU maps it.
+/// Page-aligned anonymous memory owned by the application, populated at
+/// allocation and locked with `mlock` (unless the IOMMU pins mapped pages
+/// itself, see [`AppBuffer::for_space`]) so it stays resident.
 ///
 /// A strict or lazy mapper takes the buffer by value for the duration of an
 /// I/O and hands it back only after the IOMMU mapping is gone, so whoever
@@ -52,6 +53,20 @@ fn memlock_limit() -> String {
 impl AppBuffer {
     /// Allocate `len` bytes (rounded up to 4 KiB), zeroed, populated and locked.
     pub fn new(len: usize) -> Result<Self, DmaError> {
+        Self::with_lock(len, true)
+    }
+
+    /// A buffer for mapping into `space`: locked with `mlock` only when the
+    /// IOMMU does not pin mapped pages itself. VFIO type1 pins and charges
+    /// `RLIMIT_MEMLOCK` at map time, so an `mlock` on top would count every
+    /// byte twice against the limit of a non-root process.
+    pub fn for_space(space: &crate::DmaSpace, len: usize) -> Result<Self, DmaError> {
+        Self::with_lock(len, !space.iommu().pins_pages())
+    }
+
+    /// Allocate `len` bytes (rounded up to 4 KiB), zeroed and populated;
+    /// `mlock`ed when `lock` is true.
+    pub fn with_lock(len: usize, lock: bool) -> Result<Self, DmaError> {
         if len == 0 {
             return Err(DmaError::ZeroLength);
         }
@@ -80,7 +95,7 @@ impl AppBuffer {
         };
         // SAFETY: `p..p+len` is the mapping just created, owned by `buf`
         // (which munmaps it if we return the error below).
-        if unsafe { libc::mlock(p, len) } != 0 {
+        if lock && unsafe { libc::mlock(p, len) } != 0 {
             let source = std::io::Error::last_os_error();
             return Err(DmaError::Lock {
                 len,

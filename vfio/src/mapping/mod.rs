@@ -114,8 +114,9 @@
 //!   per in-flight I/O plus, in lazy mode, one per queued unmap; premapped
 //!   pools hold one per pool.
 //! - Pages are pinned by the map call and charged to `RLIMIT_MEMLOCK` for
-//!   unprivileged processes, as are [`AppBuffer`]'s `mlock`ed pages; root
-//!   (`CAP_IPC_LOCK`) is not limited.
+//!   unprivileged processes; allocate with [`AppBuffer::for_space`] so the
+//!   buffer is not also `mlock`ed (charged twice). Root (`CAP_IPC_LOCK`) is
+//!   not limited.
 //! - A real map call pins pages and writes page tables (microseconds), so
 //!   strict and lazy pay that per I/O; only premapped avoids it.
 
@@ -372,13 +373,16 @@ pub(crate) enum MapKind {
 /// Holds the buffer, so the application cannot touch it while the device may.
 #[must_use = "a Mapped must be released to its mapper, or its buffer is leaked"]
 pub struct Mapped {
-    iova: Iova,
-    len: usize,
-    dir: DmaDir,
-    tag: u64,
-    kind: MapKind,
-    mapper: u32,
-    buf: Option<IoBuffer>,
+    pub(crate) iova: Iova,
+    pub(crate) len: usize,
+    pub(crate) transfer_len: usize,
+    pub(crate) dir: DmaDir,
+    pub(crate) tag: u64,
+    pub(crate) kind: MapKind,
+    pub(crate) mapper: u32,
+    /// Address of the `DmaSpace` the mapping lives in (identity only).
+    pub(crate) space: usize,
+    pub(crate) buf: Option<IoBuffer>,
 }
 
 impl fmt::Debug for Mapped {
@@ -386,6 +390,7 @@ impl fmt::Debug for Mapped {
         f.debug_struct("Mapped")
             .field("iova", &self.iova)
             .field("len", &self.len)
+            .field("transfer_len", &self.transfer_len)
             .field("dir", &self.dir)
             .field("tag", &self.tag)
             .field("kind", &self.kind)
@@ -394,26 +399,6 @@ impl fmt::Debug for Mapped {
 }
 
 impl Mapped {
-    pub(crate) fn new(
-        iova: Iova,
-        len: usize,
-        dir: DmaDir,
-        tag: u64,
-        kind: MapKind,
-        mapper: u32,
-        buf: IoBuffer,
-    ) -> Self {
-        Self {
-            iova,
-            len,
-            dir,
-            tag,
-            kind,
-            mapper,
-            buf: Some(buf),
-        }
-    }
-
     /// Device address of byte 0; the mapping is IOVA-contiguous for `len()` bytes.
     #[inline]
     pub fn iova(&self) -> Iova {
@@ -424,6 +409,19 @@ impl Mapped {
     #[inline]
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The transfer length given to `map` (at most `len()`).
+    #[inline]
+    pub fn transfer_len(&self) -> usize {
+        self.transfer_len
+    }
+
+    /// Whether the mapping lives in `space` (the controller's DMA space); an
+    /// IOVA from another space means nothing to this device.
+    #[inline]
+    pub fn is_mapped_in(&self, space: &crate::DmaSpace) -> bool {
+        self.space == space as *const crate::DmaSpace as usize
     }
 
     /// Always false.

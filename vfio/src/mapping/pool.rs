@@ -277,6 +277,7 @@ pub(crate) fn map_pool_buf(
             buf: IoBuffer::Pool(buf),
         });
     }
+    let transfer_len = len;
     let len = match mapped_len(buf.len(), len, PAGE_SIZE) {
         Ok(l) => l,
         Err(error) => {
@@ -287,15 +288,17 @@ pub(crate) fn map_pool_buf(
         }
     };
     stats.premapped_ios += 1;
-    Ok(Mapped::new(
-        buf.iova(),
+    Ok(Mapped {
+        iova: buf.iova(),
         len,
+        transfer_len,
         dir,
         tag,
-        MapKind::Premapped,
+        kind: MapKind::Premapped,
         mapper,
-        IoBuffer::Pool(buf),
-    ))
+        space: Arc::as_ptr(space) as usize,
+        buf: Some(IoBuffer::Pool(buf)),
+    })
 }
 
 /// Premapped mode: only pool buffers, zero IOMMU calls per I/O.

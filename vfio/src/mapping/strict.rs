@@ -55,6 +55,7 @@ pub(crate) fn map_app(
     mapper: u32,
     stats: &mut MapperStats,
 ) -> Result<Mapped, MapFailed> {
+    let transfer_len = len;
     let len = match mapped_len(buf.len(), len, win.page()) {
         Ok(l) => l,
         Err(error) => return Err(MapFailed { error, buf }),
@@ -63,15 +64,17 @@ pub(crate) fn map_app(
         Ok(iova) => {
             stats.maps += 1;
             stats.pin(len as u64);
-            Ok(Mapped::new(
+            Ok(Mapped {
                 iova,
                 len,
+                transfer_len,
                 dir,
                 tag,
-                MapKind::Window,
+                kind: MapKind::Window,
                 mapper,
-                buf,
-            ))
+                space: Arc::as_ptr(win.space()) as usize,
+                buf: Some(buf),
+            })
         }
         Err(error) => Err(MapFailed { error, buf }),
     }

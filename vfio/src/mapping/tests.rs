@@ -116,6 +116,8 @@ fn strict_is_one_map_one_unmap_one_invalidation_per_io() {
     for i in 0..100u64 {
         let mapped = m.map(buf, 3 * PAGE_SIZE - 1, DmaDir::ToDevice, i).unwrap();
         assert_eq!(mapped.len(), 3 * PAGE_SIZE);
+        assert_eq!(mapped.transfer_len(), 3 * PAGE_SIZE - 1);
+        assert!(mapped.is_mapped_in(&space));
         assert!(iommu.is_mapped(mapped.iova()));
         m.release(mapped, &mut out).unwrap();
         assert_eq!(out.len(), 1, "strict hands the buffer back at once");
@@ -272,6 +274,8 @@ fn bad_lengths_and_foreign_releases_are_errors() {
         assert!(matches!(e.error, MapError::BadLength { .. }));
     }
     let x = a.map(app(1), PAGE_SIZE, DmaDir::ToDevice, 0).unwrap();
+    let (_other_iommu, other) = self::space();
+    assert!(x.is_mapped_in(&space) && !x.is_mapped_in(&other));
     let mut out = Vec::new();
     assert!(matches!(
         b.release(x, &mut out),
