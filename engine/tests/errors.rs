@@ -433,3 +433,32 @@ fn surprise_removal_is_reported() {
     assert!(matches!(err, Some(Error::DeviceGone)), "{err:?}");
     assert!(matches!(ctrl.health(), Err(Error::DeviceGone)));
 }
+
+#[test]
+fn timed_out_command_can_be_aborted() {
+    let (fake, ctrl) = open(FakeConfig::sync());
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
+    fake.faults().inject_next(
+        Some(qp.qid()),
+        None,
+        Fault::Delay(Duration::from_secs(3600)),
+    );
+    qp.write(1, 0, 8, buf(&ctrl, 4096), 77).unwrap();
+    qp.submit();
+    for _ in 0..1000 {
+        assert_eq!(qp.poll(16, |_| {}).unwrap(), 0);
+    }
+    let mut late = vec![];
+    assert_eq!(qp.check_timeouts(Duration::ZERO, |o| late.push(o)), 1);
+    assert_eq!(late[0].tag, 77);
+    let aborted = qp.abort_command(late[0].cid).unwrap();
+    assert!(aborted, "the fake aborts a parked command");
+    let c = wait_n(&mut qp, 1).pop().unwrap();
+    assert_eq!(c.tag, 77);
+    match c.result {
+        Err(IoError::Nvme(st)) => assert_eq!((st.sct, st.sc), (0, 0x07), "abort requested"),
+        r => panic!("expected an aborted status, got {r:?}"),
+    }
+    assert!(c.buf.is_some(), "the buffer comes back");
+    assert_eq!(qp.outstanding(), 0);
+}

@@ -908,6 +908,20 @@ impl<B: IoBuf> QueuePair<B> {
         n
     }
 
+    /// Ask the controller to abort the command with `cid` (from
+    /// [`check_timeouts`](Self::check_timeouts)). Returns `true` if the
+    /// controller reports it aborted the command, which then completes
+    /// through [`poll`](Self::poll) with "abort requested"; `false` if it
+    /// could not (the command may still complete normally, or never).
+    /// Goes through the admin queue: never on the I/O path.
+    pub fn abort_command(&self, cid: u16) -> Result<bool> {
+        let cqe = self
+            .ctrl
+            .admin(crate::spec::sqe::Abort::new(self.qid, cid).sqe(), "Abort")?;
+        // Dword 0 bit 0 clear: the command was aborted.
+        Ok(cqe.dw0 & 1 == 0)
+    }
+
     /// Delete the queues on the controller, deliver every completion the
     /// controller still posts, and complete every remaining command with
     /// [`IoError::Aborted`]: each submitted command completes exactly once.
