@@ -466,12 +466,9 @@ pub struct Completion<B> {
 
 // SAFETY: a `Mapped` owns its buffer (the memory stays allocated while it
 // lives) and describes one IOVA-contiguous mapping of `len()` bytes with
-// direction `dir()`, which stays mapped until the `Mapped` is handed back to
-// its mapper by value — impossible while a queue pair holds it. A mapper does
-// not record its DMA space, so `is_mapped_in` cannot check it: create the
-// mapper over the controller's space (`Controller::dma()`), as documented on
-// [`crate::QueuePair`]. A mismatch makes the device fault in the IOMMU; it
-// cannot make the host touch freed memory.
+// direction `dir()` in the space `is_mapped_in` names, which stays mapped
+// until the `Mapped` is handed back to its mapper by value — impossible
+// while a queue pair holds it.
 unsafe impl IoBuf for mcqio_vfio::Mapped {
     #[inline]
     fn segment_count(&self) -> usize {
@@ -489,7 +486,7 @@ unsafe impl IoBuf for mcqio_vfio::Mapped {
         mcqio_vfio::Mapped::dir(self)
     }
     #[inline]
-    fn is_mapped_in(&self, _space: &DmaSpace) -> bool {
-        true
+    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
+        mcqio_vfio::Mapped::is_mapped_in(self, space)
     }
 }

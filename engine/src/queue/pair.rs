@@ -105,8 +105,7 @@ struct NsGeom {
 /// `B` is the buffer type moved through the queue (default [`DmaBuf`]); any
 /// [`IoBuf`] works, e.g. `Vec<DmaBuf>` for vectored I/O, or
 /// [`mcqio_vfio::Mapped`] from a `DmaMapper` (premapped pool, strict or lazy
-/// mapping) — create that mapper over [`Controller::dma`], since a `Mapped`
-/// cannot prove which DMA space it belongs to.
+/// mapping) created over [`Controller::dma`].
 ///
 /// A queue pair cannot be shared between threads:
 ///
