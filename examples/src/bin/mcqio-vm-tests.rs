@@ -1,18 +1,35 @@
 //! mcqio-vm-tests: the guest side of `fixtures/vm/run-tests.sh`.
 //!
 //! Runs inside the throw-away QEMU guest against QEMU's NVMe controller
-//! through VFIO and the emulated Intel IOMMU. Each subcommand is one check
-//! that `fixtures/vm/guest/vm-tests.sh` calls; each exits non-zero with a
+//! through VFIO and the emulated Intel IOMMU (`vfio:<BDF>`); every
+//! subcommand also accepts `fake` (the in-process fake controller) so the
+//! checks themselves can be exercised on any host. Each subcommand is one
+//! check that `fixtures/vm/guest/vm-tests.sh` calls; it exits non-zero with a
 //! message saying what differed when the check fails.
 //!
-//! `gen-pattern` needs no device: it prints the same deterministic bytes that
-//! `write-pattern` writes and `check-pattern` expects, so the guest script can
-//! compare what the kernel's nvme driver sees with `cmp`.
+//! The cross-check data is a positional pattern ([`pattern`]): the bytes at
+//! namespace offset `o` depend only on the seed and `o`, so data that lands
+//! at the wrong LBA is caught as surely as corrupted data, and the kernel
+//! side can compare with `cmp` against `gen-pattern`'s output.
 
-use std::io::Write;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io::Write as _;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use mcqio::spec::sqe::Command as _;
+use mcqio::vfio::{
+    AppBuffer, Backend, DmaDir, DmaMapper, DmaMode, IoBuffer, Mapped, MapperConfig, PoolConfig,
+    QueueMapper, Returned, VfioBackend,
+};
+use mcqio::{Controller, ControllerOptions, DmaBuf, IoBuf, QpairOptions, QueuePair};
+use mcqio_fixtures::{FakeConfig, FakeController, NamespaceConfig};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 
 /// The guest test program of the mcqio VM harness.
 #[derive(Parser, Debug)]
@@ -24,8 +41,54 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Print the cross-check pattern for a byte range to stdout.
+    /// Bring the controller up and print its identity (model, serial, limits, namespaces).
+    Identify(DevArgs),
+    /// Write, read back and verify data at random LBAs and sizes, one queue pair per thread.
+    Rw(RwArgs),
+    /// Flush, Write Zeroes and Dataset Management (deallocate), each checked by reading back.
+    Commands(DevArgs),
+    /// Show that the IOMMU stops the device writing to a buffer after it was unmapped.
+    DmaAfterUnmap(DevArgs),
+    /// Write the cross-check pattern to a byte range of namespace 1.
+    WritePattern(DevPatternArgs),
+    /// Read a byte range of namespace 1 and compare it with the cross-check pattern.
+    CheckPattern(DevPatternArgs),
+    /// Print the cross-check pattern for a byte range to stdout (no device needed).
     GenPattern(PatternArgs),
+}
+
+/// Which controller to test.
+#[derive(clap::Args, Debug, Clone)]
+struct DevArgs {
+    /// `vfio:<BDF>` (a controller bound to vfio-pci) or `fake` (in-process fake controller).
+    device: String,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct RwArgs {
+    #[command(flatten)]
+    dev: DevArgs,
+    /// Bytes to write and read back in total, over all threads.
+    #[arg(long, default_value_t = 64 << 20)]
+    bytes: u64,
+    /// Threads, each with its own queue pair (default: one per CPU).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Commands in flight per queue pair.
+    #[arg(long, default_value_t = 8)]
+    qd: usize,
+    /// Smallest I/O in bytes (a multiple of 4 KiB).
+    #[arg(long, default_value_t = 4 << 10)]
+    min_io: u64,
+    /// Largest I/O in bytes (a multiple of 4 KiB; capped at the controller's transfer limit).
+    #[arg(long, default_value_t = 1 << 20)]
+    max_io: u64,
+    /// Buffers from a DMA mapping mode (premapped, strict, lazy) instead of the engine's DmaBufs.
+    #[arg(long)]
+    dma: Option<DmaMode>,
+    /// Seed for LBAs, sizes and data (default: from the clock).
+    #[arg(long)]
+    seed: Option<u64>,
 }
 
 /// A pattern region: which seed, where on the namespace, how long.
@@ -34,12 +97,20 @@ struct PatternArgs {
     /// Seed of the pattern (any 64-bit value).
     #[arg(long)]
     seed: u64,
-    /// Byte offset on the namespace (a multiple of 8; of the LBA size for I/O).
+    /// Byte offset on namespace 1 (a multiple of the LBA size).
     #[arg(long)]
     offset: u64,
-    /// Length in bytes (a multiple of 8; of the LBA size for I/O).
+    /// Length in bytes (a multiple of the LBA size).
     #[arg(long)]
     len: u64,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct DevPatternArgs {
+    #[command(flatten)]
+    dev: DevArgs,
+    #[command(flatten)]
+    region: PatternArgs,
 }
 
 /// Deterministic test data shared by the mcqio and the kernel side.
@@ -87,7 +158,919 @@ mod pattern {
 /// Why a check failed; printed as the process's last line.
 type Failure = String;
 
-fn check_region(p: &PatternArgs) -> Result<(), Failure> {
+/// Turn any displayable error into a [`Failure`] with context.
+fn ctx<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> Failure + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// Namespace 1, the one every check uses.
+const NSID: u32 = 1;
+/// Bound on waiting for any single command in these checks.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// A byte no read ever returns by accident: buffers are poisoned with it
+/// before reads, so a read whose DMA never happened cannot pass.
+const POISON: u8 = 0xA5;
+
+// ------------------------------------------------------------------ device
+
+/// Open the device and bring the controller up.
+fn open(dev: &str) -> Result<Arc<Controller>, Failure> {
+    let backend: Arc<dyn Backend> = if dev == "fake" {
+        let cfg = FakeConfig {
+            namespaces: vec![NamespaceConfig::ram(256 << 20, 512)],
+            io_queue_pairs: 8,
+            shadow_doorbells: true,
+            ..FakeConfig::default()
+        };
+        FakeController::new(cfg).map_err(ctx("fake controller"))?
+    } else if let Some(bdf) = dev.strip_prefix("vfio:") {
+        Arc::new(VfioBackend::open(bdf).map_err(ctx(dev))?)
+    } else {
+        return Err(format!("unknown device {dev:?}: use vfio:<BDF> or fake"));
+    };
+    Controller::new(backend, ControllerOptions::default()).map_err(ctx("controller bring-up"))
+}
+
+/// Namespace 1's block size (log2) and size in bytes.
+fn ns1(ctrl: &Controller) -> Result<(u32, u64), Failure> {
+    let ns = ctrl.namespace(NSID).ok_or_else(|| {
+        format!(
+            "namespace {NSID} is not active on {}",
+            ctrl.backend().name()
+        )
+    })?;
+    Ok((ns.lba_shift, ns.size_bytes()))
+}
+
+/// Check that `[offset, offset+len)` is block-aligned and inside namespace 1.
+fn check_range(ctrl: &Controller, offset: u64, len: u64) -> Result<u32, Failure> {
+    let (shift, size) = ns1(ctrl)?;
+    let mask = (1u64 << shift) - 1;
+    if len == 0 || offset & mask != 0 || len & mask != 0 {
+        return Err(format!(
+            "offset {offset} and length {len} must be non-zero multiples of the {}-byte LBA size",
+            1u64 << shift
+        ));
+    }
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(format!(
+            "range {offset}+{len} is past the end of namespace {NSID} ({size} bytes)"
+        ));
+    }
+    Ok(shift)
+}
+
+/// Poll until the command with `tag` completes (a queue with nothing else in flight).
+fn wait_tag<B: IoBuf>(
+    qp: &mut QueuePair<B>,
+    tag: u64,
+    what: &str,
+) -> Result<mcqio::Completion<B>, Failure> {
+    qp.submit();
+    let deadline = Instant::now() + COMMAND_TIMEOUT;
+    loop {
+        let mut done = None;
+        qp.poll(1, |c| done = Some(c)).map_err(ctx(what))?;
+        match done {
+            Some(c) if c.tag == tag => return Ok(c),
+            Some(c) => return Err(format!("{what}: completion for unexpected tag {}", c.tag)),
+            None if Instant::now() > deadline => {
+                return Err(format!("{what}: no completion within {COMMAND_TIMEOUT:?}"))
+            }
+            None => std::thread::yield_now(),
+        }
+    }
+}
+
+// ------------------------------------------------------------------ identify
+
+fn identify(a: &DevArgs) -> Result<(), Failure> {
+    let ctrl = open(&a.device)?;
+    let id = ctrl.identify();
+    let cap = ctrl.cap();
+    let vs = ctrl.version();
+    println!("device:      {}", ctrl.backend().name());
+    println!("model:       '{}'", id.model);
+    println!("serial:      '{}'", id.serial);
+    println!("firmware:    '{}'", id.firmware);
+    println!("vendor:      {:#06x}", id.vid);
+    println!(
+        "version:     NVMe {}.{}.{}",
+        vs.major(),
+        vs.minor(),
+        vs.tertiary()
+    );
+    println!(
+        "CAP:         MQES {} entries, DSTRD {}, TO {} ms, MPS {}..{} KiB",
+        cap.max_queue_entries(),
+        cap.dstrd(),
+        cap.timeout_ms(),
+        (1u64 << cap.mps_min_shift()) >> 10,
+        (1u64 << cap.mps_max_shift()) >> 10
+    );
+    println!(
+        "limits:      MDTS {} (max transfer {} KiB), ONCS {:#06x}, OACS {:#06x}, VWC {}",
+        id.mdts,
+        ctrl.max_transfer() >> 10,
+        id.oncs,
+        id.oacs,
+        id.vwc
+    );
+    println!(
+        "queues:      {} I/O queue pairs granted, shadow doorbells {}",
+        ctrl.granted_io_queues(),
+        if ctrl.shadow_doorbells() { "on" } else { "off" }
+    );
+    for ns in ctrl.namespaces() {
+        println!(
+            "namespace {}: {} blocks of {} B ({} MiB)",
+            ns.id,
+            ns.nsze,
+            ns.lba_size,
+            ns.size_bytes() >> 20
+        );
+    }
+    if id.model.trim().is_empty() {
+        return Err("Identify Controller returned an empty model number".into());
+    }
+    ns1(&ctrl).map(drop)
+}
+
+// ------------------------------------------------------------------ rw
+
+/// One command of the rw check: a byte range of namespace 1.
+#[derive(Copy, Clone, Debug)]
+struct Extent {
+    offset: u64,
+    len: u64,
+}
+
+/// Non-overlapping extents with random sizes in `[min, max]` (4 KiB steps)
+/// and random gaps, inside `[base, base + span)`, totalling at least `want`
+/// bytes.
+fn make_extents(
+    rng: &mut SmallRng,
+    base: u64,
+    span: u64,
+    want: u64,
+    min: u64,
+    max: u64,
+) -> Result<Vec<Extent>, Failure> {
+    const STEP: u64 = 4096;
+    let mut v = Vec::new();
+    let (mut at, mut total) = (base, 0);
+    // Average gap of a quarter of the average size keeps ~80% of the span usable.
+    let max_gap = (min + max) / 4 / STEP;
+    while total < want {
+        at += rng.gen_range(0..=max_gap) * STEP;
+        let len = rng.gen_range(min / STEP..=max / STEP) * STEP;
+        if at + len > base + span {
+            return Err(format!(
+                "cannot place {want} bytes of I/O in a {span}-byte slice; lower --bytes or --threads"
+            ));
+        }
+        v.push(Extent { offset: at, len });
+        at += len;
+        total += len;
+    }
+    Ok(v)
+}
+
+/// Where a worker's buffers come from: the engine's own [`DmaBuf`]s, or one
+/// of the DMA mapping modes. A buffer is taken for each command and handed
+/// back at completion; the lane reports when its data may be looked at.
+trait Lane {
+    /// What the queue pair moves.
+    type B: IoBuf;
+    /// A free buffer holding `data` (writes) or poisoned (reads), ready to
+    /// submit for a `len`-byte transfer; `None` while every buffer is busy.
+    fn take(
+        &mut self,
+        tag: u64,
+        len: usize,
+        data: Option<&[u8]>,
+    ) -> Result<Option<Self::B>, Failure>;
+    /// The buffer of the completed command `tag`. Buffers the device can no
+    /// longer reach (this one, or in lazy mode a batch, later) are reported
+    /// through `done(tag, contents)`.
+    fn give(
+        &mut self,
+        b: Self::B,
+        tag: u64,
+        done: &mut dyn FnMut(u64, &[u8]),
+    ) -> Result<(), Failure>;
+    /// Called on every reaping pass (lazy mode flushes on a timer here).
+    fn tick(&mut self, done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure>;
+    /// Force every deferred release (end of a phase).
+    fn drain(&mut self, done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure>;
+    /// One line about the lane's mapping work.
+    fn describe(&self) -> String;
+}
+
+/// Buffers are [`DmaBuf`]s mapped once.
+struct DmaBufLane {
+    free: Vec<DmaBuf>,
+    lens: HashMap<u64, usize>,
+    scratch: Vec<u8>,
+}
+
+impl DmaBufLane {
+    fn new(ctrl: &Controller, count: usize, size: usize) -> Result<Self, Failure> {
+        let free = (0..count)
+            .map(|_| ctrl.alloc_buf(size, DmaDir::Bidirectional))
+            .collect::<Result<_, _>>()
+            .map_err(ctx("allocating DMA buffers"))?;
+        Ok(Self {
+            free,
+            lens: HashMap::new(),
+            scratch: vec![0; size],
+        })
+    }
+}
+
+impl Lane for DmaBufLane {
+    type B = DmaBuf;
+    fn take(
+        &mut self,
+        tag: u64,
+        len: usize,
+        data: Option<&[u8]>,
+    ) -> Result<Option<DmaBuf>, Failure> {
+        let Some(mut b) = self.free.pop() else {
+            return Ok(None);
+        };
+        match data {
+            Some(d) => b.write_at(0, d).map_err(ctx("filling a buffer"))?,
+            None => b.fill(POISON),
+        }
+        self.lens.insert(tag, len);
+        Ok(Some(b))
+    }
+    fn give(
+        &mut self,
+        b: DmaBuf,
+        tag: u64,
+        done: &mut dyn FnMut(u64, &[u8]),
+    ) -> Result<(), Failure> {
+        // Mapped once: the data may be looked at as soon as the command completed.
+        let len = self.lens.remove(&tag).unwrap_or(0);
+        let data = &mut self.scratch[..len];
+        b.read_at(0, data).map_err(ctx("reading a buffer"))?;
+        done(tag, data);
+        self.free.push(b);
+        Ok(())
+    }
+    fn tick(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
+        Ok(())
+    }
+    fn drain(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        format!("{} DmaBufs mapped once", self.free.len())
+    }
+}
+
+/// Buffers go through a [`QueueMapper`] (premapped pool, strict or lazy).
+struct MapperLane {
+    mapper: QueueMapper,
+    free: Vec<IoBuffer>,
+    lens: HashMap<u64, usize>,
+    scratch: Vec<u8>,
+    returned: Vec<Returned>,
+}
+
+impl MapperLane {
+    fn new(ctrl: &Controller, mode: DmaMode, count: usize, size: usize) -> Result<Self, Failure> {
+        let cfg = MapperConfig {
+            pool: PoolConfig {
+                buf_size: size,
+                count,
+            },
+            ..MapperConfig::with_mode(mode)
+        };
+        let mut mapper =
+            QueueMapper::new(ctrl.dma(), &cfg).map_err(ctx("creating the DMA mapper"))?;
+        let free = match mapper.pool() {
+            Some(pool) => (0..count)
+                .map(|_| pool.alloc().map(IoBuffer::Pool))
+                .collect::<Result<_, _>>()
+                .map_err(ctx("taking pool buffers"))?,
+            None => (0..count)
+                .map(|_| AppBuffer::new(size).map(IoBuffer::App))
+                .collect::<Result<_, _>>()
+                .map_err(ctx("allocating application buffers"))?,
+        };
+        Ok(Self {
+            mapper,
+            free,
+            lens: HashMap::new(),
+            scratch: vec![0; size],
+            returned: Vec::new(),
+        })
+    }
+
+    fn deliver(&mut self, done: &mut dyn FnMut(u64, &[u8])) {
+        for Returned { tag, buf } in self.returned.drain(..) {
+            let len = self.lens.remove(&tag).unwrap_or(0);
+            let data = &mut self.scratch[..len];
+            match &buf {
+                IoBuffer::Pool(p) => p
+                    .read_bytes(0, data)
+                    .expect("the transfer length fits the pool buffer"),
+                IoBuffer::App(a) => data.copy_from_slice(&a.as_slice()[..len]),
+            }
+            done(tag, data);
+            self.free.push(buf);
+        }
+    }
+}
+
+impl Lane for MapperLane {
+    type B = Mapped;
+    fn take(
+        &mut self,
+        tag: u64,
+        len: usize,
+        data: Option<&[u8]>,
+    ) -> Result<Option<Mapped>, Failure> {
+        let Some(mut b) = self.free.pop() else {
+            return Ok(None);
+        };
+        match (&mut b, data) {
+            (IoBuffer::Pool(p), Some(d)) => p.write_bytes(0, d).map_err(ctx("filling a buffer"))?,
+            (IoBuffer::Pool(p), None) => p
+                .write_bytes(0, &vec![POISON; len])
+                .map_err(ctx("poisoning a buffer"))?,
+            (IoBuffer::App(a), Some(d)) => a.as_mut_slice()[..d.len()].copy_from_slice(d),
+            (IoBuffer::App(a), None) => a.as_mut_slice()[..len].fill(POISON),
+        }
+        let dir = if data.is_some() {
+            DmaDir::ToDevice
+        } else {
+            DmaDir::FromDevice
+        };
+        self.lens.insert(tag, len);
+        self.mapper
+            .map(b, len, dir, tag)
+            .map(Some)
+            .map_err(|f| format!("mapping a {len}-byte buffer: {}", f.error))
+    }
+    fn give(
+        &mut self,
+        m: Mapped,
+        _tag: u64,
+        done: &mut dyn FnMut(u64, &[u8]),
+    ) -> Result<(), Failure> {
+        self.mapper
+            .release(m, &mut self.returned)
+            .map_err(ctx("releasing a mapping"))?;
+        self.deliver(done);
+        Ok(())
+    }
+    fn tick(&mut self, done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
+        self.mapper
+            .poll(&mut self.returned)
+            .map_err(ctx("polling the mapper"))?;
+        self.deliver(done);
+        Ok(())
+    }
+    fn drain(&mut self, done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
+        self.mapper
+            .flush(&mut self.returned)
+            .map_err(ctx("flushing the mapper"))?;
+        self.deliver(done);
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        let s = self.mapper.stats();
+        format!(
+            "{} mode: {} maps, {} premapped I/Os, {} unmaps in {} unmap calls, peak {} KiB pinned",
+            self.mapper.mode(),
+            s.maps,
+            s.premapped_ios,
+            s.unmaps,
+            s.unmap_calls,
+            s.peak_bytes_pinned >> 10
+        )
+    }
+}
+
+/// What one worker did.
+struct WorkerReport {
+    qid: u16,
+    ios: u64,
+    bytes: u64,
+    lane: String,
+}
+
+/// Run every extent through the queue pair once, writing (`write`) or
+/// reading and verifying, keeping up to the lane's buffer count in flight.
+fn phase<L: Lane>(
+    qp: &mut QueuePair<L::B>,
+    lane: &mut L,
+    shift: u32,
+    seed: u64,
+    extents: &[Extent],
+    order: &[usize],
+    write: bool,
+) -> Result<(), Failure> {
+    let what = if write { "write" } else { "read" };
+    let mut data = vec![0u8; extents.iter().map(|e| e.len).max().unwrap_or(0) as usize];
+    let mut next = 0;
+    // Shared with the `done` callback below, which the lane may call from
+    // `give`, `tick` or `drain`.
+    let finished = Cell::new(0usize);
+    let bad: RefCell<Option<Failure>> = RefCell::new(None);
+    let done = &mut |tag: u64, bytes: &[u8]| {
+        finished.set(finished.get() + 1);
+        let e = extents[tag as usize];
+        if !write && bad.borrow().is_none() {
+            if let Some((at, want, got)) = pattern::first_mismatch(seed, e.offset, bytes) {
+                *bad.borrow_mut() = Some(format!(
+                    "read of {} bytes at offset {} (LBA {}) returned wrong data: at byte offset {at} expected {want:#018x}, found {got:#018x}",
+                    e.len,
+                    e.offset,
+                    e.offset >> shift
+                ));
+            }
+        }
+    };
+    let mut last_progress = Instant::now();
+    let mut completions = Vec::new();
+    while finished.get() < order.len() {
+        while next < order.len() {
+            let idx = order[next];
+            let e = extents[idx];
+            let len = e.len as usize;
+            let fill = if write {
+                pattern::fill(seed, e.offset, &mut data[..len]);
+                Some(&data[..len])
+            } else {
+                None
+            };
+            let Some(b) = lane.take(idx as u64, len, fill)? else {
+                break;
+            };
+            let (slba, nlb) = (e.offset >> shift, (e.len >> shift) as u32);
+            let r = if write {
+                qp.write(NSID, slba, nlb, b, idx as u64)
+            } else {
+                qp.read(NSID, slba, nlb, b, idx as u64)
+            };
+            r.map_err(|e2| format!("{what} of {} bytes at offset {}: {e2}", e.len, e.offset))?;
+            next += 1;
+        }
+        qp.submit();
+        let n = qp
+            .poll(usize::MAX, |c| completions.push(c))
+            .map_err(ctx(what))?;
+        for c in completions.drain(..) {
+            let e = extents[c.tag as usize];
+            c.result.map_err(|err| {
+                format!(
+                    "{what} of {} bytes at offset {} failed: {err}",
+                    e.len, e.offset
+                )
+            })?;
+            let b = c
+                .buf
+                .ok_or_else(|| format!("{what} completed without its buffer"))?;
+            lane.give(b, c.tag, done)?;
+        }
+        lane.tick(done)?;
+        if qp.outstanding() == 0 && finished.get() < order.len() {
+            // Nothing in flight, yet not everything came back: the lane (lazy
+            // mode) holds the rest until its flush; force it.
+            lane.drain(done)?;
+        }
+        if let Some(b) = bad.borrow_mut().take() {
+            return Err(b);
+        }
+        if n > 0 {
+            last_progress = Instant::now();
+        } else if last_progress.elapsed() > COMMAND_TIMEOUT {
+            return Err(format!(
+                "{what}: no completion for {COMMAND_TIMEOUT:?} ({} of {} commands finished)",
+                finished.get(),
+                order.len()
+            ));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    Ok(())
+}
+
+/// Write all extents, then read them back in another order and verify.
+fn worker<L: Lane>(
+    qp: &mut QueuePair<L::B>,
+    lane: &mut L,
+    shift: u32,
+    seed: u64,
+    extents: &[Extent],
+    rng: &mut SmallRng,
+) -> Result<WorkerReport, Failure> {
+    let mut order: Vec<usize> = (0..extents.len()).collect();
+    order.shuffle(rng);
+    phase(qp, lane, shift, seed, extents, &order, true)?;
+    order.shuffle(rng);
+    phase(qp, lane, shift, seed, extents, &order, false)?;
+    Ok(WorkerReport {
+        qid: qp.qid(),
+        ios: 2 * extents.len() as u64,
+        bytes: 2 * extents.iter().map(|e| e.len).sum::<u64>(),
+        lane: lane.describe(),
+    })
+}
+
+fn rw(a: &RwArgs) -> Result<(), Failure> {
+    let ctrl = open(&a.dev.device)?;
+    let (shift, size) = ns1(&ctrl)?;
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let max_io = a.max_io.min(ctrl.max_transfer());
+    if a.min_io == 0 || a.min_io % 4096 != 0 || max_io % 4096 != 0 || max_io < a.min_io {
+        return Err(format!(
+            "I/O sizes {}..{} must be multiples of 4 KiB with min <= max (the controller allows up to {} bytes)",
+            a.min_io,
+            a.max_io,
+            ctrl.max_transfer()
+        ));
+    }
+    if a.qd == 0 || a.qd >= usize::from(QpairOptions::default().depth) {
+        return Err(format!("--qd must be 1..{}", QpairOptions::default().depth));
+    }
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    let span = (size / threads as u64) & !((1 << 20) - 1);
+    let per_thread = a.bytes.div_ceil(threads as u64);
+    println!(
+        "rw: {} thread(s) x 1 queue pair, {} MiB each in I/Os of {}..{} KiB at QD {}, buffers: {}, seed {seed:#x}",
+        threads,
+        per_thread >> 20,
+        a.min_io >> 10,
+        max_io >> 10,
+        a.qd,
+        a.dma.map_or("engine DmaBufs".to_string(), |m| format!("{m} mapping"))
+    );
+    let plans: Vec<(Vec<Extent>, SmallRng)> = (0..threads)
+        .map(|i| {
+            let mut rng = SmallRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9e37_79b9));
+            make_extents(
+                &mut rng,
+                i as u64 * span,
+                span,
+                per_thread,
+                a.min_io,
+                max_io,
+            )
+            .map(|v| (v, rng))
+        })
+        .collect::<Result<_, _>>()?;
+    let t0 = Instant::now();
+    let reports: Vec<Result<WorkerReport, Failure>> = match a.dma {
+        None => mcqio::run_per_core(&ctrl, threads, QpairOptions::default(), |i, qp| {
+            let (extents, mut rng) = plans[i].clone();
+            let mut lane = DmaBufLane::new(&ctrl, a.qd, max_io as usize)?;
+            worker(qp, &mut lane, shift, seed, &extents, &mut rng)
+        })
+        .map_err(ctx("running the workers"))?,
+        Some(mode) => {
+            let cores = core_affinity::get_core_ids().unwrap_or_default();
+            let mut qps = Vec::new();
+            for _ in 0..threads {
+                qps.push(
+                    ctrl.create_qpair_for::<Mapped>(QpairOptions::default())
+                        .map_err(ctx("creating a queue pair"))?,
+                );
+            }
+            std::thread::scope(|s| {
+                let hs: Vec<_> = qps
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, mut qp)| {
+                        let (extents, mut rng) = plans[i].clone();
+                        let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
+                        let ctrl = &ctrl;
+                        s.spawn(move || {
+                            if let Some(c) = core {
+                                core_affinity::set_for_current(c);
+                            }
+                            let mut lane = MapperLane::new(ctrl, mode, a.qd, max_io as usize)?;
+                            let r = worker(&mut qp, &mut lane, shift, seed, &extents, &mut rng);
+                            qp.close(|_| ()).map_err(ctx("closing the queue pair"))?;
+                            r
+                        })
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
+                    .collect()
+            })
+        }
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    let mut qids = Vec::new();
+    let (mut ios, mut bytes) = (0, 0);
+    for (i, r) in reports.into_iter().enumerate() {
+        let r = r.map_err(|e| format!("thread {i}: {e}"))?;
+        println!(
+            "  thread {i}: queue pair {}, {} commands, {} MiB written and read back; {}",
+            r.qid,
+            r.ios,
+            r.bytes >> 21,
+            r.lane
+        );
+        qids.push(r.qid);
+        ios += r.ios;
+        bytes += r.bytes;
+    }
+    qids.sort_unstable();
+    qids.dedup();
+    if qids.len() != threads {
+        return Err(format!("{threads} threads shared queue pairs: {qids:?}"));
+    }
+    println!(
+        "rw: OK: {} commands, {} MiB written and read back identical in {secs:.2} s ({} distinct queue pairs)",
+        ios,
+        bytes >> 21,
+        qids.len()
+    );
+    Ok(())
+}
+
+// ------------------------------------------------------------------ commands
+
+/// Read `len` bytes at `offset` of namespace 1 through the blocking API.
+fn read_range(qp: &mut QueuePair, shift: u32, offset: u64, len: u64) -> Result<Vec<u8>, Failure> {
+    let mut v = vec![0u8; len as usize];
+    qp.read_blocking(NSID, offset >> shift, &mut v)
+        .map_err(ctx("read"))?;
+    Ok(v)
+}
+
+fn commands(a: &DevArgs) -> Result<(), Failure> {
+    let ctrl = open(&a.device)?;
+    let (shift, size) = ns1(&ctrl)?;
+    let raw = ctrl
+        .admin_read(
+            mcqio::spec::sqe::Identify::namespace(NSID).sqe(),
+            "Identify Namespace",
+        )
+        .map_err(ctx("Identify Namespace"))?
+        .1;
+    // DLFEAT (byte 33) bits 2:0: what a deallocated block reads as.
+    let dlfeat = raw[33] & 0x7;
+    let mut qp = ctrl
+        .create_qpair(QpairOptions::default())
+        .map_err(ctx("creating a queue pair"))?;
+    const REGION: u64 = 1 << 20;
+    const HOLE: (u64, u64) = (256 << 10, 256 << 10); // write zeroes: offset, length in the region
+    const TRIM: (u64, u64) = (640 << 10, 128 << 10); // deallocate: offset, length
+    let base = size - 4 * REGION;
+    let seed = 0x6d63_7169_6f5f_636d;
+    let mut data = vec![0u8; REGION as usize];
+    pattern::fill(seed, base, &mut data);
+    qp.write_blocking(NSID, base >> shift, &data)
+        .map_err(ctx("write"))?;
+
+    qp.flush(NSID, 1).map_err(ctx("Flush submission"))?;
+    let c = wait_tag(&mut qp, 1, "Flush")?;
+    c.result.map_err(ctx("Flush"))?;
+    println!("flush: OK");
+
+    let nlb = (HOLE.1 >> shift) as u32;
+    qp.write_zeroes(NSID, (base + HOLE.0) >> shift, nlb, 2)
+        .map_err(ctx("Write Zeroes submission"))?;
+    wait_tag(&mut qp, 2, "Write Zeroes")?
+        .result
+        .map_err(ctx("Write Zeroes"))?;
+    let got = read_range(&mut qp, shift, base, REGION)?;
+    let (h0, h1) = (HOLE.0 as usize, (HOLE.0 + HOLE.1) as usize);
+    if let Some(i) = got[h0..h1].iter().position(|&b| b != 0) {
+        return Err(format!(
+            "Write Zeroes: byte {} of the zeroed range reads {:#04x}",
+            i,
+            got[h0 + i]
+        ));
+    }
+    for (from, to) in [(0, h0), (h1, REGION as usize)] {
+        if let Some(m) = pattern::first_mismatch(seed, base + from as u64, &got[from..to]) {
+            return Err(format!(
+                "Write Zeroes touched data outside its range: at {} expected {:#x} found {:#x}",
+                m.0, m.1, m.2
+            ));
+        }
+    }
+    println!(
+        "write zeroes: OK ({} blocks read back as zeros, neighbours intact)",
+        nlb
+    );
+
+    let trim = ((base + TRIM.0) >> shift, (TRIM.1 >> shift) as u32);
+    qp.deallocate(NSID, &[trim], 3)
+        .map_err(ctx("Dataset Management submission"))?;
+    wait_tag(&mut qp, 3, "Dataset Management")?
+        .result
+        .map_err(ctx("Dataset Management (deallocate)"))?;
+    let got = read_range(&mut qp, shift, base, REGION)?;
+    let (t0, t1) = (TRIM.0 as usize, (TRIM.0 + TRIM.1) as usize);
+    let expect = match dlfeat {
+        1 => Some(0x00),
+        2 => Some(0xFF),
+        _ => None,
+    };
+    match expect {
+        Some(v) => {
+            if let Some(i) = got[t0..t1].iter().position(|&b| b != v) {
+                return Err(format!(
+                    "Dataset Management: DLFEAT {dlfeat} promises {v:#04x} for deallocated blocks, but byte {i} reads {:#04x}",
+                    got[t0 + i]
+                ));
+            }
+        }
+        None => println!(
+            "deallocate: DLFEAT {dlfeat}: contents of deallocated blocks unspecified, not checked"
+        ),
+    }
+    for (from, to) in [(t1, REGION as usize)] {
+        if let Some(m) = pattern::first_mismatch(seed, base + from as u64, &got[from..to]) {
+            return Err(format!(
+                "Dataset Management touched data outside its range: at {} expected {:#x} found {:#x}",
+                m.0, m.1, m.2
+            ));
+        }
+    }
+    println!(
+        "deallocate: OK ({} blocks{}; neighbours intact)",
+        trim.1,
+        expect.map_or(String::new(), |v| format!(
+            " read back as {v:#04x} per DLFEAT {dlfeat}"
+        ))
+    );
+    qp.flush_blocking(NSID).map_err(ctx("Flush"))?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------ IOMMU
+
+fn dma_after_unmap(a: &DevArgs) -> Result<(), Failure> {
+    let ctrl = open(&a.device)?;
+    let (shift, size) = ns1(&ctrl)?;
+    let mut qp = ctrl
+        .create_qpair(QpairOptions::default())
+        .map_err(ctx("creating a queue pair"))?;
+    const LEN: u64 = 64 << 10;
+    let offset = size - 8 * (1 << 20);
+    let seed = 0x6d63_7169_6f5f_756d;
+    let mut data = vec![0u8; LEN as usize];
+    pattern::fill(seed, offset, &mut data);
+    qp.write_blocking(NSID, offset >> shift, &data)
+        .map_err(ctx("write"))?;
+    let nlb = (LEN >> shift) as u32;
+
+    // Control: with the mapping in place, the read lands in the buffer.
+    let mut buf = ctrl
+        .alloc_buf(LEN as usize, DmaDir::Bidirectional)
+        .map_err(ctx("allocating a buffer"))?;
+    buf.fill(POISON);
+    qp.read(NSID, offset >> shift, nlb, buf, 1)
+        .map_err(ctx("read"))?;
+    let c = wait_tag(&mut qp, 1, "control read")?;
+    c.result.map_err(ctx("control read"))?;
+    let buf = c.buf.ok_or("control read lost its buffer")?;
+    if buf.to_vec() != data {
+        return Err("control read into a mapped buffer did not return the data written".into());
+    }
+    println!("control: a read into a mapped buffer delivers the data");
+
+    // The real check: unmap the buffer in the IOMMU (its memory and IOVA stay
+    // owned by `victim`, so nothing else can be there), point a read at it.
+    let mut victim = ctrl
+        .alloc_buf(LEN as usize, DmaDir::Bidirectional)
+        .map_err(ctx("allocating a buffer"))?;
+    victim.fill(POISON);
+    let iova = victim.iova();
+    let region = Arc::clone(victim.region());
+    let iommu = Arc::clone(ctrl.dma().iommu());
+    iommu
+        .unmap(region.iova(), region.len() as u64)
+        .map_err(ctx("unmapping the buffer"))?;
+    println!(
+        "unmapped {} bytes at IOVA {iova} from the IOMMU; reading {LEN} bytes into it",
+        region.len()
+    );
+    qp.read(NSID, offset >> shift, nlb, victim, 2)
+        .map_err(ctx("read into the unmapped IOVA"))?;
+    let c = wait_tag(&mut qp, 2, "read into the unmapped IOVA")?;
+    let status = match c.result {
+        Ok(()) => "success".to_string(),
+        Err(e) => format!("error ({e})"),
+    };
+    let victim = c.buf.ok_or("the read lost its buffer")?;
+    let after = victim.to_vec();
+    // Put the mapping back so the region's own teardown unmaps it normally.
+    // SAFETY: the pages belong to `region`, which stays allocated until its
+    // drop, and that drop unmaps this mapping before freeing them.
+    unsafe { iommu.map(region.iova(), region.as_ptr(), region.len(), region.dir()) }
+        .map_err(ctx("remapping the buffer"))?;
+    drop(victim);
+    drop(region);
+    let untouched = after.iter().all(|&b| b == POISON);
+    let landed = after == data;
+    println!(
+        "read into unmapped IOVA {iova}: command status {status}; buffer {}",
+        if untouched {
+            "unchanged (DMA blocked)"
+        } else if landed {
+            "holds the disk data (DMA went through!)"
+        } else {
+            "partly changed"
+        }
+    );
+    if !untouched {
+        return Err("the device wrote to memory that was unmapped from the IOMMU".into());
+    }
+    // The controller must still work after the fault.
+    let got = read_range(&mut qp, shift, offset, LEN)?;
+    if got != data {
+        return Err("after the blocked DMA, a normal read returned wrong data".into());
+    }
+    println!("after the fault the controller still reads correctly");
+    Ok(())
+}
+
+// ------------------------------------------------------------------ patterns
+
+fn write_pattern(a: &DevPatternArgs) -> Result<(), Failure> {
+    let ctrl = open(&a.dev.device)?;
+    let p = a.region;
+    let shift = check_range(&ctrl, p.offset, p.len)?;
+    let mut qp = ctrl
+        .create_qpair(QpairOptions::default())
+        .map_err(ctx("creating a queue pair"))?;
+    const CHUNK: u64 = 1 << 20;
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut done = 0;
+    while done < p.len {
+        let n = (p.len - done).min(CHUNK);
+        let at = p.offset + done;
+        pattern::fill(p.seed, at, &mut buf[..n as usize]);
+        qp.write_blocking(NSID, at >> shift, &buf[..n as usize])
+            .map_err(ctx("write"))?;
+        done += n;
+    }
+    qp.flush_blocking(NSID).map_err(ctx("flush"))?;
+    println!(
+        "wrote {} bytes of pattern seed {} at offset {} (LBA {}) through {}, flushed",
+        p.len,
+        p.seed,
+        p.offset,
+        p.offset >> shift,
+        ctrl.backend().name()
+    );
+    Ok(())
+}
+
+fn check_pattern(a: &DevPatternArgs) -> Result<(), Failure> {
+    let ctrl = open(&a.dev.device)?;
+    let p = a.region;
+    let shift = check_range(&ctrl, p.offset, p.len)?;
+    let mut qp = ctrl
+        .create_qpair(QpairOptions::default())
+        .map_err(ctx("creating a queue pair"))?;
+    const CHUNK: u64 = 1 << 20;
+    let mut done = 0;
+    while done < p.len {
+        let n = (p.len - done).min(CHUNK);
+        let at = p.offset + done;
+        let got = read_range(&mut qp, shift, at, n)?;
+        if let Some((off, want, found)) = pattern::first_mismatch(p.seed, at, &got) {
+            return Err(format!(
+                "pattern seed {} differs at byte offset {off} (LBA {}): expected {want:#018x}, found {found:#018x}",
+                p.seed,
+                off >> shift
+            ));
+        }
+        done += n;
+    }
+    println!(
+        "read {} bytes at offset {} (LBA {}) through {}: identical to pattern seed {}",
+        p.len,
+        p.offset,
+        p.offset >> shift,
+        ctrl.backend().name(),
+        p.seed
+    );
+    Ok(())
+}
+
+fn gen_pattern(p: &PatternArgs) -> Result<(), Failure> {
     if p.offset % pattern::WORD != 0 || p.len % pattern::WORD != 0 || p.len == 0 {
         return Err(format!(
             "--offset {} and --len {} must be non-zero multiples of {}",
@@ -96,11 +1079,6 @@ fn check_region(p: &PatternArgs) -> Result<(), Failure> {
             pattern::WORD
         ));
     }
-    Ok(())
-}
-
-fn gen_pattern(p: &PatternArgs) -> Result<(), Failure> {
-    check_region(p)?;
     const CHUNK: u64 = 1 << 20;
     let mut buf = vec![0u8; CHUNK as usize];
     let mut out = std::io::stdout().lock();
@@ -109,15 +1087,21 @@ fn gen_pattern(p: &PatternArgs) -> Result<(), Failure> {
         let n = (p.len - done).min(CHUNK) as usize;
         pattern::fill(p.seed, p.offset + done, &mut buf[..n]);
         out.write_all(&buf[..n])
-            .map_err(|e| format!("writing the pattern to stdout: {e}"))?;
+            .map_err(ctx("writing the pattern to stdout"))?;
         done += n as u64;
     }
-    out.flush().map_err(|e| format!("flushing stdout: {e}"))
+    out.flush().map_err(ctx("flushing stdout"))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match &cli.cmd {
+        Cmd::Identify(a) => identify(a),
+        Cmd::Rw(a) => rw(a),
+        Cmd::Commands(a) => commands(a),
+        Cmd::DmaAfterUnmap(a) => dma_after_unmap(a),
+        Cmd::WritePattern(a) => write_pattern(a),
+        Cmd::CheckPattern(a) => check_pattern(a),
         Cmd::GenPattern(p) => gen_pattern(p),
     };
     match res {
@@ -131,7 +1115,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::pattern;
+    use super::*;
 
     #[test]
     fn pattern_is_positional_and_seeded() {
@@ -151,5 +1135,20 @@ mod tests {
         let mut tail = vec![0u8; 2048];
         pattern::fill(7, 8192 + 2048, &mut tail);
         assert_eq!(&a[2048..], &tail[..]);
+    }
+
+    #[test]
+    fn extents_do_not_overlap_and_stay_in_their_slice() {
+        let mut rng = SmallRng::seed_from_u64(3);
+        let v = make_extents(&mut rng, 1 << 20, 64 << 20, 16 << 20, 4096, 1 << 20).unwrap();
+        assert!(v.iter().map(|e| e.len).sum::<u64>() >= 16 << 20);
+        for w in v.windows(2) {
+            assert!(w[0].offset + w[0].len <= w[1].offset);
+        }
+        for e in &v {
+            assert!(e.offset >= 1 << 20 && e.offset + e.len <= 65 << 20);
+            assert!(e.len >= 4096 && e.len <= 1 << 20 && e.len % 4096 == 0);
+        }
+        assert!(make_extents(&mut rng, 0, 1 << 20, 4 << 20, 4096, 1 << 20).is_err());
     }
 }
