@@ -4,7 +4,7 @@
 //! check of the hot path while developing.
 //!
 //! ```text
-//! cargo run --release -p mcqio --example qd_bench -- [sync|threaded|loopback] [QD] [SECONDS] [--engine-only]
+//! cargo run --release -p mcqio --example qd_bench -- [sync|threaded|loopback] [QD] [SECONDS] [--engine-only|--uring-only]
 //! ```
 //!
 //! `loopback` replaces the fake with a stub that completes every command at
@@ -109,6 +109,11 @@ fn main() {
         "loopback" => None,
         _ => Some(ExecMode::Sync),
     };
+    if args.iter().any(|a| a == "--uring-only") {
+        let u = uring_nops(qd, secs);
+        println!("QD{qd}: io_uring NOPs {:.2} M/s", u / 1e6);
+        return;
+    }
     let e = engine(exec, qd, secs);
     if args.iter().any(|a| a == "--engine-only") {
         println!("QD{qd} {mode}: mcqio null reads {:.2} M/s", e / 1e6);
