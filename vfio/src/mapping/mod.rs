@@ -26,10 +26,12 @@
 //!    device address of byte 0, contiguous for [`Mapped::len`] bytes (a
 //!    multiple of [`PAGE_SIZE`](crate::PAGE_SIZE)), so PRP entry `i` is
 //!    `m.iova().add(i * 4096)`. `len` is the transfer length (at most the
-//!    buffer's length); `dir` is the data direction (`FromDevice` for a read
-//!    command); `tag` is the engine's cookie (command id or request slot),
-//!    given back with the buffer. On failure the buffer comes back inside
-//!    [`MapFailed`]. Keep `m` in the request slot until the completion.
+//!    buffer's length; [`Mapped::transfer_len`]); `dir` is the data direction
+//!    (`FromDevice` for a read command); `tag` is the engine's cookie (command
+//!    id or request slot), given back with the buffer. On failure the buffer
+//!    comes back inside [`MapFailed`]. [`Mapped::is_mapped_in`] tells whether
+//!    the mapping belongs to the controller's DMA space (build the mapper over
+//!    `Backend::dma()`). Keep `m` in the request slot until the completion.
 //! 2. **Complete.** After the CQE for the command is consumed, call
 //!    `mapper.release(m, &mut returned)`. Every buffer whose memory the device
 //!    can no longer reach is appended to `returned` as a [`Returned`]

@@ -13,8 +13,8 @@ use crate::dma::{DmaSpace, PAGE_SIZE};
 use crate::iommu::DmaDir;
 use crate::iova::{Iova, IovaAllocator, IovaError, IovaRange};
 
-/// Alignment of the window itself: 2 MiB, so windows never share an IOMMU
-/// second-level page-table page with a neighbour's.
+/// Alignment of the window itself: 2 MiB, the span of one last-level IOMMU
+/// page table, so two queues' windows never share a leaf table.
 const WINDOW_ALIGN: u64 = 2 << 20;
 
 pub(crate) struct IovaWindow {
