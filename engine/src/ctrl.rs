@@ -16,6 +16,7 @@
 //! one, so they are gone by then) performs a normal shutdown: CC.SHN =
 //! normal, then wait for CSTS.SHST = complete, bounded.
 
+use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,7 +31,7 @@ use crate::queue::{QpairOptions, QueuePair, PAGE_SIZE};
 use crate::spec::identify::{IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
 use crate::spec::regs::{self, Aqa, Cap, Cc, Csts, Version};
 use crate::spec::sqe::{
-    Command, DeleteIoCq, DeleteIoSq, DoorbellBufferConfig, Identify, SetFeatures,
+    AsyncEventRequest, Command, DeleteIoCq, DeleteIoSq, DoorbellBufferConfig, Identify, SetFeatures,
 };
 use crate::spec::status::{generic, sct};
 use crate::spec::{Cqe, NvmeStatus, Sqe};
@@ -51,6 +52,10 @@ pub struct ControllerOptions {
     pub admin_timeout: Duration,
     /// Bound on the shutdown handshake at drop.
     pub shutdown_timeout: Duration,
+    /// Asynchronous Event Requests to keep posted (capped by the
+    /// controller's AERL). Events are collected while admin commands run and
+    /// by [`Controller::async_events`]. 0 disables them.
+    pub async_event_requests: u8,
     /// Cap on bytes per I/O command. The effective limit is the smaller of
     /// this and the controller's MDTS; it sizes the pre-allocated PRP list
     /// pages (one 4 KiB page covers up to 2 MiB).
@@ -66,6 +71,7 @@ impl Default for ControllerOptions {
             admin_timeout: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(10),
             max_transfer: 2 << 20,
+            async_event_requests: 1,
         }
     }
 }
@@ -98,6 +104,54 @@ struct AdminQueue {
     cq: CompQueue,
     next_cid: u16,
     data: DmaRegion,
+    /// Asynchronous Event Requests the controller holds.
+    aers: u16,
+    /// Events received and not yet handed out.
+    events: VecDeque<AsyncEvent>,
+}
+
+/// CIDs from here up belong to Asynchronous Event Requests (one per
+/// outstanding AER), so their completions — which arrive at any time — are
+/// never mistaken for the command being waited on.
+const AER_CID_BASE: u16 = 0xFF00;
+
+/// Event types of an asynchronous event (completion dword 0, bits 2:0).
+pub mod event_type {
+    /// Error status.
+    pub const ERROR: u8 = 0;
+    /// SMART / health status.
+    pub const SMART_HEALTH: u8 = 1;
+    /// Notice (namespace attribute changed, firmware activation, ...).
+    pub const NOTICE: u8 = 2;
+    /// I/O command set specific.
+    pub const IO_COMMAND_SET: u8 = 6;
+    /// Vendor specific.
+    pub const VENDOR: u8 = 7;
+}
+
+/// An asynchronous event the controller reported.
+///
+/// The controller masks further events of the same type until the host
+/// reads `log_page` (Get Log Page without Retain Asynchronous Event).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct AsyncEvent {
+    /// Event type ([`event_type`]).
+    pub event_type: u8,
+    /// Event information (meaning depends on the type).
+    pub info: u8,
+    /// Log page that holds the details.
+    pub log_page: u8,
+}
+
+impl AsyncEvent {
+    /// Decode completion dword 0 of an Asynchronous Event Request.
+    pub const fn from_dw0(dw0: u32) -> Self {
+        AsyncEvent {
+            event_type: (dw0 & 0b111) as u8,
+            info: (dw0 >> 8) as u8,
+            log_page: (dw0 >> 16) as u8,
+        }
+    }
 }
 
 /// Shadow doorbell and EventIdx pages.
@@ -223,11 +277,8 @@ impl AdminQueue {
         what: &'static str,
         timeout: Duration,
     ) -> Result<Cqe> {
-        let mut cid = self.next_cid;
-        if cid == 0xFFFF {
-            cid = 0;
-        }
-        self.next_cid = cid.wrapping_add(1);
+        let cid = self.next_cid;
+        self.next_cid = if cid + 1 >= AER_CID_BASE { 0 } else { cid + 1 };
         self.sq.push(sqe.with_cid(cid));
         self.sq.flush();
         let start = Instant::now();
@@ -236,6 +287,10 @@ impl AdminQueue {
             if let Some(cqe) = self.cq.peek() {
                 self.cq.advance();
                 self.cq.flush();
+                if cqe.cid >= AER_CID_BASE {
+                    self.on_aer(cqe);
+                    continue;
+                }
                 if cqe.cid != cid {
                     log::warn!("admin queue: dropped stale completion cid {:#06x} (waiting for {cid:#06x})", cqe.cid);
                     continue;
@@ -266,6 +321,46 @@ impl AdminQueue {
                 std::hint::spin_loop();
             }
         }
+    }
+}
+
+impl AdminQueue {
+    /// Post one Asynchronous Event Request with `cid` (>= AER_CID_BASE).
+    /// A completed AER is re-posted with its own CID, so outstanding AERs
+    /// never share one.
+    fn post_aer(&mut self, cid: u16) {
+        self.aers += 1;
+        self.sq.push(AsyncEventRequest.sqe().with_cid(cid));
+        self.sq.flush();
+    }
+
+    /// An AER completed: keep the event and re-arm, or (error status, e.g.
+    /// aborted at shutdown) let it go.
+    fn on_aer(&mut self, cqe: Cqe) {
+        self.aers = self.aers.saturating_sub(1);
+        let st = cqe.nvme_status();
+        if st.is_success() {
+            let ev = AsyncEvent::from_dw0(cqe.dw0);
+            log::info!("asynchronous event: {ev:?}");
+            self.events.push_back(ev);
+            self.post_aer(cqe.cid);
+        } else {
+            log::warn!("Asynchronous Event Request ended with {st}; not re-posted");
+        }
+    }
+
+    /// Consume whatever the admin CQ holds (AER completions; anything else
+    /// is stale here since no command is being waited on).
+    fn drain(&mut self) {
+        while let Some(cqe) = self.cq.peek() {
+            self.cq.advance();
+            if cqe.cid >= AER_CID_BASE {
+                self.on_aer(cqe);
+            } else {
+                log::warn!("admin queue: dropped stale completion cid {:#06x}", cqe.cid);
+            }
+        }
+        self.cq.flush();
     }
 }
 
@@ -355,6 +450,8 @@ impl Controller {
             cq: CompQueue::new(acq, entries, cq_db),
             next_cid: 0,
             data,
+            aers: 0,
+            events: VecDeque::new(),
         };
 
         // 3. Enable.
@@ -451,6 +548,16 @@ impl Controller {
                 }
                 Err(e) => return Err(e),
             }
+        }
+
+        // 7. Asynchronous events: keep a few requests posted (never more
+        // than AERL + 1, and leave admin SQ room for the command being run).
+        let aers = (opts.async_event_requests as u16)
+            .min(identify.aerl as u16 + 1)
+            .min(entries.saturating_sub(2))
+            .min(0xFF);
+        for i in 0..aers {
+            admin.post_aer(AER_CID_BASE + i);
         }
 
         let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
@@ -583,6 +690,20 @@ impl Controller {
         let mut v = vec![0; IDENTIFY_LEN];
         a.data.read_bytes(0, &mut v)?;
         Ok((cqe, v))
+    }
+
+    /// Asynchronous events received so far (collected while admin commands
+    /// run, and by checking the admin completion queue now). Each event is
+    /// returned once. Read the event's log page to unmask its type.
+    pub fn async_events(&self) -> Vec<AsyncEvent> {
+        let mut a = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        a.drain();
+        a.events.drain(..).collect()
+    }
+
+    /// Asynchronous Event Requests currently posted to the controller.
+    pub fn async_event_requests_posted(&self) -> usize {
+        self.admin.lock().unwrap_or_else(|p| p.into_inner()).aers as usize
     }
 
     /// Create an I/O queue pair for [`DmaBuf`] buffers.

@@ -63,7 +63,7 @@ pub mod mcq;
 pub mod queue;
 pub mod spec;
 
-pub use ctrl::{Controller, ControllerOptions, Namespace};
+pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace};
 pub use io::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind};
 pub use mcq::run_per_core;
 pub use queue::{QpairOptions, QpairStats, QueuePair};

@@ -140,3 +140,51 @@ fn shadow_doorbells_when_advertised() {
         assert!(!ctrl.shadow_doorbells(), "option disables them");
     }
 }
+
+#[test]
+fn asynchronous_events_reach_the_application() {
+    for mode in modes() {
+        let (fake, ctrl) = open(config(mode, 5));
+        assert_eq!(ctrl.async_event_requests_posted(), 1);
+        assert!(ctrl.async_events().is_empty());
+        fake.raise_async_event(mcqio::ctrl::event_type::NOTICE, 0x00, 0x04);
+        // Events arrive whenever the admin queue is looked at: here while a
+        // queue pair is created (an admin command is waited on) ...
+        let qp = ctrl.create_qpair(Default::default()).unwrap();
+        fake.raise_async_event(mcqio::ctrl::event_type::SMART_HEALTH, 0x01, 0x02);
+        // ... or by asking.
+        let mut evs = Vec::new();
+        for _ in 0..100_000 {
+            evs.extend(ctrl.async_events());
+            if evs.len() == 2 {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            evs,
+            vec![
+                mcqio::AsyncEvent {
+                    event_type: 2,
+                    info: 0,
+                    log_page: 4
+                },
+                mcqio::AsyncEvent {
+                    event_type: 1,
+                    info: 1,
+                    log_page: 2
+                },
+            ]
+        );
+        assert_eq!(
+            ctrl.async_event_requests_posted(),
+            1,
+            "re-armed after each event"
+        );
+        drop(qp);
+        assert!(
+            ctrl.async_events().is_empty(),
+            "each event is returned once"
+        );
+    }
+}
