@@ -3,17 +3,21 @@
 //! [`QueuePair`] — one per job, created on the job's thread.
 //!
 //! Each job's buffers are one DMA region allocated and mapped once
-//! (premapped mode), cut into one [`DmaBuf`] per slot. A buffer moves into
-//! the queue pair at submission and comes back in the completion, where the
-//! job puts it back in its slot; nothing is allocated or mapped per I/O.
+//! (premapped mode) and cut into one slice per slot. The queue pair moves a
+//! [`SlotBuf`] — the slice's IOVA and length, two words — instead of a
+//! [`DmaBuf`] (which carries an `Arc` of its region), so a submission copies
+//! no reference count and the completion hands nothing back that must be
+//! stored; nothing is allocated or mapped per I/O.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mcqio::{Controller, ControllerOptions, DmaBuf, QpairOptions, QueuePair, SubmitErrorKind};
+use mcqio::{
+    Controller, ControllerOptions, DmaBuf, IoBuf, IoSeg, QpairOptions, QueuePair, SubmitErrorKind,
+};
 use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, Fault, NamespaceConfig};
-use mcqio_vfio::{Backend, DmaDir, IommuStats, VfioBackend};
+use mcqio_vfio::{Backend, DmaDir, DmaSpace, IommuStats, Iova, VfioBackend};
 
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::spec::{DeviceKind, DeviceSpec};
@@ -208,7 +212,7 @@ impl NvmeTarget {
     pub fn queue(&self, nsid: u32, depth: usize, buf_len: usize) -> Result<NvmeQueue, String> {
         let qp = self
             .ctrl
-            .create_qpair(QpairOptions {
+            .create_qpair_for::<SlotBuf>(QpairOptions {
                 depth: depth.min(u16::MAX as usize) as u16,
                 ..QpairOptions::default()
             })
@@ -220,26 +224,88 @@ impl NvmeTarget {
                     depth * buf_len
                 )
             })?;
-        let bufs = region.chunks(buf_len).map_err(|e| e.to_string())?;
-        let ptrs = bufs.iter().map(|b| b.as_ptr()).collect();
+        let space: *const DmaSpace = Arc::as_ptr(self.ctrl.dma());
+        let bufs = (0..depth)
+            .map(|i| SlotBuf {
+                iova: region.iova().add((i * buf_len) as u64),
+                len: buf_len,
+                space,
+            })
+            .collect();
+        let ptrs = (0..depth)
+            // SAFETY: i * buf_len < depth * buf_len <= the region's length.
+            .map(|i| unsafe { region.as_ptr().add(i * buf_len) })
+            .collect();
         Ok(NvmeQueue {
             qp,
             nsid,
-            bufs: bufs.into_iter().map(Some).collect(),
+            bufs,
             ptrs,
             buf_len,
+            _region: region,
         })
+    }
+}
+
+/// One slot's slice of a job's premapped region, as the queue pair moves it.
+///
+/// Private to this module: every `SlotBuf` lives in an [`NvmeQueue`] (in its
+/// slot table or inside its queue pair) and the queue drops its queue pair,
+/// which deletes the hardware queues and drops in-flight buffers, before the
+/// region the slices point into.
+#[derive(Clone, Copy, Debug)]
+struct SlotBuf {
+    iova: Iova,
+    len: usize,
+    /// The DMA space the region is mapped in (compared, never dereferenced).
+    space: *const DmaSpace,
+}
+
+// SAFETY: a SlotBuf is two numbers and a pointer used only for identity
+// comparison; it grants no access to memory by itself.
+unsafe impl Send for SlotBuf {}
+
+// SAFETY: the slice [iova, iova + len) lies inside the job's DmaRegion,
+// mapped Bidirectional in `space` for the region's whole life, and the region
+// outlives every SlotBuf (see the type's docs); the job touches the memory
+// only through raw pointers while the slot is not in flight; the answers
+// below never change.
+unsafe impl IoBuf for SlotBuf {
+    #[inline]
+    fn segment_count(&self) -> usize {
+        1
+    }
+    #[inline]
+    fn segment(&self, _i: usize) -> IoSeg {
+        IoSeg {
+            iova: self.iova,
+            len: self.len,
+        }
+    }
+    #[inline]
+    fn dir(&self) -> DmaDir {
+        DmaDir::Bidirectional
+    }
+    #[inline]
+    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
+        std::ptr::eq(self.space, space)
+    }
+    #[inline]
+    fn total_len(&self) -> usize {
+        self.len
     }
 }
 
 /// One job's queue pair and its premapped buffers.
 pub struct NvmeQueue {
-    qp: QueuePair<DmaBuf>,
+    // Field order matters: the queue pair (holding in-flight SlotBufs) drops
+    // before the region they point into.
+    qp: QueuePair<SlotBuf>,
     nsid: u32,
-    /// Slot buffers; `None` while in flight.
-    bufs: Vec<Option<DmaBuf>>,
+    bufs: Vec<SlotBuf>,
     ptrs: Vec<NonNull<u8>>,
     buf_len: usize,
+    _region: DmaBuf,
 }
 
 impl JobQueue for NvmeQueue {
@@ -258,11 +324,7 @@ impl JobQueue for NvmeQueue {
 
     #[inline]
     fn push(&mut self, slot: usize, req: IoReq) -> Result<(), PushError> {
-        let Some(buf) = self.bufs[slot].take() else {
-            return Err(PushError::Rejected(format!(
-                "slot {slot} is already in flight"
-            )));
-        };
+        let buf = self.bufs[slot];
         let r = match req.op {
             Op::Read => self.qp.read(self.nsid, req.slba, req.nlb, buf, slot as u64),
             Op::Write => self
@@ -271,14 +333,10 @@ impl JobQueue for NvmeQueue {
         };
         match r {
             Ok(()) => Ok(()),
-            Err(e) => {
-                let kind = e.kind;
-                self.bufs[slot] = Some(e.into_buf());
-                Err(match kind {
-                    SubmitErrorKind::QueueFull => PushError::Full,
-                    k => PushError::Rejected(k.to_string()),
-                })
-            }
+            Err(e) => Err(match e.kind {
+                SubmitErrorKind::QueueFull => PushError::Full,
+                k => PushError::Rejected(k.to_string()),
+            }),
         }
     }
 
@@ -290,11 +348,9 @@ impl JobQueue for NvmeQueue {
 
     #[inline]
     fn reap<F: FnMut(usize, IoStatus)>(&mut self, mut done: F) -> Result<usize, QueueError> {
-        let bufs = &mut self.bufs;
         self.qp
             .poll(usize::MAX, |c| {
                 let slot = c.tag as usize;
-                bufs[slot] = c.buf;
                 let status = match c.result {
                     Ok(()) => IoStatus::Ok,
                     Err(mcqio::IoError::Nvme(s)) => IoStatus::Failed(Failure::Nvme(s)),
