@@ -48,6 +48,20 @@
 //! # }
 //! ```
 //!
+//! # How every command ends
+//!
+//! A submitted command completes exactly once, as a [`Completion`] from
+//! [`QueuePair::poll`] (success, or [`IoError::Nvme`] with the decoded
+//! status), or from [`QueuePair::close`] ([`IoError::Aborted`] for what the
+//! controller never completed). A rejected submission never started and
+//! hands its buffer back in a [`SubmitError`]. A CQE that matches no command
+//! in flight (duplicate, stale, corrupt CID) is counted in
+//! [`QpairStats::stale_completions`] and dropped. Hooks for timeout handling:
+//! [`QueuePair::check_timeouts`] (coarse per-command submit time),
+//! [`QueuePair::abort_command`], [`QueuePair::check_health`] (CSTS.CFS and
+//! surprise removal, also checked from `poll`), and
+//! [`Controller::async_events`].
+//!
 //! - [`spec`]: wire formats (registers, SQE/CQE, command builders, identify, status).
 //! - [`ctrl`]: [`Controller`] bring-up, admin queue, shutdown.
 //! - [`queue`]: [`QueuePair`]: rings, doorbells, trackers (CID = slot | generation).
@@ -66,7 +80,7 @@ pub mod spec;
 pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace};
 pub use io::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind};
 pub use mcq::run_per_core;
-pub use queue::{QpairOptions, QpairStats, QueuePair};
+pub use queue::{Outstanding, QpairOptions, QpairStats, QueuePair};
 pub use spec::NvmeStatus;
 
 pub use mcqio_vfio as vfio;
