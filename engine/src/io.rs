@@ -465,7 +465,8 @@ pub struct Completion<B> {
 }
 
 // SAFETY: a `Mapped` owns its buffer (the memory stays allocated while it
-// lives) and describes one IOVA-contiguous mapping of `len()` bytes with
+// lives) and describes one IOVA-contiguous mapping of `len()` bytes (we
+// report the `transfer_len()` asked for, which is no more) with
 // direction `dir()` in the space `is_mapped_in` names, which stays mapped
 // until the `Mapped` is handed back to its mapper by value — impossible
 // while a queue pair holds it.
@@ -478,7 +479,7 @@ unsafe impl IoBuf for mcqio_vfio::Mapped {
     fn segment(&self, _i: usize) -> IoSeg {
         IoSeg {
             iova: self.iova(),
-            len: self.len(),
+            len: self.transfer_len(),
         }
     }
     #[inline]
