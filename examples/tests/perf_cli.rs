@@ -225,3 +225,52 @@ fn setup_commands_on_an_empty_system() {
     assert!(err.contains("is not a PCI address"), "{err}");
     let _ = std::fs::remove_dir_all(&base);
 }
+
+#[test]
+fn dma_modes_count_iommu_work() {
+    let (code, out, err) = perf(&[
+        "-d",
+        "fake,size=4M",
+        "-n",
+        "1000",
+        "--dma",
+        "strict",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "stderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    check_run(&v);
+    let maps = v["dma"]["maps"].as_u64().unwrap();
+    assert!(maps >= 1000, "strict maps once per I/O: {}", v["dma"]);
+    assert!(
+        v["dma"]["unmap_calls"].as_u64().unwrap() >= 900,
+        "{}",
+        v["dma"]
+    );
+
+    let (code, out, err) = perf(&[
+        "-d",
+        "fake,size=4M",
+        "-n",
+        "1000",
+        "--dma",
+        "lazy",
+        "--dma-batch",
+        "64",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "stderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    check_run(&v);
+    let maps = v["dma"]["maps"].as_u64().unwrap();
+    let calls = v["dma"]["unmap_calls"].as_u64().unwrap();
+    assert!(maps >= 1000, "{}", v["dma"]);
+    assert!(calls * 8 < maps, "lazy batches unmaps: {}", v["dma"]);
+
+    let (code, _, err) = perf(&["-d", "fake", "-n", "10", "--dma", "lazy", "--verify"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--verify needs --dma premapped"), "{err}");
+    let (code, _, err) = perf(&["-d", "uring:null", "-n", "10", "--dma", "strict"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("applies to mcqio devices"), "{err}");
+}

@@ -101,6 +101,10 @@ pub struct JobSpec {
     pub verify: bool,
     /// Record a latency histogram.
     pub histogram: bool,
+    /// How buffers are mapped for the device (mcqio devices).
+    pub dma: crate::run::DmaMode,
+    /// Lazy flush batch (`--dma-batch`).
+    pub dma_batch: Option<usize>,
 }
 
 /// CPU time of the calling thread.

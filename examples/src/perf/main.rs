@@ -188,6 +188,7 @@ impl RunArgs {
             // JSON always carries percentiles; the table shows them with -L.
             histogram: self.latency || self.json,
             dma: self.dma,
+            dma_batch: self.dma_batch.map(|b| b as usize),
             seed,
             progress: !self.quiet && !self.json,
         })

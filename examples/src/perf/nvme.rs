@@ -17,7 +17,10 @@ use mcqio::{
     Controller, ControllerOptions, DmaBuf, IoBuf, IoSeg, QpairOptions, QueuePair, SubmitErrorKind,
 };
 use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, Fault, NamespaceConfig};
-use mcqio_vfio::{Backend, DmaDir, DmaSpace, IommuStats, Iova, VfioBackend};
+use mcqio_vfio::{
+    AppBuffer, Backend, DmaDir, DmaMapper, DmaMode as VfioDmaMode, DmaSpace, IoBuffer, IommuStats,
+    Iova, LazyConfig, Mapped, MapperConfig, QueueMapper, Returned, VfioBackend,
+};
 
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::spec::{DeviceKind, DeviceSpec};
@@ -359,5 +362,175 @@ impl JobQueue for NvmeQueue {
                 done(slot, status);
             })
             .map_err(|e| QueueError(e.to_string()))
+    }
+}
+
+/// One job's queue pair in `--dma strict` or `--dma lazy` mode: ordinary
+/// application buffers, mapped per I/O through a [`QueueMapper`].
+///
+/// Buffers are a pool of `depth` (strict) or `depth + batch` (lazy)
+/// [`AppBuffer`]s: a lazy flush queue holds up to `batch - 1` released
+/// buffers on top of the in-flight ones, so a free slot always finds a
+/// buffer. A completion is delivered at its CQE; its buffer rejoins the pool
+/// when the mapper hands it back (after the unmap that covers it returned).
+pub struct MappedQueue {
+    // Field order: the queue pair (holding in-flight mappings) drops first,
+    // then the mapper (flushing what it queued).
+    qp: QueuePair<Mapped>,
+    mapper: QueueMapper,
+    nsid: u32,
+    lbads: u32,
+    depth: usize,
+    buf_len: usize,
+    free: Vec<IoBuffer>,
+    returned: Vec<Returned>,
+}
+
+impl NvmeTarget {
+    /// A queue pair for `nsid` mapping buffers per I/O in `mode`.
+    pub fn mapped_queue(
+        &self,
+        nsid: u32,
+        depth: usize,
+        buf_len: usize,
+        mode: VfioDmaMode,
+        batch: Option<usize>,
+    ) -> Result<MappedQueue, String> {
+        let mut cfg = MapperConfig::with_mode(mode);
+        if let Some(b) = batch {
+            cfg.lazy = LazyConfig::with_batch(b.max(1));
+        }
+        let queued = if mode == VfioDmaMode::Lazy {
+            cfg.lazy.batch
+        } else {
+            0
+        };
+        let pages = buf_len.div_ceil(4096) as u64 * 4096;
+        cfg.window_len = cfg.window_len.max((depth + queued + 1) as u64 * pages * 2);
+        let mapper = QueueMapper::new(self.ctrl.dma(), &cfg)
+            .map_err(|e| format!("creating the {mode} DMA mapper: {e}"))?;
+        let qp = self
+            .ctrl
+            .create_qpair_for::<Mapped>(QpairOptions {
+                depth: depth.min(u16::MAX as usize) as u16,
+                ..QpairOptions::default()
+            })
+            .map_err(|e| e.to_string())?;
+        let free = (0..depth + queued)
+            .map(|_| AppBuffer::for_space(self.ctrl.dma(), buf_len).map(IoBuffer::App))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("allocating {} application buffers: {e}", depth + queued))?;
+        Ok(MappedQueue {
+            qp,
+            mapper,
+            nsid,
+            lbads: self.lbads,
+            depth,
+            buf_len,
+            free,
+            returned: Vec::with_capacity(depth + queued),
+        })
+    }
+}
+
+impl MappedQueue {
+    fn take_returned(&mut self) {
+        self.free.extend(self.returned.drain(..).map(|r| r.buf));
+    }
+}
+
+impl JobQueue for MappedQueue {
+    fn depth(&self) -> usize {
+        self.depth.min(self.qp.depth())
+    }
+
+    fn buffer_len(&self) -> usize {
+        self.buf_len
+    }
+
+    /// Buffers are not tied to slots in this mode (a released buffer may sit
+    /// in the flush queue while its slot is reused), so there is no per-slot
+    /// buffer to fill or check: the run refuses `--verify` with these modes.
+    fn buffer(&self, _slot: usize) -> NonNull<u8> {
+        NonNull::dangling()
+    }
+
+    #[inline]
+    fn push(&mut self, slot: usize, req: IoReq) -> Result<(), PushError> {
+        let Some(buf) = self.free.pop() else {
+            return Err(PushError::Full);
+        };
+        let len = req.nlb as usize * self.lbads as usize;
+        let dir = match req.op {
+            Op::Read => DmaDir::FromDevice,
+            Op::Write => DmaDir::ToDevice,
+        };
+        let m = match self.mapper.map(buf, len, dir, slot as u64) {
+            Ok(m) => m,
+            Err(f) => {
+                let why = f.error.to_string();
+                self.free.push(f.buf);
+                return Err(PushError::Rejected(format!("mapping failed: {why}")));
+            }
+        };
+        let r = match req.op {
+            Op::Read => self.qp.read(self.nsid, req.slba, req.nlb, m, slot as u64),
+            Op::Write => self.qp.write(self.nsid, req.slba, req.nlb, m, slot as u64),
+        };
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let kind = e.kind;
+                let released = self.mapper.release(e.into_buf(), &mut self.returned);
+                self.take_returned();
+                if let Err(u) = released {
+                    return Err(PushError::Rejected(format!(
+                        "unmapping a rejected buffer failed: {u}"
+                    )));
+                }
+                Err(match kind {
+                    SubmitErrorKind::QueueFull => PushError::Full,
+                    k => PushError::Rejected(k.to_string()),
+                })
+            }
+        }
+    }
+
+    #[inline]
+    fn submit(&mut self, _inflight: usize) -> Result<(), QueueError> {
+        self.qp.submit();
+        Ok(())
+    }
+
+    #[inline]
+    fn reap<F: FnMut(usize, IoStatus)>(&mut self, mut done: F) -> Result<usize, QueueError> {
+        let mapper = &mut self.mapper;
+        let returned = &mut self.returned;
+        let mut unmap_err = None;
+        let n = self
+            .qp
+            .poll(usize::MAX, |c| {
+                let slot = c.tag as usize;
+                let status = match c.result {
+                    Ok(()) => IoStatus::Ok,
+                    Err(mcqio::IoError::Nvme(s)) => IoStatus::Failed(Failure::Nvme(s)),
+                    Err(e) => IoStatus::Failed(Failure::Host(e)),
+                };
+                if let Some(m) = c.buf {
+                    if let Err(e) = mapper.release(m, returned) {
+                        unmap_err.get_or_insert(e);
+                    }
+                }
+                done(slot, status);
+            })
+            .map_err(|e| QueueError(e.to_string()))?;
+        if let Err(e) = mapper.poll(returned) {
+            unmap_err.get_or_insert(e);
+        }
+        self.take_returned();
+        match unmap_err {
+            Some(e) => Err(QueueError(format!("unmap failed: {e}"))),
+            None => Ok(n),
+        }
     }
 }

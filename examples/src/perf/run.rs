@@ -17,7 +17,7 @@ use crate::report::{
     ClockReport, DmaReport, JobReport, LatUs, RunReport, Stats, TotalReport, VerifyReport,
     WorkloadReport,
 };
-use crate::spec::{DeviceSpec, SpecError};
+use crate::spec::{DeviceKind, DeviceSpec, SpecError};
 use crate::target::{OpenPlan, Target};
 use crate::uring::UringError;
 use crate::workload::Pattern;
@@ -34,9 +34,6 @@ pub enum PerfError {
     /// An option combination that cannot work.
     #[error("{0}")]
     Usage(String),
-    /// The device kind is not available in this build.
-    #[error("{0}")]
-    Unsupported(String),
     /// io_uring set-up failed.
     #[error(transparent)]
     Uring(#[from] UringError),
@@ -53,7 +50,7 @@ pub enum PerfError {
     },
 }
 
-/// DMA buffer policy (issue 6 wires strict and lazy).
+/// How job buffers are mapped for the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DmaMode {
     /// Buffers allocated and mapped once per job; no IOMMU work per I/O.
@@ -102,6 +99,8 @@ pub struct RunOpts {
     pub histogram: bool,
     /// DMA mode.
     pub dma: DmaMode,
+    /// Lazy flush batch.
+    pub dma_batch: Option<usize>,
     /// Seed.
     pub seed: u64,
     /// Print a live line per second on stderr.
@@ -125,10 +124,19 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         )));
     }
     if o.dma != DmaMode::Premapped {
-        return Err(PerfError::Unsupported(format!(
-            "--dma {} is not available yet (the DMA-modes layer has not landed); use --dma premapped",
-            o.dma.name()
-        )));
+        if !matches!(spec.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. }) {
+            return Err(PerfError::Usage(format!(
+                "--dma {} applies to mcqio devices (fake, vfio:<BDF>), not `{}`",
+                o.dma.name(),
+                spec.label()
+            )));
+        }
+        if o.verify {
+            return Err(PerfError::Usage(format!(
+                "--verify needs --dma premapped: in {} mode a buffer is not tied to its slot (it may wait in the flush queue)",
+                o.dma.name()
+            )));
+        }
     }
     let pct = o.pattern.read_pct(o.mix);
     let plan = OpenPlan {
@@ -214,6 +222,8 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             seed: o.seed,
             verify: o.verify,
             histogram: o.histogram,
+            dma: o.dma,
+            dma_batch: o.dma_batch,
         });
     }
 
@@ -516,7 +526,10 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             ios_per_job: o.ios,
             warmup_s: o.warmup.as_secs_f64(),
             verify: o.verify,
-            dma: o.dma.name().into(),
+            dma: match (o.dma, o.dma_batch) {
+                (DmaMode::Lazy, Some(b)) => format!("lazy (batch {b})"),
+                (m, _) => m.name().into(),
+            },
             seed: o.seed,
         },
         jobs,

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use crate::clock::Clock;
 use crate::job::{self, JobResult, JobSpec, Shared};
 use crate::nvme::NvmeTarget;
+use crate::queue::JobQueue;
+use crate::run::DmaMode;
 use crate::run::PerfError;
 use crate::spec::{DeviceKind, DeviceSpec};
 use crate::uring::UringTarget;
@@ -119,21 +121,48 @@ impl Target {
     ) -> Result<JobResult, String> {
         let buf_len = spec.nlb as usize * spec.lbads as usize;
         match self {
-            Target::Uring(t) => match t.queue(spec.depth, buf_len) {
-                Ok(q) => job::run(q, spec, shared, clock, ready).map_err(|e| e.to_string()),
-                Err(e) => {
-                    let m = e.to_string();
-                    ready(Err(m.clone()));
-                    Err(m)
+            Target::Uring(t) => start(
+                t.queue(spec.depth, buf_len).map_err(|e| e.to_string()),
+                spec,
+                shared,
+                clock,
+                ready,
+            ),
+            Target::Nvme(t) => match spec.dma {
+                DmaMode::Premapped => start(
+                    t.queue(spec.nsid, spec.depth, buf_len),
+                    spec,
+                    shared,
+                    clock,
+                    ready,
+                ),
+                DmaMode::Strict | DmaMode::Lazy => {
+                    let mode = if spec.dma == DmaMode::Strict {
+                        mcqio_vfio::DmaMode::Strict
+                    } else {
+                        mcqio_vfio::DmaMode::Lazy
+                    };
+                    let q = t.mapped_queue(spec.nsid, spec.depth, buf_len, mode, spec.dma_batch);
+                    start(q, spec, shared, clock, ready)
                 }
             },
-            Target::Nvme(t) => match t.queue(spec.nsid, spec.depth, buf_len) {
-                Ok(q) => job::run(q, spec, shared, clock, ready).map_err(|e| e.to_string()),
-                Err(m) => {
-                    ready(Err(m.clone()));
-                    Err(m)
-                }
-            },
+        }
+    }
+}
+
+/// Run the job on a freshly built queue, or report why it could not be built.
+fn start<Q: JobQueue>(
+    q: Result<Q, String>,
+    spec: &JobSpec,
+    shared: &Shared,
+    clock: Clock,
+    ready: impl FnOnce(Result<(), String>),
+) -> Result<JobResult, String> {
+    match q {
+        Ok(q) => job::run(q, spec, shared, clock, ready).map_err(|e| e.to_string()),
+        Err(m) => {
+            ready(Err(m.clone()));
+            Err(m)
         }
     }
 }
