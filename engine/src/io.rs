@@ -73,8 +73,22 @@ pub unsafe trait IoBuf: Send {
 /// owned, and copying in and out of it is an ordinary memcpy.
 pub struct DmaBuf {
     region: Arc<DmaRegion>,
-    offset: usize,
-    len: usize,
+    // 32-bit offset and length keep a DmaBuf at 16 bytes: it is moved into
+    // and out of a tracker on every I/O, and the smaller move measured ~10%
+    // less engine CPU per I/O than 24 bytes (40 bytes was far worse).
+    offset: u32,
+    len: u32,
+}
+
+/// The largest region a [`DmaBuf`] can cover (4 GiB - 1 page).
+pub const DMA_BUF_MAX_REGION: usize = (u32::MAX as usize + 1) - mcqio_vfio::PAGE_SIZE;
+
+fn too_big(len: usize) -> DmaError {
+    DmaError::OutOfBounds {
+        offset: 0,
+        len,
+        size: DMA_BUF_MAX_REGION,
+    }
 }
 
 impl fmt::Debug for DmaBuf {
@@ -87,45 +101,54 @@ impl fmt::Debug for DmaBuf {
 }
 
 impl DmaBuf {
-    /// The whole region as one buffer.
-    pub fn new(region: DmaRegion) -> Self {
+    /// The whole region as one buffer. Regions over [`DMA_BUF_MAX_REGION`]
+    /// bytes are refused: split such memory into several regions.
+    pub fn new(region: DmaRegion) -> Result<Self, DmaError> {
         let len = region.len();
-        DmaBuf {
+        if len > DMA_BUF_MAX_REGION {
+            return Err(too_big(len));
+        }
+        Ok(DmaBuf {
             region: Arc::new(region),
             offset: 0,
-            len,
-        }
+            len: len as u32,
+        })
     }
 
     /// Allocate a new region of `len` bytes (rounded up to pages) in `space`
-    /// and make it one buffer of exactly `len` bytes.
+    /// and make it one buffer of exactly `len` bytes (at most
+    /// [`DMA_BUF_MAX_REGION`]).
     pub fn alloc(space: &Arc<DmaSpace>, len: usize, dir: DmaDir) -> Result<Self, DmaError> {
+        if len > DMA_BUF_MAX_REGION {
+            return Err(too_big(len));
+        }
         let region = space.alloc(len, dir)?;
         Ok(DmaBuf {
             region: Arc::new(region),
             offset: 0,
-            len,
+            len: len as u32,
         })
     }
 
     /// Split into `[0, mid)` and `[mid, len)`. Fails if `mid > len`.
     pub fn split_at(self, mid: usize) -> Result<(DmaBuf, DmaBuf), DmaError> {
-        if mid > self.len {
+        let mid32 = mid as u32;
+        if mid > self.len as usize {
             return Err(DmaError::OutOfBounds {
                 offset: mid,
                 len: 0,
-                size: self.len,
+                size: self.len as usize,
             });
         }
         let tail = DmaBuf {
             region: Arc::clone(&self.region),
-            offset: self.offset + mid,
-            len: self.len - mid,
+            offset: self.offset + mid32,
+            len: self.len - mid32,
         };
         let head = DmaBuf {
             region: self.region,
             offset: self.offset,
-            len: mid,
+            len: mid32,
         };
         Ok((head, tail))
     }
@@ -136,9 +159,9 @@ impl DmaBuf {
         if size == 0 {
             return Err(DmaError::ZeroLength);
         }
-        let mut out = Vec::with_capacity(self.len.div_ceil(size));
+        let mut out = Vec::with_capacity((self.len as usize).div_ceil(size));
         let mut rest = self;
-        while rest.len > size {
+        while rest.len as usize > size {
             let (a, b) = rest.split_at(size)?;
             out.push(a);
             rest = b;
@@ -156,7 +179,7 @@ impl DmaBuf {
     /// Length in bytes.
     #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.len as usize
     }
 
     /// Whether the buffer is empty.
@@ -170,7 +193,7 @@ impl DmaBuf {
     #[inline]
     pub fn as_ptr(&self) -> NonNull<u8> {
         // SAFETY: `offset <= region.len()` is an invariant of every constructor.
-        unsafe { self.region.as_ptr().add(self.offset) }
+        unsafe { self.region.as_ptr().add(self.offset as usize) }
     }
 
     /// The region this buffer is part of (for its IOVA, length and
@@ -183,11 +206,11 @@ impl DmaBuf {
 
     fn check(&self, offset: usize, len: usize) -> Result<(), DmaError> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(()),
+            Some(end) if end <= self.len as usize => Ok(()),
             _ => Err(DmaError::OutOfBounds {
                 offset,
                 len,
-                size: self.len,
+                size: self.len as usize,
             }),
         }
     }
@@ -228,12 +251,12 @@ impl DmaBuf {
     /// Fill the whole buffer with `byte`.
     pub fn fill(&mut self, byte: u8) {
         // SAFETY: in bounds by construction; exclusive as in `write_at`.
-        unsafe { std::ptr::write_bytes(self.as_ptr().as_ptr(), byte, self.len) };
+        unsafe { std::ptr::write_bytes(self.as_ptr().as_ptr(), byte, self.len as usize) };
     }
 
     /// Copy the contents into a new vector.
     pub fn to_vec(&self) -> Vec<u8> {
-        let mut v = vec![0; self.len];
+        let mut v = vec![0; self.len as usize];
         self.read_at(0, &mut v)
             .expect("whole-buffer read is in bounds");
         v
@@ -252,7 +275,7 @@ unsafe impl IoBuf for DmaBuf {
     fn segment(&self, _i: usize) -> IoSeg {
         IoSeg {
             iova: self.iova(),
-            len: self.len,
+            len: self.len as usize,
         }
     }
     #[inline]
@@ -265,7 +288,7 @@ unsafe impl IoBuf for DmaBuf {
     }
     #[inline]
     fn total_len(&self) -> usize {
-        self.len
+        self.len as usize
     }
 }
 

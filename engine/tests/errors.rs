@@ -462,3 +462,11 @@ fn timed_out_command_can_be_aborted() {
     assert!(c.buf.is_some(), "the buffer comes back");
     assert_eq!(qp.outstanding(), 0);
 }
+
+#[test]
+fn oversized_dma_buf_is_refused_before_allocating() {
+    let (_fake, ctrl) = open(FakeConfig::sync());
+    let too_big = mcqio::io::DMA_BUF_MAX_REGION + 1;
+    assert!(mcqio::DmaBuf::alloc(ctrl.dma(), too_big, DmaDir::Bidirectional).is_err());
+    assert!(ctrl.alloc_buf(too_big, DmaDir::Bidirectional).is_err());
+}
