@@ -107,12 +107,21 @@ pub struct JobSpec {
     pub dma_batch: Option<usize>,
 }
 
-/// CPU time of the calling thread.
+/// CPU time (user, system) of the calling thread.
 pub fn thread_cpu() -> (Duration, Duration) {
+    cpu(libc::RUSAGE_THREAD)
+}
+
+/// CPU time (user, system) of the whole process.
+pub fn process_cpu() -> (Duration, Duration) {
+    cpu(libc::RUSAGE_SELF)
+}
+
+fn cpu(who: libc::c_int) -> (Duration, Duration) {
     // SAFETY: an all-zero rusage is a valid value to be overwritten.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage writes one rusage into the owned `ru`.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    let rc = unsafe { libc::getrusage(who, &mut ru) };
     if rc != 0 {
         return (Duration::ZERO, Duration::ZERO);
     }

@@ -111,6 +111,13 @@ impl NvmeTarget {
                     seed: plan.seed,
                     ..FakeConfig::default()
                 };
+                if !sync {
+                    notes.push(
+                        "the fake's device thread busy-polls its own core, doing in software what a controller does in hardware: \
+                         job-thread CPU is the host's cost, process CPU adds the device's"
+                            .into(),
+                    );
+                }
                 let fake = FakeController::new(cfg).map_err(|e| e.to_string())?;
                 if let Some(p) = o.corrupt {
                     fake.faults().set_probability(Fault::CorruptReadData, p);

@@ -147,6 +147,9 @@ pub struct TotalReport {
     pub cpu_ns_per_io: f64,
     /// The same in TSC cycles (reference cycles at the TSC rate), when the TSC is the clock.
     pub cycles_per_io: Option<f64>,
+    /// CPU of the whole process during the measured phase, percent of one
+    /// core: job threads plus helpers such as the fake's device thread.
+    pub process_cpu_pct: f64,
 }
 
 /// The workload as run.
@@ -391,6 +394,11 @@ impl RunReport {
             let _ = write!(out, " ({c:.0} TSC cycles)");
         }
         let _ = writeln!(out, " of CPU per I/O");
+        let _ = writeln!(
+            out,
+            "CPU (whole process, incl. device threads): {:.1}% of one core",
+            self.total.process_cpu_pct
+        );
         let _ = writeln!(
             out,
             "Errors: {} failed I/O(s), {} verify mismatch(es)",

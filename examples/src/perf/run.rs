@@ -308,6 +308,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         }
     }
     let iommu_before = target.iommu_stats();
+    let proc_before = job::process_cpu();
     let t0 = Instant::now();
     let base = counts(&shared);
     shared.phase.store(PHASE_MEASURE, Ordering::Release);
@@ -364,6 +365,9 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     }
     shared.phase.store(PHASE_STOP, Ordering::Release);
     let iommu_after = target.iommu_stats();
+    let proc_after = job::process_cpu();
+    let proc_cpu = (proc_after.0 + proc_after.1).saturating_sub(proc_before.0 + proc_before.1);
+    let wall = t0.elapsed().as_secs_f64();
     if tty {
         eprint!("\r{:60}\r", "");
         let _ = std::io::stderr().flush();
@@ -499,6 +503,11 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     let total = TotalReport {
         stats: tot,
         cpu_ns_per_io,
+        process_cpu_pct: if wall > 0.0 {
+            proc_cpu.as_secs_f64() / wall * 100.0
+        } else {
+            0.0
+        },
         cycles_per_io: (clock.source() == ClockSource::Tsc)
             .then(|| cpu_ns_per_io * clock.ticks_per_sec() / 1e9),
     };
