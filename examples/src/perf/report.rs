@@ -505,6 +505,7 @@ mod tests {
                 stats,
                 cpu_ns_per_io: 100.0,
                 cycles_per_io: Some(300.0),
+                process_cpu_pct: 200.0,
             },
             dma: None,
             verify: None,
