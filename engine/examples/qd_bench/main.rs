@@ -101,6 +101,10 @@ fn main() {
     let mode = args.get(1).map(String::as_str).unwrap_or("sync");
     let qd: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(128);
     let secs: f64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2.0);
+    // The threaded fake's worker is pinned to core 1; keep this thread off it.
+    if let Some(c) = core_affinity::get_core_ids().and_then(|v| v.into_iter().next()) {
+        core_affinity::set_for_current(c);
+    }
     let exec = match mode {
         "threaded" => Some(ExecMode::Threaded {
             workers: 1,

@@ -133,6 +133,9 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     ns: Box<[Option<NsGeom>]>,
     max_xfer: u64,
     max_per_poll: usize,
+    /// Consumed CQEs before the CQ head doorbell is written (see
+    /// `CompQueue::flush_lazy`); at most `entries - 1`.
+    cq_head_batch: u16,
     oncs: u16,
     space: Arc<DmaSpace>,
     qid: u16,
@@ -361,6 +364,7 @@ impl<B: IoBuf> QueuePair<B> {
             ns: ns.into_boxed_slice(),
             max_xfer,
             max_per_poll,
+            cq_head_batch: (opts.depth / 4).clamp(1, 32),
             oncs: ctrl.identify().oncs,
             space,
             qid,
@@ -855,7 +859,7 @@ impl<B: IoBuf> QueuePair<B> {
                 }
             }
         }
-        self.cq.flush();
+        self.cq.flush_lazy(self.cq_head_batch);
         self.completed += delivered as u64;
         if seen == 0 && self.trackers.outstanding() > 0 {
             self.idle_polls += 1;
