@@ -930,6 +930,10 @@ impl<B: IoBuf> QueuePair<B> {
     /// [`IoError::Aborted`]: each submitted command completes exactly once.
     pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
         self.closed = true;
+        // Report every consumed CQE first: deleting the SQ may make the
+        // controller post completions for what it aborts, and they must
+        // find room (the lazy head could otherwise leave too little).
+        self.cq.flush();
         let r = self.ctrl.delete_sq(self.qid);
         if r.is_ok() {
             // The controller posts completions (often "aborted: SQ
@@ -989,6 +993,8 @@ impl<B: IoBuf> Drop for QueuePair<B> {
         if self.closed {
             return;
         }
+        // See `close`: give the controller room for abort completions.
+        self.cq.flush();
         let r = self
             .ctrl
             .delete_sq(self.qid)
