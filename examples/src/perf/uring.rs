@@ -182,7 +182,9 @@ impl UringTarget {
         let want_direct = direct.unwrap_or(true);
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
-            o.read(true).write(true);
+            // Read-only workloads open read-only: never ask for write access
+            // to a device or file the run will not write.
+            o.read(true).write(writes || meta.is_none());
             if meta.is_none() {
                 o.create(true);
             }
@@ -202,6 +204,12 @@ impl UringTarget {
         let mut len = file.seek(SeekFrom::End(0)).map_err(open_err)?;
         if !is_blk {
             let want = size.unwrap_or(if len == 0 { DEFAULT_FILE_SIZE } else { len });
+            if len < want && !writes && meta.is_some() {
+                return Err(UringError::File(format!(
+                    "{} holds {len} bytes but {want} were asked for; a read-only run does not extend files",
+                    path.display()
+                )));
+            }
             if len < want {
                 file.set_len(want).map_err(open_err)?;
                 notes.push(format!(
