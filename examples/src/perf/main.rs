@@ -141,6 +141,10 @@ struct RunArgs {
     /// Seed for LBA streams and verify tags (default: from the clock)
     #[arg(long)]
     seed: Option<u64>,
+    /// Run each device this many times (alternating with --compare) and
+    /// report the median run; guards comparisons against placement noise
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeat: u32,
     /// No live progress line on stderr
     #[arg(long)]
     quiet: bool,
@@ -214,11 +218,16 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
         ));
     }
     let clock = clock::Clock::new();
-    let base = run::run_device(&args.device, &o, clock)?;
-    let other = match &args.compare {
-        Some(c) => Some(run::run_device(c, &o, clock)?),
-        None => None,
-    };
+    let mut bases = Vec::new();
+    let mut others = Vec::new();
+    for _ in 0..args.repeat {
+        bases.push(run::run_device(&args.device, &o, clock)?);
+        if let Some(c) = &args.compare {
+            others.push(run::run_device(c, &o, clock)?);
+        }
+    }
+    let base = report::RunReport::median_of(bases).expect("at least one repeat ran");
+    let other = report::RunReport::median_of(others);
     let failed: Vec<report::RunReport> = std::iter::once(&base)
         .chain(other.as_ref())
         .filter(|r| r.failed())

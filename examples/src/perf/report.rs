@@ -241,6 +241,43 @@ pub struct RunReport {
     pub notes: Vec<String>,
     /// The latency clock.
     pub clock: ClockReport,
+    /// With `--repeat N`: total IOPS of every repeat, in run order; the rest
+    /// of the report is the median repeat (or the first one that failed).
+    #[serde(default)]
+    pub repeat_iops: Vec<f64>,
+}
+
+impl RunReport {
+    /// Fold repeats of one run into the median one (by total IOPS), keeping
+    /// every repeat's IOPS. A repeat with failures wins over the median so
+    /// errors are never hidden.
+    pub fn median_of(mut runs: Vec<RunReport>) -> Option<RunReport> {
+        let iops: Vec<f64> = runs.iter().map(|r| r.total.stats.iops).collect();
+        let pick = match runs.iter().position(RunReport::failed) {
+            Some(i) => i,
+            None => {
+                let mut order: Vec<usize> = (0..runs.len()).collect();
+                order.sort_by(|&a, &b| iops[a].total_cmp(&iops[b]));
+                *order.get(order.len() / 2)?
+            }
+        };
+        if runs.is_empty() {
+            return None;
+        }
+        let mut r = runs.swap_remove(pick);
+        if iops.len() > 1 {
+            let min = iops.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = iops.iter().copied().fold(0.0, f64::max);
+            r.notes.push(format!(
+                "median of {} repeats by IOPS; repeats ranged {:.0} to {:.0} IOPS",
+                iops.len(),
+                min,
+                max
+            ));
+            r.repeat_iops = iops;
+        }
+        Some(r)
+    }
 }
 
 /// Ratios base / other.
@@ -516,6 +553,7 @@ mod tests {
                 ns_per_call: 7.0,
                 ticks_per_sec: 3e9,
             },
+            repeat_iops: vec![],
         }
     }
 
@@ -594,6 +632,34 @@ mod tests {
         assert!(c.ratio_text().contains("IOPS 1.50x"));
         let back: CompareReport = serde_json::from_value(v).unwrap();
         assert_eq!(back, c);
+    }
+
+    #[test]
+    fn median_of_repeats() {
+        let runs = vec![
+            sample_run("a", 3.0, 1.0),
+            sample_run("a", 1.0, 1.0),
+            sample_run("a", 2.0, 1.0),
+        ];
+        let m = RunReport::median_of(runs).unwrap();
+        assert_eq!(m.total.stats.iops, 2.0);
+        assert_eq!(m.repeat_iops, vec![3.0, 1.0, 2.0]);
+        assert!(m.notes.iter().any(|n| n.contains("median of 3 repeats")));
+        let mut bad = sample_run("a", 9.0, 1.0);
+        bad.total.stats.errors = 1;
+        let m = RunReport::median_of(vec![
+            sample_run("a", 1.0, 1.0),
+            bad,
+            sample_run("a", 2.0, 1.0),
+        ])
+        .unwrap();
+        assert_eq!(
+            m.total.stats.errors, 1,
+            "a failed repeat must not be hidden"
+        );
+        assert!(RunReport::median_of(vec![]).is_none());
+        let one = RunReport::median_of(vec![sample_run("a", 5.0, 1.0)]).unwrap();
+        assert!(one.repeat_iops.is_empty());
     }
 
     #[test]

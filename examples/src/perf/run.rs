@@ -555,5 +555,6 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             ns_per_call: clock.cost_ns(),
             ticks_per_sec: clock.ticks_per_sec(),
         },
+        repeat_iops: Vec::new(),
     })
 }
