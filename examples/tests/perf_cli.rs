@@ -274,3 +274,16 @@ fn dma_modes_count_iommu_work() {
     assert_eq!(code, 2);
     assert!(err.contains("applies to mcqio devices"), "{err}");
 }
+
+#[test]
+fn io_errors_fail_the_run_and_are_described() {
+    let (code, out, err) = perf(&["-d", "fake:null,error=0.05", "-n", "2000", "--json"]);
+    assert_eq!(code, 1, "failed I/Os must fail the run; stderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(v["total"]["errors"].as_u64().unwrap() > 0, "{}", v["total"]);
+    assert!(err.contains("failed I/O"), "{err}");
+    assert!(
+        err.contains("failed: NVMe status"),
+        "the first failures say what the device returned: {err}"
+    );
+}

@@ -89,7 +89,7 @@ struct RunArgs {
         long,
         default_value = "fake",
         value_parser = device,
-        help = "Device: fake[,lbads=,ns=,size=,corrupt=,latency=,qpairs=,core=], fake:null, \
+        help = "Device: fake[,lbads=,ns=,size=,corrupt=,error=,latency=,qpairs=,core=,sync=], fake:null, \
                 vfio:<BDF>[,qpairs=], uring:<path>[,size=,lbads=,direct=], uring:null"
     )]
     device: DeviceSpec,

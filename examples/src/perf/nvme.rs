@@ -122,6 +122,15 @@ impl NvmeTarget {
                 if let Some(p) = o.corrupt {
                     fake.faults().set_probability(Fault::CorruptReadData, p);
                 }
+                if let Some(p) = o.error {
+                    // Generic status 0x04, Data Transfer Error, do not retry.
+                    let fault = Fault::Status {
+                        sct: 0,
+                        sc: 0x04,
+                        dnr: true,
+                    };
+                    fake.faults().set_probability(fault, p);
+                }
                 let d = format!(
                     "mcqio engine on the fake controller ({}, {ns} ns x {size} B, {lbads} B blocks, device thread on {})",
                     if *null { "null namespaces" } else { "RAM namespaces" },

@@ -14,7 +14,8 @@
 //!
 //! Options: `lbads` (logical block size, bytes), `ns` (namespace count),
 //! `size` (bytes per namespace or file), `corrupt` (probability that the fake
-//! corrupts read data), `latency` (fake device latency per command),
+//! corrupts read data), `error` (probability that the fake fails an I/O with
+//! Data Transfer Error), `latency` (fake device latency per command),
 //! `qpairs` (I/O queue pairs the fake offers), `core` (CPU the fake's device
 //! thread is pinned to), `sync` (0/1: the fake runs inside the doorbell store,
 //! on the job's thread), `direct` (0/1: O_DIRECT for `uring:<path>`).
@@ -158,6 +159,8 @@ pub struct DeviceOpts {
     pub size: Option<u64>,
     /// Probability that a read returns corrupted data (fake).
     pub corrupt: Option<f64>,
+    /// Probability that an I/O completes with Data Transfer Error (fake).
+    pub error: Option<f64>,
     /// Device latency per command (fake).
     pub latency: Option<Duration>,
     /// I/O queue pairs the device offers (fake).
@@ -189,7 +192,7 @@ impl fmt::Display for DeviceSpec {
 }
 
 const FAKE_KEYS: &[&str] = &[
-    "lbads", "ns", "size", "corrupt", "latency", "qpairs", "core", "sync",
+    "lbads", "ns", "size", "corrupt", "error", "latency", "qpairs", "core", "sync",
 ];
 const VFIO_KEYS: &[&str] = &["qpairs"];
 const URING_NULL_KEYS: &[&str] = &[];
@@ -285,14 +288,18 @@ impl std::str::FromStr for DeviceSpec {
                     }
                     opts.size = Some(b);
                 }
-                "corrupt" => {
+                "corrupt" | "error" => {
                     let p: f64 = v.parse().map_err(|_| {
-                        SpecError(format!("corrupt={v}: expected a probability like 0.001"))
+                        SpecError(format!("{k}={v}: expected a probability like 0.001"))
                     })?;
                     if !(0.0..=1.0).contains(&p) {
-                        return err(format!("corrupt={v}: a probability is between 0 and 1"));
+                        return err(format!("{k}={v}: a probability is between 0 and 1"));
                     }
-                    opts.corrupt = Some(p);
+                    if k == "corrupt" {
+                        opts.corrupt = Some(p);
+                    } else {
+                        opts.error = Some(p);
+                    }
                 }
                 "latency" => opts.latency = Some(parse_duration(v)?),
                 "qpairs" => {
@@ -384,6 +391,7 @@ mod tests {
         assert_eq!(f.opts.ns, Some(2));
         assert_eq!(f.opts.size, Some(64 << 20));
         assert_eq!(f.opts.corrupt, Some(0.0001));
+        assert_eq!(spec("fake,error=0.5").opts.error, Some(0.5));
         assert_eq!(f.opts.latency, Some(Duration::from_micros(10)));
         assert_eq!(f.opts.qpairs, Some(8));
         assert_eq!(
