@@ -287,3 +287,37 @@ fn io_errors_fail_the_run_and_are_described() {
         "the first failures say what the device returned: {err}"
     );
 }
+
+#[test]
+fn two_jobs_two_namespaces_merge_into_total() {
+    let (code, out, err) = perf(&[
+        "-d",
+        "fake:null,ns=2",
+        "-j",
+        "2",
+        "-n",
+        "1000",
+        "-q",
+        "8",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "stderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    check_run(&v);
+    let jobs = v["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(jobs[0]["nsid"].as_u64(), Some(1));
+    assert_eq!(jobs[1]["nsid"].as_u64(), Some(2));
+    assert_eq!(v["total"]["ios"].as_u64(), Some(2000));
+    let sum: f64 = jobs.iter().map(|j| j["iops"].as_f64().unwrap()).sum();
+    let total = v["total"]["iops"].as_f64().unwrap();
+    assert!(
+        (sum - total).abs() <= total * 1e-9,
+        "total IOPS is the sum of the jobs'"
+    );
+    let max = jobs
+        .iter()
+        .map(|j| j["lat_us"]["max"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert_eq!(v["total"]["lat_us"]["max"].as_f64(), Some(max));
+}
