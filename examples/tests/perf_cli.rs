@@ -321,3 +321,38 @@ fn two_jobs_two_namespaces_merge_into_total() {
         .fold(0.0, f64::max);
     assert_eq!(v["total"]["lat_us"]["max"].as_f64(), Some(max));
 }
+
+#[test]
+fn dma_bench_table_json() {
+    let (code, out, err) = perf(&[
+        "dma-bench",
+        "-t",
+        "0.05",
+        "--threads",
+        "1",
+        "--batches",
+        "32",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "stderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().expect("rows");
+    let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["premapped", "strict", "lazy/32"]);
+    let row = |m: &str| rows.iter().find(|r| r["mode"] == m).unwrap();
+    assert_eq!(
+        row("premapped")["maps"].as_u64(),
+        Some(0),
+        "premapped makes no IOMMU call"
+    );
+    let strict = row("strict");
+    let lazy = row("lazy/32");
+    assert!(strict["total_requests"].as_u64().unwrap() > 0);
+    assert!(
+        lazy["unmap_calls"].as_u64().unwrap() * 16 < lazy["maps"].as_u64().unwrap(),
+        "{lazy}"
+    );
+    for r in rows {
+        assert!(r["vs_best_pct"].as_f64().unwrap() <= 0.0);
+    }
+}

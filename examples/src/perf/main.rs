@@ -15,7 +15,8 @@
 //! ```
 //!
 //! Set-up subcommands: `mcqio-perf devices`, `bind <BDF>`, `unbind <BDF>`,
-//! `doctor [<BDF>]` (see `mcqio-perf help <command>`).
+//! `doctor [<BDF>]`, and `dma-bench` (the DMA modes' map/unmap table; see
+//! `mcqio-perf help <command>`).
 //!
 //! Exit status: 0 on success, 1 when an I/O failed or verification found a
 //! mismatch (the first failures are printed), 2 on usage or set-up errors.
@@ -23,6 +24,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod clock;
+mod dmabench;
 mod job;
 mod nvme;
 mod queue;

@@ -22,6 +22,8 @@ pub enum Command {
     Unbind(UnbindArgs),
     /// Check everything a VFIO run needs; exit 0 only when a run would work
     Doctor(DoctorArgs),
+    /// Map -> I/O -> unmap throughput of the DMA modes (premapped, strict, lazy/N)
+    DmaBench(crate::dmabench::DmaBenchArgs),
 }
 
 /// Options every set-up command takes.
@@ -184,6 +186,7 @@ pub fn run(cmd: &Command) -> ExitCode {
             }
             Err(e) => fail(e),
         },
+        Command::DmaBench(a) => crate::dmabench::run(a),
         Command::Doctor(a) => {
             let mut opts = DoctorOptions {
                 roots: a.roots.get(),

@@ -1,0 +1,148 @@
+//! `mcqio-perf dma-bench`: the map → I/O → unmap throughput table of issue 6
+//! (rows: premapped, strict, lazy at several batch sizes; columns: total
+//! requests, average per thread, difference vs the best row), run by
+//! `mcqio_vfio::mapping::bench` on the fake IOMMU (with its invalidation
+//! cost model) or on a real VFIO container.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use mcqio_fixtures::{FakeConfig, FakeController, NamespaceConfig};
+use mcqio_vfio::mapping::bench::{self, BenchMode, BenchSpec};
+use mcqio_vfio::{Backend, DmaSpace, VfioBackend};
+use serde::Serialize;
+
+use crate::spec::{parse_cpus, parse_size, DeviceKind, DeviceSpec};
+
+/// `dma-bench`.
+#[derive(Debug, Args)]
+pub struct DmaBenchArgs {
+    /// Whose IOMMU: `fake` (the fixtures' fake IOMMU) or `vfio:<BDF>`
+    #[arg(short = 'd', long, default_value = "fake", value_parser = |s: &str| s.parse::<DeviceSpec>().map_err(|e| e.to_string()))]
+    device: DeviceSpec,
+    /// Thread counts to run, e.g. 1,2 or 1-4 (default: 1 to the number of CPUs)
+    #[arg(long, value_parser = |s: &str| parse_cpus(s).map_err(|e| e.to_string()))]
+    threads: Option<std::vec::Vec<usize>>,
+    /// Lazy batch sizes (rows lazy/N), e.g. 1,32,64,128,256
+    #[arg(long, value_parser = |s: &str| parse_cpus(s).map_err(|e| e.to_string()))]
+    batches: Option<std::vec::Vec<usize>>,
+    /// Seconds per row
+    #[arg(short = 't', long = "time", default_value_t = 1.0)]
+    time: f64,
+    /// Bytes per I/O
+    #[arg(short = 'o', long = "io-size", default_value = "4k", value_parser = |s: &str| parse_size(s).map_err(|e| e.to_string()))]
+    io_size: u64,
+    /// Print JSON instead of the table
+    #[arg(long)]
+    json: bool,
+}
+
+/// One row as JSON.
+#[derive(Debug, Serialize)]
+struct Row {
+    mode: String,
+    threads: usize,
+    total_requests: u64,
+    avg_per_thread: f64,
+    requests_per_s: f64,
+    vs_best_pct: f64,
+    maps: u64,
+    unmap_calls: u64,
+    invalidations: u64,
+}
+
+fn space_for(spec: &DeviceSpec) -> Result<(Arc<dyn Backend>, Arc<DmaSpace>), String> {
+    let backend: Arc<dyn Backend> = match &spec.kind {
+        DeviceKind::Fake { .. } => {
+            // The controller is only the owner of the fake IOMMU here; a tiny
+            // null namespace keeps it cheap.
+            let cfg = FakeConfig {
+                namespaces: vec![NamespaceConfig::null(1 << 20, 4096)],
+                ..FakeConfig::default()
+            };
+            FakeController::new(cfg).map_err(|e| e.to_string())?
+        }
+        DeviceKind::Vfio { bdf } => Arc::new(VfioBackend::open(bdf).map_err(|e| e.to_string())?),
+        _ => {
+            return Err(format!(
+                "dma-bench needs an IOMMU: use fake or vfio:<BDF>, not `{}`",
+                spec.label()
+            ))
+        }
+    };
+    let space = Arc::clone(backend.dma());
+    Ok((backend, space))
+}
+
+/// Run the table.
+pub fn run(a: &DmaBenchArgs) -> ExitCode {
+    let fail = |e: String| {
+        eprintln!("mcqio-perf: error: {e}");
+        ExitCode::from(2)
+    };
+    if !(a.time > 0.0 && a.time < 1e6) {
+        return fail(format!(
+            "-t {}: give a positive number of seconds per row",
+            a.time
+        ));
+    }
+    let (_backend, space) = match space_for(&a.device) {
+        Ok(s) => s,
+        Err(e) => return fail(format!("{}: {e}", a.device.label())),
+    };
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = a.threads.clone().unwrap_or_else(|| (1..=ncpu).collect());
+    let mut modes = vec![BenchMode::Premapped, BenchMode::Strict];
+    match &a.batches {
+        Some(b) => modes.extend(b.iter().map(|&batch| BenchMode::Lazy {
+            batch: batch.max(1),
+        })),
+        None => modes = BenchMode::standard(),
+    }
+    let duration = Duration::from_secs_f64(a.time);
+    let mut json_rows = Vec::new();
+    for &t in &threads {
+        let mut rows = Vec::with_capacity(modes.len());
+        for &mode in &modes {
+            let mut spec = BenchSpec::new(mode, t.max(1), duration);
+            spec.io_size = a.io_size.max(1) as usize;
+            match bench::run_map_unmap(&space, &spec) {
+                Ok(r) => rows.push(r),
+                Err(e) => return fail(format!("{} with {t} thread(s): {e}", mode.label())),
+            }
+        }
+        if a.json {
+            let best = rows.iter().map(|r| r.total).max().unwrap_or(0).max(1) as f64;
+            json_rows.extend(rows.iter().map(|r| Row {
+                mode: r.label.clone(),
+                threads: r.threads,
+                total_requests: r.total,
+                avg_per_thread: r.avg_per_thread(),
+                requests_per_s: r.rate(),
+                vs_best_pct: (r.total as f64 - best) / best * 100.0,
+                maps: r.iommu.maps,
+                unmap_calls: r.iommu.unmap_calls,
+                invalidations: r.iommu.invalidations,
+            }));
+        } else {
+            println!(
+                "map -> I/O -> unmap on {} ({} B I/Os, {} s per row, {t} thread(s))",
+                a.device.label(),
+                a.io_size,
+                a.time
+            );
+            print!("{}", bench::format_table(&rows));
+            println!();
+        }
+    }
+    if a.json {
+        let doc = serde_json::json!({ "device": a.device.raw, "io_size": a.io_size, "seconds_per_row": a.time, "rows": json_rows });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("JSON values serialize")
+        );
+    }
+    ExitCode::SUCCESS
+}
