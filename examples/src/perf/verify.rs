@@ -72,9 +72,9 @@ pub enum Mismatch {
     Payload {
         /// LBA that was read.
         lba: u64,
-        /// Byte offset in the block.
+        /// Offset in the block of the first byte that differs.
         offset: usize,
-        /// Expected word.
+        /// Expected 8-byte word containing it.
         expected: u64,
         /// Found word.
         found: u64,
@@ -89,7 +89,7 @@ impl fmt::Display for Mismatch {
             }
             Mismatch::Payload { lba, offset, expected, found } => write!(
                 f,
-                "LBA {lba}: tag correct but payload differs at byte {offset}: expected {expected:#018x}, found {found:#018x}"
+                "LBA {lba}: tag correct but payload differs at byte {offset}: expected word {expected:#018x}, found {found:#018x}"
             ),
         }
     }
@@ -186,7 +186,9 @@ pub unsafe fn check_block(
         if got != want {
             return Err(Mismatch::Payload {
                 lba,
-                offset: i * WORD,
+                // Words are little-endian: the lowest differing bit is in the
+                // first differing byte.
+                offset: i * WORD + (want ^ got).trailing_zeros() as usize / 8,
                 expected: want,
                 found: got,
             });
@@ -305,8 +307,8 @@ mod tests {
                 Err(Mismatch::Tag { .. })
             ));
         }
-        // Flip one payload byte.
-        b.0[300] ^= 1;
+        // Flip one payload bit (byte 2400 + 2).
+        b.0[300] ^= 1 << 17;
         // SAFETY: as above.
         let e = unsafe { check_block(b.ptr(), 4096, 77, 0xabc, 3) }.unwrap_err();
         match &e {
@@ -316,13 +318,13 @@ mod tests {
                 expected,
                 found,
             } => {
-                assert_eq!((*lba, *offset), (77, 2400));
-                assert_eq!(expected ^ found, 1u64.to_le());
+                assert_eq!((*lba, *offset), (77, 2402));
+                assert_eq!(expected ^ found, 1 << 17);
             }
             other => panic!("{other:?}"),
         }
         assert!(e.to_string().contains("LBA 77"));
-        assert!(e.to_string().contains("byte 2400"));
+        assert!(e.to_string().contains("byte 2402"));
     }
 
     #[test]
