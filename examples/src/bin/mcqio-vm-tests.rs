@@ -91,6 +91,10 @@ struct RwArgs {
     /// Seed for LBAs, sizes and data (default: from the clock).
     #[arg(long)]
     seed: Option<u64>,
+    /// Vectored I/O: each command's buffer is a list of 4 KiB DmaBufs in
+    /// shuffled IOVA order (one PRP entry per segment, none contiguous).
+    #[arg(long)]
+    vectored: bool,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -570,6 +574,147 @@ impl Lane for MapperLane {
     }
 }
 
+/// Vectored buffers: every slot is a list of 4 KiB pages cut from one DMA
+/// buffer and shuffled, so a command's segments are scattered in IOVA space
+/// and its PRP list has to name each page on its own.
+struct VecLane {
+    free: Vec<Vec<DmaBuf>>,
+    /// Pages of a slot not used by the command in flight, by tag.
+    spare: HashMap<u64, Vec<DmaBuf>>,
+    lens: HashMap<u64, usize>,
+    scratch: Vec<u8>,
+}
+
+impl VecLane {
+    const PAGE: usize = 4096;
+
+    fn new(ctrl: &Controller, count: usize, size: usize, seed: u64) -> Result<Self, Failure> {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut free = Vec::with_capacity(count);
+        for _ in 0..count {
+            let mut pages = ctrl
+                .alloc_buf(size, DmaDir::Bidirectional)
+                .and_then(|b| b.chunks(Self::PAGE).map_err(Into::into))
+                .map_err(ctx("allocating DMA pages"))?;
+            pages.shuffle(&mut rng);
+            free.push(pages);
+        }
+        Ok(Self {
+            free,
+            spare: HashMap::new(),
+            lens: HashMap::new(),
+            scratch: vec![0; size],
+        })
+    }
+}
+
+impl Lane for VecLane {
+    type B = Vec<DmaBuf>;
+    fn take(
+        &mut self,
+        tag: u64,
+        len: usize,
+        data: Option<&[u8]>,
+    ) -> Result<Option<Vec<DmaBuf>>, Failure> {
+        let Some(mut pages) = self.free.pop() else {
+            return Ok(None);
+        };
+        let rest = pages.split_off(len.div_ceil(Self::PAGE).min(pages.len()));
+        for (i, p) in pages.iter_mut().enumerate() {
+            match data {
+                Some(d) => {
+                    let chunk = &d[i * Self::PAGE..((i + 1) * Self::PAGE).min(d.len())];
+                    p.write_at(0, chunk).map_err(ctx("filling a page"))?;
+                }
+                None => p.fill(POISON),
+            }
+        }
+        self.spare.insert(tag, rest);
+        self.lens.insert(tag, len);
+        Ok(Some(pages))
+    }
+    fn give(
+        &mut self,
+        mut pages: Vec<DmaBuf>,
+        tag: u64,
+        done: &mut dyn FnMut(u64, &[u8]),
+    ) -> Result<(), Failure> {
+        let len = self.lens.remove(&tag).unwrap_or(0);
+        for (i, p) in pages.iter().enumerate() {
+            let at = i * Self::PAGE;
+            if at >= len {
+                break;
+            }
+            let end = (at + Self::PAGE).min(len);
+            p.read_at(0, &mut self.scratch[at..end])
+                .map_err(ctx("reading a page"))?;
+        }
+        done(tag, &self.scratch[..len]);
+        pages.extend(self.spare.remove(&tag).unwrap_or_default());
+        self.free.push(pages);
+        Ok(())
+    }
+    fn tick(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
+        Ok(())
+    }
+    fn drain(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{} slots of scattered 4 KiB DmaBufs mapped once",
+            self.free.len()
+        )
+    }
+}
+
+/// Run `worker` on `threads` pinned threads, each with its own queue pair
+/// moving `B` buffers and its own lane from `make_lane`.
+fn spawn_workers<B, L, F>(
+    ctrl: &Arc<Controller>,
+    threads: usize,
+    (shift, seed): (u32, u64),
+    plans: &[(Vec<Extent>, SmallRng)],
+    make_lane: F,
+) -> Vec<Result<WorkerReport, Failure>>
+where
+    B: IoBuf,
+    L: Lane<B = B>,
+    F: Fn(&Controller) -> Result<L, Failure> + Sync,
+{
+    let mut qps = Vec::new();
+    for _ in 0..threads {
+        match ctrl.create_qpair_for::<B>(QpairOptions::default()) {
+            Ok(qp) => qps.push(qp),
+            Err(e) => return vec![Err(format!("creating a queue pair: {e}"))],
+        }
+    }
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let make_lane = &make_lane;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = qps
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut qp)| {
+                let (extents, mut rng) = plans[i].clone();
+                let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
+                s.spawn(move || {
+                    if let Some(c) = core {
+                        core_affinity::set_for_current(c);
+                    }
+                    let mut lane = make_lane(ctrl)?;
+                    let r = worker(&mut qp, &mut lane, shift, seed, &extents, &mut rng);
+                    qp.close(|_| ()).map_err(ctx("closing the queue pair"))?;
+                    r
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
+            .collect()
+    })
+}
+
 /// What one worker did.
 struct WorkerReport {
     qid: u16,
@@ -704,6 +849,11 @@ fn rw(a: &RwArgs) -> Result<(), Failure> {
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if a.vectored && a.dma.is_some() {
+        return Err(
+            "--vectored uses the engine's DmaBufs; it cannot be combined with --dma".into(),
+        );
+    }
     let max_io = a.max_io.min(ctrl.max_transfer());
     if a.min_io == 0 || a.min_io % 4096 != 0 || max_io % 4096 != 0 || max_io < a.min_io {
         return Err(format!(
@@ -730,7 +880,11 @@ fn rw(a: &RwArgs) -> Result<(), Failure> {
         a.min_io >> 10,
         max_io >> 10,
         a.qd,
-        a.dma.map_or("engine DmaBufs".to_string(), |m| format!("{m} mapping"))
+        match (a.dma, a.vectored) {
+            (Some(m), _) => format!("{m} mapping"),
+            (None, true) => "vectored: scattered 4 KiB DmaBufs per command".to_string(),
+            (None, false) => "engine DmaBufs".to_string(),
+        }
     );
     let plans: Vec<(Vec<Extent>, SmallRng)> = (0..threads)
         .map(|i| {
@@ -748,6 +902,7 @@ fn rw(a: &RwArgs) -> Result<(), Failure> {
         .collect::<Result<_, _>>()?;
     let t0 = Instant::now();
     let reports: Vec<Result<WorkerReport, Failure>> = match a.dma {
+        None if a.vectored => Vec::new(),
         None => mcqio::run_per_core(&ctrl, threads, QpairOptions::default(), |i, qp| {
             let (extents, mut rng) = plans[i].clone();
             let mut lane = DmaBufLane::new(&ctrl, a.qd, max_io as usize)?;
@@ -755,36 +910,16 @@ fn rw(a: &RwArgs) -> Result<(), Failure> {
         })
         .map_err(ctx("running the workers"))?,
         Some(mode) => {
-            let cores = core_affinity::get_core_ids().unwrap_or_default();
-            let mut qps = Vec::new();
-            for _ in 0..threads {
-                qps.push(
-                    ctrl.create_qpair_for::<Mapped>(QpairOptions::default())
-                        .map_err(ctx("creating a queue pair"))?,
-                );
-            }
-            std::thread::scope(|s| {
-                let hs: Vec<_> = qps
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, mut qp)| {
-                        let (extents, mut rng) = plans[i].clone();
-                        let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
-                        let ctrl = &ctrl;
-                        s.spawn(move || {
-                            if let Some(c) = core {
-                                core_affinity::set_for_current(c);
-                            }
-                            let mut lane = MapperLane::new(ctrl, mode, a.qd, max_io as usize)?;
-                            let r = worker(&mut qp, &mut lane, shift, seed, &extents, &mut rng);
-                            qp.close(|_| ()).map_err(ctx("closing the queue pair"))?;
-                            r
-                        })
-                    })
-                    .collect();
-                hs.into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
-                    .collect()
+            spawn_workers::<Mapped, _, _>(&ctrl, threads, (shift, seed), &plans, |ctrl| {
+                MapperLane::new(ctrl, mode, a.qd, max_io as usize)
+            })
+        }
+    };
+    let reports = match (reports, a.vectored) {
+        (r, false) => r,
+        (_, true) => {
+            spawn_workers::<Vec<DmaBuf>, _, _>(&ctrl, threads, (shift, seed), &plans, |ctrl| {
+                VecLane::new(ctrl, a.qd, max_io as usize, seed)
             })
         }
     };
