@@ -12,12 +12,40 @@
 //!    [`ControllerOptions::shadow_doorbells`] allows it.
 //!
 //! Admin commands are serialised by a mutex: they are rare and never on the
-//! I/O path. Dropping the last `Arc<Controller>` (every [`QueuePair`] holds
+//! I/O path.
+//!
+//! # Reset and failure
+//!
+//! [`Controller::reset`] (also run by the timeout policies) disables the
+//! controller (CC.EN = 0, wait for CSTS.RDY = 0, bounded by CAP.TO), which
+//! ends every command and every I/O queue on the device: from then on it
+//! does not touch host memory. It then re-runs bring-up on the same admin
+//! queue memory (enable, Identify — the controller and its namespaces must
+//! be the same device —, Set Features Number of Queues, Doorbell Buffer
+//! Config, Asynchronous Event Requests re-posted). Queue pairs learn about
+//! the reset on their next [`QueuePair::poll`] (one relaxed load of the
+//! controller's state word per poll): they deliver the completions the
+//! controller posted before the reset, complete everything else with
+//! [`crate::IoError::AbortedByReset`] (buffers handed back: the device is
+//! provably done with them), and re-create their queues on the controller
+//! with the same queue id and ring memory. The application only resubmits.
+//!
+//! Controller fatal status (CSTS.CFS) and surprise removal (registers read
+//! all ones) are seen by whichever poll or admin command notices first. A
+//! fatal controller is disabled at once (bounded by CAP.TO) so that no DMA
+//! can still be in flight; then every queue pair completes its commands with
+//! [`crate::IoError::ControllerFailed`] and every later call (submit, poll,
+//! admin, close) fails fast with [`Error::ControllerFatal`] or
+//! [`Error::DeviceGone`] until a successful [`Controller::reset`]. If a fatal
+//! controller cannot even be disabled, buffers of its outstanding commands
+//! are leaked (their completions carry no buffer): the device might still
+//! write into them. Dropping the last `Arc<Controller>` (every [`QueuePair`] holds
 //! one, so they are gone by then) performs a normal shutdown: CC.SHN =
 //! normal, then wait for CSTS.SHST = complete, bounded.
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,7 +59,8 @@ use crate::queue::{QpairOptions, QueuePair, PAGE_SIZE};
 use crate::spec::identify::{IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
 use crate::spec::regs::{self, Aqa, Cap, Cc, Csts, Version};
 use crate::spec::sqe::{
-    AsyncEventRequest, Command, DeleteIoCq, DeleteIoSq, DoorbellBufferConfig, Identify, SetFeatures,
+    AsyncEventRequest, Command, CreateIoCq, CreateIoSq, DeleteIoCq, DeleteIoSq,
+    DoorbellBufferConfig, Identify, SetFeatures,
 };
 use crate::spec::status::{generic, sct};
 use crate::spec::{Cqe, NvmeStatus, Sqe};
@@ -50,6 +79,12 @@ pub struct ControllerOptions {
     pub shadow_doorbells: bool,
     /// Bound on each admin command.
     pub admin_timeout: Duration,
+    /// What to do when an admin command times out: [`TimeoutPolicy::ReportOnly`]
+    /// returns [`Error::Timeout`]; [`TimeoutPolicy::Abort`] and
+    /// [`TimeoutPolicy::Reset`] both reset the controller (aborting an admin
+    /// command would itself need the stuck admin queue) and then return
+    /// [`Error::Timeout`].
+    pub admin_timeout_policy: TimeoutPolicy,
     /// Bound on the shutdown handshake at drop.
     pub shutdown_timeout: Duration,
     /// Asynchronous Event Requests to keep posted (capped by the
@@ -69,10 +104,68 @@ impl Default for ControllerOptions {
             io_queues: 64,
             shadow_doorbells: true,
             admin_timeout: Duration::from_secs(10),
+            admin_timeout_policy: TimeoutPolicy::Reset,
             shutdown_timeout: Duration::from_secs(10),
             max_transfer: 2 << 20,
             async_event_requests: 1,
         }
+    }
+}
+
+/// What happens when a command exceeds its timeout.
+///
+/// A timed-out command's buffer is never handed back while the device may
+/// still access it: the command completes only once the device is provably
+/// done with it — its own completion arrived (after a successful Abort it
+/// carries [`crate::IoError::TimedOut`]), or the controller was reset
+/// ([`crate::IoError::AbortedByReset`]).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum TimeoutPolicy {
+    /// Count and log it ([`crate::QpairStats::timeouts`]); the command stays
+    /// outstanding until the device completes it or the queue is closed or
+    /// reset. Use [`QueuePair::check_timeouts`] to list such commands.
+    ReportOnly,
+    /// Send an Abort for it. If the controller aborts it, its completion
+    /// arrives as [`crate::IoError::TimedOut`]. If the Abort is refused or
+    /// fails, or the aborted command still does not complete within another
+    /// timeout, reset the controller.
+    #[default]
+    Abort,
+    /// Reset the controller at once.
+    Reset,
+}
+
+/// Controller state word: reset epoch in the high bits, failure in the low
+/// two. A new epoch means the controller was disabled since: it dropped
+/// every I/O queue and no longer accesses the memory of their commands.
+pub(crate) mod state {
+    /// No failure.
+    pub const OK: u64 = 0;
+    /// CSTS.CFS was seen (or a reset failed).
+    pub const FATAL: u64 = 1;
+    /// Registers read all ones.
+    pub const GONE: u64 = 2;
+    /// Failure bits.
+    pub const MASK: u64 = 3;
+    /// One epoch step.
+    pub const EPOCH: u64 = 4;
+
+    /// The failure bits of `s`.
+    pub const fn failure(s: u64) -> u64 {
+        s & MASK
+    }
+
+    /// The epoch bits of `s`.
+    pub const fn epoch(s: u64) -> u64 {
+        s & !MASK
+    }
+}
+
+fn failure_error(s: u64) -> Option<Error> {
+    match state::failure(s) {
+        state::OK => None,
+        state::GONE => Some(Error::DeviceGone),
+        _ => Some(Error::ControllerFatal),
     }
 }
 
@@ -108,6 +201,10 @@ struct AdminQueue {
     aers: u16,
     /// Events received and not yet handed out.
     events: VecDeque<AsyncEvent>,
+    /// Asynchronous Event Requests to keep posted (re-posted after a reset).
+    aer_target: u16,
+    /// Ring entries (both queues).
+    entries: u16,
 }
 
 /// CIDs from here up belong to Asynchronous Event Requests (one per
@@ -219,6 +316,12 @@ pub struct Controller {
     shadow: Option<ShadowPages>,
     max_transfer: u64,
     opts: ControllerOptions,
+    /// See [`state`]. Written only with the admin lock held.
+    state: AtomicU64,
+    /// Successful resets.
+    resets: AtomicU64,
+    /// Bound on CSTS.RDY transitions (CAP.TO, at least 500 ms).
+    ready_timeout: Duration,
 }
 
 impl std::fmt::Debug for Controller {
@@ -452,6 +555,8 @@ impl Controller {
             data,
             aers: 0,
             events: VecDeque::new(),
+            aer_target: 0,
+            entries,
         };
 
         // 3. Enable.
@@ -556,6 +661,7 @@ impl Controller {
             .min(identify.aerl as u16 + 1)
             .min(entries.saturating_sub(2))
             .min(0xFF);
+        admin.aer_target = aers;
         for i in 0..aers {
             admin.post_aer(AER_CID_BASE + i);
         }
@@ -585,6 +691,9 @@ impl Controller {
             shadow,
             max_transfer,
             opts,
+            state: AtomicU64::new(state::OK),
+            resets: AtomicU64::new(0),
+            ready_timeout,
         }))
     }
 
@@ -660,8 +769,12 @@ impl Controller {
         self.bar.0
     }
 
-    /// Read CSTS: `Err` if the controller is fatal or gone.
+    /// Read CSTS: `Err` if the controller is fatal or gone (or was found
+    /// so earlier and has not been reset since).
     pub fn health(&self) -> Result<()> {
+        if let Some(e) = failure_error(self.state()) {
+            return Err(e);
+        }
         let c = read_csts(self.backend.regs())?;
         if c.cfs() {
             return Err(Error::ControllerFatal);
@@ -671,22 +784,314 @@ impl Controller {
 
     /// Execute one admin command (no data, or data pointers already set)
     /// and wait for it. `what` names it in errors.
+    ///
+    /// Fails fast with [`Error::ControllerFatal`] / [`Error::DeviceGone`]
+    /// once the controller is known to have failed. A timeout is handled per
+    /// [`ControllerOptions::admin_timeout_policy`].
     pub fn admin(&self, sqe: Sqe, what: &'static str) -> Result<Cqe> {
-        let mut a = self.admin.lock().unwrap_or_else(|p| p.into_inner());
-        a.exec(self.backend.regs(), sqe, what, self.opts.admin_timeout)
+        let mut a = self.lock_admin();
+        self.admin_locked(&mut a, sqe, what)
+    }
+
+    fn lock_admin(&self) -> std::sync::MutexGuard<'_, AdminQueue> {
+        self.admin.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn admin_locked(&self, a: &mut AdminQueue, sqe: Sqe, what: &'static str) -> Result<Cqe> {
+        if let Some(e) = failure_error(self.state()) {
+            return Err(e);
+        }
+        match a.exec(self.backend.regs(), sqe, what, self.opts.admin_timeout) {
+            Err(e @ Error::Timeout { .. }) => {
+                if self.opts.admin_timeout_policy != TimeoutPolicy::ReportOnly {
+                    log::warn!("{}: {e}; resetting the controller", self.backend.name());
+                    if let Err(r) = self.reset_locked(a) {
+                        log::error!(
+                            "{}: reset after an admin timeout failed: {r}",
+                            self.backend.name()
+                        );
+                    }
+                }
+                Err(e)
+            }
+            Err(Error::ControllerFatal) => {
+                self.fail_locked(state::FATAL);
+                Err(Error::ControllerFatal)
+            }
+            Err(Error::DeviceGone) => {
+                self.fail_locked(state::GONE);
+                Err(Error::DeviceGone)
+            }
+            r => r,
+        }
+    }
+
+    /// The state word (see [`state`]); one relaxed load, read by every poll.
+    #[inline]
+    pub(crate) fn state(&self) -> u64 {
+        self.state.load(Ordering::Relaxed)
+    }
+
+    /// The state word once no reset is running (taken under the admin lock).
+    pub(crate) fn settled_state(&self) -> u64 {
+        let _a = self.lock_admin();
+        self.state()
+    }
+
+    /// Successful controller resets so far.
+    pub fn resets(&self) -> u64 {
+        self.resets.load(Ordering::Relaxed)
+    }
+
+    /// A queue pair saw CSTS.CFS or all-ones registers: record it for
+    /// everyone (once) and, for a fatal controller, disable it so no DMA is
+    /// left in flight.
+    pub(crate) fn note_failure(&self, seen_state: u64, e: &Error) {
+        let _a = self.lock_admin();
+        if self.state() != seen_state {
+            return; // someone else already acted (or reset it)
+        }
+        match e {
+            Error::DeviceGone => self.fail_locked(state::GONE),
+            _ => self.fail_locked(state::FATAL),
+        }
+    }
+
+    /// Record a failure (admin lock held). A gone device cannot DMA, and a
+    /// fatal one is disabled here: in both cases the epoch advances (the
+    /// queues are dead and their memory is free). A fatal controller that
+    /// does not become disabled keeps the epoch: its queues' buffers must
+    /// be leaked.
+    fn fail_locked(&self, failure: u64) {
+        let s = self.state();
+        if state::failure(s) == state::GONE {
+            return;
+        }
+        let mut quiesced = failure == state::GONE;
+        if !quiesced {
+            let regs = self.backend.regs();
+            let cc = Cc(regs.read32(regs::CC));
+            if cc.0 != u32::MAX {
+                regs.write32(regs::CC, cc.disable().0);
+            }
+            match wait_csts(regs, self.ready_timeout, "become disabled (CSTS.RDY=0)", false, |c| !c.rdy()) {
+                Ok(()) => quiesced = true,
+                Err(Error::DeviceGone) => {
+                    return self.fail_locked(state::GONE);
+                }
+                Err(e) => log::error!(
+                    "{}: a failed controller could not be disabled ({e}); buffers of outstanding commands will be leaked",
+                    self.backend.name()
+                ),
+            }
+        }
+        let epoch = state::epoch(s) + if quiesced { state::EPOCH } else { 0 };
+        log::error!(
+            "{}: controller {}; outstanding commands fail",
+            self.backend.name(),
+            if failure == state::GONE {
+                "removed (registers read all ones)"
+            } else {
+                "fatal (CSTS.CFS)"
+            }
+        );
+        self.state.store(epoch | failure, Ordering::Release);
+    }
+
+    /// Reset the controller and bring it up again (see the module docs).
+    ///
+    /// Every command outstanding on any queue pair completes — at that queue
+    /// pair's next poll — with [`crate::IoError::AbortedByReset`] (or
+    /// normally, if the controller completed it before the reset), and the
+    /// queue pairs re-create their queues; Asynchronous Event Requests are
+    /// re-posted. Also clears a fatal state. Fails with
+    /// [`Error::DeviceGone`] for a removed device, [`Error::Timeout`] if the
+    /// controller does not become disabled or ready within CAP.TO, and
+    /// [`Error::DeviceChanged`] if a different device answers.
+    pub fn reset(&self) -> Result<()> {
+        let mut a = self.lock_admin();
+        self.reset_locked(&mut a)
+    }
+
+    /// Reset unless the state moved on from `seen` (another thread already
+    /// reset the controller, or it failed): used by timeout policies so
+    /// several queues timing out together cause one reset.
+    pub(crate) fn reset_if(&self, seen: u64) -> Result<()> {
+        let mut a = self.lock_admin();
+        if self.state() != seen {
+            return Ok(());
+        }
+        self.reset_locked(&mut a)
+    }
+
+    fn reset_locked(&self, a: &mut AdminQueue) -> Result<()> {
+        let regs = self.backend.regs();
+        let s = self.state();
+        if regs.read64(regs::CAP) == u64::MAX {
+            self.fail_locked(state::GONE);
+            return Err(Error::DeviceGone);
+        }
+        log::warn!("{}: resetting the controller", self.backend.name());
+        let cc = Cc(regs.read32(regs::CC));
+        regs.write32(regs::CC, cc.disable().0);
+        if let Err(e) = wait_csts(
+            regs,
+            self.ready_timeout,
+            "become disabled (CSTS.RDY=0)",
+            false,
+            |c| !c.rdy(),
+        ) {
+            match e {
+                Error::DeviceGone => self.fail_locked(state::GONE),
+                _ => self
+                    .state
+                    .store(state::epoch(s) | state::FATAL, Ordering::Release),
+            }
+            return Err(e);
+        }
+        // Disabled: every queue and command on the device is gone. New
+        // epoch; marked failed until bring-up below succeeds.
+        let epoch = state::epoch(s) + state::EPOCH;
+        self.state.store(epoch | state::FATAL, Ordering::Release);
+        match self.reinit_locked(a) {
+            Ok(()) => {
+                self.state.store(epoch | state::OK, Ordering::Release);
+                self.resets.fetch_add(1, Ordering::Relaxed);
+                log::warn!("{}: reset complete", self.backend.name());
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, Error::DeviceGone) {
+                    self.state.store(epoch | state::GONE, Ordering::Release);
+                }
+                log::error!("{}: bring-up after reset failed: {e}", self.backend.name());
+                Err(e)
+            }
+        }
+    }
+
+    /// Bring-up on the existing admin queue memory, after a disable.
+    fn reinit_locked(&self, a: &mut AdminQueue) -> Result<()> {
+        let regs = self.backend.regs();
+        let t = self.opts.admin_timeout;
+        a.sq.reset();
+        a.cq.reset();
+        a.next_cid = 0;
+        a.aers = 0;
+        if let Some(sh) = &self.shadow {
+            // Only the admin slots: I/O queue slots are zeroed by their
+            // owners when they re-create their queues.
+            let _ = sh.slots(0, self.cap.dstrd(), true);
+        }
+        regs.write32(regs::AQA, Aqa::new(a.entries, a.entries).0);
+        regs.write64(regs::ASQ, a.sq.region().iova().raw());
+        regs.write64(regs::ACQ, a.cq.region().iova().raw());
+        let cc = Cc::new()
+            .css(Cc::CSS_NVM)
+            .mps(0)
+            .ams(Cc::AMS_ROUND_ROBIN)
+            .iosqes(6)
+            .iocqes(4);
+        regs.write32(regs::CC, cc.0);
+        regs.write32(regs::CC, cc.enable().0);
+        wait_csts(
+            regs,
+            self.ready_timeout,
+            "become ready (CSTS.RDY=1)",
+            true,
+            |c| c.rdy(),
+        )?;
+
+        let page = identify_page(a, regs, Identify::controller(), "Identify Controller", t)?;
+        let id = IdentifyController::parse(&page)?;
+        if id.serial != self.identify.serial || id.model != self.identify.model {
+            return Err(Error::DeviceChanged(format!(
+                "controller {} {} answered instead of {} {}",
+                id.model, id.serial, self.identify.model, self.identify.serial
+            )));
+        }
+        for ns in &self.namespaces {
+            let page = identify_page(a, regs, Identify::namespace(ns.id), "Identify Namespace", t)?;
+            let n = IdentifyNamespace::parse(&page)?;
+            if n.nsze != ns.nsze || n.lba_shift() != ns.lba_shift {
+                return Err(Error::DeviceChanged(format!(
+                    "namespace {} changed from {} blocks of {} B to {} blocks of {} B",
+                    ns.id,
+                    ns.nsze,
+                    ns.lba_size,
+                    n.nsze,
+                    n.lba_size()
+                )));
+            }
+        }
+        let cqe = a.exec(
+            regs,
+            SetFeatures::number_of_queues(self.opts.io_queues, self.opts.io_queues).sqe(),
+            "Set Features (Number of Queues)",
+            t,
+        )?;
+        let granted = ((cqe.dw0 & 0xFFFF) + 1).min((cqe.dw0 >> 16) + 1);
+        if granted < self.granted as u32 {
+            return Err(Error::DeviceChanged(format!(
+                "the controller now grants {granted} I/O queues instead of {}",
+                self.granted
+            )));
+        }
+        if let Some(sh) = &self.shadow {
+            let sqe = DoorbellBufferConfig
+                .sqe()
+                .with_prp(sh.shadow.iova().raw(), sh.event_idx.iova().raw());
+            a.exec(regs, sqe, "Doorbell Buffer Config", t)?;
+        }
+        for i in 0..a.aer_target {
+            a.post_aer(AER_CID_BASE + i);
+        }
+        Ok(())
+    }
+
+    /// Create I/O CQ then SQ `qid` on rings at the given IOVAs; returns the
+    /// state word they belong to (the queues die with its epoch).
+    pub(crate) fn create_io_queues(
+        &self,
+        qid: u16,
+        entries: u16,
+        cq_iova: u64,
+        sq_iova: u64,
+    ) -> Result<u64> {
+        let mut a = self.lock_admin();
+        let s = self.state();
+        if let Some(e) = failure_error(s) {
+            return Err(e);
+        }
+        // A (re-)created queue starts at index 0 in the shadow slots too.
+        let _ = self.shadow_slots(qid);
+        self.admin_locked(
+            &mut a,
+            CreateIoCq::new(qid, entries).sqe().with_prp(cq_iova, 0),
+            "Create I/O Completion Queue",
+        )?;
+        if let Err(e) = self.admin_locked(
+            &mut a,
+            CreateIoSq::new(qid, entries, qid)
+                .sqe()
+                .with_prp(sq_iova, 0),
+            "Create I/O Submission Queue",
+        ) {
+            if self.state() == s {
+                let _ =
+                    self.admin_locked(&mut a, DeleteIoCq(qid).sqe(), "Delete I/O Completion Queue");
+            }
+            return Err(e);
+        }
+        Ok(s)
     }
 
     /// Execute an admin command that returns up to 4 KiB of data (Identify,
     /// Get Log Page): PRP1 is set to an internal page, the data is copied out.
     pub fn admin_read(&self, sqe: Sqe, what: &'static str) -> Result<(Cqe, Vec<u8>)> {
-        let mut a = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let mut a = self.lock_admin();
         let prp = a.data.iova().raw();
-        let cqe = a.exec(
-            self.backend.regs(),
-            sqe.with_prp(prp, 0),
-            what,
-            self.opts.admin_timeout,
-        )?;
+        let cqe = self.admin_locked(&mut a, sqe.with_prp(prp, 0), what)?;
         let mut v = vec![0; IDENTIFY_LEN];
         a.data.read_bytes(0, &mut v)?;
         Ok((cqe, v))
@@ -696,8 +1101,10 @@ impl Controller {
     /// run, and by checking the admin completion queue now). Each event is
     /// returned once. Read the event's log page to unmask its type.
     pub fn async_events(&self) -> Vec<AsyncEvent> {
-        let mut a = self.admin.lock().unwrap_or_else(|p| p.into_inner());
-        a.drain();
+        let mut a = self.lock_admin();
+        if failure_error(self.state()).is_none() {
+            a.drain();
+        }
         a.events.drain(..).collect()
     }
 

@@ -358,11 +358,24 @@ pub enum IoError {
         "command aborted by the host (queue deleted or controller reset); it may be resubmitted"
     )]
     Aborted,
-    /// No completion arrived within the timeout.
-    #[error("no completion within the timeout; the command is still owned by the queue until it is aborted or the queue is reset")]
+    /// No completion arrived within the timeout. From [`crate::QueuePair::poll`]
+    /// this means the command was aborted (the controller confirmed the Abort
+    /// and posted the command's completion), so the device is done with the
+    /// buffer; it may be resubmitted. From a blocking call it means the wait
+    /// ended: the command stays owned by the queue until it completes, is
+    /// aborted, or the queue is reset.
+    #[error("no completion within the timeout (the command was aborted, or is still owned by the queue); it may be resubmitted")]
     TimedOut,
+    /// The command was still outstanding when the controller was reset
+    /// (by [`crate::Controller::reset`], or by a timeout policy). The reset
+    /// disabled the controller first, so the device no longer accesses the
+    /// buffer; the command may or may not have executed. Resubmit it.
+    #[error(
+        "command aborted by a controller reset (it may or may not have executed); resubmit it"
+    )]
+    AbortedByReset,
     /// The controller failed (CSTS.CFS) or disappeared.
-    #[error("the controller failed or was removed")]
+    #[error("the controller failed or was removed; call Controller::reset() (fatal status) or re-attach the device (removal)")]
     ControllerFailed,
 }
 

@@ -77,7 +77,7 @@ pub mod mcq;
 pub mod queue;
 pub mod spec;
 
-pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace};
+pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace, TimeoutPolicy};
 pub use io::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind};
 pub use mcq::run_per_core;
 pub use queue::{Outstanding, QpairOptions, QpairStats, QueuePair};
@@ -108,6 +108,15 @@ pub enum Error {
     /// Register reads return all ones: the device was removed or its BAR is unreachable.
     #[error("the device does not respond (registers read all ones): it was removed or its BAR is no longer reachable")]
     DeviceGone,
+    /// After a reset, a different device (or a changed namespace) answered.
+    #[error("the controller changed across a reset: {0}; re-open it with Controller::new")]
+    DeviceChanged(String),
+    /// A queue pair could not re-create its queues after a controller reset.
+    #[error("queue {qid} could not be re-created after a controller reset; drop this QueuePair and create a new one")]
+    QueueLost {
+        /// The queue id.
+        qid: u16,
+    },
     /// An admin command completed with an error status.
     #[error("{command} failed: {status}")]
     Command {

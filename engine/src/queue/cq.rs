@@ -46,6 +46,16 @@ impl CompQueue {
         &self.mem
     }
 
+    /// Start over as a new queue: ring zeroed (phase 0 everywhere), head 0,
+    /// expected phase 1. Only call while the controller cannot post into
+    /// the ring (queue deleted, controller disabled).
+    pub fn reset(&mut self) {
+        self.mem.fill(0);
+        self.head = 0;
+        self.phase = 1;
+        self.rung_head = 0;
+    }
+
     /// The entry at the head if the controller has posted it.
     #[inline]
     pub fn peek(&self) -> Option<Cqe> {

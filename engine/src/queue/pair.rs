@@ -11,15 +11,16 @@ use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace};
 use super::cq::CompQueue;
 use super::doorbell::Doorbell;
 use super::sq::SubQueue;
-use super::tracker::Trackers;
+use super::tracker::{tstate, Trackers};
 use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
-use crate::ctrl::Controller;
+use crate::ctrl::{state, Controller, TimeoutPolicy};
 use crate::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::spec::regs;
 use crate::spec::sqe::{
-    Command, CreateIoCq, CreateIoSq, DatasetManagement, DsmRange, Flush, Read, Write, WriteZeroes,
-    DSM_MAX_RANGES, MAX_NLB,
+    Abort, Command, DatasetManagement, DsmRange, Flush, Read, Write, WriteZeroes, DSM_MAX_RANGES,
+    MAX_NLB,
 };
+use crate::spec::status::{generic, sct};
 use crate::spec::{Cqe, NvmeStatus, Sqe};
 use crate::{Error, Result};
 
@@ -43,6 +44,16 @@ pub struct QpairOptions {
     /// How long blocking calls wait for their completion before returning
     /// [`IoError::TimedOut`].
     pub blocking_timeout: Duration,
+    /// Per-command timeout for this queue's I/O (`None`: never time out).
+    /// Detected while polling — no timer thread: [`QueuePair::poll`] scans
+    /// the outstanding commands once the queue's coarse clock (read once per
+    /// poll) has moved a quarter of the timeout since the last scan, so a
+    /// command is acted on between 1 and 1.25 timeouts after submission
+    /// (while the queue is polled). The admin queue has its own
+    /// [`crate::ControllerOptions::admin_timeout`].
+    pub io_timeout: Option<Duration>,
+    /// What a timeout does; see [`TimeoutPolicy`].
+    pub timeout_policy: TimeoutPolicy,
 }
 
 impl Default for QpairOptions {
@@ -51,6 +62,8 @@ impl Default for QpairOptions {
             depth: 256,
             max_completions_per_poll: 0,
             blocking_timeout: Duration::from_secs(30),
+            io_timeout: Some(Duration::from_secs(30)),
+            timeout_policy: TimeoutPolicy::Abort,
         }
     }
 }
@@ -73,6 +86,20 @@ pub struct QpairStats {
     pub cq_doorbell_writes: u64,
     /// CQ head updates that needed no MMIO store (shadow doorbell).
     pub cq_doorbell_skipped: u64,
+    /// Commands found past their timeout by the poll-time scan.
+    pub timeouts: u64,
+    /// Abort commands sent for timed-out commands.
+    pub aborts_sent: u64,
+    /// Timed-out commands completed as [`IoError::TimedOut`] (aborted).
+    pub timed_out: u64,
+    /// Controller resets this queue's timeout policy asked for.
+    pub resets_requested: u64,
+    /// Commands completed with [`IoError::AbortedByReset`].
+    pub aborted_by_reset: u64,
+    /// Commands completed with [`IoError::ControllerFailed`].
+    pub failed_by_controller: u64,
+    /// Times this queue re-created its queues after a controller reset.
+    pub recoveries: u64,
 }
 
 /// A command still owned by the device, as reported by the timeout scan.
@@ -82,7 +109,8 @@ pub struct Outstanding {
     pub tag: u64,
     /// Command identifier (for Abort).
     pub cid: u16,
-    /// Age, at the queue's coarse clock (updated once per poll).
+    /// Age, at the queue's coarse clock (updated once per poll): since
+    /// submission, or since the timeout policy last acted on it (Abort sent).
     pub age: Duration,
 }
 
@@ -123,6 +151,12 @@ struct NsGeom {
 /// commands still in flight are dropped after the deletion (so the device
 /// cannot write to them any more). Use [`QueuePair::close`] to get every
 /// outstanding command back as a completion instead.
+///
+/// Timeouts ([`QpairOptions::io_timeout`]), controller resets and
+/// controller failures are handled inside [`poll`](Self::poll): see
+/// [`TimeoutPolicy`] and [the controller docs](crate::ctrl#reset-and-failure).
+/// After a reset the queue pair re-creates its queues by itself; commands
+/// that were outstanding complete with [`IoError::AbortedByReset`].
 pub struct QueuePair<B: IoBuf = DmaBuf> {
     sq: SubQueue,
     cq: CompQueue,
@@ -140,6 +174,14 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     space: Arc<DmaSpace>,
     qid: u16,
     failed: Option<Error0>,
+    /// Controller state word this queue's rings belong to.
+    seen_state: u64,
+    /// Timeout in ms (0: none), scan spacing, last scan time.
+    io_timeout_ms: u32,
+    scan_interval_ms: u32,
+    last_scan_ms: u32,
+    policy: TimeoutPolicy,
+    rstats: RecoveryStats,
     now_ms: u32,
     epoch: Instant,
     idle_polls: u32,
@@ -169,7 +211,24 @@ impl<B: IoBuf> std::fmt::Debug for QueuePair<B> {
 enum Error0 {
     Fatal,
     Gone,
+    /// The queues could not be re-created after a reset.
+    Lost,
 }
+
+/// Counters of the cold recovery paths.
+#[derive(Copy, Clone, Debug, Default)]
+struct RecoveryStats {
+    timeouts: u64,
+    aborts_sent: u64,
+    timed_out: u64,
+    resets_requested: u64,
+    aborted_by_reset: u64,
+    failed_by_controller: u64,
+    recoveries: u64,
+}
+
+/// Status of a command the controller aborted at our request.
+const ABORT_REQUESTED: NvmeStatus = NvmeStatus::new(sct::GENERIC, generic::ABORT_REQUESTED);
 
 // SAFETY: every raw pointer in a QueuePair (rings, PRP pages, doorbells)
 // points into memory this value owns or keeps alive (its DmaRegions, the BAR
@@ -319,24 +378,12 @@ impl<B: IoBuf> QueuePair<B> {
         let cq = CompQueue::new(cq_mem, entries, cq_db);
         let sq = SubQueue::new(sq_mem, entries, sq_db);
 
-        ctrl.admin(
-            CreateIoCq::new(qid, entries)
-                .sqe()
-                .with_prp(cq.region().iova().raw(), 0),
-            "Create I/O Completion Queue",
+        let seen_state = ctrl.create_io_queues(
+            qid,
+            entries,
+            cq.region().iova().raw(),
+            sq.region().iova().raw(),
         )?;
-        if let Err(e) = ctrl.admin(
-            CreateIoSq::new(qid, entries, qid)
-                .sqe()
-                .with_prp(sq.region().iova().raw(), 0),
-            "Create I/O Submission Queue",
-        ) {
-            let _ = ctrl.admin(
-                crate::spec::sqe::DeleteIoCq(qid).sqe(),
-                "Delete I/O Completion Queue",
-            );
-            return Err(e);
-        }
 
         let mut ns: Vec<Option<NsGeom>> = Vec::new();
         for n in ctrl.namespaces() {
@@ -350,6 +397,9 @@ impl<B: IoBuf> QueuePair<B> {
                 metadata: n.identify.metadata_size() > 0,
             });
         }
+        let io_timeout_ms = opts
+            .io_timeout
+            .map_or(0, |t| t.as_millis().clamp(1, (u32::MAX / 2) as u128) as u32);
         let max_per_poll = match opts.max_completions_per_poll {
             0 => opts.depth as usize,
             n => n,
@@ -369,6 +419,12 @@ impl<B: IoBuf> QueuePair<B> {
             space,
             qid,
             failed: None,
+            seen_state,
+            io_timeout_ms,
+            scan_interval_ms: (io_timeout_ms / 4).max(1),
+            last_scan_ms: 0,
+            policy: opts.timeout_policy,
+            rstats: RecoveryStats::default(),
             now_ms: 0,
             epoch: Instant::now(),
             idle_polls: 0,
@@ -425,6 +481,13 @@ impl<B: IoBuf> QueuePair<B> {
             sq_doorbell_skipped: self.sq.db.mmio_skipped,
             cq_doorbell_writes: self.cq.db.mmio_writes,
             cq_doorbell_skipped: self.cq.db.mmio_skipped,
+            timeouts: self.rstats.timeouts,
+            aborts_sent: self.rstats.aborts_sent,
+            timed_out: self.rstats.timed_out,
+            resets_requested: self.rstats.resets_requested,
+            aborted_by_reset: self.rstats.aborted_by_reset,
+            failed_by_controller: self.rstats.failed_by_controller,
+            recoveries: self.rstats.recoveries,
         }
     }
 
@@ -813,13 +876,25 @@ impl<B: IoBuf> QueuePair<B> {
     /// most the queue's `max_completions_per_poll`) to `f`, then write the CQ
     /// head doorbell once. Returns how many completions were delivered.
     ///
+    /// Also where recovery happens (cold paths, off the per-I/O path): a
+    /// controller reset since the last poll completes every outstanding
+    /// command ([`IoError::AbortedByReset`]) and re-creates the queues; the
+    /// timeout scan runs when due ([`QpairOptions::io_timeout`]).
+    ///
     /// `Err` means the controller failed ([`Error::ControllerFatal`]) or
-    /// disappeared ([`Error::DeviceGone`]); this is checked from time to time
-    /// while commands are outstanding and nothing completes.
+    /// disappeared ([`Error::DeviceGone`]) — checked from time to time while
+    /// commands are outstanding and nothing completes — or this queue could
+    /// not be re-created after a reset ([`Error::QueueLost`]). Every
+    /// outstanding command has then been completed (with
+    /// [`IoError::ControllerFailed`]), and later calls fail the same way
+    /// until a successful [`Controller::reset`].
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
+        if self.ctrl.state() != self.seen_state {
+            return self.on_state_change(&mut f);
+        }
         if let Some(e) = self.failed {
-            return Err(failed_error(e));
+            return Err(failed_error(e, self.qid));
         }
         self.sq.flush();
         let max = max.min(self.max_per_poll);
@@ -831,32 +906,9 @@ impl<B: IoBuf> QueuePair<B> {
             self.cq.prefetch_next();
             seen += 1;
             self.sq.head = cqe.sq_head;
-            match self.trackers.lookup(cqe.cid) {
-                Some(slot) if cqe.sq_id == self.qid => {
-                    let (tag, buf) = self.trackers.complete(slot);
-                    let result = if NvmeStatus::raw_is_success(cqe.status) {
-                        Ok(())
-                    } else {
-                        Err(IoError::Nvme(cqe.nvme_status()))
-                    };
-                    f(Completion {
-                        tag,
-                        result,
-                        buf,
-                        dw0: cqe.dw0,
-                    });
-                    delivered += 1;
-                }
-                _ => {
-                    self.trackers.stale += 1;
-                    log::warn!(
-                        "queue {}: dropped stale/duplicate completion (cid {:#06x}, sq {}, status {:#06x})",
-                        self.qid,
-                        cqe.cid,
-                        cqe.sq_id,
-                        cqe.status
-                    );
-                }
+            if let Some(c) = self.take_cqe(&cqe) {
+                f(c);
+                delivered += 1;
             }
         }
         self.cq.flush_lazy(self.cq_head_batch);
@@ -865,24 +917,271 @@ impl<B: IoBuf> QueuePair<B> {
             self.idle_polls += 1;
             if self.idle_polls % HEALTH_CHECK_INTERVAL == 0 {
                 self.now_ms = self.epoch.elapsed().as_millis() as u32;
-                self.check_health()?;
+                if let Err(e) = self.check_health() {
+                    let _ = self.on_state_change(&mut f);
+                    return Err(e);
+                }
             }
         } else {
             self.idle_polls = 0;
             self.now_ms = self.epoch.elapsed().as_millis() as u32;
         }
+        if self.io_timeout_ms != 0
+            && self.now_ms.wrapping_sub(self.last_scan_ms) >= self.scan_interval_ms
+        {
+            delivered += self.scan_timeouts(&mut f)?;
+        }
         Ok(delivered)
     }
 
-    /// Read CSTS and mark the queue failed if the controller is fatal or gone.
+    /// Match a CQE to its command: the completion to deliver, or `None` (and
+    /// counted) for a CQE that matches nothing in flight.
+    #[inline]
+    fn take_cqe(&mut self, cqe: &Cqe) -> Option<Completion<B>> {
+        match self.trackers.lookup(cqe.cid) {
+            Some(slot) if cqe.sq_id == self.qid => {
+                let result = if NvmeStatus::raw_is_success(cqe.status) {
+                    Ok(())
+                } else {
+                    Err(self.error_of(slot, cqe))
+                };
+                let (tag, buf) = self.trackers.complete(slot);
+                Some(Completion {
+                    tag,
+                    result,
+                    buf,
+                    dw0: cqe.dw0,
+                })
+            }
+            _ => {
+                self.trackers.stale += 1;
+                log::warn!(
+                    "queue {}: dropped stale/duplicate completion (cid {:#06x}, sq {}, status {:#06x})",
+                    self.qid,
+                    cqe.cid,
+                    cqe.sq_id,
+                    cqe.status
+                );
+                None
+            }
+        }
+    }
+
+    /// The error of a failed completion: a command we aborted because it
+    /// timed out reports [`IoError::TimedOut`].
+    #[cold]
+    fn error_of(&mut self, slot: u16, cqe: &Cqe) -> IoError {
+        let st = cqe.nvme_status();
+        if self.trackers.slot(slot).tstate == tstate::ABORTING && st == ABORT_REQUESTED {
+            self.rstats.timed_out += 1;
+            IoError::TimedOut
+        } else {
+            IoError::Nvme(st)
+        }
+    }
+
+    /// Deliver every CQE the controller left in the ring (it can post no
+    /// more: the queue is deleted or the controller disabled). No doorbell.
+    fn deliver_posted<F: FnMut(Completion<B>)>(&mut self, f: &mut F) -> usize {
+        let mut n = 0;
+        for _ in 0..self.sq.entries() {
+            let Some(cqe) = self.cq.peek() else { break };
+            self.cq.advance();
+            if let Some(c) = self.take_cqe(&cqe) {
+                f(c);
+                n += 1;
+            }
+        }
+        self.completed += n as u64;
+        n
+    }
+
+    /// Complete every command still outstanding with `err`; buffers are
+    /// handed back only if `safe` (the device can no longer access them),
+    /// otherwise leaked.
+    fn fail_outstanding<F: FnMut(Completion<B>)>(
+        &mut self,
+        err: IoError,
+        safe: bool,
+        f: &mut F,
+    ) -> usize {
+        let mut n = 0;
+        self.trackers.drain(|tag, buf| {
+            let buf = if safe {
+                buf
+            } else {
+                std::mem::forget(buf);
+                None
+            };
+            n += 1;
+            f(Completion {
+                tag,
+                result: Err(err),
+                buf,
+                dw0: 0,
+            });
+        });
+        match err {
+            IoError::AbortedByReset => self.rstats.aborted_by_reset += n as u64,
+            _ => self.rstats.failed_by_controller += n as u64,
+        }
+        self.completed += n as u64;
+        n
+    }
+
+    /// The controller was reset, failed, or disappeared since this queue
+    /// last looked (see the controller's state word). Cold.
+    #[cold]
+    #[inline(never)]
+    fn on_state_change<F: FnMut(Completion<B>)>(&mut self, f: &mut F) -> Result<usize> {
+        let mut n = 0;
+        loop {
+            let now = self.ctrl.state();
+            if now == self.seen_state {
+                return match self.failed {
+                    Some(e) => Err(failed_error(e, self.qid)),
+                    None => Ok(n),
+                };
+            }
+            if state::epoch(now) == state::epoch(self.seen_state) {
+                // Failed, and the controller could not be disabled: the
+                // device may still access the buffers; leak them.
+                n += self.deliver_posted(f);
+                n += self.fail_outstanding(IoError::ControllerFailed, false, f);
+                self.failed = Some(failure_of(now));
+                self.seen_state = now;
+                continue;
+            }
+            // New epoch: the controller was disabled (or is gone), so it
+            // dropped this queue and accesses none of its memory. Deliver
+            // what it completed before, wait for a running reset to finish,
+            // and fail or abort the rest.
+            n += self.deliver_posted(f);
+            let settled = self.ctrl.settled_state();
+            let failed = state::failure(settled) != state::OK;
+            let err = if failed {
+                IoError::ControllerFailed
+            } else {
+                IoError::AbortedByReset
+            };
+            n += self.fail_outstanding(err, true, f);
+            self.sq.reset();
+            self.cq.reset();
+            self.seen_state = settled;
+            if failed {
+                self.failed = Some(failure_of(settled));
+                continue;
+            }
+            match self.ctrl.create_io_queues(
+                self.qid,
+                self.sq.entries(),
+                self.cq.region().iova().raw(),
+                self.sq.region().iova().raw(),
+            ) {
+                Ok(s) => {
+                    self.seen_state = s;
+                    self.failed = None;
+                    self.rstats.recoveries += 1;
+                    self.idle_polls = 0;
+                }
+                Err(e) => {
+                    if self.ctrl.state() != settled {
+                        continue; // reset again meanwhile: retry
+                    }
+                    log::error!(
+                        "queue {}: re-creating the queue after a reset failed: {e}",
+                        self.qid
+                    );
+                    self.failed = Some(Error0::Lost);
+                    return Err(Error::QueueLost { qid: self.qid });
+                }
+            }
+        }
+    }
+
+    /// Act on commands past their timeout (see [`TimeoutPolicy`]). Cold.
+    #[cold]
+    #[inline(never)]
+    fn scan_timeouts<F: FnMut(Completion<B>)>(&mut self, f: &mut F) -> Result<usize> {
+        self.last_scan_ms = self.now_ms;
+        let now = self.now_ms;
+        let limit = self.io_timeout_ms;
+        let mut reset = false;
+        for slot in 0..self.trackers.depth() as u16 {
+            let s = self.trackers.slot(slot);
+            if !s.busy {
+                continue;
+            }
+            let (cid, tag, st, at) = (s.cid, s.tag, s.tstate, s.submitted_ms);
+            let age = now.wrapping_sub(at);
+            match st {
+                tstate::NONE if age >= limit => {
+                    self.rstats.timeouts += 1;
+                    match self.policy {
+                        TimeoutPolicy::ReportOnly => {
+                            log::warn!(
+                                "queue {}: command cid {cid:#06x} tag {tag} has no completion after {age} ms",
+                                self.qid
+                            );
+                            self.trackers.set_tstate(slot, tstate::REPORTED, at);
+                        }
+                        TimeoutPolicy::Reset => reset = true,
+                        TimeoutPolicy::Abort => {
+                            self.rstats.aborts_sent += 1;
+                            let r = self.ctrl.admin(Abort::new(self.qid, cid).sqe(), "Abort");
+                            // Dword 0 bit 0 clear: the controller aborted it.
+                            let next = match r {
+                                Ok(c) if c.dw0 & 1 == 0 => tstate::ABORTING,
+                                Ok(_) => tstate::ABORT_REFUSED,
+                                Err(e) => {
+                                    log::warn!(
+                                        "queue {}: Abort of cid {cid:#06x} failed: {e}",
+                                        self.qid
+                                    );
+                                    tstate::ABORT_REFUSED
+                                }
+                            };
+                            self.trackers.set_tstate(slot, next, now);
+                            if self.ctrl.state() != self.seen_state {
+                                break;
+                            }
+                        }
+                    }
+                }
+                // Aborted, but its completion did not come either.
+                tstate::ABORTING if age >= limit => reset = true,
+                // Not aborted, and (polls since) it did not complete.
+                tstate::ABORT_REFUSED if age >= self.scan_interval_ms => reset = true,
+                _ => {}
+            }
+        }
+        if reset && self.ctrl.state() == self.seen_state {
+            self.rstats.resets_requested += 1;
+            if let Err(e) = self.ctrl.reset_if(self.seen_state) {
+                log::error!(
+                    "queue {}: controller reset after a timeout failed: {e}",
+                    self.qid
+                );
+            }
+        }
+        if self.ctrl.state() != self.seen_state {
+            return self.on_state_change(f);
+        }
+        Ok(0)
+    }
+
+    /// Read CSTS; if the controller is fatal or gone, record that at the
+    /// controller (a fatal controller is disabled so no DMA stays in
+    /// flight) and return the error. The next [`poll`](Self::poll)
+    /// completes the outstanding commands with [`IoError::ControllerFailed`].
     pub fn check_health(&mut self) -> Result<()> {
+        if let Some(e) = self.failed {
+            return Err(failed_error(e, self.qid));
+        }
         match self.ctrl.health() {
             Ok(()) => Ok(()),
             Err(e) => {
-                self.failed = Some(match e {
-                    Error::DeviceGone => Error0::Gone,
-                    _ => Error0::Fatal,
-                });
+                self.ctrl.note_failure(self.seen_state, &e);
                 Err(e)
             }
         }
@@ -890,8 +1189,9 @@ impl<B: IoBuf> QueuePair<B> {
 
     /// Report every command outstanding for longer than `timeout`.
     ///
-    /// This is the hook for timeout handling (abort, reset) built on top: it
-    /// only reports. Ages use the queue's coarse clock, refreshed here.
+    /// Reporting only, independent of [`QpairOptions::io_timeout`] (which
+    /// acts by itself inside [`poll`](Self::poll)). Ages use the queue's
+    /// coarse clock, refreshed here.
     pub fn check_timeouts(&mut self, timeout: Duration, mut f: impl FnMut(Outstanding)) -> usize {
         self.now_ms = self.epoch.elapsed().as_millis() as u32;
         let limit = timeout.as_millis().min(u32::MAX as u128) as u32;
@@ -918,9 +1218,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// could not (the command may still complete normally, or never).
     /// Goes through the admin queue: never on the I/O path.
     pub fn abort_command(&self, cid: u16) -> Result<bool> {
-        let cqe = self
-            .ctrl
-            .admin(crate::spec::sqe::Abort::new(self.qid, cid).sqe(), "Abort")?;
+        let cqe = self.ctrl.admin(Abort::new(self.qid, cid).sqe(), "Abort")?;
         // Dword 0 bit 0 clear: the command was aborted.
         Ok(cqe.dw0 & 1 == 0)
     }
@@ -928,8 +1226,21 @@ impl<B: IoBuf> QueuePair<B> {
     /// Delete the queues on the controller, deliver every completion the
     /// controller still posts, and complete every remaining command with
     /// [`IoError::Aborted`]: each submitted command completes exactly once.
+    ///
+    /// After a controller reset or failure the queues are already gone on
+    /// the device: the commands complete as [`poll`](Self::poll) would
+    /// complete them, and a failed controller is reported as `Err` (after
+    /// every command was delivered).
     pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
         self.closed = true;
+        if self.ctrl.state() != self.seen_state {
+            let _ = self.on_state_change(&mut f);
+        }
+        if let Some(e) = self.failed {
+            // Nothing is outstanding any more (completed or leaked above).
+            self.ctrl.release_qid(self.qid);
+            return Err(failed_error(e, self.qid));
+        }
         // Report every consumed CQE first: deleting the SQ may make the
         // controller post completions for what it aborts, and they must
         // find room (the lazy head could otherwise leave too little).
@@ -938,25 +1249,7 @@ impl<B: IoBuf> QueuePair<B> {
         if r.is_ok() {
             // The controller posts completions (often "aborted: SQ
             // deletion") for what it fetched before deleting the SQ.
-            while let Some(cqe) = self.cq.peek() {
-                self.cq.advance();
-                if let Some(slot) = self.trackers.lookup(cqe.cid) {
-                    let (tag, buf) = self.trackers.complete(slot);
-                    let result = if NvmeStatus::raw_is_success(cqe.status) {
-                        Ok(())
-                    } else {
-                        Err(IoError::Nvme(cqe.nvme_status()))
-                    };
-                    f(Completion {
-                        tag,
-                        result,
-                        buf,
-                        dw0: cqe.dw0,
-                    });
-                } else {
-                    self.trackers.stale += 1;
-                }
-            }
+            self.deliver_posted(&mut f);
         }
         let r = r.and_then(|()| self.ctrl.delete_cq(self.qid));
         match r {
@@ -973,6 +1266,18 @@ impl<B: IoBuf> QueuePair<B> {
                 Ok(())
             }
             Err(e) => {
+                // The deletion may have failed because the controller was
+                // reset or failed meanwhile: then complete as poll would.
+                if self.ctrl.state() != self.seen_state {
+                    let _ = self.on_state_change(&mut f);
+                    if self.trackers.outstanding() == 0 {
+                        self.ctrl.release_qid(self.qid);
+                        return match self.failed {
+                            Some(e) => Err(failed_error(e, self.qid)),
+                            None => Ok(()),
+                        };
+                    }
+                }
                 // The device may still own the buffers: never hand them back.
                 self.trackers.drain(|_, buf| std::mem::forget(buf));
                 Err(e)
@@ -981,16 +1286,34 @@ impl<B: IoBuf> QueuePair<B> {
     }
 }
 
-fn failed_error(e: Error0) -> Error {
+fn failed_error(e: Error0, qid: u16) -> Error {
     match e {
         Error0::Fatal => Error::ControllerFatal,
         Error0::Gone => Error::DeviceGone,
+        Error0::Lost => Error::QueueLost { qid },
+    }
+}
+
+fn failure_of(s: u64) -> Error0 {
+    if state::failure(s) == state::GONE {
+        Error0::Gone
+    } else {
+        Error0::Fatal
     }
 }
 
 impl<B: IoBuf> Drop for QueuePair<B> {
     fn drop(&mut self) {
         if self.closed {
+            return;
+        }
+        if self.ctrl.state() != self.seen_state {
+            let _ = self.on_state_change(&mut |c: Completion<B>| drop(c));
+        }
+        if self.failed.is_some() {
+            // Completed (or leaked, if the device might still write) above;
+            // the queues no longer exist on the controller.
+            self.ctrl.release_qid(self.qid);
             return;
         }
         // See `close`: give the controller room for abort completions.
@@ -1001,6 +1324,14 @@ impl<B: IoBuf> Drop for QueuePair<B> {
             .and_then(|()| self.ctrl.delete_cq(self.qid));
         match r {
             Ok(()) => self.ctrl.release_qid(self.qid),
+            Err(_)
+                if self.ctrl.state() != self.seen_state && {
+                    let _ = self.on_state_change(&mut |c: Completion<B>| drop(c));
+                    self.trackers.outstanding() == 0
+                } =>
+            {
+                self.ctrl.release_qid(self.qid)
+            }
             Err(e) => {
                 log::error!(
                     "queue {}: deleting the queues failed ({e}); leaking {} in-flight buffers so the device cannot write into reused memory",
@@ -1059,13 +1390,15 @@ impl QueuePair<DmaBuf> {
             let mut done = None;
             self.poll(1, |c| done = Some(c))?;
             if let Some(c) = done {
-                let buf = c.buf.expect("blocking commands carry the bounce buffer");
-                return match c.result {
-                    Ok(()) => Ok(buf),
-                    Err(e) => {
-                        self.bounce = Some(buf);
+                return match (c.result, c.buf) {
+                    (Ok(()), Some(buf)) => Ok(buf),
+                    (Err(e), buf) => {
+                        // No buffer: the controller failed and it was
+                        // leaked; a new one is allocated on next use.
+                        self.bounce = buf;
                         Err(Error::Io(e))
                     }
+                    (Ok(()), None) => Err(Error::Io(IoError::ControllerFailed)),
                 };
             }
             spins = spins.wrapping_add(1);

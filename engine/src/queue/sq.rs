@@ -43,6 +43,18 @@ impl SubQueue {
         &self.mem
     }
 
+    pub fn entries(&self) -> u16 {
+        self.entries
+    }
+
+    /// Start over at index 0, as a newly created queue does (after a
+    /// controller reset deleted it). Nothing is rung.
+    pub fn reset(&mut self) {
+        self.tail = 0;
+        self.rung_tail = 0;
+        self.head = 0;
+    }
+
     /// Write `sqe` at the tail and advance it. The caller guarantees a free
     /// slot (trackers bound outstanding commands to `entries - 1`).
     #[inline]

@@ -20,8 +20,23 @@ pub(crate) struct Slot<B> {
     /// CID of the command in flight (or of the next one, when free).
     pub cid: u16,
     pub busy: bool,
-    /// Coarse submit time (queue clock, ms) for timeout scans.
+    /// Coarse submit time (queue clock, ms) for timeout scans; once a
+    /// timeout was acted on, the time of that action.
     pub submitted_ms: u32,
+    /// Timeout handling state ([`tstate`]).
+    pub tstate: u8,
+}
+
+/// Timeout handling states of a slot.
+pub(crate) mod tstate {
+    /// Not timed out.
+    pub const NONE: u8 = 0;
+    /// Timed out under `ReportOnly`: reported, left alone.
+    pub const REPORTED: u8 = 1;
+    /// The controller accepted an Abort for it; its completion is due.
+    pub const ABORTING: u8 = 2;
+    /// The Abort was refused or failed: reset unless it completes soon.
+    pub const ABORT_REFUSED: u8 = 3;
 }
 
 /// Reserved CID: the Error Information log uses FFFFh for "no command".
@@ -49,6 +64,7 @@ impl<B> Trackers<B> {
                 cid: i,
                 busy: false,
                 submitted_ms: 0,
+                tstate: tstate::NONE,
             })
             .collect();
         // Pop order: slot 0 first.
@@ -101,6 +117,14 @@ impl<B> Trackers<B> {
         s.tag = tag;
         s.buf = buf;
         s.busy = true;
+        s.submitted_ms = now_ms;
+        s.tstate = tstate::NONE;
+    }
+
+    /// Record a timeout action on busy `slot` at `now_ms`.
+    pub fn set_tstate(&mut self, slot: u16, state: u8, now_ms: u32) {
+        let s = &mut self.slots[slot as usize];
+        s.tstate = state;
         s.submitted_ms = now_ms;
     }
 
