@@ -19,7 +19,8 @@ use mcqio::{
 use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, Fault, NamespaceConfig};
 use mcqio_vfio::{
     AppBuffer, Backend, DmaDir, DmaMapper, DmaMode as VfioDmaMode, DmaSpace, IoBuffer, IommuStats,
-    Iova, LazyConfig, Mapped, MapperConfig, QueueMapper, Returned, VfioBackend,
+    Iova, LazyConfig, Mapped, MapperConfig, OpenOptions as VfioOpenOptions, QueueMapper, Returned,
+    VfioBackend,
 };
 
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
@@ -143,7 +144,17 @@ impl NvmeTarget {
                 (fake.clone() as Arc<dyn Backend>, Some(fake), d)
             }
             DeviceKind::Vfio { bdf } => {
-                let b = VfioBackend::open(bdf).map_err(|e| e.to_string())?;
+                // What the run will pin, for the up-front RLIMIT_MEMLOCK check:
+                // per job its buffers, a PRP page per slot, the rings; plus
+                // the admin queue and identify pages.
+                let io = plan.io_size.div_ceil(4096) * 4096;
+                let per_job = plan.depth as u64 * (io + 4096) + (1 << 20);
+                let budget = jobs as u64 * per_job + (2 << 20);
+                let opts = VfioOpenOptions {
+                    dma_budget: budget,
+                    ..VfioOpenOptions::default()
+                };
+                let b = VfioBackend::open_with(bdf, &opts).map_err(|e| e.to_string())?;
                 let d = format!("mcqio engine on {} (VFIO)", b.name());
                 (Arc::new(b) as Arc<dyn Backend>, None, d)
             }
