@@ -1348,7 +1348,25 @@ impl<B: IoBuf> Drop for QueuePair<B> {
 /// through one DMA buffer the queue pair keeps (allocated on first use) and
 /// splits requests larger than the per-command limit.
 impl QueuePair<DmaBuf> {
+    /// Blocking calls first catch up with a reset or failure (nothing is
+    /// outstanding, so nothing is lost) so they never submit into a queue
+    /// the controller already dropped.
+    fn blocking_sync(&mut self) -> Result<()> {
+        if self.ctrl.state() != self.seen_state {
+            self.on_state_change(&mut |c: Completion<DmaBuf>| drop(c))?;
+        }
+        match self.failed {
+            Some(e) => Err(failed_error(e, self.qid)),
+            None => Ok(()),
+        }
+    }
+
     fn blocking_prepare(&mut self, nsid: u32, len: usize) -> Result<(NsGeom, u64)> {
+        let out = self.trackers.outstanding();
+        if out != 0 {
+            return Err(Error::QueueBusy { outstanding: out });
+        }
+        self.blocking_sync()?;
         let g = self
             .geom(nsid)
             .ok_or(Error::Submit(SubmitErrorKind::UnknownNamespace { nsid }))?;
@@ -1463,6 +1481,7 @@ impl QueuePair<DmaBuf> {
         if out != 0 {
             return Err(Error::QueueBusy { outstanding: out });
         }
+        self.blocking_sync()?;
         self.flush(nsid, BLOCKING_TAG)?;
         self.submit();
         let deadline = Instant::now() + self.blocking_timeout;
