@@ -226,6 +226,118 @@ mod tests {
         }
     }
 
+    /// Model-based check of completion matching: under any interleaving of
+    /// submissions, completions, duplicate/stale CQEs of earlier commands
+    /// and garbage CIDs, the tracker accepts exactly the CIDs of commands in
+    /// flight, each for its own tag, and never hands out a CID twice at once
+    /// or the reserved FFFFh.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Submit,
+        /// Complete the i-th (mod len) command in flight.
+        Complete(usize),
+        /// A CQE repeating the i-th (mod len) CID ever completed.
+        Stale(usize),
+        /// A CQE with an arbitrary CID.
+        Garbage(u16),
+        /// Queue deleted / controller reset.
+        Drain,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => Just(Op::Submit),
+            3 => any::<usize>().prop_map(Op::Complete),
+            2 => any::<usize>().prop_map(Op::Stale),
+            2 => any::<u16>().prop_map(Op::Garbage),
+            1 => Just(Op::Drain),
+        ]
+    }
+
+    fn check_stream(depth: u16, ops: &[Op]) {
+        use std::collections::BTreeMap;
+        let mut t: Trackers<u64> = Trackers::new(depth);
+        // cid -> tag of commands in flight.
+        let mut live: BTreeMap<u16, u64> = BTreeMap::new();
+        let mut done: Vec<u16> = Vec::new();
+        let mut next_tag = 0u64;
+        // Feed one CQE: deliver iff it matches a live command, to that command.
+        let mut cqe = |t: &mut Trackers<u64>,
+                       live: &mut BTreeMap<u16, u64>,
+                       done: &mut Vec<u16>,
+                       cid: u16| {
+            match t.lookup(cid) {
+                Some(slot) => {
+                    let want = live
+                        .remove(&cid)
+                        .expect("delivered a CQE that matches no command in flight");
+                    let (tag, buf) = t.complete(slot);
+                    assert_eq!(tag, want, "delivered to the wrong command");
+                    assert_eq!(buf, Some(want), "handed back the wrong buffer");
+                    done.push(cid);
+                }
+                None => assert!(
+                    !live.contains_key(&cid),
+                    "refused the CQE of a command in flight"
+                ),
+            }
+        };
+        for op in ops {
+            match *op {
+                Op::Submit => match t.alloc() {
+                    Some(slot) => {
+                        let cid = t.slot(slot).cid;
+                        assert_ne!(cid, CID_RESERVED);
+                        assert_eq!(cid & t.slot_mask, slot);
+                        assert!(!live.contains_key(&cid), "CID {cid:#x} handed out twice");
+                        t.arm(slot, next_tag, Some(next_tag), 0);
+                        live.insert(cid, next_tag);
+                        next_tag += 1;
+                    }
+                    None => assert_eq!(live.len(), depth as usize),
+                },
+                Op::Complete(i) if !live.is_empty() => {
+                    let cid = *live.keys().nth(i % live.len()).unwrap();
+                    cqe(&mut t, &mut live, &mut done, cid);
+                }
+                Op::Stale(i) if !done.is_empty() => {
+                    let cid = done[i % done.len()];
+                    cqe(&mut t, &mut live, &mut done, cid);
+                }
+                Op::Garbage(cid) => cqe(&mut t, &mut live, &mut done, cid),
+                Op::Drain => {
+                    let mut tags = Vec::new();
+                    t.drain(|tag, buf| {
+                        assert_eq!(buf, Some(tag));
+                        tags.push(tag);
+                    });
+                    tags.sort();
+                    let mut want: Vec<u64> = live.values().copied().collect();
+                    want.sort();
+                    assert_eq!(tags, want, "drain completes exactly the commands in flight");
+                    live.clear();
+                }
+                _ => {}
+            }
+            assert_eq!(t.outstanding(), live.len());
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { 96 },
+            ..Default::default()
+        })]
+        #[test]
+        fn cqe_streams_reach_only_their_command(
+            depth in proptest::prop_oneof![1u16..=8, 9u16..=64, proptest::strategy::Just(4096u16)],
+            ops in proptest::collection::vec(op(), 0..if cfg!(miri) { 64 } else { 400 }),
+        ) {
+            check_stream(depth, &ops);
+        }
+    }
+
     #[test]
     fn drain_completes_each_busy_slot_once() {
         let mut t: Trackers<u8> = Trackers::new(8);

@@ -219,9 +219,11 @@ pub struct LbaFormat {
 }
 
 impl LbaFormat {
-    /// Block size in bytes.
+    /// Block size in bytes; 0 for a format whose LBADS is 64 or more (the
+    /// device reported garbage: not a usable format). The format in use is
+    /// checked by [`IdentifyNamespace::parse`] (LBADS 9..=31).
     pub fn lba_size(&self) -> u64 {
-        1u64 << self.lbads
+        1u64.checked_shl(self.lbads as u32).unwrap_or(0)
     }
 }
 
