@@ -655,7 +655,8 @@ mod tests {
             let n = self.pending.len();
             for (slot, req) in std::mem::take(&mut self.pending) {
                 let lb = self.lbads;
-                // SAFETY (test): the buffer is a live Vec<u64> of buffer_len bytes.
+                // SAFETY: test double; the buffer is a live, exclusively borrowed Vec<u64>
+                // of len()*8 bytes, viewed as bytes (u8 has no alignment needs).
                 let bytes = unsafe {
                     std::slice::from_raw_parts_mut(
                         self.bufs[slot].as_mut_ptr().cast::<u8>(),
