@@ -47,6 +47,9 @@ enum Cmd {
     Rw(RwArgs),
     /// Flush, Write Zeroes and Dataset Management (deallocate), each checked by reading back.
     Commands(DevArgs),
+    /// Reset the controller with reads in flight; every read completes or is
+    /// aborted, and the same queue pair works afterwards.
+    Reset(DevArgs),
     /// Show that the IOMMU stops the device writing to a buffer after it was unmapped.
     DmaAfterUnmap(DevArgs),
     /// Map → touch → unmap throughput of each DMA mode on the device's IOMMU (issue 6's table).
@@ -64,6 +67,9 @@ enum Cmd {
 struct DevArgs {
     /// `vfio:<BDF>` (a controller bound to vfio-pci) or `fake` (in-process fake controller).
     device: String,
+    /// Do not use shadow doorbells (Doorbell Buffer Config) even if the controller offers them.
+    #[arg(long)]
+    no_shadow_doorbells: bool,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -192,7 +198,8 @@ const POISON: u8 = 0xA5;
 // ------------------------------------------------------------------ device
 
 /// Open the device and bring the controller up.
-fn open(dev: &str) -> Result<Arc<Controller>, Failure> {
+fn open(a: &DevArgs) -> Result<Arc<Controller>, Failure> {
+    let dev = a.device.as_str();
     let backend: Arc<dyn Backend> = if dev == "fake" {
         let cfg = FakeConfig {
             namespaces: vec![NamespaceConfig::ram(256 << 20, 512)],
@@ -206,7 +213,11 @@ fn open(dev: &str) -> Result<Arc<Controller>, Failure> {
     } else {
         return Err(format!("unknown device {dev:?}: use vfio:<BDF> or fake"));
     };
-    Controller::new(backend, ControllerOptions::default()).map_err(ctx("controller bring-up"))
+    let opts = ControllerOptions {
+        shadow_doorbells: !a.no_shadow_doorbells,
+        ..ControllerOptions::default()
+    };
+    Controller::new(backend, opts).map_err(ctx("controller bring-up"))
 }
 
 /// Namespace 1's block size (log2) and size in bytes.
@@ -263,7 +274,7 @@ fn wait_tag<B: IoBuf>(
 // ------------------------------------------------------------------ identify
 
 fn identify(a: &DevArgs) -> Result<(), Failure> {
-    let ctrl = open(&a.device)?;
+    let ctrl = open(a)?;
     let id = ctrl.identify();
     let cap = ctrl.cap();
     let vs = ctrl.version();
@@ -844,7 +855,7 @@ fn worker<L: Lane>(
 }
 
 fn rw(a: &RwArgs) -> Result<(), Failure> {
-    let ctrl = open(&a.dev.device)?;
+    let ctrl = open(&a.dev)?;
     let (shift, size) = ns1(&ctrl)?;
     let threads = a
         .threads
@@ -964,7 +975,7 @@ fn read_range(qp: &mut QueuePair, shift: u32, offset: u64, len: u64) -> Result<V
 }
 
 fn commands(a: &DevArgs) -> Result<(), Failure> {
-    let ctrl = open(&a.device)?;
+    let ctrl = open(a)?;
     let (shift, size) = ns1(&ctrl)?;
     let raw = ctrl
         .admin_read(
@@ -1066,10 +1077,101 @@ fn commands(a: &DevArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+// ------------------------------------------------------------------ reset
+
+fn reset(a: &DevArgs) -> Result<(), Failure> {
+    let ctrl = open(a)?;
+    let (shift, size) = ns1(&ctrl)?;
+    let mut qp = ctrl
+        .create_qpair(QpairOptions::default())
+        .map_err(ctx("creating a queue pair"))?;
+    const PIECE: u64 = 64 << 10;
+    const PIECES: u64 = 32;
+    let base = size - 16 * (1 << 20);
+    let seed = 0x6d63_7169_6f5f_7273;
+    let mut data = vec![0u8; (PIECE * PIECES) as usize];
+    pattern::fill(seed, base, &mut data);
+    qp.write_blocking(NSID, base >> shift, &data)
+        .map_err(ctx("write"))?;
+
+    // Reads in flight when the controller is reset.
+    for i in 0..PIECES {
+        let mut b = ctrl
+            .alloc_buf(PIECE as usize, DmaDir::Bidirectional)
+            .map_err(ctx("allocating a buffer"))?;
+        b.fill(POISON);
+        qp.read(
+            NSID,
+            (base + i * PIECE) >> shift,
+            (PIECE >> shift) as u32,
+            b,
+            i,
+        )
+        .map_err(ctx("read"))?;
+    }
+    qp.submit();
+    ctrl.reset().map_err(ctx("Controller::reset"))?;
+    let (mut ok, mut aborted) = (0u64, 0u64);
+    let deadline = Instant::now() + COMMAND_TIMEOUT;
+    let mut bad = None;
+    while ok + aborted < PIECES {
+        qp.poll(usize::MAX, |c| match c.result {
+            Ok(()) => {
+                ok += 1;
+                let got = c.buf.as_ref().map(|b| b.to_vec()).unwrap_or_default();
+                let at = base + c.tag * PIECE;
+                if let Some(m) = pattern::first_mismatch(seed, at, &got) {
+                    bad.get_or_insert(format!(
+                        "read {} completed across the reset with wrong data at {} (expected {:#x}, found {:#x})",
+                        c.tag, m.0, m.1, m.2
+                    ));
+                }
+            }
+            Err(mcqio::IoError::AbortedByReset) => aborted += 1,
+            Err(e) => {
+                bad.get_or_insert(format!("read {} ended with {e}, not success or AbortedByReset", c.tag));
+                aborted += 1;
+            }
+        })
+        .map_err(ctx("poll after reset"))?;
+        if Instant::now() > deadline {
+            return Err(format!(
+                "after the reset only {} of {PIECES} reads came back within {COMMAND_TIMEOUT:?}",
+                ok + aborted
+            ));
+        }
+    }
+    if let Some(b) = bad {
+        return Err(b);
+    }
+    println!(
+        "reset with {PIECES} reads in flight: {ok} completed with correct data, {aborted} aborted by the reset (resets: {})",
+        ctrl.resets()
+    );
+    if ctrl.resets() != 1 {
+        return Err(format!(
+            "Controller::resets() is {}, expected 1",
+            ctrl.resets()
+        ));
+    }
+    // The same queue pair works after the reset.
+    let got = read_range(&mut qp, shift, base, PIECE * PIECES)?;
+    if let Some(m) = pattern::first_mismatch(seed, base, &got) {
+        return Err(format!(
+            "after the reset the queue pair read wrong data at {} (expected {:#x}, found {:#x})",
+            m.0, m.1, m.2
+        ));
+    }
+    qp.write_blocking(NSID, base >> shift, &data)
+        .map_err(ctx("write after the reset"))?;
+    println!("after the reset the same queue pair reads and writes correctly");
+    Ok(())
+}
+
 // ------------------------------------------------------------------ IOMMU
 
 fn dma_after_unmap(a: &DevArgs) -> Result<(), Failure> {
-    let ctrl = open(&a.device)?;
+    let ctrl = open(a)?;
     let (shift, size) = ns1(&ctrl)?;
     let mut qp = ctrl
         .create_qpair(QpairOptions::default())
@@ -1159,7 +1261,7 @@ fn dma_after_unmap(a: &DevArgs) -> Result<(), Failure> {
 /// IOMMU call at all while it runs.
 fn map_bench(a: &MapBenchArgs) -> Result<(), Failure> {
     use mcqio::vfio::mapping::bench::{format_table, run_table, BenchMode};
-    let ctrl = open(&a.dev.device)?;
+    let ctrl = open(&a.dev)?;
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -1206,7 +1308,7 @@ fn map_bench(a: &MapBenchArgs) -> Result<(), Failure> {
 // ------------------------------------------------------------------ patterns
 
 fn write_pattern(a: &DevPatternArgs) -> Result<(), Failure> {
-    let ctrl = open(&a.dev.device)?;
+    let ctrl = open(&a.dev)?;
     let p = a.region;
     let shift = check_range(&ctrl, p.offset, p.len)?;
     let mut qp = ctrl
@@ -1236,7 +1338,7 @@ fn write_pattern(a: &DevPatternArgs) -> Result<(), Failure> {
 }
 
 fn check_pattern(a: &DevPatternArgs) -> Result<(), Failure> {
-    let ctrl = open(&a.dev.device)?;
+    let ctrl = open(&a.dev)?;
     let p = a.region;
     let shift = check_range(&ctrl, p.offset, p.len)?;
     let mut qp = ctrl
@@ -1297,6 +1399,7 @@ fn main() -> ExitCode {
         Cmd::Identify(a) => identify(a),
         Cmd::Rw(a) => rw(a),
         Cmd::Commands(a) => commands(a),
+        Cmd::Reset(a) => reset(a),
         Cmd::DmaAfterUnmap(a) => dma_after_unmap(a),
         Cmd::MapBench(a) => map_bench(a),
         Cmd::WritePattern(a) => write_pattern(a),
