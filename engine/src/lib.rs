@@ -51,16 +51,57 @@
 //! # How every command ends
 //!
 //! A submitted command completes exactly once, as a [`Completion`] from
-//! [`QueuePair::poll`] (success, or [`IoError::Nvme`] with the decoded
-//! status), or from [`QueuePair::close`] ([`IoError::Aborted`] for what the
-//! controller never completed). A rejected submission never started and
-//! hands its buffer back in a [`SubmitError`]. A CQE that matches no command
-//! in flight (duplicate, stale, corrupt CID) is counted in
-//! [`QpairStats::stale_completions`] and dropped. Hooks for timeout handling:
-//! [`QueuePair::check_timeouts`] (coarse per-command submit time),
-//! [`QueuePair::abort_command`], [`QueuePair::check_health`] (CSTS.CFS and
-//! surprise removal, also checked from `poll`), and
-//! [`Controller::async_events`].
+//! [`QueuePair::poll`] or from [`QueuePair::close`]; its buffer comes back
+//! in that completion once the device can no longer access it. The result:
+//!
+//! | result | when | buffer |
+//! |---|---|---|
+//! | `Ok(())` | the controller completed it successfully | back |
+//! | [`IoError::Nvme`] | the controller completed it with an error status | back |
+//! | [`IoError::TimedOut`] | it exceeded [`QpairOptions::io_timeout`] and the controller confirmed the Abort mcqio sent ([`TimeoutPolicy::Abort`]) | back |
+//! | [`IoError::AbortedByReset`] | the controller was reset while it was outstanding ([`Controller::reset`], or a timeout policy); it may or may not have executed | back |
+//! | [`IoError::Aborted`] | [`QueuePair::close`] deleted the queue before the controller completed it | back |
+//! | [`IoError::ControllerFailed`] | CSTS.CFS or surprise removal; `poll` returns [`Error::ControllerFatal`] / [`Error::DeviceGone`] | back, or leaked (`None`) if a fatal controller could not even be disabled |
+//!
+//! A rejected submission never started and hands its buffer back in a
+//! [`SubmitError`]. A CQE that matches no command in flight (duplicate,
+//! stale, corrupt CID) is counted in [`QpairStats::stale_completions`] and
+//! dropped.
+//!
+//! ## Timeouts, reset, failure
+//!
+//! All detected while polling — mcqio has no timer thread. Each poll reads
+//! a coarse clock (already needed for command ages) and one relaxed load of
+//! the controller's state word; the timeout scan over outstanding commands
+//! runs only when a quarter of the timeout has passed since the last one.
+//! Nothing is added per I/O but a one-byte store when a command is armed.
+//!
+//! - **Timeout** ([`TimeoutPolicy`], per queue pair; the admin queue has
+//!   [`ControllerOptions::admin_timeout`] and its own policy):
+//!   `ReportOnly` counts it ([`QpairStats::timeouts`]) and leaves the
+//!   command alone; `Abort` sends an Abort — if the controller aborts it,
+//!   its completion arrives as [`IoError::TimedOut`]; if the Abort is
+//!   refused or fails, or the aborted command still does not complete
+//!   within another timeout, the controller is reset; `Reset` resets at
+//!   once. A timed-out command is never completed while the device might
+//!   still DMA into its buffer: only its own completion or a reset (the
+//!   controller disabled, CSTS.RDY = 0) ends it.
+//! - **Reset** ([`Controller::reset`]): every queue pair, at its next poll,
+//!   delivers what the controller completed before the reset, completes the
+//!   rest with [`IoError::AbortedByReset`], and re-creates its queues on the
+//!   controller transparently (same queue id and memory). The application
+//!   resubmits. Asynchronous Event Requests are re-posted; events keep
+//!   arriving through [`Controller::async_events`].
+//! - **Controller fatal / surprise removal**: noticed by a poll (CSTS read
+//!   while commands are outstanding and nothing completes) or an admin
+//!   command. A fatal controller is disabled at once so no DMA stays in
+//!   flight; every outstanding command completes with
+//!   [`IoError::ControllerFailed`]; later submissions, polls, admin
+//!   commands and `close` fail fast with the same error. A fatal controller
+//!   can be brought back with [`Controller::reset`]; a removed one cannot.
+//!
+//! Lower-level hooks remain: [`QueuePair::check_timeouts`] (list old
+//! commands), [`QueuePair::abort_command`], [`QueuePair::check_health`].
 //!
 //! - [`spec`]: wire formats (registers, SQE/CQE, command builders, identify, status).
 //! - [`ctrl`]: [`Controller`] bring-up, admin queue, shutdown.

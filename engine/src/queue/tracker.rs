@@ -263,10 +263,10 @@ mod tests {
         let mut done: Vec<u16> = Vec::new();
         let mut next_tag = 0u64;
         // Feed one CQE: deliver iff it matches a live command, to that command.
-        let mut cqe = |t: &mut Trackers<u64>,
-                       live: &mut BTreeMap<u16, u64>,
-                       done: &mut Vec<u16>,
-                       cid: u16| {
+        let cqe = |t: &mut Trackers<u64>,
+                   live: &mut BTreeMap<u16, u64>,
+                   done: &mut Vec<u16>,
+                   cid: u16| {
             match t.lookup(cid) {
                 Some(slot) => {
                     let want = live
