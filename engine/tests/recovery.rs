@@ -427,3 +427,22 @@ fn surprise_removal_fault_while_fetching_then_drop() {
         assert!(start.elapsed() < Duration::from_secs(5));
     }
 }
+
+#[test]
+fn iommu_fault_is_a_data_transfer_error_and_the_queue_goes_on() {
+    for mode in modes() {
+        let (fake, ctrl) = open(config(mode.clone(), 5));
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
+        fake.faults()
+            .inject_next(Some(qp.qid()), None, Fault::IommuFault);
+        write_one(&mut qp, &ctrl, 0, 6);
+        let c = collect(&mut qp, 1).pop().unwrap();
+        match c.result {
+            Err(IoError::Nvme(st)) => assert_eq!((st.sct, st.sc), (0, 0x04), "{mode:?}"),
+            r => panic!("expected Data Transfer Error, got {r:?}"),
+        }
+        assert!(c.buf.is_some());
+        assert_eq!(ctrl.resets(), 0);
+        works(&mut qp, 0, 0x66);
+    }
+}
