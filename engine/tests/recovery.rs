@@ -151,7 +151,7 @@ fn report_only_leaves_the_command_to_complete() {
         fake.faults().inject_next(
             Some(qp.qid()),
             None,
-            Fault::Delay(Duration::from_millis(150)),
+            Fault::Delay(Duration::from_millis(300)),
         );
         write_one(&mut qp, &ctrl, 0, 3);
         let c = collect(&mut qp, 1).pop().unwrap();
@@ -444,5 +444,37 @@ fn iommu_fault_is_a_data_transfer_error_and_the_queue_goes_on() {
         assert!(c.buf.is_some());
         assert_eq!(ctrl.resets(), 0);
         works(&mut qp, 0, 0x66);
+    }
+}
+
+#[test]
+fn close_and_drop_after_an_unnoticed_reset() {
+    for mode in modes() {
+        let (fake, ctrl) = open(config(mode.clone(), 5));
+        let mut a = ctrl.create_qpair(Default::default()).unwrap();
+        let b = ctrl.create_qpair(Default::default()).unwrap();
+        fake.faults()
+            .inject_next(Some(a.qid()), None, Fault::Delay(Duration::from_secs(3600)));
+        write_one(&mut a, &ctrl, 0, 1);
+        let start = Instant::now();
+        while fake.faults().pending() > 0 {
+            a.poll(16, |_| {}).unwrap();
+            assert!(start.elapsed() < HANG);
+            std::thread::yield_now();
+        }
+        ctrl.reset().unwrap();
+        let mut got = Vec::new();
+        a.close(|c| got.push((c.tag, c.result, c.buf.is_some())))
+            .unwrap();
+        assert_eq!(
+            got,
+            vec![(1, Err(IoError::AbortedByReset), true)],
+            "{mode:?}"
+        );
+        drop(b);
+        assert_eq!(ctrl.free_io_queues(), ctrl.granted_io_queues());
+        // The ids are usable again.
+        let mut c = ctrl.create_qpair(Default::default()).unwrap();
+        works(&mut c, 0, 1);
     }
 }

@@ -32,6 +32,10 @@ const PRP_PER_PAGE: usize = (PAGE_SIZE / 8) as usize;
 const BLOCKING_TAG: u64 = u64::MAX;
 /// Empty polls (with commands outstanding) between CSTS health checks.
 const HEALTH_CHECK_INTERVAL: u32 = 4096;
+/// Empty polls (with commands outstanding) between reads of the coarse
+/// clock, so timeouts are seen on a queue that waits for completions (a
+/// non-empty poll always reads it). A power of two dividing the above.
+const IDLE_CLOCK_INTERVAL: u32 = 64;
 
 /// Options for [`Controller::create_qpair`].
 #[derive(Clone, Debug)]
@@ -190,6 +194,8 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     blocking_timeout: Duration,
     bounce: Option<DmaBuf>,
     closed: bool,
+    /// A reset removed the queues and they were not re-created (closing).
+    queue_absent: bool,
     _prp_mem: DmaRegion,
     ctrl: Arc<Controller>,
     _not_sync: PhantomData<Cell<()>>,
@@ -433,6 +439,7 @@ impl<B: IoBuf> QueuePair<B> {
             blocking_timeout: opts.blocking_timeout,
             bounce: None,
             closed: false,
+            queue_absent: false,
             _prp_mem: prp_mem,
             ctrl: Arc::clone(ctrl),
             _not_sync: PhantomData,
@@ -891,7 +898,7 @@ impl<B: IoBuf> QueuePair<B> {
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
         if self.ctrl.state() != self.seen_state {
-            return self.on_state_change(&mut f);
+            return self.on_state_change(&mut f, true);
         }
         if let Some(e) = self.failed {
             return Err(failed_error(e, self.qid));
@@ -915,10 +922,12 @@ impl<B: IoBuf> QueuePair<B> {
         self.completed += delivered as u64;
         if seen == 0 && self.trackers.outstanding() > 0 {
             self.idle_polls += 1;
-            if self.idle_polls % HEALTH_CHECK_INTERVAL == 0 {
+            if self.idle_polls % IDLE_CLOCK_INTERVAL == 0 {
                 self.now_ms = self.epoch.elapsed().as_millis() as u32;
+            }
+            if self.idle_polls % HEALTH_CHECK_INTERVAL == 0 {
                 if let Err(e) = self.check_health() {
-                    let _ = self.on_state_change(&mut f);
+                    let _ = self.on_state_change(&mut f, true);
                     return Err(e);
                 }
             }
@@ -1033,7 +1042,14 @@ impl<B: IoBuf> QueuePair<B> {
     /// last looked (see the controller's state word). Cold.
     #[cold]
     #[inline(never)]
-    fn on_state_change<F: FnMut(Completion<B>)>(&mut self, f: &mut F) -> Result<usize> {
+    ///
+    /// With `recreate` false (the queue is being closed or dropped) the
+    /// queues are not re-created after a reset; `queue_absent` says so.
+    fn on_state_change<F: FnMut(Completion<B>)>(
+        &mut self,
+        f: &mut F,
+        recreate: bool,
+    ) -> Result<usize> {
         let mut n = 0;
         loop {
             let now = self.ctrl.state();
@@ -1071,6 +1087,10 @@ impl<B: IoBuf> QueuePair<B> {
             if failed {
                 self.failed = Some(failure_of(settled));
                 continue;
+            }
+            if !recreate {
+                self.queue_absent = true;
+                return Ok(n);
             }
             match self.ctrl.create_io_queues(
                 self.qid,
@@ -1165,7 +1185,7 @@ impl<B: IoBuf> QueuePair<B> {
             }
         }
         if self.ctrl.state() != self.seen_state {
-            return self.on_state_change(f);
+            return self.on_state_change(f, true);
         }
         Ok(0)
     }
@@ -1234,12 +1254,17 @@ impl<B: IoBuf> QueuePair<B> {
     pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
         self.closed = true;
         if self.ctrl.state() != self.seen_state {
-            let _ = self.on_state_change(&mut f);
+            let _ = self.on_state_change(&mut f, false);
         }
         if let Some(e) = self.failed {
             // Nothing is outstanding any more (completed or leaked above).
             self.ctrl.release_qid(self.qid);
             return Err(failed_error(e, self.qid));
+        }
+        if self.queue_absent {
+            // A reset deleted the queues; everything was completed above.
+            self.ctrl.release_qid(self.qid);
+            return Ok(());
         }
         // Report every consumed CQE first: deleting the SQ may make the
         // controller post completions for what it aborts, and they must
@@ -1269,7 +1294,7 @@ impl<B: IoBuf> QueuePair<B> {
                 // The deletion may have failed because the controller was
                 // reset or failed meanwhile: then complete as poll would.
                 if self.ctrl.state() != self.seen_state {
-                    let _ = self.on_state_change(&mut f);
+                    let _ = self.on_state_change(&mut f, false);
                     if self.trackers.outstanding() == 0 {
                         self.ctrl.release_qid(self.qid);
                         return match self.failed {
@@ -1308,9 +1333,9 @@ impl<B: IoBuf> Drop for QueuePair<B> {
             return;
         }
         if self.ctrl.state() != self.seen_state {
-            let _ = self.on_state_change(&mut |c: Completion<B>| drop(c));
+            let _ = self.on_state_change(&mut |c: Completion<B>| drop(c), false);
         }
-        if self.failed.is_some() {
+        if self.failed.is_some() || self.queue_absent {
             // Completed (or leaked, if the device might still write) above;
             // the queues no longer exist on the controller.
             self.ctrl.release_qid(self.qid);
@@ -1326,7 +1351,7 @@ impl<B: IoBuf> Drop for QueuePair<B> {
             Ok(()) => self.ctrl.release_qid(self.qid),
             Err(_)
                 if self.ctrl.state() != self.seen_state && {
-                    let _ = self.on_state_change(&mut |c: Completion<B>| drop(c));
+                    let _ = self.on_state_change(&mut |c: Completion<B>| drop(c), false);
                     self.trackers.outstanding() == 0
                 } =>
             {
@@ -1353,7 +1378,7 @@ impl QueuePair<DmaBuf> {
     /// the controller already dropped.
     fn blocking_sync(&mut self) -> Result<()> {
         if self.ctrl.state() != self.seen_state {
-            self.on_state_change(&mut |c: Completion<DmaBuf>| drop(c))?;
+            self.on_state_change(&mut |c: Completion<DmaBuf>| drop(c), true)?;
         }
         match self.failed {
             Some(e) => Err(failed_error(e, self.qid)),
