@@ -949,12 +949,15 @@ impl<B: IoBuf> QueuePair<B> {
     fn take_cqe(&mut self, cqe: &Cqe) -> Option<Completion<B>> {
         match self.trackers.lookup(cqe.cid) {
             Some(slot) if cqe.sq_id == self.qid => {
+                let (tag, buf) = self.trackers.complete(slot);
+                // After `complete`: the slot keeps its timeout state until
+                // it is armed again, and the hot path keeps `complete`
+                // right after `lookup` (one bounds check).
                 let result = if NvmeStatus::raw_is_success(cqe.status) {
                     Ok(())
                 } else {
                     Err(self.error_of(slot, cqe))
                 };
-                let (tag, buf) = self.trackers.complete(slot);
                 Some(Completion {
                     tag,
                     result,
@@ -963,21 +966,29 @@ impl<B: IoBuf> QueuePair<B> {
                 })
             }
             _ => {
-                self.trackers.stale += 1;
-                log::warn!(
-                    "queue {}: dropped stale/duplicate completion (cid {:#06x}, sq {}, status {:#06x})",
-                    self.qid,
-                    cqe.cid,
-                    cqe.sq_id,
-                    cqe.status
-                );
+                self.stale(cqe);
                 None
             }
         }
     }
 
-    /// The error of a failed completion: a command we aborted because it
-    /// timed out reports [`IoError::TimedOut`].
+    /// Count and log a CQE that matches no command in flight.
+    #[cold]
+    #[inline(never)]
+    fn stale(&mut self, cqe: &Cqe) {
+        self.trackers.stale += 1;
+        log::warn!(
+            "queue {}: dropped stale/duplicate completion (cid {:#06x}, sq {}, status {:#06x})",
+            self.qid,
+            cqe.cid,
+            cqe.sq_id,
+            cqe.status
+        );
+    }
+
+    /// The error of a failed completion (of the command just completed in
+    /// `slot`): a command we aborted because it timed out reports
+    /// [`IoError::TimedOut`].
     #[cold]
     fn error_of(&mut self, slot: u16, cqe: &Cqe) -> IoError {
         let st = cqe.nvme_status();
