@@ -496,3 +496,21 @@ fn close_and_drop_after_an_unnoticed_reset() {
         works(&mut c, 0, 1);
     }
 }
+
+#[test]
+fn reset_with_shadow_doorbells_reconfigures_them() {
+    for mode in modes() {
+        let mut cfg = config(mode.clone(), 5);
+        cfg.shadow_doorbells = true;
+        let (_fake, ctrl) = open(cfg);
+        assert!(ctrl.shadow_doorbells());
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
+        works(&mut qp, 0, 1);
+        for round in 0..3u8 {
+            ctrl.reset().unwrap();
+            works(&mut qp, round as u64, round + 2);
+        }
+        assert_eq!(qp.stats().recoveries, 3);
+        assert!(qp.stats().sq_doorbell_skipped > 0 || qp.stats().sq_doorbell_writes > 0);
+    }
+}

@@ -22,7 +22,14 @@
 //! - `MCQIO_SOAK_MODE`: `sync` (default: the fake runs in the submitting
 //!   thread) or `threaded` (a device worker thread).
 //!
-//! Run with `-- --nocapture` to see the counts.
+//! Run with `-- --nocapture` to see the counts. Sizes: the default (1M
+//! I/Os, sync mode) takes about 35-40 s in a debug `cargo test` on two
+//! cores, so CI runs it as is. Larger runs:
+//!
+//! ```text
+//! MCQIO_SOAK_IOS=20000000 cargo test --release -p mcqio --test soak -- --nocapture
+//! MCQIO_SOAK_MODE=threaded MCQIO_SOAK_IOS=2000000 cargo test --release -p mcqio --test soak -- --nocapture
+//! ```
 
 mod common;
 
