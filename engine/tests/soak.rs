@@ -402,6 +402,15 @@ fn soak() {
     assert_eq!(total.other, 0, "{ctx}: no unexpected error kinds");
     assert!(ctrl.resets() >= explicit_resets, "{ctx}");
     assert!(total.reads_verified_blocks > 0, "{ctx}");
+    // Only injected duplicates and corrupt CIDs produce CQEs that match
+    // nothing (the fake posts a duplicate only if its CQ has room).
+    let stray = faults.get(&FaultKind::DuplicateCqe).copied().unwrap_or(0)
+        + faults.get(&FaultKind::CorruptCid).copied().unwrap_or(0);
+    assert!(
+        total.stats.stale_completions <= stray,
+        "{ctx}: {} stale CQEs but only {stray} injected",
+        total.stats.stale_completions
+    );
     if ios >= 100_000 {
         // Every fault class fired and was seen through its outcome.
         for k in [
