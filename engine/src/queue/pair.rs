@@ -51,9 +51,10 @@ pub struct QpairOptions {
     /// Per-command timeout for this queue's I/O (`None`: never time out).
     /// Detected while polling — no timer thread: [`QueuePair::poll`] scans
     /// the outstanding commands once the queue's coarse clock (read once per
-    /// poll) has moved a quarter of the timeout since the last scan, so a
-    /// command is acted on between 1 and 1.25 timeouts after submission
-    /// (while the queue is polled). The admin queue has its own
+    /// poll, and every 64 empty polls while commands are outstanding) has
+    /// moved a quarter of the timeout since the last scan, so a command is
+    /// acted on about 1 to 1.25 timeouts after submission, as measured on
+    /// that clock (and only while the queue is polled). The admin queue has its own
     /// [`crate::ControllerOptions::admin_timeout`].
     pub io_timeout: Option<Duration>,
     /// What a timeout does; see [`TimeoutPolicy`].
