@@ -259,8 +259,14 @@ struct ShadowPages {
 
 impl ShadowPages {
     /// The (SQ tail, CQ head) slots of queue `qid`; `None` if the page is
-    /// too small for that queue. `zero` resets the shadow values (a new
-    /// queue starts at 0; the admin queue keeps what the controller copied in).
+    /// too small for that queue. `zero` resets the shadow values and the
+    /// EventIdx entries (a new queue starts at 0; the admin queue keeps
+    /// what the controller copied in). EventIdx must be reset too: the
+    /// doorbell skips the MMIO write unless the new tail passes EventIdx,
+    /// and one left behind by an earlier queue with this id (before a reset,
+    /// or a queue pair since dropped) would make a queue starting over at 0
+    /// skip its first doorbells — a hang on controllers that only look at a
+    /// queue when its MMIO doorbell is written (QEMU).
     fn slots(&self, qid: u16, dstrd: u8, zero: bool) -> (Option<Shadow>, Option<Shadow>) {
         let stride = regs::doorbell_stride(dstrd);
         let sq_off = 2 * qid as usize * stride;
@@ -271,6 +277,8 @@ impl ShadowPages {
         if zero {
             let _ = self.shadow.write_obj::<u32>(sq_off, 0);
             let _ = self.shadow.write_obj::<u32>(cq_off, 0);
+            let _ = self.event_idx.write_obj::<u32>(sq_off, 0);
+            let _ = self.event_idx.write_obj::<u32>(cq_off, 0);
         }
         // SAFETY: offsets checked against both pages' lengths above; the
         // pages live as long as the controller, which every queue (and the

@@ -514,3 +514,35 @@ fn reset_with_shadow_doorbells_reconfigures_them() {
         assert!(qp.stats().sq_doorbell_skipped > 0 || qp.stats().sq_doorbell_writes > 0);
     }
 }
+
+/// With shadow doorbells the host skips the MMIO doorbell unless the new
+/// tail passes the device's EventIdx. A queue that starts over at index 0
+/// (re-created after a reset, or a new queue on a recycled id) must not be
+/// judged against the EventIdx its predecessor left behind: real
+/// controllers (QEMU) only look at a queue when its MMIO doorbell is
+/// written, so a skipped first doorbell is a hang.
+#[test]
+fn a_restarted_queue_rings_its_first_doorbell() {
+    let mut cfg = config(ExecMode::Sync, 5);
+    cfg.shadow_doorbells = true;
+    let (_fake, ctrl) = open(cfg);
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
+    for i in 0..6 {
+        qp.write_blocking(1, i, &[1; 512]).unwrap();
+    }
+    ctrl.reset().unwrap();
+    let before = qp.stats().sq_doorbell_writes;
+    qp.write_blocking(1, 0, &[2; 512]).unwrap();
+    assert!(
+        qp.stats().sq_doorbell_writes > before,
+        "first doorbell after the reset was skipped: {:?}",
+        qp.stats()
+    );
+    // A new queue pair on the recycled queue id.
+    let qid = qp.qid();
+    drop(qp);
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
+    assert_eq!(qp.qid(), qid);
+    qp.write_blocking(1, 0, &[3; 512]).unwrap();
+    assert!(qp.stats().sq_doorbell_writes > 0, "{:?}", qp.stats());
+}
