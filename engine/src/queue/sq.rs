@@ -57,15 +57,42 @@ impl SubQueue {
 
     /// Write `sqe` at the tail and advance it. The caller guarantees a free
     /// slot (trackers bound outstanding commands to `entries - 1`).
+    ///
+    /// On x86_64 the entry is written with non-temporal (streaming) stores:
+    /// the slot's cache line was last read by the device, one lap ago, so
+    /// an ordinary store must first win the line back from the device's
+    /// cache (a read-for-ownership, a cross-core round trip of hundreds of
+    /// ns on some machines) and stores retire in order, so a burst of SQEs
+    /// stalled the submitting core on those round trips. Four 16-byte
+    /// streaming stores fill one write-combining buffer and go out as one
+    /// full-line write with no read. `flush` orders them before the doorbell
+    /// with an SFENCE.
     #[inline]
     pub fn push(&mut self, sqe: Sqe) {
         // SAFETY: `tail < entries` and the ring holds `entries` SQEs in live
         // DMA memory owned by `self`. The device does not read this slot
-        // until the doorbell publishes it (after the Release fence in
-        // `flush`), so for now the slot is ours alone: a plain (non-volatile)
-        // write through the raw pointer is race-free, forms no reference, and
-        // lets the compiler use wide stores.
-        unsafe { self.ring.as_ptr().add(self.tail as usize).write(sqe) };
+        // until the doorbell publishes it (after the fence in `flush`), so
+        // for now the slot is ours alone: writing it through the raw pointer
+        // is race-free and forms no reference.
+        let slot = unsafe { self.ring.as_ptr().add(self.tail as usize) };
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+            let src = (&sqe as *const Sqe).cast::<__m128i>();
+            let dst = slot.cast::<__m128i>();
+            for i in 0..4 {
+                // SAFETY: `src.add(i)` is inside the local `sqe` (64 bytes,
+                // unaligned load allowed); `dst.add(i)` is inside the slot,
+                // which is 16-byte aligned (ring base page aligned, 64-byte
+                // entries). SSE2 is part of the x86_64 baseline.
+                unsafe { _mm_stream_si128(dst.add(i), _mm_loadu_si128(src.add(i))) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        // SAFETY: see above.
+        unsafe {
+            slot.write(sqe)
+        };
         self.tail += 1;
         if self.tail == self.entries {
             self.tail = 0;
@@ -78,6 +105,14 @@ impl SubQueue {
         if self.tail == self.rung_tail {
             return false;
         }
+        // SFENCE: the SQEs were written with non-temporal stores (`push`),
+        // which x86 does not order with later stores; this drains them to
+        // memory before the doorbell store below can be seen.
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: SFENCE only orders stores; SSE is in the x86_64 baseline.
+        unsafe {
+            std::arch::x86_64::_mm_sfence()
+        };
         // Release: every SQE (and PRP list / DSM range) store above must be
         // visible to the device before it can observe the new tail through
         // the doorbell (MMIO or shadow) store below.
