@@ -580,6 +580,12 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             }
             if self.turn()? > 0 {
                 counter.store(self.st.completed_total, Ordering::Relaxed);
+            } else {
+                // Nothing completed: pause before polling again. A tight
+                // re-poll keeps pulling the completion ring's cache line
+                // back while the device is writing into it, so every CQE
+                // store there becomes a cross-core round trip.
+                std::hint::spin_loop();
             }
         }
         let t_end = self.st.clock.now();
