@@ -67,7 +67,7 @@ impl SubQueue {
     /// streaming stores fill one write-combining buffer and go out as one
     /// full-line write with no read. `flush` orders them before the doorbell
     /// with an SFENCE.
-    #[inline]
+    #[inline(always)]
     pub fn push(&mut self, sqe: Sqe) {
         // SAFETY: `tail < entries` and the ring holds `entries` SQEs in live
         // DMA memory owned by `self`. The device does not read this slot
