@@ -30,6 +30,9 @@ pub const MAX_DEPTH: u16 = 4096;
 const PRP_PER_PAGE: usize = (PAGE_SIZE / 8) as usize;
 /// Tag used by the blocking API.
 const BLOCKING_TAG: u64 = u64::MAX;
+/// Outstanding commands (this one included) above which SQEs are written
+/// with streaming stores (see `SubQueue::push`).
+const STREAM_MIN_OUTSTANDING: usize = 4;
 /// Empty polls (with commands outstanding) between CSTS health checks.
 const HEALTH_CHECK_INTERVAL: u32 = 4096;
 /// Empty polls (with commands outstanding) between reads of the coarse
@@ -649,7 +652,9 @@ impl<B: IoBuf> QueuePair<B> {
             }
         };
         let cid = self.trackers.slot(slot).cid;
-        self.sq.push(sqe.with_cid(cid).with_prp(prp1, prp2));
+        let stream = self.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
+        self.sq
+            .push_with(sqe.with_cid(cid).with_prp(prp1, prp2), stream);
         self.trackers.arm(slot, tag, Some(buf), self.now_ms);
         self.submitted += 1;
         Ok(())
@@ -774,7 +779,8 @@ impl<B: IoBuf> QueuePair<B> {
             });
         };
         let cid = self.trackers.slot(slot).cid;
-        self.sq.push(sqe.with_cid(cid));
+        let stream = self.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
+        self.sq.push_with(sqe.with_cid(cid), stream);
         self.trackers.arm(slot, tag, None, self.now_ms);
         self.submitted += 1;
         Ok(())

@@ -16,6 +16,8 @@ pub(crate) struct SubQueue {
     rung_tail: u16,
     /// Last SQ head the controller reported in a CQE.
     pub head: u16,
+    /// Some SQE since the last doorbell was written with streaming stores.
+    streamed: bool,
     pub db: Doorbell,
     mem: DmaRegion,
 }
@@ -34,6 +36,7 @@ impl SubQueue {
             tail: 0,
             rung_tail: 0,
             head: 0,
+            streamed: false,
             db,
             mem,
         }
@@ -55,28 +58,38 @@ impl SubQueue {
         self.head = 0;
     }
 
+    /// Write `sqe` at the tail with ordinary stores and advance it (see
+    /// [`SubQueue::push_with`]).
+    #[inline(always)]
+    pub fn push(&mut self, sqe: Sqe) {
+        self.push_with(sqe, false);
+    }
+
     /// Write `sqe` at the tail and advance it. The caller guarantees a free
     /// slot (trackers bound outstanding commands to `entries - 1`).
     ///
-    /// On x86_64 the entry is written with non-temporal (streaming) stores:
-    /// the slot's cache line was last read by the device, one lap ago, so
-    /// an ordinary store must first win the line back from the device's
-    /// cache (a read-for-ownership, a cross-core round trip of hundreds of
-    /// ns on some machines) and stores retire in order, so a burst of SQEs
-    /// stalled the submitting core on those round trips. Four 16-byte
-    /// streaming stores fill one write-combining buffer and go out as one
-    /// full-line write with no read. `flush` orders them before the doorbell
-    /// with an SFENCE.
+    /// With `stream` (x86_64), the entry is written with non-temporal
+    /// stores: the slot's cache line was last read by the device, one lap
+    /// ago, so an ordinary store must first win the line back from the
+    /// device's cache (a read-for-ownership, a cross-core round trip of
+    /// hundreds of ns on some machines), and stores retire in order, so a
+    /// burst of SQEs stalled the submitting core on those round trips. Four
+    /// 16-byte streaming stores fill one write-combining buffer and go out as
+    /// one full-line write with no read; `flush` orders them before the
+    /// doorbell with an SFENCE. A lone command is better off with an
+    /// ordinary store (the device then reads it from a cache, not DRAM, and
+    /// no SFENCE waits for the write-back), so callers stream only when the
+    /// queue is busy.
     #[inline(always)]
-    pub fn push(&mut self, sqe: Sqe) {
+    pub fn push_with(&mut self, sqe: Sqe, stream: bool) {
         // SAFETY: `tail < entries` and the ring holds `entries` SQEs in live
         // DMA memory owned by `self`. The device does not read this slot
-        // until the doorbell publishes it (after the fence in `flush`), so
+        // until the doorbell publishes it (after the fences in `flush`), so
         // for now the slot is ours alone: writing it through the raw pointer
         // is race-free and forms no reference.
         let slot = unsafe { self.ring.as_ptr().add(self.tail as usize) };
         #[cfg(target_arch = "x86_64")]
-        {
+        if stream {
             use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
             let src = (&sqe as *const Sqe).cast::<__m128i>();
             let dst = slot.cast::<__m128i>();
@@ -87,12 +100,17 @@ impl SubQueue {
                 // entries). SSE2 is part of the x86_64 baseline.
                 unsafe { _mm_stream_si128(dst.add(i), _mm_loadu_si128(src.add(i))) };
             }
+            self.streamed = true;
+        } else {
+            // SAFETY: see above.
+            unsafe { slot.write(sqe) };
         }
         #[cfg(not(target_arch = "x86_64"))]
-        // SAFETY: see above.
-        unsafe {
-            slot.write(sqe)
-        };
+        {
+            let _ = stream;
+            // SAFETY: see above.
+            unsafe { slot.write(sqe) };
+        }
         self.tail += 1;
         if self.tail == self.entries {
             self.tail = 0;
@@ -105,14 +123,15 @@ impl SubQueue {
         if self.tail == self.rung_tail {
             return false;
         }
-        // SFENCE: the SQEs were written with non-temporal stores (`push`),
-        // which x86 does not order with later stores; this drains them to
-        // memory before the doorbell store below can be seen.
+        // SFENCE: SQEs written with non-temporal stores (`push`) are not
+        // ordered with later stores on x86; this drains them to memory
+        // before the doorbell store below can be seen.
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: SFENCE only orders stores; SSE is in the x86_64 baseline.
-        unsafe {
-            std::arch::x86_64::_mm_sfence()
-        };
+        if self.streamed {
+            self.streamed = false;
+            // SAFETY: SFENCE only orders stores; SSE is in the x86_64 baseline.
+            unsafe { std::arch::x86_64::_mm_sfence() };
+        }
         // Release: every SQE (and PRP list / DSM range) store above must be
         // visible to the device before it can observe the new tail through
         // the doorbell (MMIO or shadow) store below.
