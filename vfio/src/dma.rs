@@ -89,9 +89,10 @@ pub enum HugePages {
     Never,
 }
 
-/// Anonymous, locked host memory that owns its mapping.
+/// Anonymous, locked host memory that owns its mapping (the one place that
+/// `mmap`s and `munmap`s memory for DMA regions and application buffers).
 #[derive(Debug)]
-struct HostMemory {
+pub(crate) struct HostMemory {
     ptr: NonNull<u8>,
     len: usize,
     kind: PageKind,
@@ -125,7 +126,19 @@ fn memlock_limit() -> String {
 }
 
 impl HostMemory {
-    fn new(len: usize, policy: HugePages, lock: bool) -> Result<Self, DmaError> {
+    /// Start of the mapping.
+    #[inline]
+    pub(crate) fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Length of the mapping (a multiple of the page size).
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn new(len: usize, policy: HugePages, lock: bool) -> Result<Self, DmaError> {
         if len == 0 {
             return Err(DmaError::ZeroLength);
         }

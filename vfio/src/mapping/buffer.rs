@@ -2,7 +2,7 @@
 
 use std::ptr::NonNull;
 
-use crate::dma::{DmaError, PAGE_SIZE};
+use crate::dma::{DmaError, HostMemory, HugePages};
 
 /// Page-aligned anonymous memory owned by the application, populated at
 /// allocation and locked with `mlock` (unless the IOMMU pins mapped pages
@@ -13,40 +13,20 @@ use crate::dma::{DmaError, PAGE_SIZE};
 /// holds an `AppBuffer` holds memory the device cannot reach: that is why,
 /// unlike DMA regions, it can give out ordinary slices.
 pub struct AppBuffer {
-    ptr: NonNull<u8>,
-    len: usize,
+    mem: HostMemory,
 }
 
-// SAFETY: `AppBuffer` exclusively owns its anonymous mapping (no other handle
-// to the pages exists outside a mapper that holds the buffer by value), so
-// moving it to another thread moves sole ownership.
-unsafe impl Send for AppBuffer {}
-// SAFETY: `&AppBuffer` only allows reads through `as_slice`; writes need
-// `&mut`, so shared references across threads cannot race.
-unsafe impl Sync for AppBuffer {}
+// `Send`/`Sync` come from `HostMemory`: the buffer exclusively owns its
+// anonymous mapping (no other handle to the pages exists outside a mapper that
+// holds the buffer by value), and `&AppBuffer` only allows reads through
+// `as_slice`; writes need `&mut`.
 
 impl std::fmt::Debug for AppBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppBuffer")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
+            .field("ptr", &self.mem.ptr())
+            .field("len", &self.mem.len())
             .finish()
-    }
-}
-
-fn memlock_limit() -> String {
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one `rlimit` into the valid, owned `rl`.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) } != 0 {
-        return "unknown".into();
-    }
-    if rl.rlim_cur == libc::RLIM_INFINITY {
-        "unlimited".into()
-    } else {
-        format!("{} KiB", rl.rlim_cur / 1024)
     }
 }
 
@@ -64,52 +44,18 @@ impl AppBuffer {
         Self::with_lock(len, !space.iommu().pins_pages())
     }
 
-    /// Allocate `len` bytes (rounded up to 4 KiB), zeroed and populated;
-    /// `mlock`ed when `lock` is true.
+    /// Allocate `len` bytes (rounded up to 4 KiB, always base pages), zeroed
+    /// and populated; `mlock`ed when `lock` is true.
     pub fn with_lock(len: usize, lock: bool) -> Result<Self, DmaError> {
-        if len == 0 {
-            return Err(DmaError::ZeroLength);
-        }
-        let len = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        // SAFETY: an anonymous private mapping with a null hint has no
-        // preconditions; the result is checked against MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(DmaError::Alloc {
-                len,
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        let buf = AppBuffer {
-            ptr: NonNull::new(p.cast()).expect("mmap returned null without MAP_FIXED"),
-            len,
-        };
-        // SAFETY: `p..p+len` is the mapping just created, owned by `buf`
-        // (which munmaps it if we return the error below).
-        if lock && unsafe { libc::mlock(p, len) } != 0 {
-            let source = std::io::Error::last_os_error();
-            return Err(DmaError::Lock {
-                len,
-                limit: memlock_limit(),
-                source,
-            });
-        }
-        Ok(buf)
+        Ok(Self {
+            mem: HostMemory::new(len, HugePages::Never, lock)?,
+        })
     }
 
     /// Length in bytes (a multiple of 4 KiB).
     #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.mem.len()
     }
 
     /// Always false: a buffer is at least one page.
@@ -121,30 +67,25 @@ impl AppBuffer {
     /// Host address of byte 0 (4 KiB aligned).
     #[inline]
     pub fn as_ptr(&self) -> NonNull<u8> {
-        self.ptr
+        self.mem.ptr()
     }
 
     /// The bytes. Not mapped for DMA while you can call this (see type docs).
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` is our live, initialised (zero-filled
-        // anonymous) mapping; the holder of the buffer is its only user.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        // SAFETY: the mapping is live and initialised (zero-filled anonymous
+        // memory); the holder of the buffer is its only user and no IOMMU
+        // mapping of it exists while the holder has it (type docs).
+        unsafe { std::slice::from_raw_parts(self.mem.ptr().as_ptr(), self.mem.len()) }
     }
 
     /// The bytes, writable.
     #[inline]
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`; `&mut self` makes the borrow exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.mem.ptr().as_ptr(), self.mem.len()) }
     }
 }
 
-impl Drop for AppBuffer {
-    fn drop(&mut self) {
-        // SAFETY: `ptr..ptr+len` is the mapping this value created and owns;
-        // no IOMMU mapping of it exists (mappers only drop or return an
-        // AppBuffer after its unmap returned; a failed unmap leaks it).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
+// Drop: `HostMemory` unmaps the pages. Mappers only drop or return an
+// AppBuffer after its IOMMU unmap returned; a failed unmap leaks the buffer.
