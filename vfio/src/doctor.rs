@@ -422,7 +422,7 @@ fn check_memlock(r: &SysRoots, dma_budget: u64) -> Check {
     let st = MemlockStatus::current(r);
     let needed = memlock_needed(dma_budget);
     let what = format!(
-        "{} locked for {} of DMA memory (mlock + VFIO pin)",
+        "{} locked for {} of DMA memory (the VFIO pin; no separate mlock)",
         fmt_bytes(needed),
         fmt_bytes(dma_budget)
     );
