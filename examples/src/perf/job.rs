@@ -528,6 +528,10 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 ready(Err(e.to_string()));
                 return Err(e);
             }
+            // The per-second IOPS samples read this counter: the prefill's
+            // completions happened before the run and must not land in the
+            // first sample.
+            self.st.completed_total = 0;
         }
         ready(Ok(()));
         let mut phase = shared.phase.load(Ordering::Acquire);
