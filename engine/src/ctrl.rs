@@ -568,12 +568,7 @@ impl Controller {
         };
 
         // 3. Enable.
-        let cc = Cc::new()
-            .css(Cc::CSS_NVM)
-            .mps(0)
-            .ams(Cc::AMS_ROUND_ROBIN)
-            .iosqes(6)
-            .iocqes(4);
+        let cc = io_config();
         regs.write32(regs::CC, cc.0);
         regs.write32(regs::CC, cc.enable().0);
         wait_csts(
@@ -994,12 +989,7 @@ impl Controller {
         regs.write32(regs::AQA, Aqa::new(a.entries, a.entries).0);
         regs.write64(regs::ASQ, a.sq.region().iova().raw());
         regs.write64(regs::ACQ, a.cq.region().iova().raw());
-        let cc = Cc::new()
-            .css(Cc::CSS_NVM)
-            .mps(0)
-            .ams(Cc::AMS_ROUND_ROBIN)
-            .iosqes(6)
-            .iocqes(4);
+        let cc = io_config();
         regs.write32(regs::CC, cc.0);
         regs.write32(regs::CC, cc.enable().0);
         wait_csts(
@@ -1263,4 +1253,16 @@ impl Drop for Controller {
             log::warn!("{}: shutdown: {e}", self.backend.name());
         }
     }
+}
+
+/// The controller configuration written before CC.EN, at bring-up and after
+/// every reset alike: NVM command set, 4 KiB pages (MPS 0), round-robin
+/// arbitration, 64-byte SQEs and 16-byte CQEs.
+fn io_config() -> Cc {
+    Cc::new()
+        .css(Cc::CSS_NVM)
+        .mps(0)
+        .ams(Cc::AMS_ROUND_ROBIN)
+        .iosqes(6)
+        .iocqes(4)
 }
