@@ -558,11 +558,16 @@ pub trait DmaMapper: Send {
     fn release(&mut self, m: Mapped, out: &mut Vec<Returned>) -> Result<(), MapError>;
 
     /// Time-based work: flush a lazy queue whose oldest entry is older than
-    /// the time limit. Call on every pass of the completion loop.
-    fn poll(&mut self, out: &mut Vec<Returned>) -> Result<(), MapError>;
+    /// the time limit. Call on every pass of the completion loop. Modes that
+    /// defer nothing (premapped, strict) keep the default no-op.
+    fn poll(&mut self, _out: &mut Vec<Returned>) -> Result<(), MapError> {
+        Ok(())
+    }
 
-    /// Flush everything queued now.
-    fn flush(&mut self, out: &mut Vec<Returned>) -> Result<(), MapError>;
+    /// Flush everything queued now (a no-op for modes that defer nothing).
+    fn flush(&mut self, _out: &mut Vec<Returned>) -> Result<(), MapError> {
+        Ok(())
+    }
 
     /// Counters.
     fn stats(&self) -> MapperStats;

@@ -377,14 +377,6 @@ impl DmaMapper for PremappedMapper {
         Ok(())
     }
 
-    fn poll(&mut self, _out: &mut Vec<Returned>) -> Result<(), MapError> {
-        Ok(())
-    }
-
-    fn flush(&mut self, _out: &mut Vec<Returned>) -> Result<(), MapError> {
-        Ok(())
-    }
-
     fn stats(&self) -> MapperStats {
         MapperStats {
             iommu: self.pool.space().iommu().counters().snapshot(),

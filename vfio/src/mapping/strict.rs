@@ -121,14 +121,6 @@ impl DmaMapper for StrictMapper {
         Ok(())
     }
 
-    fn poll(&mut self, _out: &mut Vec<Returned>) -> Result<(), MapError> {
-        Ok(())
-    }
-
-    fn flush(&mut self, _out: &mut Vec<Returned>) -> Result<(), MapError> {
-        Ok(())
-    }
-
     fn stats(&self) -> MapperStats {
         MapperStats {
             iommu: self.win.space().iommu().counters().snapshot(),
