@@ -7,9 +7,13 @@ mod common;
 
 use common::*;
 use mcqio::{QpairOptions, QueuePair, SubmitErrorKind};
-use mcqio_fixtures::ExecMode;
+use std::sync::Arc;
+
+use mcqio::{Controller, ControllerOptions};
+use mcqio_fixtures::{ExecMode, FakeController};
 use mcqio_vfio::{
-    AppBuffer, DmaDir, DmaMapper, DmaMode, IoBuffer, Mapped, MapperConfig, QueueMapper, Returned,
+    AppBuffer, Backend, DmaDir, DmaMapper, DmaMode, DmaSpace, DoorbellHook, HugePages, IoBuffer,
+    Iommu, Mapped, MapperConfig, Mmio, QueueMapper, Returned,
 };
 
 const LEN: usize = 16 << 10;
@@ -125,4 +129,79 @@ fn mapping_from_another_space_is_rejected() {
     mapper.release(e.into_buf(), &mut out).unwrap();
     mapper.flush(&mut out).unwrap();
     assert_eq!(out.len(), 1, "the buffer is handed back, not lost");
+}
+
+/// A fake controller whose engine-side DMA space is one the test chose (over
+/// the fake's own IOMMU), so the test controls where that space sits in memory.
+struct OnSpace {
+    fake: Arc<FakeController>,
+    dma: Arc<DmaSpace>,
+}
+
+impl Backend for OnSpace {
+    fn regs(&self) -> &dyn Mmio {
+        self.fake.regs()
+    }
+    fn dma(&self) -> &Arc<DmaSpace> {
+        &self.dma
+    }
+    fn doorbell_hook(&self) -> Option<Arc<dyn DoorbellHook>> {
+        self.fake.doorbell_hook()
+    }
+    fn name(&self) -> String {
+        "fake-on-space".into()
+    }
+}
+
+/// Issue 12 item 4: a strict mapping kept from controller A, after A (and its
+/// DMA space) is gone, must not be accepted by a controller B whose DMA space
+/// sits at the address A's did: B's IOMMU has nothing (or something else) at
+/// that IOVA.
+#[test]
+fn mapping_of_a_dropped_controller_is_rejected_by_one_at_the_same_address() {
+    let (fake_a, ctrl_a) = open(config(ExecMode::Sync, 5));
+    let fake_b = FakeController::new(config(ExecMode::Sync, 5)).unwrap();
+    let addr_a = Arc::as_ptr(ctrl_a.dma()) as usize;
+    let mut mapper =
+        QueueMapper::new(ctrl_a.dma(), &MapperConfig::with_mode(DmaMode::Strict)).unwrap();
+    let b = AppBuffer::for_space(ctrl_a.dma(), 4096).unwrap();
+    let m = mapper
+        .map(b.into(), 4096, DmaDir::ToDevice, 1)
+        .map_err(|e| e.error)
+        .unwrap();
+    let weak_a = Arc::downgrade(ctrl_a.dma());
+    drop(mapper);
+    drop(ctrl_a);
+    drop(fake_a);
+    assert_eq!(weak_a.strong_count(), 0, "A's DMA space is gone");
+    drop(weak_a);
+    // Make spaces over B's IOMMU (keeping each, so the next gets a new
+    // address) until one reuses the address of A's.
+    let mut kept = Vec::new();
+    let space_b = loop {
+        assert!(
+            kept.len() < 256,
+            "the allocator never reused the address of A's DMA space"
+        );
+        let s = DmaSpace::new(
+            Arc::clone(fake_b.iommu()) as Arc<dyn Iommu>,
+            HugePages::Never,
+        );
+        if Arc::as_ptr(&s) as usize == addr_a {
+            break s;
+        }
+        kept.push(s);
+    };
+    let backend: Arc<dyn Backend> = Arc::new(OnSpace {
+        fake: Arc::clone(&fake_b),
+        dma: space_b,
+    });
+    let ctrl_b = Controller::new(backend, ControllerOptions::default()).unwrap();
+    assert_eq!(Arc::as_ptr(ctrl_b.dma()) as usize, addr_a);
+    let mut qp: QueuePair<Mapped> = ctrl_b.create_qpair_for(Default::default()).unwrap();
+    let e = qp.write(1, 0, 8, m, 1).unwrap_err();
+    assert_eq!(e.kind, SubmitErrorKind::NotDmaMapped);
+    assert!(fake_b.iommu().faults().is_empty());
+    // A's mapper is gone: the mapping (and its buffer) leak on drop, by design.
+    drop(e);
 }

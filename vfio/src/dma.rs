@@ -19,6 +19,7 @@
 
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::iommu::{DmaDir, Iommu, IommuError};
@@ -206,7 +207,13 @@ impl Drop for HostMemory {
 }
 
 /// An IOMMU domain plus its IOVA allocator: where DMA regions come from.
+///
+/// Every space has a process-unique [`id`](DmaSpace::id). Something that
+/// must name its space without keeping it alive (a [`Mapped`](crate::Mapped))
+/// records the id, not the address: a space dropped and another allocated at
+/// the same address are different IOMMU domains.
 pub struct DmaSpace {
+    id: u64,
     iommu: Arc<dyn Iommu>,
     iova: Mutex<IovaAllocator>,
     huge: HugePages,
@@ -215,20 +222,32 @@ pub struct DmaSpace {
 impl std::fmt::Debug for DmaSpace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DmaSpace")
+            .field("id", &self.id)
             .field("huge", &self.huge)
             .finish_non_exhaustive()
     }
 }
+
+/// Source of [`DmaSpace::id`]s. 64 bits cannot wrap in any process lifetime
+/// (one new space per nanosecond would take 584 years).
+static NEXT_SPACE_ID: AtomicU64 = AtomicU64::new(1);
 
 impl DmaSpace {
     /// A DMA space over `iommu`, allocating IOVAs from its valid ranges.
     pub fn new(iommu: Arc<dyn Iommu>, huge: HugePages) -> Arc<Self> {
         let ranges = iommu.valid_ranges();
         Arc::new(Self {
+            id: NEXT_SPACE_ID.fetch_add(1, Ordering::Relaxed),
             iommu,
             iova: Mutex::new(IovaAllocator::new(&ranges)),
             huge,
         })
+    }
+
+    /// This space's process-unique id (never 0, never reused).
+    #[inline]
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The IOMMU behind this space.

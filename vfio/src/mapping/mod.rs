@@ -382,8 +382,10 @@ pub struct Mapped {
     pub(crate) tag: u64,
     pub(crate) kind: MapKind,
     pub(crate) mapper: u32,
-    /// Address of the `DmaSpace` the mapping lives in (identity only).
-    pub(crate) space: usize,
+    /// [`DmaSpace::id`](crate::DmaSpace::id) of the space the mapping lives
+    /// in. Not its address: the `Mapped` does not keep the space alive, and
+    /// a later space may be allocated where this one was.
+    pub(crate) space: u64,
     pub(crate) buf: Option<IoBuffer>,
 }
 
@@ -423,7 +425,7 @@ impl Mapped {
     /// IOVA from another space means nothing to this device.
     #[inline]
     pub fn is_mapped_in(&self, space: &crate::DmaSpace) -> bool {
-        self.space == space as *const crate::DmaSpace as usize
+        self.space == space.id()
     }
 
     /// Always false.

@@ -296,7 +296,7 @@ pub(crate) fn map_pool_buf(
         tag,
         kind: MapKind::Premapped,
         mapper,
-        space: Arc::as_ptr(space) as usize,
+        space: space.id(),
         buf: Some(IoBuffer::Pool(buf)),
     })
 }

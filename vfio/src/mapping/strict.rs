@@ -72,7 +72,7 @@ pub(crate) fn map_app(
                 tag,
                 kind: MapKind::Window,
                 mapper,
-                space: Arc::as_ptr(win.space()) as usize,
+                space: win.space().id(),
                 buf: Some(buf),
             })
         }

@@ -609,3 +609,39 @@ fn dropping_a_lazy_mapper_flushes_its_queue_and_returns_its_window() {
     assert!(LazyMapper::new(&space, window, LazyConfig::default()).is_err());
     drop(StrictMapper::new(&space, window / 2).unwrap());
 }
+
+/// Issue 12 item 4: a `Mapped` outlives its space, and a new space is
+/// allocated at the same address. The new space must not claim the mapping.
+#[test]
+fn mapped_from_a_dropped_space_is_not_mapped_in_a_space_at_the_same_address() {
+    let (_iommu_a, space_a) = space();
+    let mut mapper = StrictMapper::new(&space_a, 1 << 24).unwrap();
+    let m = mapper.map(app(1), PAGE_SIZE, DmaDir::ToDevice, 1).unwrap();
+    assert!(m.is_mapped_in(&space_a));
+    let addr_a = Arc::as_ptr(&space_a) as usize;
+    drop(mapper);
+    drop(space_a);
+    // Allocate spaces (keeping each alive so the next gets a new address)
+    // until the allocator hands out A's address again.
+    let mut kept = Vec::new();
+    let space_b = loop {
+        assert!(
+            kept.len() < 256,
+            "the allocator never reused the address of the dropped space"
+        );
+        let (iommu, s) = space();
+        if Arc::as_ptr(&s) as usize == addr_a {
+            break s;
+        }
+        kept.push((iommu, s));
+    };
+    assert!(
+        !m.is_mapped_in(&space_b),
+        "a space at a reused address claimed a mapping of the dropped one"
+    );
+    for (_, s) in &kept {
+        assert!(!m.is_mapped_in(s));
+    }
+    // `m` leaks its buffer on drop (its mapper is gone), as documented.
+    drop(m);
+}
