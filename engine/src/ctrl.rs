@@ -274,16 +274,26 @@ impl ShadowPages {
         if cq_off + 4 > self.shadow.len() || cq_off + 4 > self.event_idx.len() {
             return (None, None);
         }
-        if zero {
-            let _ = self.shadow.write_obj::<u32>(sq_off, 0);
-            let _ = self.shadow.write_obj::<u32>(cq_off, 0);
-            let _ = self.event_idx.write_obj::<u32>(sq_off, 0);
-            let _ = self.event_idx.write_obj::<u32>(cq_off, 0);
-        }
         // SAFETY: offsets checked against both pages' lengths above; the
         // pages live as long as the controller, which every queue (and the
         // admin queue, which the controller owns) keeps alive.
         let at = |r: &DmaRegion, off: usize| unsafe { r.as_ptr().add(off).cast::<u32>() };
+        if zero {
+            for p in [
+                at(&self.shadow, sq_off),
+                at(&self.shadow, cq_off),
+                at(&self.event_idx, sq_off),
+                at(&self.event_idx, cq_off),
+            ] {
+                // SAFETY: in bounds (checked above), 4-byte aligned (offsets
+                // are multiples of the doorbell stride in page-aligned pages).
+                // These are queue `qid`'s slots and the caller is setting that
+                // queue up (a fresh qid, or the admin queue under its lock), so
+                // no queue stores to them now; other queues' slots are at other
+                // offsets. The volatile store forms no reference.
+                unsafe { p.write_volatile(0) };
+            }
+        }
         (
             Some(Shadow {
                 value: at(&self.shadow, sq_off),
@@ -626,8 +636,8 @@ impl Controller {
         // 6. Shadow doorbells.
         let mut shadow = None;
         if opts.shadow_doorbells && identify.supports_doorbell_buffer() {
-            let s = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
-            let e = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
+            let mut s = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
+            let mut e = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
             s.fill(0);
             e.fill(0);
             let sqe = DoorbellBufferConfig

@@ -69,8 +69,11 @@ pub unsafe trait IoBuf: Send {
 ///
 /// `DmaBuf`s made from one region never overlap: a region becomes one buffer
 /// ([`DmaBuf::new`]) that can only be divided ([`DmaBuf::split_at`],
-/// [`DmaBuf::chunks`]). So a `DmaBuf` that is not in flight is exclusively
-/// owned, and copying in and out of it is an ordinary memcpy.
+/// [`DmaBuf::chunks`]), and the region they share ([`DmaBuf::region`]) gives
+/// no access to the bytes. So a `DmaBuf` that is not in flight is exclusively
+/// owned, copying in and out of it is an ordinary memcpy, and the borrow
+/// rules (`read_at` on `&self`, `write_at` on `&mut self`) keep threads from
+/// racing on it.
 pub struct DmaBuf {
     region: Arc<DmaRegion>,
     // 32-bit offset and length keep a DmaBuf at 16 bytes: it is moved into
@@ -197,9 +200,18 @@ impl DmaBuf {
     }
 
     /// The region this buffer is part of (for its IOVA, length and
-    /// direction, or IOMMU experiments). Its byte accessors reach the whole
-    /// region, including sibling buffers that may be in flight: prefer this
+    /// direction, or IOMMU experiments). The region is shared with every
+    /// buffer cut from it, some of which may be in flight or in another
+    /// thread's hands, so it gives addresses only: its byte accessors need
+    /// `&mut DmaRegion`, which a shared region never gives. Use this
     /// buffer's own [`read_at`](Self::read_at)/[`write_at`](Self::write_at).
+    ///
+    /// ```compile_fail,E0596
+    /// fn peek(buf: &mcqio::DmaBuf) -> u32 {
+    ///     // Would read bytes of a sibling buffer that another thread writes.
+    ///     buf.region().read_obj(0).unwrap()
+    /// }
+    /// ```
     pub fn region(&self) -> &Arc<DmaRegion> {
         &self.region
     }
@@ -219,9 +231,11 @@ impl DmaBuf {
     pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
         self.check(offset, src.len())?;
         // SAFETY: bounds checked; the buffer is not in flight (we hold it by
-        // `&mut`, and a queue pair holds in-flight buffers by value), and no
-        // other DmaBuf overlaps it (type invariant), so nothing else reads
-        // or writes these bytes during the copy. No reference is formed.
+        // `&mut`, and a queue pair holds in-flight buffers by value), no
+        // other DmaBuf overlaps it (type invariant), and the shared region
+        // offers no byte access (its accessors need `&mut DmaRegion`, which
+        // an `Arc` shared with sibling buffers never gives), so nothing else
+        // reads or writes these bytes during the copy. No reference is formed.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 src.as_ptr(),

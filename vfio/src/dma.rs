@@ -14,7 +14,9 @@
 //! undefined behaviour. `DmaRegion` therefore never hands out references: it
 //! hands out raw pointers ([`DmaRegion::as_ptr`]) and copies in and out with
 //! volatile accesses ([`DmaRegion::read_bytes`], [`DmaRegion::write_bytes`],
-//! [`DmaRegion::read_obj`], [`DmaRegion::write_obj`]). Ordering against the
+//! [`DmaRegion::read_obj`], [`DmaRegion::write_obj`]). Those copies take
+//! `&mut DmaRegion`, so on the CPU side two threads never reach the same
+//! bytes through safe code ([`DmaRegion`] docs). Ordering against the
 //! device (fences before doorbells, after phase checks) is the caller's job.
 
 use std::mem::ManuallyDrop;
@@ -100,8 +102,10 @@ pub(crate) struct HostMemory {
 }
 
 // SAFETY: `HostMemory` is an owned anonymous mapping; it hands out only raw
-// pointers, and all access through them is unsafe or volatile copies, so moving
-// or sharing the owner between threads cannot create a data race by itself.
+// pointers, and every access through them is in `unsafe` code of its owners
+// (`DmaRegion`'s accessors need `&mut DmaRegion`; `AppBuffer` writes need
+// `&mut AppBuffer`), so moving or sharing the owner between threads cannot
+// create a data race by itself.
 unsafe impl Send for HostMemory {}
 // SAFETY: see `Send`; `&HostMemory` exposes nothing but the pointer and length.
 unsafe impl Sync for HostMemory {}
@@ -298,6 +302,48 @@ impl DmaSpace {
 /// Pinned host memory mapped at an IOVA; unmapped and freed on drop.
 ///
 /// See the module docs for why this type hands out no references.
+///
+/// # Who may touch the bytes
+///
+/// Every accessor that reads or writes the region's bytes takes `&mut self`:
+/// on the CPU side a region has one user at a time, so safe code cannot race
+/// with itself (a volatile access racing with another access is a data race
+/// like any other). A shared `&DmaRegion` (or an `Arc<DmaRegion>`, as inside
+/// a `DmaBuf` or a buffer pool) gives addresses and sizes only; whoever
+/// shares a region and touches its memory does it through
+/// [`as_ptr`](Self::as_ptr) in `unsafe` code that states why no other access
+/// overlaps.
+///
+/// ```
+/// use mcqio_vfio::{DmaError, DmaRegion};
+/// fn stamp(region: &mut DmaRegion) -> Result<u32, DmaError> {
+///     region.write_obj(0, 7u32)?;
+///     region.read_obj(0)
+/// }
+/// # let _ = stamp;
+/// ```
+///
+/// Two threads sharing a region can therefore not write it through safe code:
+///
+/// ```compile_fail,E0596
+/// use std::sync::Arc;
+/// use mcqio_vfio::DmaRegion;
+/// fn race(region: Arc<DmaRegion>) {
+///     let other = Arc::clone(&region);
+///     let t = std::thread::spawn(move || other.write_bytes(0, &[1]));
+///     region.write_bytes(0, &[2]).unwrap();
+///     t.join().unwrap().unwrap();
+/// }
+/// ```
+///
+/// nor read it while another thread may write it:
+///
+/// ```compile_fail,E0596
+/// use mcqio_vfio::DmaRegion;
+/// fn peek(region: &DmaRegion) -> u32 {
+///     region.read_obj(0).unwrap()
+/// }
+/// ```
 pub struct DmaRegion {
     space: Arc<DmaSpace>,
     mem: ManuallyDrop<HostMemory>,
@@ -369,18 +415,24 @@ impl DmaRegion {
     }
 
     /// Copy `dst.len()` bytes out of the region starting at `offset`.
-    pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<(), DmaError> {
+    ///
+    /// Takes `&mut self` although it only reads: a read racing with another
+    /// thread's write is as much a data race as two writes (type docs).
+    pub fn read_bytes(&mut self, offset: usize, dst: &mut [u8]) -> Result<(), DmaError> {
         self.check(offset, dst.len())?;
         for (i, b) in dst.iter_mut().enumerate() {
             // SAFETY: bounds checked above; the region is mapped for `self`'s
-            // lifetime; a volatile byte read never forms a reference to DMA memory.
+            // lifetime; `&mut self` means no other CPU-side access through
+            // this region's accessors overlaps (shared holders only get
+            // pointers, type docs); a volatile byte read never forms a
+            // reference to memory the device may write.
             *b = unsafe { self.mem.ptr.as_ptr().add(offset + i).read_volatile() };
         }
         Ok(())
     }
 
     /// Copy `src` into the region starting at `offset`.
-    pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
+    pub fn write_bytes(&mut self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
         self.check(offset, src.len())?;
         for (i, b) in src.iter().enumerate() {
             // SAFETY: bounds checked above; see `read_bytes`.
@@ -391,16 +443,18 @@ impl DmaRegion {
 
     /// Read a plain-data value at `offset` (unaligned allowed).
     ///
-    /// `T` must be valid for any bit pattern (integers, `#[repr(C)]` structs of them).
-    pub fn read_obj<T: Copy + PlainData>(&self, offset: usize) -> Result<T, DmaError> {
+    /// `T` must be valid for any bit pattern (integers, `#[repr(C)]` structs of
+    /// them). `&mut self` for the same reason as [`read_bytes`](Self::read_bytes).
+    pub fn read_obj<T: Copy + PlainData>(&mut self, offset: usize) -> Result<T, DmaError> {
         self.check(offset, std::mem::size_of::<T>())?;
         // SAFETY: bounds checked; `T: PlainData` is valid for every bit pattern;
-        // the volatile read copies without forming a reference.
+        // `&mut self` excludes overlapping CPU access (see `read_bytes`); the
+        // volatile read copies without forming a reference.
         Ok(unsafe { std::ptr::read_volatile(self.mem.ptr.as_ptr().add(offset).cast::<T>()) })
     }
 
     /// Write a plain-data value at `offset`.
-    pub fn write_obj<T: Copy + PlainData>(&self, offset: usize, v: T) -> Result<(), DmaError> {
+    pub fn write_obj<T: Copy + PlainData>(&mut self, offset: usize, v: T) -> Result<(), DmaError> {
         self.check(offset, std::mem::size_of::<T>())?;
         // SAFETY: bounds checked; see `read_obj`.
         unsafe { std::ptr::write_volatile(self.mem.ptr.as_ptr().add(offset).cast::<T>(), v) };
@@ -408,12 +462,13 @@ impl DmaRegion {
     }
 
     /// Fill the whole region with `byte`.
-    pub fn fill(&self, byte: u8) {
+    pub fn fill(&mut self, byte: u8) {
         let word = u64::from_ne_bytes([byte; 8]);
         let base = self.mem.ptr.as_ptr().cast::<u64>();
         for i in 0..self.mem.len / 8 {
             // SAFETY: the mapping is page-aligned and a multiple of 8 bytes long,
-            // owned by `self`; volatile stores form no reference.
+            // owned by `self`; `&mut self` excludes overlapping CPU access
+            // (see `read_bytes`); volatile stores form no reference.
             unsafe { base.add(i).write_volatile(word) };
         }
     }

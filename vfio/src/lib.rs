@@ -50,7 +50,8 @@
 //!
 //! - no `&T`/`&mut T`/slice reference is ever created over DMA memory; use
 //!   [`DmaRegion::as_ptr`] with volatile or atomic accesses, or the copying
-//!   accessors ([`DmaRegion::read_bytes`], [`DmaRegion::write_obj`], …);
+//!   accessors ([`DmaRegion::read_bytes`], [`DmaRegion::write_obj`], …),
+//!   which take `&mut DmaRegion` so that safe code never races with itself;
 //! - memory stays mapped (and so allocated) until the IOMMU unmap has
 //!   returned: a region unmaps, then frees its IOVA, then frees its pages, and
 //!   leaks rather than frees if the unmap fails;

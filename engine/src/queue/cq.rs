@@ -28,7 +28,7 @@ impl CompQueue {
     /// Take ownership of `mem` (at least `entries * 16` bytes). The ring is
     /// zeroed here so every entry starts with phase 0; the first pass of the
     /// controller writes phase 1.
-    pub fn new(mem: DmaRegion, entries: u16, db: Doorbell) -> Self {
+    pub fn new(mut mem: DmaRegion, entries: u16, db: Doorbell) -> Self {
         assert!(mem.len() >= entries as usize * std::mem::size_of::<Cqe>());
         mem.fill(0);
         CompQueue {

@@ -165,6 +165,20 @@ impl BufPool {
 ///
 /// The memory stays mapped for the pool's lifetime, so (per the crate's DMA
 /// contract) it is accessed through raw pointers and volatile copies only.
+/// Buffers of one pool never overlap, so a `PoolBuf` owns its bytes: reading
+/// takes `&self`, writing takes `&mut self`, and threads sharing a
+/// `&PoolBuf` cannot write it:
+///
+/// ```compile_fail,E0596
+/// use mcqio_vfio::PoolBuf;
+/// fn race(buf: &PoolBuf) {
+///     std::thread::scope(|s| {
+///         s.spawn(|| buf.write_bytes(0, &[1]).unwrap());
+///         let mut b = [0u8; 1];
+///         buf.read_bytes(0, &mut b).unwrap();
+///     });
+/// }
+/// ```
 pub struct PoolBuf {
     shared: Arc<PoolShared>,
     index: u32,
@@ -231,13 +245,35 @@ impl PoolBuf {
     /// Copy bytes out of the buffer.
     pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<(), DmaError> {
         self.check(offset, dst.len())?;
-        self.shared.region.read_bytes(self.offset() + offset, dst)
+        // SAFETY: bounds checked against this buffer, which lies inside the
+        // pool's live region (`as_ptr`). Buffers of a pool never overlap and
+        // the pool's region exposes no byte access (shared `DmaRegion`), so
+        // the only writer of these bytes is whoever holds this `PoolBuf` by
+        // `&mut` (or a device, only while a `Mapped` owns it): none can run
+        // during this `&self` borrow. No reference to the memory is formed.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.as_ptr().as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
     }
 
-    /// Copy bytes into the buffer.
-    pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
+    /// Copy bytes into the buffer (`&mut self`: see the type docs).
+    pub fn write_bytes(&mut self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
         self.check(offset, src.len())?;
-        self.shared.region.write_bytes(self.offset() + offset, src)
+        // SAFETY: bounds checked; `&mut self` makes this the only access to
+        // the buffer's bytes (see `read_bytes`). No reference is formed.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.as_ptr().as_ptr().add(offset),
+                src.len(),
+            )
+        };
+        Ok(())
     }
 
     /// Split into the pool handle and index without running `Drop`.

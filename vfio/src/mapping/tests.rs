@@ -569,7 +569,7 @@ fn pool_memory_outlives_the_pool_while_buffers_are_out() {
         },
     )
     .unwrap();
-    let buf = pool.alloc().unwrap();
+    let mut buf = pool.alloc().unwrap();
     drop(pool);
     assert_eq!(
         iommu.live_mappings(),
@@ -644,4 +644,42 @@ fn mapped_from_a_dropped_space_is_not_mapped_in_a_space_at_the_same_address() {
     }
     // `m` leaks its buffer on drop (its mapper is gone), as documented.
     drop(m);
+}
+
+/// Issue 12 item 5, the sound pattern: buffers of one pool never overlap, so
+/// threads that each own one may write them at the same time (each write
+/// needs `&mut PoolBuf`); readers share `&PoolBuf`. The compile-fail doctests
+/// on `PoolBuf` and `DmaRegion` show the racy forms no longer compile.
+#[test]
+fn threads_write_their_own_pool_buffers_concurrently() {
+    let (_iommu, space) = space();
+    let mut pool = BufPool::new(
+        &space,
+        &PoolConfig {
+            buf_size: PAGE_SIZE,
+            count: 4,
+        },
+    )
+    .unwrap();
+    let mut bufs: Vec<PoolBuf> = (0..4).map(|_| pool.alloc().unwrap()).collect();
+    std::thread::scope(|s| {
+        for (i, b) in bufs.iter_mut().enumerate() {
+            s.spawn(move || {
+                for round in 0..64u8 {
+                    b.write_bytes(0, &[round ^ i as u8; PAGE_SIZE]).unwrap();
+                }
+            });
+        }
+    });
+    std::thread::scope(|s| {
+        for (i, b) in bufs.iter().enumerate() {
+            for _ in 0..2 {
+                s.spawn(move || {
+                    let mut got = [0u8; PAGE_SIZE];
+                    b.read_bytes(0, &mut got).unwrap();
+                    assert!(got.iter().all(|&x| x == 63 ^ i as u8), "buffer {i}");
+                });
+            }
+        }
+    });
 }
