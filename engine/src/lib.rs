@@ -108,6 +108,7 @@
 //! - [`queue`]: [`QueuePair`]: rings, doorbells, trackers (CID = slot | generation).
 //! - [`io`]: the I/O API: [`DmaBuf`], the [`IoBuf`] trait, [`Completion`], typed errors.
 //! - [`mcq`]: one queue pair per core on pinned threads.
+//! - [`ufs`]: UFSHCI 4.0 / UPIU / SCSI wire formats (the UFS transport's spec layer).
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
@@ -117,6 +118,7 @@ pub mod io;
 pub mod mcq;
 pub mod queue;
 pub mod spec;
+pub mod ufs;
 
 pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace, TimeoutPolicy};
 pub use io::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind};
