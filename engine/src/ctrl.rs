@@ -330,6 +330,9 @@ pub struct Controller {
     resets: AtomicU64,
     /// Bound on CSTS.RDY transitions (CAP.TO, at least 500 ms).
     ready_timeout: Duration,
+    /// Bytes of queue memory (rings, PRP pages, in-flight buffers) leaked
+    /// because the device might still access them.
+    leaked_queue_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for Controller {
@@ -697,6 +700,7 @@ impl Controller {
             state: AtomicU64::new(state::OK),
             resets: AtomicU64::new(0),
             ready_timeout,
+            leaked_queue_bytes: AtomicU64::new(0),
         }))
     }
 
@@ -1140,6 +1144,19 @@ impl Controller {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(qid);
+    }
+
+    /// Bytes of DMA memory (queue rings, PRP list pages, buffers of commands
+    /// in flight) that queue pairs leaked instead of freeing, because the
+    /// controller might still access it: deleting the queues failed, or a
+    /// fatal controller could not be disabled. Never unmapped, so the device
+    /// cannot write into memory reused for something else. Normally 0.
+    pub fn leaked_queue_bytes(&self) -> u64 {
+        self.leaked_queue_bytes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn note_leak(&self, bytes: u64) {
+        self.leaked_queue_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn delete_sq(&self, qid: u16) -> Result<()> {
