@@ -552,3 +552,44 @@ fn submit_after_an_unnoticed_reset_rings_no_doorbell() {
         qp.write_blocking(1, 0, &[2; 512]).unwrap();
     }
 }
+
+/// Item 2, at creation: a Create I/O SQ that times out under `ReportOnly`
+/// may have taken effect (the fake executes it without answering), so the
+/// rings it names are leaked and the queue id stays out of use; a Create
+/// that the controller refuses leaves nothing behind.
+#[test]
+fn create_that_may_have_taken_effect_keeps_the_rings() {
+    let opts = ControllerOptions {
+        admin_timeout: Duration::from_millis(200),
+        admin_timeout_policy: TimeoutPolicy::ReportOnly,
+        ..Default::default()
+    };
+    let (fake, ctrl) = open_with(config(ExecMode::Sync, 5), opts);
+    let granted = ctrl.granted_io_queues();
+    let before = fake.iommu().mapping_count();
+    fake.faults()
+        .inject_next(Some(0), Some(admin::CREATE_IO_CQ), INVALID_QID);
+    let r = ctrl.create_qpair(small(4));
+    assert!(matches!(r, Err(Error::Command { .. })), "{r:?}");
+    assert_eq!(
+        fake.iommu().mapping_count(),
+        before,
+        "a refused Create leaves nothing"
+    );
+    assert_eq!(ctrl.free_io_queues(), granted);
+
+    fake.faults()
+        .inject_next(Some(0), Some(admin::CREATE_IO_SQ), Fault::DropCompletion);
+    let r = ctrl.create_qpair(small(4));
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert_eq!(
+        fake.iommu().mapping_count(),
+        before + 2,
+        "the SQ and CQ rings the controller may use stay mapped"
+    );
+    assert_eq!(ctrl.free_io_queues(), granted - 1);
+    assert!(ctrl.leaked_queue_bytes() > 0);
+    // The other ids still work.
+    let mut qp = ctrl.create_qpair(small(4)).unwrap();
+    qp.write_blocking(1, 0, &[5; 512]).unwrap();
+}

@@ -361,29 +361,36 @@ impl<B: IoBuf> QueuePair<B> {
         let qid = ctrl.alloc_qid()?;
         match Self::create_with_qid(ctrl, opts, qid, entries) {
             Ok(qp) => Ok(qp),
-            Err(e) => {
-                ctrl.release_qid(qid);
+            Err((e, queue_left)) => {
+                // A queue the controller may still have keeps its id.
+                if !queue_left {
+                    ctrl.release_qid(qid);
+                }
                 Err(e)
             }
         }
     }
 
+    /// `Err((e, true))`: the controller may still have a queue `qid` on
+    /// the rings, which were leaked.
     fn create_with_qid(
         ctrl: &Arc<Controller>,
         opts: &QpairOptions,
         qid: u16,
         entries: u16,
-    ) -> Result<Self> {
+    ) -> Result<Self, (Error, bool)> {
+        // Errors before the Create commands leave nothing on the controller.
+        let none_left = |e: Error| (e, false);
         let dstrd = ctrl.cap().dstrd();
         let bar_len = ctrl.backend().regs().len();
         if regs::cq_head_doorbell(qid, dstrd) + 4 > bar_len {
-            return Err(Error::InvalidOption(format!(
+            return Err(none_left(Error::InvalidOption(format!(
                 "queue {qid}'s doorbell lies beyond the {bar_len}-byte BAR; the controller granted more queues than its BAR has doorbells for"
-            )));
+            ))));
         }
         let space = Arc::clone(ctrl.dma());
         let max_xfer = ctrl.max_transfer();
-        let prp_pages = prp_pages_per_slot(ctrl, max_xfer)?;
+        let prp_pages = prp_pages_per_slot(ctrl, max_xfer).map_err(none_left)?;
         let prp_bytes = (opts.depth as usize)
             .checked_mul(prp_pages)
             .and_then(|n| n.checked_mul(PAGE_SIZE as usize))
@@ -392,10 +399,12 @@ impl<B: IoBuf> QueuePair<B> {
                     "{} PRP list pages for each of {} commands do not fit in memory",
                     prp_pages, opts.depth
                 ))
-            })?;
-        let cq_mem = space.alloc(entries as usize * size_of::<Cqe>(), DmaDir::Bidirectional)?;
-        let sq_mem = space.alloc(entries as usize * size_of::<Sqe>(), DmaDir::ToDevice)?;
-        let prp_mem = space.alloc(prp_bytes, DmaDir::ToDevice)?;
+            })
+            .map_err(none_left)?;
+        let alloc = |len: usize, dir| space.alloc(len, dir).map_err(|e| none_left(e.into()));
+        let cq_mem = alloc(entries as usize * size_of::<Cqe>(), DmaDir::Bidirectional)?;
+        let sq_mem = alloc(entries as usize * size_of::<Sqe>(), DmaDir::ToDevice)?;
+        let prp_mem = alloc(prp_bytes, DmaDir::ToDevice)?;
         let (sq_shadow, cq_shadow) = ctrl.shadow_slots(qid);
         let hook = ctrl.backend().doorbell_hook();
         // SAFETY: doorbell offsets computed from CAP.DSTRD for a granted qid
@@ -422,12 +431,24 @@ impl<B: IoBuf> QueuePair<B> {
         let cq = CompQueue::new(cq_mem, entries, cq_db);
         let sq = SubQueue::new(sq_mem, entries, sq_db);
 
-        let seen_state = ctrl.create_io_queues(
+        let seen_state = match ctrl.create_io_queues(
             qid,
             entries,
             cq.region().iova().raw(),
             sq.region().iova().raw(),
-        )?;
+        ) {
+            Ok(s) => s,
+            Err((e, false)) => return Err((e, false)),
+            Err((e, true)) => {
+                // The controller may have the queues on these rings.
+                let bytes = sq.region().len() + cq.region().len();
+                log::error!("queue {qid}: creating the queues failed ({e}) and they may exist on the controller; leaking their {bytes}-byte rings");
+                ctrl.note_leak(bytes as u64);
+                std::mem::forget(sq);
+                std::mem::forget(cq);
+                return Err((e, true));
+            }
+        };
 
         let mut ns: Vec<Option<NsGeom>> = Vec::new();
         for n in ctrl.namespaces() {
@@ -1241,10 +1262,12 @@ impl<B: IoBuf> QueuePair<B> {
                     self.rstats.recoveries += 1;
                     self.idle_polls = 0;
                 }
-                Err(e) => {
+                Err((e, queue_left)) => {
                     if self.ctrl.state() != settled {
                         continue; // reset again meanwhile: retry
                     }
+                    // The controller may have the queue on our rings.
+                    self.device_may_access |= queue_left;
                     log::error!(
                         "queue {}: re-creating the queue after a reset failed: {e}",
                         self.qid
@@ -1475,8 +1498,11 @@ impl<B: IoBuf> QueuePair<B> {
         self.teardown = Teardown::Done;
         // Free again even after a failure without a disable: the controller
         // must be reset before any queue can be created, and a reset deletes
-        // every queue.
-        self.ctrl.release_qid(self.qid);
+        // every queue. Not when re-creating the queue after a reset may have
+        // left it on the controller.
+        if !(self.failed == Some(Error0::Lost) && self.device_may_access) {
+            self.ctrl.release_qid(self.qid);
+        }
         match self.failed {
             Some(e) => Err(failed_error(e, self.qid)),
             None => Ok(()),
