@@ -93,7 +93,10 @@ pub struct ControllerOptions {
     pub async_event_requests: u8,
     /// Cap on bytes per I/O command. The effective limit is the smaller of
     /// this and the controller's MDTS; it sizes the pre-allocated PRP list
-    /// pages (one 4 KiB page covers up to 2 MiB).
+    /// pages (one 4 KiB page covers up to 2 MiB). Creating a queue pair
+    /// fails with [`Error::InvalidOption`] if one command could need more
+    /// than 64 list pages (about 127 MiB): lower this on a controller
+    /// without an MDTS.
     pub max_transfer: u64,
 }
 

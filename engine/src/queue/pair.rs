@@ -61,11 +61,16 @@ pub struct QpairOptions {
     /// Per-command timeout for this queue's I/O (`None`: never time out).
     /// Detected while polling — no timer thread: [`QueuePair::poll`] scans
     /// the outstanding commands once the queue's coarse clock (read once per
-    /// poll, and every 64 empty polls while commands are outstanding) has
+    /// poll that completes something, every 64 empty polls while commands
+    /// are outstanding, and when a command arrives on an idle queue) has
     /// moved a quarter of the timeout since the last scan, so a command is
     /// acted on about 1 to 1.25 timeouts after submission, as measured on
-    /// that clock (and only while the queue is polled). The admin queue has its own
-    /// [`crate::ControllerOptions::admin_timeout`].
+    /// that clock (and only while the queue is polled). A command is stamped
+    /// with the clock's last reading: on a busy queue that is the last poll,
+    /// so leave a busy queue unpolled for no longer than the timeout. A
+    /// command whose completion is already posted in the CQ (a slow
+    /// callback, a small `max`) is never taken for timed out. The admin
+    /// queue has its own [`crate::ControllerOptions::admin_timeout`].
     pub io_timeout: Option<Duration>,
     /// What a timeout does; see [`TimeoutPolicy`].
     pub timeout_policy: TimeoutPolicy,
@@ -165,7 +170,11 @@ struct NsGeom {
 /// Dropping a queue pair deletes its SQ then CQ on the controller; buffers of
 /// commands still in flight are dropped after the deletion (so the device
 /// cannot write to them any more). Use [`QueuePair::close`] to get every
-/// outstanding command back as a completion instead.
+/// outstanding command back as a completion instead. If the deletion fails,
+/// or the controller failed and could not be disabled, the device may still
+/// access the queue's memory: its rings, PRP list pages and in-flight
+/// buffers are then leaked, never freed
+/// ([`Controller::leaked_queue_bytes`]).
 ///
 /// Timeouts ([`QpairOptions::io_timeout`]), controller resets and
 /// controller failures are handled inside [`poll`](Self::poll): see

@@ -353,6 +353,23 @@ mod tests {
     }
 
     #[test]
+    fn drain_up_to_stops_at_max_and_resumes() {
+        let mut t: Trackers<u8> = Trackers::new(8);
+        for i in 0..5 {
+            let s = t.alloc().unwrap();
+            t.arm(s, i, Some(i as u8), 0);
+        }
+        let mut seen = vec![];
+        assert_eq!(t.drain_up_to(0, |tag, _| seen.push(tag)), 0);
+        assert_eq!(t.drain_up_to(2, |tag, _| seen.push(tag)), 2);
+        assert_eq!(t.outstanding(), 3);
+        assert_eq!(t.drain_up_to(usize::MAX, |tag, _| seen.push(tag)), 3);
+        seen.sort();
+        assert_eq!(seen, vec![0, 1, 2, 3, 4]);
+        assert_eq!(t.outstanding(), 0);
+    }
+
+    #[test]
     fn drain_completes_each_busy_slot_once() {
         let mut t: Trackers<u8> = Trackers::new(8);
         for i in 0..5 {
