@@ -976,10 +976,10 @@ impl<B: IoBuf> QueuePair<B> {
 
     /// Ring the SQ tail doorbell once for every command queued since the
     /// last ring. Returns whether the doorbell was rung: `false` when there
-    /// was nothing to ring, and also when the controller was reset or
-    /// failed since this queue last looked — the reset deleted the queue,
-    /// so its doorbell must not be written; the next [`poll`](Self::poll)
-    /// completes the queued commands (with [`IoError::AbortedByReset`] or
+    /// was nothing to ring, when the queue failed, and also when the
+    /// controller was reset or failed since this queue last looked — the
+    /// reset deleted the queue, so its doorbell must not be written; the
+    /// next [`poll`](Self::poll) completes the queued commands (with [`IoError::AbortedByReset`] or
     /// [`IoError::ControllerFailed`]) and re-creates the queue. One relaxed
     /// load per batch. A reset that starts between that load and the
     /// doorbell store is not caught: the store then reaches a controller
@@ -987,7 +987,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// doorbell write as an asynchronous event); no command is lost.
     #[inline]
     pub fn submit(&mut self) -> bool {
-        if self.ctrl.state() != self.seen_state {
+        if self.ctrl.state() != self.seen_state || self.failed.is_some() {
             return false;
         }
         self.sq.flush()
