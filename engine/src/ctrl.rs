@@ -93,7 +93,10 @@ pub struct ControllerOptions {
     pub async_event_requests: u8,
     /// Cap on bytes per I/O command. The effective limit is the smaller of
     /// this and the controller's MDTS; it sizes the pre-allocated PRP list
-    /// pages (one 4 KiB page covers up to 2 MiB).
+    /// pages (one 4 KiB page covers up to 2 MiB). Creating a queue pair
+    /// fails with [`Error::InvalidOption`] if one command could need more
+    /// than 64 list pages (about 127 MiB): lower this on a controller
+    /// without an MDTS.
     pub max_transfer: u64,
 }
 
@@ -340,6 +343,9 @@ pub struct Controller {
     resets: AtomicU64,
     /// Bound on CSTS.RDY transitions (CAP.TO, at least 500 ms).
     ready_timeout: Duration,
+    /// Bytes of queue memory (rings, PRP pages, in-flight buffers) leaked
+    /// because the device might still access them.
+    leaked_queue_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for Controller {
@@ -707,6 +713,7 @@ impl Controller {
             state: AtomicU64::new(state::OK),
             resets: AtomicU64::new(0),
             ready_timeout,
+            leaked_queue_bytes: AtomicU64::new(0),
         }))
     }
 
@@ -1059,25 +1066,37 @@ impl Controller {
 
     /// Create I/O CQ then SQ `qid` on rings at the given IOVAs; returns the
     /// state word they belong to (the queues die with its epoch).
+    ///
+    /// On failure, also says whether a queue may have been left on the
+    /// controller (a Create that timed out without a reset may have taken
+    /// effect; a Delete I/O CQ after a failed Create SQ may fail): then the
+    /// rings must not be freed and the queue id not reused.
     pub(crate) fn create_io_queues(
         &self,
         qid: u16,
         entries: u16,
         cq_iova: u64,
         sq_iova: u64,
-    ) -> Result<u64> {
+    ) -> std::result::Result<u64, (Error, bool)> {
         let mut a = self.lock_admin();
         let s = self.state();
         if let Some(e) = failure_error(s) {
-            return Err(e);
+            return Err((e, false));
         }
+        // Nothing of this epoch's queues survives a disable (new epoch).
+        let left_behind = |e: &Error| {
+            state::epoch(self.state()) == state::epoch(s) && !matches!(e, Error::Command { .. })
+        };
         // A (re-)created queue starts at index 0 in the shadow slots too.
         let _ = self.shadow_slots(qid);
-        self.admin_locked(
+        if let Err(e) = self.admin_locked(
             &mut a,
             CreateIoCq::new(qid, entries).sqe().with_prp(cq_iova, 0),
             "Create I/O Completion Queue",
-        )?;
+        ) {
+            let left = left_behind(&e);
+            return Err((e, left));
+        }
         if let Err(e) = self.admin_locked(
             &mut a,
             CreateIoSq::new(qid, entries, qid)
@@ -1085,11 +1104,22 @@ impl Controller {
                 .with_prp(sq_iova, 0),
             "Create I/O Submission Queue",
         ) {
-            if self.state() == s {
-                let _ =
-                    self.admin_locked(&mut a, DeleteIoCq(qid).sqe(), "Delete I/O Completion Queue");
+            if left_behind(&e) {
+                // The SQ may exist (and then the CQ cannot be deleted).
+                return Err((e, true));
             }
-            return Err(e);
+            let mut left = false;
+            if self.state() == s {
+                if let Err(d) =
+                    self.admin_locked(&mut a, DeleteIoCq(qid).sqe(), "Delete I/O Completion Queue")
+                {
+                    left = state::epoch(self.state()) == state::epoch(s);
+                    log::error!(
+                        "queue {qid}: deleting the CQ after a failed Create I/O SQ failed: {d}"
+                    );
+                }
+            }
+            return Err((e, left));
         }
         Ok(s)
     }
@@ -1150,6 +1180,19 @@ impl Controller {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(qid);
+    }
+
+    /// Bytes of DMA memory (queue rings, PRP list pages, buffers of commands
+    /// in flight) that queue pairs leaked instead of freeing, because the
+    /// controller might still access it: deleting the queues failed, or a
+    /// fatal controller could not be disabled. Never unmapped, so the device
+    /// cannot write into memory reused for something else. Normally 0.
+    pub fn leaked_queue_bytes(&self) -> u64 {
+        self.leaked_queue_bytes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn note_leak(&self, bytes: u64) {
+        self.leaked_queue_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn delete_sq(&self, qid: u16) -> Result<()> {

@@ -58,10 +58,16 @@
 //! |---|---|---|
 //! | `Ok(())` | the controller completed it successfully | back |
 //! | [`IoError::Nvme`] | the controller completed it with an error status | back |
-//! | [`IoError::TimedOut`] | it exceeded [`QpairOptions::io_timeout`] and the controller confirmed the Abort mcqio sent ([`TimeoutPolicy::Abort`]) | back |
+//! | [`IoError::TimedOut`] | it exceeded [`QpairOptions::io_timeout`] (counted from its submission; a command whose completion is already posted in the CQ never times out) and the controller confirmed the Abort mcqio sent ([`TimeoutPolicy::Abort`]) | back |
 //! | [`IoError::AbortedByReset`] | the controller was reset while it was outstanding ([`Controller::reset`], or a timeout policy); it may or may not have executed | back |
-//! | [`IoError::Aborted`] | [`QueuePair::close`] deleted the queue before the controller completed it | back |
+//! | [`IoError::Aborted`] | [`QueuePair::close`] deleted the queue before the controller completed it | back, or leaked (`None`) if deleting the queue failed: the controller still owns it |
 //! | [`IoError::ControllerFailed`] | CSTS.CFS or surprise removal; `poll` returns [`Error::ControllerFatal`] / [`Error::DeviceGone`] | back, or leaked (`None`) if a fatal controller could not even be disabled |
+//!
+//! Whenever a buffer is leaked, so are the queue's rings and PRP list pages
+//! (when the queue pair is dropped): memory the device may still access is
+//! never unmapped or reused. [`Controller::leaked_queue_bytes`] counts it.
+//! A panic in the callback of `poll` or `close` loses no completion count
+//! and skips no clean-up (dropping the queue pair finishes a `close`).
 //!
 //! A rejected submission never started and hands its buffer back in a
 //! [`SubmitError`]. A CQE that matches no command in flight (duplicate,
@@ -73,8 +79,12 @@
 //! All detected while polling — mcqio has no timer thread. Each poll reads
 //! a coarse clock (already needed for command ages) and one relaxed load of
 //! the controller's state word; the timeout scan over outstanding commands
-//! runs only when a quarter of the timeout has passed since the last one.
-//! Nothing is added per I/O but a one-byte store when a command is armed.
+//! runs only when a quarter of the timeout has passed since the last one,
+//! and skips commands whose completion is already posted in the CQ. The
+//! clock is also read when a command arrives on an idle queue, so an idle
+//! gap never ages the next command. Nothing is added per I/O but a
+//! one-byte store when a command is armed and one compare (is the queue
+//! idle?).
 //!
 //! - **Timeout** ([`TimeoutPolicy`], per queue pair; the admin queue has
 //!   [`ControllerOptions::admin_timeout`] and its own policy):
@@ -88,9 +98,10 @@
 //!   controller disabled, CSTS.RDY = 0) ends it.
 //! - **Reset** ([`Controller::reset`]): every queue pair, at its next poll,
 //!   delivers what the controller completed before the reset, completes the
-//!   rest with [`IoError::AbortedByReset`], and re-creates its queues on the
-//!   controller transparently (same queue id and memory). The application
-//!   resubmits. Asynchronous Event Requests are re-posted; events keep
+//!   rest with [`IoError::AbortedByReset`] (spread over as many polls as
+//!   their `max` needs), and re-creates its queues on the controller
+//!   transparently (same queue id and memory). The application resubmits.
+//!   Until then [`QueuePair::submit`] rings no doorbell. Asynchronous Event Requests are re-posted; events keep
 //!   arriving through [`Controller::async_events`].
 //! - **Controller fatal / surprise removal**: noticed by a poll (CSTS read
 //!   while commands are outstanding and nothing completes) or an admin

@@ -82,6 +82,42 @@ impl CompQueue {
         Some(unsafe { slot.read_volatile() })
     }
 
+    /// Call `f` with the command identifier of every entry the controller
+    /// has posted and the host has not consumed yet, from the head on,
+    /// without consuming any (for the timeout scan, a cold path).
+    ///
+    /// No fence is needed: the CID and the phase bit share dword 3 of the
+    /// entry, which is read with one aligned 32-bit volatile load, so the
+    /// CID seen always belongs to the phase seen.
+    pub fn posted_cids(&self, mut f: impl FnMut(u16)) {
+        let (mut idx, mut phase) = (self.head, self.phase);
+        // At most `entries - 1` entries can be posted and unconsumed.
+        for _ in 1..self.entries {
+            // SAFETY: `idx < entries`: inside the ring (live DMA memory
+            // owned by self); dword 3 (offset 12) of a 16-byte entry is
+            // 4-byte aligned; volatile because the controller writes it
+            // concurrently. No reference is formed.
+            let dw3 = unsafe {
+                self.ring
+                    .as_ptr()
+                    .add(idx as usize)
+                    .cast::<u8>()
+                    .add(STATUS_OFFSET - 2)
+                    .cast::<u32>()
+                    .read_volatile()
+            };
+            if (dw3 >> 16) as u16 & 1 != phase {
+                return;
+            }
+            f(dw3 as u16);
+            idx += 1;
+            if idx == self.entries {
+                idx = 0;
+                phase ^= 1;
+            }
+        }
+    }
+
     /// Consume the head entry.
     #[inline]
     pub fn advance(&mut self) {

@@ -2,6 +2,7 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,6 +40,12 @@ const HEALTH_CHECK_INTERVAL: u32 = 4096;
 /// clock, so timeouts are seen on a queue that waits for completions (a
 /// non-empty poll always reads it). A power of two dividing the above.
 const IDLE_CLOCK_INTERVAL: u32 = 64;
+/// Most PRP list pages reserved per command slot: 64 pages chain
+/// `64 * 511 + 1` entries, enough for 127 MiB per command. A larger
+/// per-command limit (`ControllerOptions::max_transfer` on a controller
+/// without MDTS) is refused at queue creation instead of reserving (or
+/// overflowing the size of) that much DMA memory per slot.
+const MAX_PRP_LIST_PAGES: u64 = 64;
 
 /// Options for [`Controller::create_qpair`].
 #[derive(Clone, Debug)]
@@ -54,11 +61,16 @@ pub struct QpairOptions {
     /// Per-command timeout for this queue's I/O (`None`: never time out).
     /// Detected while polling — no timer thread: [`QueuePair::poll`] scans
     /// the outstanding commands once the queue's coarse clock (read once per
-    /// poll, and every 64 empty polls while commands are outstanding) has
+    /// poll that completes something, every 64 empty polls while commands
+    /// are outstanding, and when a command arrives on an idle queue) has
     /// moved a quarter of the timeout since the last scan, so a command is
     /// acted on about 1 to 1.25 timeouts after submission, as measured on
-    /// that clock (and only while the queue is polled). The admin queue has its own
-    /// [`crate::ControllerOptions::admin_timeout`].
+    /// that clock (and only while the queue is polled). A command is stamped
+    /// with the clock's last reading: on a busy queue that is the last poll,
+    /// so leave a busy queue unpolled for no longer than the timeout. A
+    /// command whose completion is already posted in the CQ (a slow
+    /// callback, a small `max`) is never taken for timed out. The admin
+    /// queue has its own [`crate::ControllerOptions::admin_timeout`].
     pub io_timeout: Option<Duration>,
     /// What a timeout does; see [`TimeoutPolicy`].
     pub timeout_policy: TimeoutPolicy,
@@ -158,7 +170,11 @@ struct NsGeom {
 /// Dropping a queue pair deletes its SQ then CQ on the controller; buffers of
 /// commands still in flight are dropped after the deletion (so the device
 /// cannot write to them any more). Use [`QueuePair::close`] to get every
-/// outstanding command back as a completion instead.
+/// outstanding command back as a completion instead. If the deletion fails,
+/// or the controller failed and could not be disabled, the device may still
+/// access the queue's memory: its rings, PRP list pages and in-flight
+/// buffers are then leaked, never freed
+/// ([`Controller::leaked_queue_bytes`]).
 ///
 /// Timeouts ([`QpairOptions::io_timeout`]), controller resets and
 /// controller failures are handled inside [`poll`](Self::poll): see
@@ -166,8 +182,10 @@ struct NsGeom {
 /// After a reset the queue pair re-creates its queues by itself; commands
 /// that were outstanding complete with [`IoError::AbortedByReset`].
 pub struct QueuePair<B: IoBuf = DmaBuf> {
-    sq: SubQueue,
-    cq: CompQueue,
+    // The rings and the PRP pages are dropped by hand in `Drop` — or
+    // leaked, while the device may still access them (`device_may_access`).
+    sq: ManuallyDrop<SubQueue>,
+    cq: ManuallyDrop<CompQueue>,
     trackers: Trackers<B>,
     prp_ptr: NonNull<u64>,
     prp_iova: u64,
@@ -197,10 +215,19 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     completed: u64,
     blocking_timeout: Duration,
     bounce: Option<DmaBuf>,
-    closed: bool,
+    /// How far closing (or dropping) got; see [`Teardown`].
+    teardown: Teardown,
     /// A reset removed the queues and they were not re-created (closing).
     queue_absent: bool,
-    _prp_mem: DmaRegion,
+    /// The controller may still read or write the rings, the PRP pages (and
+    /// the buffers of commands in flight) although this queue gave up on
+    /// them: a failed controller that could not be disabled, or a queue
+    /// whose deletion failed. Then they are leaked, never freed.
+    device_may_access: bool,
+    /// Scratch bitmap of the timeout scan: slots whose completion is posted
+    /// in the CQ but not yet consumed (one bit per slot).
+    posted: Box<[u64]>,
+    prp_mem: ManuallyDrop<DmaRegion>,
     ctrl: Arc<Controller>,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -214,6 +241,22 @@ impl<B: IoBuf> std::fmt::Debug for QueuePair<B> {
             .field("failed", &self.failed)
             .finish_non_exhaustive()
     }
+}
+
+/// How far [`QueuePair::close`] (or drop) got. Each step is recorded as
+/// soon as it is done, so that a panic in the application's callback
+/// leaves a state that `Drop` resumes from: the queues are deleted, the
+/// remaining commands end and the queue id is returned all the same.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Teardown {
+    /// In use (or a reset removed the queues: `queue_absent`).
+    Live,
+    /// Delete I/O SQ succeeded; the CQ still exists.
+    SqDeleted,
+    /// Both queues deleted: the device touches none of the queue's memory.
+    Deleted,
+    /// Every command ended and the queue id was handled.
+    Done,
 }
 
 /// Why a queue stopped accepting commands.
@@ -327,41 +370,50 @@ impl<B: IoBuf> QueuePair<B> {
         let qid = ctrl.alloc_qid()?;
         match Self::create_with_qid(ctrl, opts, qid, entries) {
             Ok(qp) => Ok(qp),
-            Err(e) => {
-                ctrl.release_qid(qid);
+            Err((e, queue_left)) => {
+                // A queue the controller may still have keeps its id.
+                if !queue_left {
+                    ctrl.release_qid(qid);
+                }
                 Err(e)
             }
         }
     }
 
+    /// `Err((e, true))`: the controller may still have a queue `qid` on
+    /// the rings, which were leaked.
     fn create_with_qid(
         ctrl: &Arc<Controller>,
         opts: &QpairOptions,
         qid: u16,
         entries: u16,
-    ) -> Result<Self> {
+    ) -> Result<Self, (Error, bool)> {
+        // Errors before the Create commands leave nothing on the controller.
+        let none_left = |e: Error| (e, false);
         let dstrd = ctrl.cap().dstrd();
         let bar_len = ctrl.backend().regs().len();
         if regs::cq_head_doorbell(qid, dstrd) + 4 > bar_len {
-            return Err(Error::InvalidOption(format!(
+            return Err(none_left(Error::InvalidOption(format!(
                 "queue {qid}'s doorbell lies beyond the {bar_len}-byte BAR; the controller granted more queues than its BAR has doorbells for"
-            )));
+            ))));
         }
         let space = Arc::clone(ctrl.dma());
-        let cq_mem = space.alloc(entries as usize * size_of::<Cqe>(), DmaDir::Bidirectional)?;
-        let sq_mem = space.alloc(entries as usize * size_of::<Sqe>(), DmaDir::ToDevice)?;
         let max_xfer = ctrl.max_transfer();
-        // Entries after PRP1: at most one per page of the largest transfer.
-        let entries_needed = (max_xfer >> PAGE_SHIFT) as usize + 1;
-        let prp_pages = if entries_needed <= PRP_PER_PAGE {
-            1
-        } else {
-            (entries_needed - 1).div_ceil(PRP_PER_PAGE - 1)
-        };
-        let prp_mem = space.alloc(
-            opts.depth as usize * prp_pages * PAGE_SIZE as usize,
-            DmaDir::ToDevice,
-        )?;
+        let prp_pages = prp_pages_per_slot(ctrl, max_xfer).map_err(none_left)?;
+        let prp_bytes = (opts.depth as usize)
+            .checked_mul(prp_pages)
+            .and_then(|n| n.checked_mul(PAGE_SIZE as usize))
+            .ok_or_else(|| {
+                Error::InvalidOption(format!(
+                    "{} PRP list pages for each of {} commands do not fit in memory",
+                    prp_pages, opts.depth
+                ))
+            })
+            .map_err(none_left)?;
+        let alloc = |len: usize, dir| space.alloc(len, dir).map_err(|e| none_left(e.into()));
+        let cq_mem = alloc(entries as usize * size_of::<Cqe>(), DmaDir::Bidirectional)?;
+        let sq_mem = alloc(entries as usize * size_of::<Sqe>(), DmaDir::ToDevice)?;
+        let prp_mem = alloc(prp_bytes, DmaDir::ToDevice)?;
         let (sq_shadow, cq_shadow) = ctrl.shadow_slots(qid);
         let hook = ctrl.backend().doorbell_hook();
         // SAFETY: doorbell offsets computed from CAP.DSTRD for a granted qid
@@ -388,12 +440,24 @@ impl<B: IoBuf> QueuePair<B> {
         let cq = CompQueue::new(cq_mem, entries, cq_db);
         let sq = SubQueue::new(sq_mem, entries, sq_db);
 
-        let seen_state = ctrl.create_io_queues(
+        let seen_state = match ctrl.create_io_queues(
             qid,
             entries,
             cq.region().iova().raw(),
             sq.region().iova().raw(),
-        )?;
+        ) {
+            Ok(s) => s,
+            Err((e, false)) => return Err((e, false)),
+            Err((e, true)) => {
+                // The controller may have the queues on these rings.
+                let bytes = sq.region().len() + cq.region().len();
+                log::error!("queue {qid}: creating the queues failed ({e}) and they may exist on the controller; leaking their {bytes}-byte rings");
+                ctrl.note_leak(bytes as u64);
+                std::mem::forget(sq);
+                std::mem::forget(cq);
+                return Err((e, true));
+            }
+        };
 
         let mut ns: Vec<Option<NsGeom>> = Vec::new();
         for n in ctrl.namespaces() {
@@ -415,8 +479,8 @@ impl<B: IoBuf> QueuePair<B> {
             n => n,
         };
         Ok(QueuePair {
-            sq,
-            cq,
+            sq: ManuallyDrop::new(sq),
+            cq: ManuallyDrop::new(cq),
             trackers: Trackers::new(opts.depth),
             prp_ptr: prp_mem.as_ptr().cast(),
             prp_iova: prp_mem.iova().raw(),
@@ -442,9 +506,11 @@ impl<B: IoBuf> QueuePair<B> {
             completed: 0,
             blocking_timeout: opts.blocking_timeout,
             bounce: None,
-            closed: false,
+            teardown: Teardown::Live,
             queue_absent: false,
-            _prp_mem: prp_mem,
+            device_may_access: false,
+            posted: vec![0; (opts.depth as usize).div_ceil(64)].into_boxed_slice(),
+            prp_mem: ManuallyDrop::new(prp_mem),
             ctrl: Arc::clone(ctrl),
             _not_sync: PhantomData,
         })
@@ -510,8 +576,12 @@ impl<B: IoBuf> QueuePair<B> {
         }
     }
 
+    /// Validate a command's namespace and LBA range. Every data command
+    /// passes here first, so this is also where an idle queue reads the
+    /// clock (see [`stamp_if_idle`](Self::stamp_if_idle)).
     #[inline]
-    fn check_lba(&self, nsid: u32, slba: u64, nlb: u32) -> Result<NsGeom, SubmitErrorKind> {
+    fn check_lba(&mut self, nsid: u32, slba: u64, nlb: u32) -> Result<NsGeom, SubmitErrorKind> {
+        self.stamp_if_idle();
         if self.failed.is_some() {
             return Err(SubmitErrorKind::ControllerFailed);
         }
@@ -529,6 +599,26 @@ impl<B: IoBuf> QueuePair<B> {
                 nsze: g.nsze,
             }),
         }
+    }
+
+    /// A command about to be armed on an idle queue: read the clock, so
+    /// that it (and the rest of its batch) is stamped with its own
+    /// submission time. Commands are stamped with the coarse clock of the
+    /// queue, which polling refreshes; nobody polls an idle queue, so after
+    /// an idle gap the last reading is arbitrarily old and the command would
+    /// look timed out at once. One compare per command; the clock read only
+    /// on the idle-to-busy transition.
+    #[inline(always)]
+    fn stamp_if_idle(&mut self) {
+        if self.trackers.outstanding() == 0 {
+            self.refresh_clock();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refresh_clock(&mut self) {
+        self.now_ms = self.epoch.elapsed().as_millis() as u32;
     }
 
     /// Read `nlb` blocks from `slba` of namespace `nsid` into `buf`.
@@ -772,6 +862,7 @@ impl<B: IoBuf> QueuePair<B> {
 
     #[inline]
     fn submit_no_data(&mut self, sqe: Sqe, tag: u64) -> Result<(), SubmitError<()>> {
+        self.stamp_if_idle();
         let Some(slot) = self.trackers.alloc() else {
             return Err(SubmitError {
                 kind: SubmitErrorKind::QueueFull,
@@ -832,6 +923,7 @@ impl<B: IoBuf> QueuePair<B> {
         tag: u64,
     ) -> Result<(), SubmitError<()>> {
         let err = |kind| Err(SubmitError { kind, buf: () });
+        self.stamp_if_idle();
         if self.failed.is_some() {
             return err(SubmitErrorKind::ControllerFailed);
         }
@@ -883,9 +975,21 @@ impl<B: IoBuf> QueuePair<B> {
     }
 
     /// Ring the SQ tail doorbell once for every command queued since the
-    /// last ring. Returns whether there was anything to ring.
+    /// last ring. Returns whether the doorbell was rung: `false` when there
+    /// was nothing to ring, when the queue failed, and also when the
+    /// controller was reset or failed since this queue last looked — the
+    /// reset deleted the queue, so its doorbell must not be written; the
+    /// next [`poll`](Self::poll) completes the queued commands (with [`IoError::AbortedByReset`] or
+    /// [`IoError::ControllerFailed`]) and re-creates the queue. One relaxed
+    /// load per batch. A reset that starts between that load and the
+    /// doorbell store is not caught: the store then reaches a controller
+    /// that has no such queue (it ignores the store or reports an invalid
+    /// doorbell write as an asynchronous event); no command is lost.
     #[inline]
     pub fn submit(&mut self) -> bool {
+        if self.ctrl.state() != self.seen_state || self.failed.is_some() {
+            return false;
+        }
         self.sq.flush()
     }
 
@@ -898,6 +1002,11 @@ impl<B: IoBuf> QueuePair<B> {
     /// command ([`IoError::AbortedByReset`]) and re-creates the queues; the
     /// timeout scan runs when due ([`QpairOptions::io_timeout`]).
     ///
+    /// `max` is honoured on every path, recovery included: `poll(0)`
+    /// delivers nothing (it rings pending submissions), and the completions
+    /// a reset or failure produces are spread over as many polls as `max`
+    /// requires (the queue is re-created once they are all delivered).
+    ///
     /// `Err` means the controller failed ([`Error::ControllerFatal`]) or
     /// disappeared ([`Error::DeviceGone`]) — checked from time to time while
     /// commands are outstanding and nothing completes — or this queue could
@@ -907,14 +1016,14 @@ impl<B: IoBuf> QueuePair<B> {
     /// until a successful [`Controller::reset`].
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
+        let max = max.min(self.max_per_poll);
         if self.ctrl.state() != self.seen_state {
-            return self.on_state_change(&mut f, true);
+            return self.on_state_change(&mut f, true, max);
         }
         if let Some(e) = self.failed {
             return Err(failed_error(e, self.qid));
         }
         self.sq.flush();
-        let max = max.min(self.max_per_poll);
         let mut delivered = 0;
         let mut seen = 0;
         while seen < max {
@@ -924,12 +1033,13 @@ impl<B: IoBuf> QueuePair<B> {
             seen += 1;
             self.sq.head = cqe.sq_head;
             if let Some(c) = self.take_cqe(&cqe) {
+                // Counted before the callback runs: it may panic.
+                self.completed += 1;
                 f(c);
                 delivered += 1;
             }
         }
         self.cq.flush_lazy(self.cq_head_batch);
-        self.completed += delivered as u64;
         if seen == 0 && self.trackers.outstanding() > 0 {
             self.idle_polls += 1;
             if self.idle_polls % IDLE_CLOCK_INTERVAL == 0 {
@@ -937,7 +1047,7 @@ impl<B: IoBuf> QueuePair<B> {
             }
             if self.idle_polls % HEALTH_CHECK_INTERVAL == 0 {
                 if let Err(e) = self.check_health() {
-                    let _ = self.on_state_change(&mut f, true);
+                    let _ = self.on_state_change(&mut f, true, max - delivered);
                     return Err(e);
                 }
             }
@@ -948,7 +1058,7 @@ impl<B: IoBuf> QueuePair<B> {
         if self.io_timeout_ms != 0
             && self.now_ms.wrapping_sub(self.last_scan_ms) >= self.scan_interval_ms
         {
-            delivered += self.scan_timeouts(&mut f)?;
+            delivered += self.scan_timeouts(&mut f, max - delivered)?;
         }
         Ok(delivered)
     }
@@ -1010,66 +1120,85 @@ impl<B: IoBuf> QueuePair<B> {
         }
     }
 
-    /// Deliver every CQE the controller left in the ring (it can post no
-    /// more: the queue is deleted or the controller disabled). No doorbell.
-    fn deliver_posted<F: FnMut(Completion<B>)>(&mut self, f: &mut F) -> usize {
+    /// Deliver up to `budget` CQEs the controller left in the ring (it can
+    /// post no more: the queue is deleted or the controller disabled). No
+    /// doorbell. Returns how many were delivered and whether the ring is
+    /// now empty (`false`: the budget ran out first; call again).
+    fn deliver_posted<F: FnMut(Completion<B>)>(
+        &mut self,
+        f: &mut F,
+        budget: usize,
+    ) -> (usize, bool) {
         let mut n = 0;
         for _ in 0..self.sq.entries() {
-            let Some(cqe) = self.cq.peek() else { break };
+            let Some(cqe) = self.cq.peek() else {
+                return (n, true);
+            };
+            if n == budget {
+                return (n, false);
+            }
             self.cq.advance();
             if let Some(c) = self.take_cqe(&cqe) {
-                f(c);
+                self.completed += 1;
                 n += 1;
+                f(c);
             }
         }
-        self.completed += n as u64;
-        n
+        (n, true)
     }
 
-    /// Complete every command still outstanding with `err`; buffers are
-    /// handed back only if `safe` (the device can no longer access them),
-    /// otherwise leaked.
+    /// Complete up to `budget` of the commands still outstanding with
+    /// `err`; buffers are handed back only if `safe` (the device can no
+    /// longer access them), otherwise leaked (and counted at the
+    /// controller, [`Controller::leaked_queue_bytes`]).
     fn fail_outstanding<F: FnMut(Completion<B>)>(
         &mut self,
         err: IoError,
         safe: bool,
         f: &mut F,
+        budget: usize,
     ) -> usize {
-        let mut n = 0;
-        self.trackers.drain(|tag, buf| {
+        let (ctrl, rstats, completed) = (&self.ctrl, &mut self.rstats, &mut self.completed);
+        self.trackers.drain_up_to(budget, |tag, buf| {
             let buf = if safe {
                 buf
             } else {
-                std::mem::forget(buf);
+                leak(ctrl, buf);
                 None
             };
-            n += 1;
+            match err {
+                IoError::AbortedByReset => rstats.aborted_by_reset += 1,
+                _ => rstats.failed_by_controller += 1,
+            }
+            // Counted before the callback runs: it may panic.
+            *completed += 1;
             f(Completion {
                 tag,
                 result: Err(err),
                 buf,
                 dw0: 0,
             });
-        });
-        match err {
-            IoError::AbortedByReset => self.rstats.aborted_by_reset += n as u64,
-            _ => self.rstats.failed_by_controller += n as u64,
-        }
-        self.completed += n as u64;
-        n
+        })
     }
 
     /// The controller was reset, failed, or disappeared since this queue
     /// last looked (see the controller's state word). Cold.
-    #[cold]
-    #[inline(never)]
+    ///
+    /// Delivers at most `budget` completions. When that is not enough, it
+    /// returns `Ok` with the state left unacknowledged, and the next call
+    /// (the next poll) carries on where this one stopped; each step is
+    /// recorded before the callback runs, so a panicking callback leaves a
+    /// state this resumes from too.
     ///
     /// With `recreate` false (the queue is being closed or dropped) the
     /// queues are not re-created after a reset; `queue_absent` says so.
+    #[cold]
+    #[inline(never)]
     fn on_state_change<F: FnMut(Completion<B>)>(
         &mut self,
         f: &mut F,
         recreate: bool,
+        budget: usize,
     ) -> Result<usize> {
         let mut n = 0;
         loop {
@@ -1082,9 +1211,18 @@ impl<B: IoBuf> QueuePair<B> {
             }
             if state::epoch(now) == state::epoch(self.seen_state) {
                 // Failed, and the controller could not be disabled: the
-                // device may still access the buffers; leak them.
-                n += self.deliver_posted(f);
-                n += self.fail_outstanding(IoError::ControllerFailed, false, f);
+                // device may still access the rings, the PRP pages and the
+                // buffers; leak them.
+                self.device_may_access = true;
+                let (d, empty) = self.deliver_posted(f, budget - n);
+                n += d;
+                if !empty {
+                    return Ok(n);
+                }
+                n += self.fail_outstanding(IoError::ControllerFailed, false, f, budget - n);
+                if self.trackers.outstanding() > 0 {
+                    return Ok(n);
+                }
                 self.failed = Some(failure_of(now));
                 self.seen_state = now;
                 continue;
@@ -1093,7 +1231,11 @@ impl<B: IoBuf> QueuePair<B> {
             // dropped this queue and accesses none of its memory. Deliver
             // what it completed before, wait for a running reset to finish,
             // and fail or abort the rest.
-            n += self.deliver_posted(f);
+            let (d, empty) = self.deliver_posted(f, budget - n);
+            n += d;
+            if !empty {
+                return Ok(n);
+            }
             let settled = self.ctrl.settled_state();
             let failed = state::failure(settled) != state::OK;
             let err = if failed {
@@ -1101,9 +1243,13 @@ impl<B: IoBuf> QueuePair<B> {
             } else {
                 IoError::AbortedByReset
             };
-            n += self.fail_outstanding(err, true, f);
+            n += self.fail_outstanding(err, true, f, budget - n);
+            if self.trackers.outstanding() > 0 {
+                return Ok(n);
+            }
             self.sq.reset();
             self.cq.reset();
+            self.device_may_access = false;
             self.seen_state = settled;
             if failed {
                 self.failed = Some(failure_of(settled));
@@ -1125,10 +1271,12 @@ impl<B: IoBuf> QueuePair<B> {
                     self.rstats.recoveries += 1;
                     self.idle_polls = 0;
                 }
-                Err(e) => {
+                Err((e, queue_left)) => {
                     if self.ctrl.state() != settled {
                         continue; // reset again meanwhile: retry
                     }
+                    // The controller may have the queue on our rings.
+                    self.device_may_access |= queue_left;
                     log::error!(
                         "queue {}: re-creating the queue after a reset failed: {e}",
                         self.qid
@@ -1143,14 +1291,28 @@ impl<B: IoBuf> QueuePair<B> {
     /// Act on commands past their timeout (see [`TimeoutPolicy`]). Cold.
     #[cold]
     #[inline(never)]
-    fn scan_timeouts<F: FnMut(Completion<B>)>(&mut self, f: &mut F) -> Result<usize> {
+    fn scan_timeouts<F: FnMut(Completion<B>)>(
+        &mut self,
+        f: &mut F,
+        budget: usize,
+    ) -> Result<usize> {
         self.last_scan_ms = self.now_ms;
         let now = self.now_ms;
         let limit = self.io_timeout_ms;
         let mut reset = false;
+        // A command whose completion is already posted in the CQ (not yet
+        // consumed: a slow consumer, or `poll` with a small `max`) was
+        // answered in time: it is not a timeout. Mark those slots first.
+        self.posted.fill(0);
+        let (posted, trackers) = (&mut self.posted, &self.trackers);
+        self.cq.posted_cids(|cid| {
+            if let Some(slot) = trackers.lookup(cid) {
+                posted[slot as usize / 64] |= 1 << (slot % 64);
+            }
+        });
         for slot in 0..self.trackers.depth() as u16 {
             let s = self.trackers.slot(slot);
-            if !s.busy {
+            if !s.busy || self.posted[slot as usize / 64] & (1 << (slot % 64)) != 0 {
                 continue;
             }
             let (cid, tag, st, at) = (s.cid, s.tag, s.tstate, s.submitted_ms);
@@ -1206,7 +1368,7 @@ impl<B: IoBuf> QueuePair<B> {
             }
         }
         if self.ctrl.state() != self.seen_state {
-            return self.on_state_change(f, true);
+            return self.on_state_change(f, true, budget);
         }
         Ok(0)
     }
@@ -1272,64 +1434,167 @@ impl<B: IoBuf> QueuePair<B> {
     /// the device: the commands complete as [`poll`](Self::poll) would
     /// complete them, and a failed controller is reported as `Err` (after
     /// every command was delivered).
+    ///
+    /// If deleting a queue fails (an error status, or an admin timeout
+    /// under [`TimeoutPolicy::ReportOnly`]), the controller still owns the
+    /// queue: the remaining commands complete with [`IoError::Aborted`] but
+    /// without their buffers, which are leaked like the rings and PRP pages
+    /// ([`Controller::leaked_queue_bytes`]), and the queue id is not reused;
+    /// the error is returned.
+    ///
+    /// A panic in `f` does not skip any of this: dropping the queue pair
+    /// (as unwinding does) carries on from where `close` stopped, with the
+    /// remaining completions dropped.
     pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
-        self.closed = true;
-        if self.ctrl.state() != self.seen_state {
-            let _ = self.on_state_change(&mut f, false);
-        }
-        if let Some(e) = self.failed {
-            // Nothing is outstanding any more (completed or leaked above).
-            self.ctrl.release_qid(self.qid);
-            return Err(failed_error(e, self.qid));
-        }
-        if self.queue_absent {
-            // A reset deleted the queues; everything was completed above.
-            self.ctrl.release_qid(self.qid);
-            return Ok(());
-        }
-        // Report every consumed CQE first: deleting the SQ may make the
-        // controller post completions for what it aborts, and they must
-        // find room (the lazy head could otherwise leave too little).
-        self.cq.flush();
-        let r = self.ctrl.delete_sq(self.qid);
-        if r.is_ok() {
-            // The controller posts completions (often "aborted: SQ
-            // deletion") for what it fetched before deleting the SQ.
-            self.deliver_posted(&mut f);
-        }
-        let r = r.and_then(|()| self.ctrl.delete_cq(self.qid));
-        match r {
-            Ok(()) => {
-                self.trackers.drain(|tag, buf| {
-                    f(Completion {
-                        tag,
-                        result: Err(IoError::Aborted),
-                        buf,
-                        dw0: 0,
-                    })
-                });
-                self.ctrl.release_qid(self.qid);
-                Ok(())
-            }
-            Err(e) => {
-                // The deletion may have failed because the controller was
-                // reset or failed meanwhile: then complete as poll would.
-                if self.ctrl.state() != self.seen_state {
-                    let _ = self.on_state_change(&mut f, false);
-                    if self.trackers.outstanding() == 0 {
-                        self.ctrl.release_qid(self.qid);
-                        return match self.failed {
-                            Some(e) => Err(failed_error(e, self.qid)),
-                            None => Ok(()),
-                        };
+        self.shut_down(&mut f)
+    }
+
+    /// Close or drop: resumable (see [`Teardown`]).
+    fn shut_down<F: FnMut(Completion<B>)>(&mut self, f: &mut F) -> Result<()> {
+        loop {
+            match self.teardown {
+                Teardown::Done => return Ok(()),
+                Teardown::Live => {
+                    if self.ctrl.state() != self.seen_state {
+                        let _ = self.on_state_change(f, false, usize::MAX);
+                    }
+                    if self.failed.is_some() || self.queue_absent {
+                        return self.shut_down_gone();
+                    }
+                    // Report every consumed CQE first: deleting the SQ may
+                    // make the controller post completions for what it
+                    // aborts, and they must find room (the lazy head could
+                    // otherwise leave too little).
+                    self.cq.flush();
+                    match self.ctrl.delete_sq(self.qid) {
+                        Ok(()) => self.teardown = Teardown::SqDeleted,
+                        Err(e) => return self.delete_failed(f, e),
                     }
                 }
-                // The device may still own the buffers: never hand them back.
-                self.trackers.drain(|_, buf| std::mem::forget(buf));
-                Err(e)
+                Teardown::SqDeleted => {
+                    // The controller posts completions (often "aborted: SQ
+                    // deletion") for what it fetched before deleting the SQ.
+                    self.deliver_posted(f, usize::MAX);
+                    match self.ctrl.delete_cq(self.qid) {
+                        Ok(()) => self.teardown = Teardown::Deleted,
+                        Err(e) => return self.delete_failed(f, e),
+                    }
+                }
+                Teardown::Deleted => {
+                    // Both queues are gone: the device no longer accesses
+                    // the buffers of what it never completed.
+                    let completed = &mut self.completed;
+                    self.trackers.drain_up_to(usize::MAX, |tag, buf| {
+                        *completed += 1;
+                        f(Completion {
+                            tag,
+                            result: Err(IoError::Aborted),
+                            buf,
+                            dw0: 0,
+                        })
+                    });
+                    self.teardown = Teardown::Done;
+                    self.ctrl.release_qid(self.qid);
+                    return Ok(());
+                }
             }
         }
     }
+
+    /// A reset or failure already removed the queues (`on_state_change`
+    /// completed, or leaked, every command).
+    fn shut_down_gone(&mut self) -> Result<()> {
+        self.teardown = Teardown::Done;
+        // Free again even after a failure without a disable: the controller
+        // must be reset before any queue can be created, and a reset deletes
+        // every queue. Not when re-creating the queue after a reset may have
+        // left it on the controller.
+        if !(self.failed == Some(Error0::Lost) && self.device_may_access) {
+            self.ctrl.release_qid(self.qid);
+        }
+        match self.failed {
+            Some(e) => Err(failed_error(e, self.qid)),
+            None => Ok(()),
+        }
+    }
+
+    /// Deleting a queue failed with `e`.
+    #[cold]
+    fn delete_failed<F: FnMut(Completion<B>)>(&mut self, f: &mut F, e: Error) -> Result<()> {
+        // The deletion may have failed because the controller was reset or
+        // failed meanwhile: then complete as poll would.
+        if self.ctrl.state() != self.seen_state {
+            let _ = self.on_state_change(f, false, usize::MAX);
+            if self.failed.is_some() || self.queue_absent {
+                return self.shut_down_gone();
+            }
+        }
+        // The controller still has the queue: it may fetch from the SQ ring
+        // and PRP pages, transfer into the buffers, and post into the CQ
+        // ring. None of it may be freed or reused: leak it all (the rings
+        // and PRP pages in `Drop`), and keep the queue id out of use.
+        self.device_may_access = true;
+        self.teardown = Teardown::Done;
+        log::error!(
+            "queue {}: deleting the queues failed ({e}); leaking its rings, PRP pages and {} in-flight buffers so the device cannot write into reused memory",
+            self.qid,
+            self.trackers.outstanding()
+        );
+        let (ctrl, completed) = (&self.ctrl, &mut self.completed);
+        self.trackers.drain_up_to(usize::MAX, |tag, buf| {
+            leak(ctrl, buf);
+            *completed += 1;
+            f(Completion {
+                tag,
+                result: Err(IoError::Aborted),
+                buf: None,
+                dw0: 0,
+            })
+        });
+        Err(e)
+    }
+}
+
+/// Leak a buffer the device may still access (counted at the controller).
+fn leak<B: IoBuf>(ctrl: &Controller, buf: Option<B>) {
+    if let Some(b) = buf {
+        ctrl.note_leak(b.total_len() as u64);
+        std::mem::forget(b);
+    }
+}
+
+/// PRP list pages each command slot needs: one entry per page of the
+/// largest command after PRP1, chained across list pages. The largest
+/// command is the smaller of `max_xfer` and `MAX_NLB` blocks of the largest
+/// block size of any namespace (a command never moves more).
+fn prp_pages_per_slot(ctrl: &Controller, max_xfer: u64) -> Result<usize> {
+    let max_lba_shift = ctrl
+        .namespaces()
+        .iter()
+        .map(|n| n.lba_shift)
+        .max()
+        .unwrap_or(PAGE_SHIFT);
+    let most_blocks = 1u64
+        .checked_shl(max_lba_shift)
+        .and_then(|lba| lba.checked_mul(MAX_NLB as u64))
+        .unwrap_or(u64::MAX);
+    let per_cmd = max_xfer.min(most_blocks);
+    // Entries after PRP1: at most one per page of the transfer, plus one
+    // for a buffer that does not start on a page boundary.
+    let entries = (per_cmd >> PAGE_SHIFT) + 1;
+    let per_page = PRP_PER_PAGE as u64;
+    let pages = if entries <= per_page {
+        1
+    } else {
+        (entries - 1).div_ceil(per_page - 1)
+    };
+    if pages > MAX_PRP_LIST_PAGES {
+        return Err(Error::InvalidOption(format!(
+            "a transfer limit of {per_cmd} bytes per command would need {pages} PRP list pages per queue slot (at most {MAX_PRP_LIST_PAGES}); set ControllerOptions::max_transfer to at most {} bytes",
+            (MAX_PRP_LIST_PAGES * (per_page - 1)) << PAGE_SHIFT
+        )));
+    }
+    Ok(pages as usize)
 }
 
 fn failed_error(e: Error0, qid: u16) -> Error {
@@ -1349,43 +1614,30 @@ fn failure_of(s: u64) -> Error0 {
 }
 
 impl<B: IoBuf> Drop for QueuePair<B> {
+    /// Delete the queues (completions of commands still in flight are
+    /// dropped), then free the rings and PRP pages — or leak them if the
+    /// device may still access them (see [`QueuePair::close`]).
     fn drop(&mut self) {
-        if self.closed {
+        if self.teardown != Teardown::Done {
+            let _ = self.shut_down(&mut |c: Completion<B>| drop(c));
+        }
+        let ring_bytes = self.sq.region().len() + self.cq.region().len() + self.prp_mem.len();
+        if self.device_may_access {
+            log::error!(
+                "queue {}: the controller may still access its rings and PRP pages; leaking {ring_bytes} bytes",
+                self.qid
+            );
+            self.ctrl.note_leak(ring_bytes as u64);
             return;
         }
-        if self.ctrl.state() != self.seen_state {
-            let _ = self.on_state_change(&mut |c: Completion<B>| drop(c), false);
-        }
-        if self.failed.is_some() || self.queue_absent {
-            // Completed (or leaked, if the device might still write) above;
-            // the queues no longer exist on the controller.
-            self.ctrl.release_qid(self.qid);
-            return;
-        }
-        // See `close`: give the controller room for abort completions.
-        self.cq.flush();
-        let r = self
-            .ctrl
-            .delete_sq(self.qid)
-            .and_then(|()| self.ctrl.delete_cq(self.qid));
-        match r {
-            Ok(()) => self.ctrl.release_qid(self.qid),
-            Err(_)
-                if self.ctrl.state() != self.seen_state && {
-                    let _ = self.on_state_change(&mut |c: Completion<B>| drop(c), false);
-                    self.trackers.outstanding() == 0
-                } =>
-            {
-                self.ctrl.release_qid(self.qid)
-            }
-            Err(e) => {
-                log::error!(
-                    "queue {}: deleting the queues failed ({e}); leaking {} in-flight buffers so the device cannot write into reused memory",
-                    self.qid,
-                    self.trackers.outstanding()
-                );
-                self.trackers.drain(|_, buf| std::mem::forget(buf));
-            }
+        // SAFETY: each field is dropped exactly once, here, and `self` is
+        // not used afterwards. The device no longer accesses this memory:
+        // the queues were deleted, or the controller was disabled since (a
+        // new epoch) or removed.
+        unsafe {
+            ManuallyDrop::drop(&mut self.sq);
+            ManuallyDrop::drop(&mut self.cq);
+            ManuallyDrop::drop(&mut self.prp_mem);
         }
     }
 }
@@ -1399,7 +1651,7 @@ impl QueuePair<DmaBuf> {
     /// the controller already dropped.
     fn blocking_sync(&mut self) -> Result<()> {
         if self.ctrl.state() != self.seen_state {
-            self.on_state_change(&mut |c: Completion<DmaBuf>| drop(c), true)?;
+            self.on_state_change(&mut |c: Completion<DmaBuf>| drop(c), true, usize::MAX)?;
         }
         match self.failed {
             Some(e) => Err(failed_error(e, self.qid)),
@@ -1430,7 +1682,15 @@ impl QueuePair<DmaBuf> {
         if out != 0 {
             return Err(Error::QueueBusy { outstanding: out });
         }
-        let chunk = self.max_xfer.min((MAX_NLB as u64) << g.lba_shift) & !(lba - 1);
+        let max = self.max_xfer.min((MAX_NLB as u64) << g.lba_shift);
+        let chunk = max & !(lba - 1);
+        if chunk == 0 {
+            // One block is more than a command may move: nothing to split.
+            return Err(Error::Submit(SubmitErrorKind::TransferTooLarge {
+                bytes: lba,
+                max,
+            }));
+        }
         if self
             .bounce
             .as_ref()

@@ -168,13 +168,27 @@ impl<B> Trackers<B> {
 
     /// Complete every busy slot (the device no longer owns them: queue
     /// deleted or controller reset), in slot order.
-    pub fn drain(&mut self, mut f: impl FnMut(u64, Option<B>)) {
+    #[cfg(test)]
+    pub fn drain(&mut self, f: impl FnMut(u64, Option<B>)) {
+        self.drain_up_to(usize::MAX, f);
+    }
+
+    /// Complete up to `max` busy slots, in slot order; returns how many.
+    /// Each slot is freed before `f` sees it, so if `f` panics the slots
+    /// it was given are done and the rest stay busy for a later call.
+    pub fn drain_up_to(&mut self, max: usize, mut f: impl FnMut(u64, Option<B>)) -> usize {
+        let mut n = 0;
         for i in 0..self.slots.len() {
+            if n == max {
+                break;
+            }
             if self.slots[i].busy {
                 let (tag, buf) = self.complete(i as u16);
+                n += 1;
                 f(tag, buf);
             }
         }
+        n
     }
 }
 
@@ -336,6 +350,23 @@ mod tests {
         ) {
             check_stream(depth, &ops);
         }
+    }
+
+    #[test]
+    fn drain_up_to_stops_at_max_and_resumes() {
+        let mut t: Trackers<u8> = Trackers::new(8);
+        for i in 0..5 {
+            let s = t.alloc().unwrap();
+            t.arm(s, i, Some(i as u8), 0);
+        }
+        let mut seen = vec![];
+        assert_eq!(t.drain_up_to(0, |tag, _| seen.push(tag)), 0);
+        assert_eq!(t.drain_up_to(2, |tag, _| seen.push(tag)), 2);
+        assert_eq!(t.outstanding(), 3);
+        assert_eq!(t.drain_up_to(usize::MAX, |tag, _| seen.push(tag)), 3);
+        seen.sort();
+        assert_eq!(seen, vec![0, 1, 2, 3, 4]);
+        assert_eq!(t.outstanding(), 0);
     }
 
     #[test]

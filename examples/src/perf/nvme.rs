@@ -9,6 +9,7 @@
 //! no reference count and the completion hands nothing back that must be
 //! stored; nothing is allocated or mapped per I/O.
 
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
@@ -267,12 +268,13 @@ impl NvmeTarget {
             .map(|i| unsafe { region.as_ptr().add(i * buf_len) })
             .collect();
         Ok(NvmeQueue {
-            qp,
+            qp: ManuallyDrop::new(qp),
             nsid,
             bufs,
             ptrs,
             buf_len,
-            _region: region,
+            device_may_access: false,
+            region: ManuallyDrop::new(region),
         })
     }
 }
@@ -280,9 +282,12 @@ impl NvmeTarget {
 /// One slot's slice of a job's premapped region, as the queue pair moves it.
 ///
 /// Private to this module: every `SlotBuf` lives in an [`NvmeQueue`] (in its
-/// slot table or inside its queue pair) and the queue drops its queue pair,
-/// which deletes the hardware queues and drops in-flight buffers, before the
-/// region the slices point into.
+/// slot table or inside its queue pair). The queue closes its queue pair
+/// before it frees the region the slices point into, and frees it only if
+/// every slice came back: a completion without its buffer (a fatal
+/// controller that could not be disabled, or a queue whose deletion failed)
+/// means the device may still access that slice, and then the region is
+/// leaked, never unmapped or reused.
 #[derive(Clone, Copy, Debug)]
 struct SlotBuf {
     iova: Iova,
@@ -297,7 +302,8 @@ unsafe impl Send for SlotBuf {}
 
 // SAFETY: the slice [iova, iova + len) lies inside the job's DmaRegion,
 // mapped Bidirectional in `space` for the region's whole life, and the region
-// outlives every SlotBuf (see the type's docs); the job touches the memory
+// outlives every SlotBuf the device may still access — it is leaked when one
+// is not handed back (see the type's docs); the job touches the memory
 // only through raw pointers while the slot is not in flight; the answers
 // below never change.
 unsafe impl IoBuf for SlotBuf {
@@ -328,14 +334,38 @@ unsafe impl IoBuf for SlotBuf {
 
 /// One job's queue pair and its premapped buffers.
 pub struct NvmeQueue {
-    // Field order matters: the queue pair (holding in-flight SlotBufs) drops
-    // before the region they point into.
-    qp: QueuePair<SlotBuf>,
+    // Both dropped by hand in `Drop`: the queue pair (holding in-flight
+    // SlotBufs) is closed first, then the region is freed or leaked.
+    qp: ManuallyDrop<QueuePair<SlotBuf>>,
     nsid: u32,
     bufs: Vec<SlotBuf>,
     ptrs: Vec<NonNull<u8>>,
     buf_len: usize,
-    _region: DmaBuf,
+    /// A completion came without its buffer: the device may still access
+    /// that slot, so the region must never be freed.
+    device_may_access: bool,
+    region: ManuallyDrop<DmaBuf>,
+}
+
+impl Drop for NvmeQueue {
+    fn drop(&mut self) {
+        // SAFETY: `qp` is taken exactly once, here, and never used again.
+        let qp = unsafe { ManuallyDrop::take(&mut self.qp) };
+        let mut lost = self.device_may_access;
+        // Every outstanding command completes exactly once in `close`; one
+        // without its buffer is still the device's.
+        let _ = qp.close(|c| lost |= c.buf.is_none());
+        if lost {
+            eprintln!(
+                "mcqio-perf: the device may still access this job's buffers; leaking {} bytes",
+                self.region.len()
+            );
+            return;
+        }
+        // SAFETY: dropped exactly once, here; every SlotBuf came back, so
+        // the device accesses none of the region any more.
+        unsafe { ManuallyDrop::drop(&mut self.region) };
+    }
 }
 
 impl JobQueue for NvmeQueue {
@@ -378,8 +408,10 @@ impl JobQueue for NvmeQueue {
 
     #[inline]
     fn reap<F: FnMut(usize, IoStatus)>(&mut self, mut done: F) -> Result<usize, QueueError> {
+        let lost = &mut self.device_may_access;
         self.qp
             .poll(usize::MAX, |c| {
+                *lost |= c.buf.is_none();
                 let slot = c.tag as usize;
                 let status = match c.result {
                     Ok(()) => IoStatus::Ok,
@@ -559,5 +591,58 @@ impl JobQueue for MappedQueue {
             Some(e) => Err(QueueError(format!("unmap failed: {e}"))),
             None => Ok(n),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 12 item 2: when the controller refuses to delete the queue, a
+    /// command in flight keeps its slot of the region; the region must stay
+    /// mapped (the device may still write into it) after the queue drops.
+    #[test]
+    fn refused_queue_deletion_leaks_the_slot_region() {
+        let spec: DeviceSpec = "fake,sync=1".parse().expect("spec");
+        let plan = OpenPlan {
+            jobs: 1,
+            depth: 4,
+            io_size: 4096,
+            writes: false,
+            job_cores: Vec::new(),
+            seed: 1,
+        };
+        let t = NvmeTarget::open(&spec, &plan).expect("fake target");
+        let fake = t.fake.clone().expect("a fake");
+        let mut q = t.queue(1, 4, 4096).expect("queue");
+        fake.faults().inject_next(
+            Some(q.qp.qid()),
+            None,
+            Fault::Delay(Duration::from_secs(3600)),
+        );
+        let req = IoReq {
+            op: Op::Read,
+            slba: 0,
+            nlb: 4096 / t.lbads(),
+        };
+        q.push(0, req).expect("push");
+        q.submit(1).expect("submit");
+        assert_eq!(fake.faults().pending(), 0, "the command was fetched");
+        fake.faults().inject_next(
+            Some(0),
+            Some(mcqio::spec::opcodes::admin::DELETE_IO_SQ),
+            Fault::Status {
+                sct: 1,
+                sc: 0x01,
+                dnr: true,
+            },
+        );
+        let mapped = fake.iommu().mapping_count();
+        drop(q);
+        assert_eq!(
+            fake.iommu().mapping_count(),
+            mapped,
+            "the slot region (and the rings) must stay mapped"
+        );
     }
 }
