@@ -644,7 +644,7 @@ impl<B: IoBuf> QueuePair<B> {
                 buf,
             });
         };
-        let (prp1, prp2) = match self.build_prp(&buf, bytes, slot) {
+        let (prp1, prp2) = match self.build_prp(&buf, 0, bytes, slot) {
             Ok(p) => p,
             Err(kind) => {
                 self.trackers.unreserve(slot);
@@ -676,37 +676,40 @@ impl<B: IoBuf> QueuePair<B> {
         }
     }
 
-    /// PRP1/PRP2 for `bytes` of `buf`, writing a PRP list into `slot`'s
-    /// pages when more than two pages are touched.
+    /// PRP1/PRP2 for `bytes` of `buf` starting `off` bytes into it, writing
+    /// a PRP list into `slot`'s pages when more than two pages are touched.
+    ///
+    /// Empty segments are skipped wherever they sit: they describe no
+    /// memory, so their IOVA (often the start or end of some other buffer)
+    /// must never reach the device. The first segment that carries data may
+    /// start at any 4-byte aligned IOVA; every later one must start on a
+    /// page, and every one but the last must end on a page.
     #[inline]
-    fn build_prp(&self, buf: &B, bytes: u64, slot: u16) -> Result<(u64, u64), SubmitErrorKind> {
+    fn build_prp(
+        &self,
+        buf: &B,
+        off: u64,
+        bytes: u64,
+        slot: u16,
+    ) -> Result<(u64, u64), SubmitErrorKind> {
         let nseg = buf.segment_count();
-        if nseg == 0 {
-            return Err(SubmitErrorKind::BufferTooSmall {
-                needed: bytes,
-                available: 0,
-            });
-        }
-        let seg0 = buf.segment(0);
-        let start = seg0.iova.raw();
-        if start & 3 != 0 {
-            return Err(SubmitErrorKind::Misaligned {
-                segment: 0,
-                iova: seg0.iova,
-            });
-        }
-        let first_room = PAGE_SIZE - (start & PAGE_MASK);
-        let too_large = SubmitErrorKind::TransferTooLarge {
-            bytes,
-            max: self.max_xfer,
-        };
         if nseg == 1 {
-            if (seg0.len as u64) < bytes {
+            let seg0 = buf.segment(0);
+            let len = seg0.len as u64;
+            if len < off || len - off < bytes {
                 return Err(SubmitErrorKind::BufferTooSmall {
-                    needed: bytes,
-                    available: seg0.len as u64,
+                    needed: off + bytes,
+                    available: len,
                 });
             }
+            let start = seg0.iova.raw() + off;
+            if start & 3 != 0 {
+                return Err(SubmitErrorKind::Misaligned {
+                    segment: 0,
+                    iova: seg0.iova,
+                });
+            }
+            let first_room = PAGE_SIZE - (start & PAGE_MASK);
             if bytes <= first_room {
                 return Ok((start, 0));
             }
@@ -718,56 +721,87 @@ impl<B: IoBuf> QueuePair<B> {
             let count = (rest + PAGE_MASK) >> PAGE_SHIFT;
             let mut w = self.prp_writer(slot);
             for i in 0..count {
-                w.push(next + (i << PAGE_SHIFT)).map_err(|_| too_large)?;
+                w.push(next + (i << PAGE_SHIFT))
+                    .map_err(|_| self.too_large(bytes))?;
             }
             return Ok((start, w.finish()));
         }
-        // Vectored: walk the segments, enforcing the PRP alignment rules.
+        self.build_prp_vectored(buf, off, bytes, slot)
+    }
+
+    /// [`build_prp`](Self::build_prp) for buffers of several segments.
+    fn build_prp_vectored(
+        &self,
+        buf: &B,
+        off: u64,
+        bytes: u64,
+        slot: u16,
+    ) -> Result<(u64, u64), SubmitErrorKind> {
         let mut w = self.prp_writer(slot);
+        let mut skip = off;
         let mut remaining = bytes;
-        let take0 = (seg0.len as u64).min(remaining);
-        remaining -= take0;
-        if remaining > 0 && (start + seg0.len as u64) & PAGE_MASK != 0 {
-            return Err(SubmitErrorKind::Misaligned {
-                segment: 0,
-                iova: seg0.iova,
-            });
-        }
-        let mut a = start + first_room;
-        while a < start + take0 {
-            w.push(a).map_err(|_| too_large)?;
-            a += PAGE_SIZE;
-        }
-        for i in 1..nseg {
+        let mut prp1 = None;
+        for i in 0..buf.segment_count() {
             if remaining == 0 {
                 break;
             }
             let seg = buf.segment(i);
-            if seg.len == 0 {
+            let len = seg.len as u64;
+            // Empty segments (and whole segments before `off`) carry no data.
+            if len <= skip {
+                skip -= len;
                 continue;
             }
-            let s = seg.iova.raw();
-            let take = (seg.len as u64).min(remaining);
-            remaining -= take;
-            if s & PAGE_MASK != 0 || (remaining > 0 && seg.len as u64 & PAGE_MASK != 0) {
+            let Some(s) = seg.iova.raw().checked_add(skip) else {
                 return Err(SubmitErrorKind::Misaligned {
                     segment: i,
                     iova: seg.iova,
                 });
+            };
+            let avail = len - skip;
+            skip = 0;
+            let take = avail.min(remaining);
+            remaining -= take;
+            let misaligned = Err(SubmitErrorKind::Misaligned {
+                segment: i,
+                iova: seg.iova,
+            });
+            // A data segment followed by more data must end on a page.
+            if remaining > 0 && s.wrapping_add(avail) & PAGE_MASK != 0 {
+                return misaligned;
             }
-            let mut a = s;
+            let mut a = if prp1.is_none() {
+                if s & 3 != 0 {
+                    return misaligned;
+                }
+                prp1 = Some(s);
+                (s & !PAGE_MASK) + PAGE_SIZE
+            } else {
+                if s & PAGE_MASK != 0 {
+                    return misaligned;
+                }
+                s
+            };
             while a < s + take {
-                w.push(a).map_err(|_| too_large)?;
+                w.push(a).map_err(|_| self.too_large(bytes))?;
                 a += PAGE_SIZE;
             }
         }
-        if remaining > 0 {
-            return Err(SubmitErrorKind::BufferTooSmall {
-                needed: bytes,
+        match prp1 {
+            Some(p1) if remaining == 0 => Ok((p1, w.finish())),
+            _ => Err(SubmitErrorKind::BufferTooSmall {
+                needed: off + bytes,
                 available: buf.total_len() as u64,
-            });
+            }),
         }
-        Ok((start, w.finish()))
+    }
+
+    #[cold]
+    fn too_large(&self, bytes: u64) -> SubmitErrorKind {
+        SubmitErrorKind::TransferTooLarge {
+            bytes,
+            max: self.max_xfer,
+        }
     }
 
     #[inline]
