@@ -63,6 +63,11 @@
 //! | [`IoError::Aborted`] | [`QueuePair::close`] deleted the queue before the controller completed it | back |
 //! | [`IoError::ControllerFailed`] | CSTS.CFS or surprise removal; `poll` returns [`Error::ControllerFatal`] / [`Error::DeviceGone`] | back, or leaked (`None`) if a fatal controller could not even be disabled |
 //!
+//! A read or write above the per-command limit (MDTS) is split into child
+//! commands and still completes once: with the first error any child
+//! reported, or the error that ended the children still in flight (reset,
+//! close), and its buffer after every child finished.
+//!
 //! A rejected submission never started and hands its buffer back in a
 //! [`SubmitError`]. A CQE that matches no command in flight (duplicate,
 //! stale, corrupt CID) is counted in [`QpairStats::stale_completions`] and

@@ -171,8 +171,7 @@ fn empty_segments_are_never_dma_targets() {
             for at_end in [false, true] {
                 let ctx = format!("mdts {mdts}, empty segment before {at}, at end {at_end}");
                 // Two page-aligned 8 KiB segments: nothing else to reject.
-                let (mut segs, wit, bytes) =
-                    layout_bufs(ctrl, 0, 16, &[], 16, &[(at, at_end)]);
+                let (mut segs, wit, bytes) = layout_bufs(ctrl, 0, 16, &[], 16, &[(at, at_end)]);
                 assert_eq!(bytes, 16384, "{ctx}");
                 let data = random_bytes(&mut r, bytes);
                 fill_segs(&mut segs, &data);
@@ -189,7 +188,10 @@ fn empty_segments_are_never_dma_targets() {
                 let c = wait_n(&mut qp, 1).pop().unwrap();
                 assert_eq!(c.result, Ok(()), "{ctx}");
                 assert!(gather(&c.buf.unwrap(), bytes) == data, "read: {ctx}");
-                assert!(wit.untouched(), "the device wrote outside the buffer: {ctx}");
+                assert!(
+                    wit.untouched(),
+                    "the device wrote outside the buffer: {ctx}"
+                );
                 assert_eq!(env.fake.iommu().fault_count(), 0, "{ctx}");
             }
         }

@@ -8,6 +8,10 @@ use std::time::{Duration, Instant};
 
 use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace};
 
+#[path = "split.rs"]
+mod split;
+
+use self::split::Splits;
 use super::cq::CompQueue;
 use super::doorbell::Doorbell;
 use super::sq::SubQueue;
@@ -150,10 +154,18 @@ struct NsGeom {
 /// is_sync::<mcqio::QueuePair>();
 /// ```
 ///
-/// Transfers larger than the controller's MDTS (or
-/// [`crate::ControllerOptions::max_transfer`]) are **rejected** on this API
-/// with [`SubmitErrorKind::TransferTooLarge`]: splitting silently would turn
-/// one tag into several completions. The blocking API splits.
+/// A read or write larger than the controller's MDTS (or
+/// [`crate::ControllerOptions::max_transfer`], or 65536 blocks) is split
+/// into child commands, one queue slot each, and completes **once**: one
+/// [`Completion`] with the caller's tag, the first error any child reported
+/// (else success), and the buffer, handed back only after every child
+/// finished. Splitting is all or nothing: with fewer free slots than
+/// children it is refused with [`SubmitErrorKind::QueueFull`] (buffer handed
+/// back, nothing sent), and a transfer needing more children than
+/// [`depth`](Self::depth) is [`SubmitErrorKind::TransferTooLarge`]. Children
+/// count in [`outstanding`](Self::outstanding) and
+/// [`QpairStats::submitted`], and each one appears in
+/// [`check_timeouts`](Self::check_timeouts) under the caller's tag.
 ///
 /// Dropping a queue pair deletes its SQ then CQ on the controller; buffers of
 /// commands still in flight are dropped after the deletion (so the device
@@ -169,6 +181,8 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     sq: SubQueue,
     cq: CompQueue,
     trackers: Trackers<B>,
+    /// Transfers split into child commands (`split.rs`).
+    splits: Splits<B>,
     prp_ptr: NonNull<u64>,
     prp_iova: u64,
     prp_pages: usize,
@@ -359,9 +373,15 @@ impl<B: IoBuf> QueuePair<B> {
             (entries_needed - 1).div_ceil(PRP_PER_PAGE - 1)
         };
         let prp_mem = space.alloc(
-            opts.depth as usize * prp_pages * PAGE_SIZE as usize,
+            prp_region_len(opts.depth, prp_pages, space.iommu().min_page_size()),
             DmaDir::ToDevice,
         )?;
+        if prp_mem.iova().raw() & PAGE_MASK != 0 {
+            return Err(Error::InvalidOption(format!(
+                "the DMA space placed the PRP lists at IOVA {}, not on a {PAGE_SIZE}-byte controller page",
+                prp_mem.iova()
+            )));
+        }
         let (sq_shadow, cq_shadow) = ctrl.shadow_slots(qid);
         let hook = ctrl.backend().doorbell_hook();
         // SAFETY: doorbell offsets computed from CAP.DSTRD for a granted qid
@@ -418,6 +438,7 @@ impl<B: IoBuf> QueuePair<B> {
             sq,
             cq,
             trackers: Trackers::new(opts.depth),
+            splits: Splits::new(opts.depth),
             prp_ptr: prp_mem.as_ptr().cast(),
             prp_iova: prp_mem.iova().raw(),
             prp_pages,
@@ -477,7 +498,8 @@ impl<B: IoBuf> QueuePair<B> {
         self.trackers.is_full()
     }
 
-    /// Largest transfer per command, in bytes.
+    /// Largest transfer per command, in bytes. Larger reads and writes are
+    /// split into several commands (see the type's docs).
     pub fn max_transfer(&self) -> u64 {
         self.max_xfer
     }
@@ -607,28 +629,14 @@ impl<B: IoBuf> QueuePair<B> {
                 buf,
             });
         }
-        let bytes = (nlb as u64) << g.lba_shift;
-        if nlb > MAX_NLB || bytes > self.max_xfer {
-            let max = self.max_xfer.min((MAX_NLB as u64) << g.lba_shift);
-            return Err(SubmitError {
-                kind: SubmitErrorKind::TransferTooLarge { bytes, max },
-                buf,
-            });
-        }
-        let dir = buf.dir();
-        let ok_dir = if device_writes {
-            dir.device_writes()
-        } else {
-            dir.device_reads()
-        };
-        if !ok_dir {
+        if let Err(mapped) = buf.check_dir(device_writes) {
             let needs = if device_writes {
                 "write into it (read command)"
             } else {
                 "read from it (write command)"
             };
             return Err(SubmitError {
-                kind: SubmitErrorKind::WrongDirection { mapped: dir, needs },
+                kind: SubmitErrorKind::WrongDirection { mapped, needs },
                 buf,
             });
         }
@@ -637,6 +645,10 @@ impl<B: IoBuf> QueuePair<B> {
                 kind: SubmitErrorKind::NotDmaMapped,
                 buf,
             });
+        }
+        let bytes = (nlb as u64) << g.lba_shift;
+        if nlb > MAX_NLB || bytes > self.max_xfer {
+            return self.submit_split(sqe, g.lba_shift, slba, nlb, buf, tag);
         }
         let Some(slot) = self.trackers.alloc() else {
             return Err(SubmitError {
@@ -1002,6 +1014,9 @@ impl<B: IoBuf> QueuePair<B> {
                 } else {
                     Err(self.error_of(slot, cqe))
                 };
+                if let Some(p) = self.splits.parent_of(slot) {
+                    return self.child_done(slot, p, result);
+                }
                 Some(Completion {
                     tag,
                     result,
@@ -1012,6 +1027,52 @@ impl<B: IoBuf> QueuePair<B> {
             _ => {
                 self.stale(cqe);
                 None
+            }
+        }
+    }
+
+    /// A child of a split transfer finished: the parent's completion once
+    /// it was the last (see `split.rs`).
+    #[cold]
+    #[inline(never)]
+    fn child_done(
+        &mut self,
+        slot: u16,
+        p: u16,
+        result: Result<(), IoError>,
+    ) -> Option<Completion<B>> {
+        let (tag, buf, result) = self.splits.child_done(slot, p, result)?;
+        Some(Completion {
+            tag,
+            result,
+            buf,
+            dw0: 0,
+        })
+    }
+
+    /// Finish every command in flight (the device no longer owns them, or
+    /// they are being leaked), in slot order, giving `f` each one's tag and
+    /// buffer once: a split transfer is given once, when its last child is
+    /// drained, with the first error a child reported before (which takes
+    /// precedence over the error the caller gives for the drain).
+    fn drain_all(&mut self, mut f: impl FnMut(u64, Option<B>, Option<IoError>)) {
+        if !self.splits.active() {
+            self.trackers.drain(|tag, buf| f(tag, buf, None));
+            return;
+        }
+        for slot in 0..self.trackers.depth() as u16 {
+            if !self.trackers.slot(slot).busy {
+                continue;
+            }
+            let (tag, buf) = self.trackers.complete(slot);
+            match self.splits.parent_of(slot) {
+                None => f(tag, buf, None),
+                Some(p) => {
+                    // `Ok` records no error: the caller's one applies.
+                    if let Some((tag, buf, r)) = self.splits.child_done(slot, p, Ok(())) {
+                        f(tag, buf, r.err());
+                    }
+                }
             }
         }
     }
@@ -1070,7 +1131,7 @@ impl<B: IoBuf> QueuePair<B> {
         f: &mut F,
     ) -> usize {
         let mut n = 0;
-        self.trackers.drain(|tag, buf| {
+        self.drain_all(|tag, buf, first| {
             let buf = if safe {
                 buf
             } else {
@@ -1080,7 +1141,7 @@ impl<B: IoBuf> QueuePair<B> {
             n += 1;
             f(Completion {
                 tag,
-                result: Err(err),
+                result: Err(first.unwrap_or(err)),
                 buf,
                 dw0: 0,
             });
@@ -1334,10 +1395,10 @@ impl<B: IoBuf> QueuePair<B> {
         let r = r.and_then(|()| self.ctrl.delete_cq(self.qid));
         match r {
             Ok(()) => {
-                self.trackers.drain(|tag, buf| {
+                self.drain_all(|tag, buf, first| {
                     f(Completion {
                         tag,
-                        result: Err(IoError::Aborted),
+                        result: Err(first.unwrap_or(IoError::Aborted)),
                         buf,
                         dw0: 0,
                     })
@@ -1359,11 +1420,19 @@ impl<B: IoBuf> QueuePair<B> {
                     }
                 }
                 // The device may still own the buffers: never hand them back.
-                self.trackers.drain(|_, buf| std::mem::forget(buf));
+                self.drain_all(|_, buf, _| std::mem::forget(buf));
                 Err(e)
             }
         }
     }
+}
+
+/// Bytes of a queue's PRP-list region: `prp_pages` controller pages per
+/// slot, rounded up to whole IOMMU pages (the granule of every map and
+/// unmap; a 64 KiB-granule IOMMU refuses a 4 KiB mapping).
+fn prp_region_len(depth: u16, prp_pages: usize, iommu_page: usize) -> usize {
+    let granule = iommu_page.max(PAGE_SIZE as usize);
+    (depth as usize * prp_pages * PAGE_SIZE as usize).next_multiple_of(granule)
 }
 
 fn failed_error(e: Error0, qid: u16) -> Error {
@@ -1418,7 +1487,7 @@ impl<B: IoBuf> Drop for QueuePair<B> {
                     self.qid,
                     self.trackers.outstanding()
                 );
-                self.trackers.drain(|_, buf| std::mem::forget(buf));
+                self.drain_all(|_, buf, _| std::mem::forget(buf));
             }
         }
     }
@@ -1600,6 +1669,21 @@ mod tests {
             idx += 1;
         }
         out
+    }
+
+    /// Issue 12 item 10: the PRP-list region is a whole number of IOMMU
+    /// pages (and at least the controller pages the slots need).
+    #[test]
+    fn prp_region_is_whole_iommu_pages() {
+        assert_eq!(prp_region_len(3, 1, 4096), 3 * 4096);
+        assert_eq!(
+            prp_region_len(3, 1, 1024),
+            3 * 4096,
+            "never below a controller page"
+        );
+        assert_eq!(prp_region_len(3, 1, 64 << 10), 64 << 10);
+        assert_eq!(prp_region_len(17, 1, 64 << 10), 128 << 10);
+        assert_eq!(prp_region_len(16, 2, 64 << 10), 128 << 10);
     }
 
     /// The PRP writer's raw-pointer arithmetic (also run under Miri, over
