@@ -83,9 +83,9 @@ impl Default for QpairOptions {
 /// Counters of one queue pair.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QpairStats {
-    /// Commands placed in the SQ.
+    /// Commands placed in the SQ (each child of a split transfer counts).
     pub submitted: u64,
-    /// Completions delivered.
+    /// Completions delivered (one per accepted submission, split or not).
     pub completed: u64,
     /// CQEs that matched no command in flight (duplicate, stale, corrupt CID):
     /// consumed and dropped, never delivered.
@@ -486,13 +486,15 @@ impl<B: IoBuf> QueuePair<B> {
         self.trackers.depth()
     }
 
-    /// Commands submitted and not yet completed.
+    /// Commands submitted and not yet completed (each child of a split
+    /// transfer counts).
     #[inline]
     pub fn outstanding(&self) -> usize {
         self.trackers.outstanding()
     }
 
-    /// Whether a submission now would fail with [`SubmitErrorKind::QueueFull`].
+    /// Whether a submission now would fail with [`SubmitErrorKind::QueueFull`]
+    /// (a transfer split into `n` child commands needs `n` free slots).
     #[inline]
     pub fn is_full(&self) -> bool {
         self.trackers.is_full()

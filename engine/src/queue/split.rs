@@ -132,7 +132,6 @@ impl<B: IoBuf> QueuePair<B> {
     /// of transfers that fit one command.
     #[cold]
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn submit_split(
         &mut self,
         sqe: Sqe,
