@@ -698,7 +698,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// must never reach the device. The first segment that carries data may
     /// start at any 4-byte aligned IOVA; every later one must start on a
     /// page, and every one but the last must end on a page.
-    #[inline]
+    #[inline(always)]
     fn build_prp(
         &self,
         buf: &B,
