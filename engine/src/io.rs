@@ -63,6 +63,25 @@ pub unsafe trait IoBuf: Send {
     fn total_len(&self) -> usize {
         (0..self.segment_count()).map(|i| self.segment(i).len).sum()
     }
+    /// Whether every segment lets the device write into it
+    /// (`device_writes`, a read command) or read from it (a write
+    /// command): `Err` with the direction of a segment that does not.
+    /// The default checks [`IoBuf::dir`]; a buffer whose segments may be
+    /// mapped differently overrides it.
+    #[inline]
+    fn check_dir(&self, device_writes: bool) -> Result<(), DmaDir> {
+        let d = self.dir();
+        let ok = if device_writes {
+            d.device_writes()
+        } else {
+            d.device_reads()
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(d)
+        }
+    }
 }
 
 /// A slice of a [`DmaRegion`]: memory the device can reach.
@@ -315,15 +334,16 @@ fn common_dir(a: DmaDir, b: DmaDir) -> DmaDir {
         (true, true) => DmaDir::Bidirectional,
         (true, false) => DmaDir::ToDevice,
         (false, true) => DmaDir::FromDevice,
-        // No common direction: report one that fails either check below by
-        // construction of the caller (read needs writes, write needs reads).
+        // No direction both allow: there is no DmaDir for "neither", so
+        // `dir` reports the first; `check_dir` looks at every element.
         (false, false) => a,
     }
 }
 
 // SAFETY: each element upholds the contract for its own segment; the Vec
 // owns them, so they live exactly as long as the Vec. `dir` is the
-// intersection of the elements' directions when one exists.
+// intersection of the elements' directions when one exists; `check_dir`
+// checks every element, so a transfer is refused unless all allow it.
 unsafe impl<B: IoBuf> IoBuf for Vec<B> {
     fn segment_count(&self) -> usize {
         self.iter().map(|b| b.segment_count()).sum()
@@ -342,19 +362,12 @@ unsafe impl<B: IoBuf> IoBuf for Vec<B> {
         }
     }
     fn dir(&self) -> DmaDir {
-        let mut it = self.iter();
-        let Some(first) = it.next() else {
-            return DmaDir::Bidirectional;
-        };
-        let d = first.dir();
-        let all_agree = self.iter().all(|b| b.dir() == d);
-        if all_agree {
-            d
-        } else {
-            self.iter()
-                .map(|b| b.dir())
-                .fold(DmaDir::Bidirectional, common_dir)
-        }
+        self.iter()
+            .map(|b| b.dir())
+            .fold(DmaDir::Bidirectional, common_dir)
+    }
+    fn check_dir(&self, device_writes: bool) -> Result<(), DmaDir> {
+        self.iter().try_for_each(|b| b.check_dir(device_writes))
     }
     fn is_mapped_in(&self, space: &DmaSpace) -> bool {
         self.iter().all(|b| b.is_mapped_in(space))
@@ -449,12 +462,16 @@ pub enum SubmitErrorKind {
         /// The id given.
         nsid: u32,
     },
-    /// The transfer exceeds the controller's MDTS (or the queue's PRP capacity).
-    #[error("transfer of {bytes} bytes exceeds the maximum of {max} bytes per command; split it (the blocking API splits automatically)")]
+    /// The transfer cannot be carried even split into child commands: it
+    /// needs more children than the queue depth, or one block is larger
+    /// than the per-command limit (a read or write above the limit is
+    /// otherwise split; see [`crate::QueuePair`]). Also for Write Zeroes
+    /// above 65536 blocks, which is never split.
+    #[error("transfer of {bytes} bytes exceeds the maximum of {max} bytes this queue can carry (split into at most its depth of commands); use smaller transfers or a deeper queue")]
     TransferTooLarge {
-        /// Bytes asked for.
+        /// Bytes asked for (blocks, for Write Zeroes).
         bytes: u64,
-        /// Limit per command.
+        /// The most this queue accepts.
         max: u64,
     },
     /// Dataset Management with no ranges or more than 256.

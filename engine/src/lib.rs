@@ -69,6 +69,11 @@
 //! A panic in the callback of `poll` or `close` loses no completion count
 //! and skips no clean-up (dropping the queue pair finishes a `close`).
 //!
+//! A read or write above the per-command limit (MDTS) is split into child
+//! commands and still completes once: with the first error any child
+//! reported, or the error that ended the children still in flight (reset,
+//! close), and its buffer after every child finished.
+//!
 //! A rejected submission never started and hands its buffer back in a
 //! [`SubmitError`]. A CQE that matches no command in flight (duplicate,
 //! stale, corrupt CID) is counted in [`QpairStats::stale_completions`] and

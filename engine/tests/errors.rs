@@ -63,15 +63,17 @@ fn bad_inputs_return_typed_errors_and_the_buffer() {
             available: 8192
         }
     );
-    // MDTS 5 = 128 KiB: rejected (the async API does not split).
+    // MDTS 5 = 128 KiB: split into children, so the buffer must still
+    // hold the whole transfer.
     let e = qp.read(1, 0, 257, e.buf, 0).unwrap_err();
     assert_eq!(
         e.kind,
-        SubmitErrorKind::TransferTooLarge {
-            bytes: 257 * 512,
-            max: 128 << 10
+        SubmitErrorKind::BufferTooSmall {
+            needed: 257 * 512,
+            available: 8192
         }
     );
+    // More children than the queue could ever hold.
     let e = qp.read(1, 0, 70000, e.buf, 0).unwrap_err();
     assert!(matches!(e.kind, SubmitErrorKind::TransferTooLarge { .. }));
     // Misaligned: a buffer starting 2 bytes into a page.

@@ -356,3 +356,20 @@ fn dma_bench_table_json() {
         assert!(r["vs_best_pct"].as_f64().unwrap() <= 0.0);
     }
 }
+
+/// Issue 12 item 12: 1 MiB I/Os on the default fake (MDTS 128 KiB, no
+/// longer raised to the I/O size) go through the engine's split path, at
+/// queue depth 1 too, and verify.
+#[test]
+fn one_mib_ios_split_on_the_default_fake() {
+    for q in ["1", "8"] {
+        let (code, out, err) = perf(&[
+            "-d", "fake", "-o", "1M", "-n", "48", "-q", q, "--rw", "randrw", "--verify", "--json",
+        ]);
+        assert_eq!(code, 0, "-q {q}: stderr: {err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        check_run(&v);
+        assert_eq!(v["workload"]["io_size"].as_u64(), Some(1 << 20));
+        assert_eq!(v["total"]["ios"].as_u64(), Some(48), "-q {q}");
+    }
+}

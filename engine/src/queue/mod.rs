@@ -4,6 +4,9 @@
 //! - `cq`: the completion ring, phase-bit polling, one head doorbell per poll.
 //! - `tracker`: per-slot command state; CID = slot | generation.
 //! - [`pair`]: [`QueuePair`], the public per-thread I/O object.
+//! - `split.rs` (a child module of `pair`, for the queue's internals):
+//!   transfers above the per-command limit as child commands that complete
+//!   once.
 
 pub(crate) mod cq;
 pub(crate) mod doorbell;

@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 
 use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace};
 
+#[path = "split.rs"]
+mod split;
+
+use self::split::Splits;
 use super::cq::CompQueue;
 use super::doorbell::Doorbell;
 use super::sq::SubQueue;
@@ -91,9 +95,9 @@ impl Default for QpairOptions {
 /// Counters of one queue pair.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QpairStats {
-    /// Commands placed in the SQ.
+    /// Commands placed in the SQ (each child of a split transfer counts).
     pub submitted: u64,
-    /// Completions delivered.
+    /// Completions delivered (one per accepted submission, split or not).
     pub completed: u64,
     /// CQEs that matched no command in flight (duplicate, stale, corrupt CID):
     /// consumed and dropped, never delivered.
@@ -162,10 +166,18 @@ struct NsGeom {
 /// is_sync::<mcqio::QueuePair>();
 /// ```
 ///
-/// Transfers larger than the controller's MDTS (or
-/// [`crate::ControllerOptions::max_transfer`]) are **rejected** on this API
-/// with [`SubmitErrorKind::TransferTooLarge`]: splitting silently would turn
-/// one tag into several completions. The blocking API splits.
+/// A read or write larger than the controller's MDTS (or
+/// [`crate::ControllerOptions::max_transfer`], or 65536 blocks) is split
+/// into child commands, one queue slot each, and completes **once**: one
+/// [`Completion`] with the caller's tag, the first error any child reported
+/// (else success), and the buffer, handed back only after every child
+/// finished. Splitting is all or nothing: with fewer free slots than
+/// children it is refused with [`SubmitErrorKind::QueueFull`] (buffer handed
+/// back, nothing sent), and a transfer needing more children than
+/// [`depth`](Self::depth) is [`SubmitErrorKind::TransferTooLarge`]. Children
+/// count in [`outstanding`](Self::outstanding) and
+/// [`QpairStats::submitted`], and each one appears in
+/// [`check_timeouts`](Self::check_timeouts) under the caller's tag.
 ///
 /// Dropping a queue pair deletes its SQ then CQ on the controller; buffers of
 /// commands still in flight are dropped after the deletion (so the device
@@ -187,6 +199,8 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     sq: ManuallyDrop<SubQueue>,
     cq: ManuallyDrop<CompQueue>,
     trackers: Trackers<B>,
+    /// Transfers split into child commands (`split.rs`).
+    splits: Splits<B>,
     prp_ptr: NonNull<u64>,
     prp_iova: u64,
     prp_pages: usize,
@@ -400,9 +414,7 @@ impl<B: IoBuf> QueuePair<B> {
         let space = Arc::clone(ctrl.dma());
         let max_xfer = ctrl.max_transfer();
         let prp_pages = prp_pages_per_slot(ctrl, max_xfer).map_err(none_left)?;
-        let prp_bytes = (opts.depth as usize)
-            .checked_mul(prp_pages)
-            .and_then(|n| n.checked_mul(PAGE_SIZE as usize))
+        let prp_bytes = prp_region_len(opts.depth, prp_pages, space.iommu().min_page_size())
             .ok_or_else(|| {
                 Error::InvalidOption(format!(
                     "{} PRP list pages for each of {} commands do not fit in memory",
@@ -414,6 +426,12 @@ impl<B: IoBuf> QueuePair<B> {
         let cq_mem = alloc(entries as usize * size_of::<Cqe>(), DmaDir::Bidirectional)?;
         let sq_mem = alloc(entries as usize * size_of::<Sqe>(), DmaDir::ToDevice)?;
         let prp_mem = alloc(prp_bytes, DmaDir::ToDevice)?;
+        if prp_mem.iova().raw() & PAGE_MASK != 0 {
+            return Err(none_left(Error::InvalidOption(format!(
+                "the DMA space placed the PRP lists at IOVA {}, not on a {PAGE_SIZE}-byte controller page",
+                prp_mem.iova()
+            ))));
+        }
         let (sq_shadow, cq_shadow) = ctrl.shadow_slots(qid);
         let hook = ctrl.backend().doorbell_hook();
         // SAFETY: doorbell offsets computed from CAP.DSTRD for a granted qid
@@ -482,6 +500,7 @@ impl<B: IoBuf> QueuePair<B> {
             sq: ManuallyDrop::new(sq),
             cq: ManuallyDrop::new(cq),
             trackers: Trackers::new(opts.depth),
+            splits: Splits::new(opts.depth),
             prp_ptr: prp_mem.as_ptr().cast(),
             prp_iova: prp_mem.iova().raw(),
             prp_pages,
@@ -531,19 +550,22 @@ impl<B: IoBuf> QueuePair<B> {
         self.trackers.depth()
     }
 
-    /// Commands submitted and not yet completed.
+    /// Commands submitted and not yet completed (each child of a split
+    /// transfer counts).
     #[inline]
     pub fn outstanding(&self) -> usize {
         self.trackers.outstanding()
     }
 
-    /// Whether a submission now would fail with [`SubmitErrorKind::QueueFull`].
+    /// Whether a submission now would fail with [`SubmitErrorKind::QueueFull`]
+    /// (a transfer split into `n` child commands needs `n` free slots).
     #[inline]
     pub fn is_full(&self) -> bool {
         self.trackers.is_full()
     }
 
-    /// Largest transfer per command, in bytes.
+    /// Largest transfer per command, in bytes. Larger reads and writes are
+    /// split into several commands (see the type's docs).
     pub fn max_transfer(&self) -> u64 {
         self.max_xfer
     }
@@ -697,28 +719,14 @@ impl<B: IoBuf> QueuePair<B> {
                 buf,
             });
         }
-        let bytes = (nlb as u64) << g.lba_shift;
-        if nlb > MAX_NLB || bytes > self.max_xfer {
-            let max = self.max_xfer.min((MAX_NLB as u64) << g.lba_shift);
-            return Err(SubmitError {
-                kind: SubmitErrorKind::TransferTooLarge { bytes, max },
-                buf,
-            });
-        }
-        let dir = buf.dir();
-        let ok_dir = if device_writes {
-            dir.device_writes()
-        } else {
-            dir.device_reads()
-        };
-        if !ok_dir {
+        if let Err(mapped) = buf.check_dir(device_writes) {
             let needs = if device_writes {
                 "write into it (read command)"
             } else {
                 "read from it (write command)"
             };
             return Err(SubmitError {
-                kind: SubmitErrorKind::WrongDirection { mapped: dir, needs },
+                kind: SubmitErrorKind::WrongDirection { mapped, needs },
                 buf,
             });
         }
@@ -728,13 +736,17 @@ impl<B: IoBuf> QueuePair<B> {
                 buf,
             });
         }
+        let bytes = (nlb as u64) << g.lba_shift;
+        if nlb > MAX_NLB || bytes > self.max_xfer {
+            return self.submit_split(sqe, g.lba_shift, slba, nlb, buf, tag);
+        }
         let Some(slot) = self.trackers.alloc() else {
             return Err(SubmitError {
                 kind: SubmitErrorKind::QueueFull,
                 buf,
             });
         };
-        let (prp1, prp2) = match self.build_prp(&buf, bytes, slot) {
+        let (prp1, prp2) = match self.build_prp(&buf, 0, bytes, slot) {
             Ok(p) => p,
             Err(kind) => {
                 self.trackers.unreserve(slot);
@@ -766,37 +778,40 @@ impl<B: IoBuf> QueuePair<B> {
         }
     }
 
-    /// PRP1/PRP2 for `bytes` of `buf`, writing a PRP list into `slot`'s
-    /// pages when more than two pages are touched.
-    #[inline]
-    fn build_prp(&self, buf: &B, bytes: u64, slot: u16) -> Result<(u64, u64), SubmitErrorKind> {
+    /// PRP1/PRP2 for `bytes` of `buf` starting `off` bytes into it, writing
+    /// a PRP list into `slot`'s pages when more than two pages are touched.
+    ///
+    /// Empty segments are skipped wherever they sit: they describe no
+    /// memory, so their IOVA (often the start or end of some other buffer)
+    /// must never reach the device. The first segment that carries data may
+    /// start at any 4-byte aligned IOVA; every later one must start on a
+    /// page, and every one but the last must end on a page.
+    #[inline(always)]
+    fn build_prp(
+        &self,
+        buf: &B,
+        off: u64,
+        bytes: u64,
+        slot: u16,
+    ) -> Result<(u64, u64), SubmitErrorKind> {
         let nseg = buf.segment_count();
-        if nseg == 0 {
-            return Err(SubmitErrorKind::BufferTooSmall {
-                needed: bytes,
-                available: 0,
-            });
-        }
-        let seg0 = buf.segment(0);
-        let start = seg0.iova.raw();
-        if start & 3 != 0 {
-            return Err(SubmitErrorKind::Misaligned {
-                segment: 0,
-                iova: seg0.iova,
-            });
-        }
-        let first_room = PAGE_SIZE - (start & PAGE_MASK);
-        let too_large = SubmitErrorKind::TransferTooLarge {
-            bytes,
-            max: self.max_xfer,
-        };
         if nseg == 1 {
-            if (seg0.len as u64) < bytes {
+            let seg0 = buf.segment(0);
+            let len = seg0.len as u64;
+            if len < off || len - off < bytes {
                 return Err(SubmitErrorKind::BufferTooSmall {
-                    needed: bytes,
-                    available: seg0.len as u64,
+                    needed: off + bytes,
+                    available: len,
                 });
             }
+            let start = seg0.iova.raw() + off;
+            if start & 3 != 0 {
+                return Err(SubmitErrorKind::Misaligned {
+                    segment: 0,
+                    iova: seg0.iova,
+                });
+            }
+            let first_room = PAGE_SIZE - (start & PAGE_MASK);
             if bytes <= first_room {
                 return Ok((start, 0));
             }
@@ -808,56 +823,87 @@ impl<B: IoBuf> QueuePair<B> {
             let count = (rest + PAGE_MASK) >> PAGE_SHIFT;
             let mut w = self.prp_writer(slot);
             for i in 0..count {
-                w.push(next + (i << PAGE_SHIFT)).map_err(|_| too_large)?;
+                w.push(next + (i << PAGE_SHIFT))
+                    .map_err(|_| self.too_large(bytes))?;
             }
             return Ok((start, w.finish()));
         }
-        // Vectored: walk the segments, enforcing the PRP alignment rules.
+        self.build_prp_vectored(buf, off, bytes, slot)
+    }
+
+    /// [`build_prp`](Self::build_prp) for buffers of several segments.
+    fn build_prp_vectored(
+        &self,
+        buf: &B,
+        off: u64,
+        bytes: u64,
+        slot: u16,
+    ) -> Result<(u64, u64), SubmitErrorKind> {
         let mut w = self.prp_writer(slot);
+        let mut skip = off;
         let mut remaining = bytes;
-        let take0 = (seg0.len as u64).min(remaining);
-        remaining -= take0;
-        if remaining > 0 && (start + seg0.len as u64) & PAGE_MASK != 0 {
-            return Err(SubmitErrorKind::Misaligned {
-                segment: 0,
-                iova: seg0.iova,
-            });
-        }
-        let mut a = start + first_room;
-        while a < start + take0 {
-            w.push(a).map_err(|_| too_large)?;
-            a += PAGE_SIZE;
-        }
-        for i in 1..nseg {
+        let mut prp1 = None;
+        for i in 0..buf.segment_count() {
             if remaining == 0 {
                 break;
             }
             let seg = buf.segment(i);
-            if seg.len == 0 {
+            let len = seg.len as u64;
+            // Empty segments (and whole segments before `off`) carry no data.
+            if len <= skip {
+                skip -= len;
                 continue;
             }
-            let s = seg.iova.raw();
-            let take = (seg.len as u64).min(remaining);
-            remaining -= take;
-            if s & PAGE_MASK != 0 || (remaining > 0 && seg.len as u64 & PAGE_MASK != 0) {
+            let Some(s) = seg.iova.raw().checked_add(skip) else {
                 return Err(SubmitErrorKind::Misaligned {
                     segment: i,
                     iova: seg.iova,
                 });
+            };
+            let avail = len - skip;
+            skip = 0;
+            let take = avail.min(remaining);
+            remaining -= take;
+            let misaligned = Err(SubmitErrorKind::Misaligned {
+                segment: i,
+                iova: seg.iova,
+            });
+            // A data segment followed by more data must end on a page.
+            if remaining > 0 && s.wrapping_add(avail) & PAGE_MASK != 0 {
+                return misaligned;
             }
-            let mut a = s;
+            let mut a = if prp1.is_none() {
+                if s & 3 != 0 {
+                    return misaligned;
+                }
+                prp1 = Some(s);
+                (s & !PAGE_MASK) + PAGE_SIZE
+            } else {
+                if s & PAGE_MASK != 0 {
+                    return misaligned;
+                }
+                s
+            };
             while a < s + take {
-                w.push(a).map_err(|_| too_large)?;
+                w.push(a).map_err(|_| self.too_large(bytes))?;
                 a += PAGE_SIZE;
             }
         }
-        if remaining > 0 {
-            return Err(SubmitErrorKind::BufferTooSmall {
-                needed: bytes,
+        match prp1 {
+            Some(p1) if remaining == 0 => Ok((p1, w.finish())),
+            _ => Err(SubmitErrorKind::BufferTooSmall {
+                needed: off + bytes,
                 available: buf.total_len() as u64,
-            });
+            }),
         }
-        Ok((start, w.finish()))
+    }
+
+    #[cold]
+    fn too_large(&self, bytes: u64) -> SubmitErrorKind {
+        SubmitErrorKind::TransferTooLarge {
+            bytes,
+            max: self.max_xfer,
+        }
     }
 
     #[inline]
@@ -1078,6 +1124,9 @@ impl<B: IoBuf> QueuePair<B> {
                 } else {
                     Err(self.error_of(slot, cqe))
                 };
+                if let Some(p) = self.splits.parent_of(slot) {
+                    return self.child_done(slot, p, result);
+                }
                 Some(Completion {
                     tag,
                     result,
@@ -1090,6 +1139,25 @@ impl<B: IoBuf> QueuePair<B> {
                 None
             }
         }
+    }
+
+    /// A child of a split transfer finished: the parent's completion once
+    /// it was the last (see `split.rs`).
+    #[cold]
+    #[inline(never)]
+    fn child_done(
+        &mut self,
+        slot: u16,
+        p: u16,
+        result: Result<(), IoError>,
+    ) -> Option<Completion<B>> {
+        let (tag, buf, result) = self.splits.child_done(slot, p, result)?;
+        Some(Completion {
+            tag,
+            result,
+            buf,
+            dw0: 0,
+        })
     }
 
     /// Count and log a CQE that matches no command in flight.
@@ -1159,26 +1227,31 @@ impl<B: IoBuf> QueuePair<B> {
         budget: usize,
     ) -> usize {
         let (ctrl, rstats, completed) = (&self.ctrl, &mut self.rstats, &mut self.completed);
-        self.trackers.drain_up_to(budget, |tag, buf| {
-            let buf = if safe {
-                buf
-            } else {
-                leak(ctrl, buf);
-                None
-            };
-            match err {
-                IoError::AbortedByReset => rstats.aborted_by_reset += 1,
-                _ => rstats.failed_by_controller += 1,
-            }
-            // Counted before the callback runs: it may panic.
-            *completed += 1;
-            f(Completion {
-                tag,
-                result: Err(err),
-                buf,
-                dw0: 0,
-            });
-        })
+        drain_all(
+            &mut self.trackers,
+            &mut self.splits,
+            budget,
+            |tag, buf, first| {
+                let buf = if safe {
+                    buf
+                } else {
+                    leak(ctrl, buf);
+                    None
+                };
+                match err {
+                    IoError::AbortedByReset => rstats.aborted_by_reset += 1,
+                    _ => rstats.failed_by_controller += 1,
+                }
+                // Counted before the callback runs: it may panic.
+                *completed += 1;
+                f(Completion {
+                    tag,
+                    result: Err(first.unwrap_or(err)),
+                    buf,
+                    dw0: 0,
+                });
+            },
+        )
     }
 
     /// The controller was reset, failed, or disappeared since this queue
@@ -1484,15 +1557,20 @@ impl<B: IoBuf> QueuePair<B> {
                     // Both queues are gone: the device no longer accesses
                     // the buffers of what it never completed.
                     let completed = &mut self.completed;
-                    self.trackers.drain_up_to(usize::MAX, |tag, buf| {
-                        *completed += 1;
-                        f(Completion {
-                            tag,
-                            result: Err(IoError::Aborted),
-                            buf,
-                            dw0: 0,
-                        })
-                    });
+                    drain_all(
+                        &mut self.trackers,
+                        &mut self.splits,
+                        usize::MAX,
+                        |tag, buf, first| {
+                            *completed += 1;
+                            f(Completion {
+                                tag,
+                                result: Err(first.unwrap_or(IoError::Aborted)),
+                                buf,
+                                dw0: 0,
+                            })
+                        },
+                    );
                     self.teardown = Teardown::Done;
                     self.ctrl.release_qid(self.qid);
                     return Ok(());
@@ -1541,18 +1619,66 @@ impl<B: IoBuf> QueuePair<B> {
             self.trackers.outstanding()
         );
         let (ctrl, completed) = (&self.ctrl, &mut self.completed);
-        self.trackers.drain_up_to(usize::MAX, |tag, buf| {
-            leak(ctrl, buf);
-            *completed += 1;
-            f(Completion {
-                tag,
-                result: Err(IoError::Aborted),
-                buf: None,
-                dw0: 0,
-            })
-        });
+        drain_all(
+            &mut self.trackers,
+            &mut self.splits,
+            usize::MAX,
+            |tag, buf, _| {
+                leak(ctrl, buf);
+                *completed += 1;
+                f(Completion {
+                    tag,
+                    result: Err(IoError::Aborted),
+                    buf: None,
+                    dw0: 0,
+                })
+            },
+        );
         Err(e)
     }
+}
+
+/// Finish up to `budget` commands in flight (the device no longer owns
+/// them, or they are being leaked), in slot order, giving `f` each one's
+/// tag and buffer once; returns how many were given. A split transfer is
+/// given once, when its last child is drained, with the first error a child
+/// reported before (which takes precedence over the error the caller gives
+/// for the drain); a child drained before its last sibling does not count
+/// against `budget`. A free function over the two tables so callers can
+/// keep borrowing the queue pair's other fields in `f`.
+fn drain_all<B>(
+    trackers: &mut Trackers<B>,
+    splits: &mut Splits<B>,
+    budget: usize,
+    mut f: impl FnMut(u64, Option<B>, Option<IoError>),
+) -> usize {
+    if !splits.active() {
+        return trackers.drain_up_to(budget, |tag, buf| f(tag, buf, None));
+    }
+    let mut n = 0;
+    for slot in 0..trackers.depth() as u16 {
+        if n == budget {
+            break;
+        }
+        if !trackers.slot(slot).busy {
+            continue;
+        }
+        let (tag, buf) = trackers.complete(slot);
+        match splits.parent_of(slot) {
+            None => {
+                n += 1;
+                f(tag, buf, None)
+            }
+            Some(p) => {
+                // `Ok` records no error: the caller's one applies.
+                if let Some((tag, buf, r)) = splits.child_done(slot, p, Ok(())) {
+                    n += 1;
+                    f(tag, buf, r.err());
+                }
+            }
+        }
+    }
+    n
 }
 
 /// Leak a buffer the device may still access (counted at the controller).
@@ -1595,6 +1721,17 @@ fn prp_pages_per_slot(ctrl: &Controller, max_xfer: u64) -> Result<usize> {
         )));
     }
     Ok(pages as usize)
+}
+
+/// Bytes of a queue's PRP-list region: `prp_pages` controller pages per
+/// slot, rounded up to whole IOMMU pages (the granule of every map and
+/// unmap; a 64 KiB-granule IOMMU refuses a 4 KiB mapping).
+fn prp_region_len(depth: u16, prp_pages: usize, iommu_page: usize) -> Option<usize> {
+    let granule = iommu_page.max(PAGE_SIZE as usize);
+    (depth as usize)
+        .checked_mul(prp_pages)?
+        .checked_mul(PAGE_SIZE as usize)?
+        .checked_next_multiple_of(granule)
 }
 
 fn failed_error(e: Error0, qid: u16) -> Error {
@@ -1826,6 +1963,21 @@ mod tests {
             idx += 1;
         }
         out
+    }
+
+    /// Issue 12 item 10: the PRP-list region is a whole number of IOMMU
+    /// pages (and at least the controller pages the slots need).
+    #[test]
+    fn prp_region_is_whole_iommu_pages() {
+        assert_eq!(prp_region_len(3, 1, 4096).unwrap(), 3 * 4096);
+        assert_eq!(
+            prp_region_len(3, 1, 1024).unwrap(),
+            3 * 4096,
+            "never below a controller page"
+        );
+        assert_eq!(prp_region_len(3, 1, 64 << 10).unwrap(), 64 << 10);
+        assert_eq!(prp_region_len(17, 1, 64 << 10).unwrap(), 128 << 10);
+        assert_eq!(prp_region_len(16, 2, 64 << 10).unwrap(), 128 << 10);
     }
 
     /// The PRP writer's raw-pointer arithmetic (also run under Miri, over

@@ -54,11 +54,6 @@ impl std::fmt::Debug for NvmeTarget {
     }
 }
 
-fn pages_log2(bytes: u64) -> u8 {
-    let pages = bytes.div_ceil(4096).max(1);
-    pages.next_power_of_two().trailing_zeros() as u8
-}
-
 impl NvmeTarget {
     /// Open the device `spec` names (`fake…` or `vfio:…`).
     pub fn open(spec: &DeviceSpec, plan: &OpenPlan) -> Result<Self, String> {
@@ -100,7 +95,6 @@ impl NvmeTarget {
                     namespaces: (0..ns).map(nscfg).collect(),
                     io_queue_pairs: qpairs,
                     mqes: (plan.depth.clamp(1023, 4095)) as u16,
-                    mdts: pages_log2(plan.io_size).max(5),
                     exec: if o.sync == Some(true) {
                         ExecMode::Sync
                     } else {
@@ -239,12 +233,28 @@ impl NvmeTarget {
         self.ctrl.dma().iommu().counters().snapshot()
     }
 
+    /// Queue-pair depth for `depth` I/Os of `io` bytes: the engine splits
+    /// a transfer above the controller's per-command limit into child
+    /// commands, one queue slot each. Capped by what the controller allows
+    /// (full slots then hold back submissions), never below `depth`.
+    fn qpair_depth(&self, depth: usize, io: usize) -> u16 {
+        let children = (io as u64).div_ceil(self.ctrl.max_transfer().max(1)).max(1);
+        let most = (self.ctrl.cap().max_queue_entries() as usize)
+            .saturating_sub(1)
+            .min(usize::from(mcqio::queue::pair::MAX_DEPTH));
+        depth
+            .saturating_mul(children as usize)
+            .min(most)
+            .max(depth)
+            .min(u16::MAX as usize) as u16
+    }
+
     /// A queue pair for `nsid` with `depth` slots of `buf_len` bytes.
     pub fn queue(&self, nsid: u32, depth: usize, buf_len: usize) -> Result<NvmeQueue, String> {
         let qp = self
             .ctrl
             .create_qpair_for::<SlotBuf>(QpairOptions {
-                depth: depth.min(u16::MAX as usize) as u16,
+                depth: self.qpair_depth(depth, buf_len),
                 ..QpairOptions::default()
             })
             .map_err(|e| e.to_string())?;
@@ -471,7 +481,7 @@ impl NvmeTarget {
         let qp = self
             .ctrl
             .create_qpair_for::<Mapped>(QpairOptions {
-                depth: depth.min(u16::MAX as usize) as u16,
+                depth: self.qpair_depth(depth, buf_len),
                 ..QpairOptions::default()
             })
             .map_err(|e| e.to_string())?;

@@ -1,0 +1,240 @@
+//! Transfers above the per-command limit: one submission, several child
+//! commands, one completion.
+//!
+//! A read or write larger than the controller's MDTS (or
+//! [`crate::ControllerOptions::max_transfer`], or 65536 blocks) is cut into
+//! children of at most that size, in LBA order, each with its own tracker
+//! slot, CID and PRPs over its byte range of the one buffer. The caller's
+//! tag and buffer stay with a *parent* entry; a child's tracker slot holds
+//! the parent's tag (so timeout reports name the caller's tag) and no
+//! buffer. The parent completes once, when its last child is finished —
+//! completed by the device, aborted by a timeout, or drained by a reset or
+//! `close` — with the first error any child reported (else success), and
+//! only then is the buffer handed back: the device can no longer touch any
+//! part of it.
+//!
+//! Submission is all or nothing: the children's slots are reserved and
+//! their PRPs built before any SQE is written, so a rejection
+//! ([`SubmitErrorKind::QueueFull`] when fewer slots are free than children
+//! are needed, a PRP rule broken in some child's range) hands the buffer
+//! back with nothing sent. [`SubmitErrorKind::TransferTooLarge`] remains
+//! for what no split can carry: more children than the queue's depth, or a
+//! block larger than the per-command limit.
+//!
+//! Nothing here allocates after queue creation: the parent table and the
+//! per-slot parent links are sized to the queue depth, and every parent has
+//! at least one child in flight, so a free parent exists whenever enough
+//! slots do.
+
+use super::*;
+
+/// One split transfer in flight.
+struct Parent<B> {
+    tag: u64,
+    buf: Option<B>,
+    /// Children not finished yet.
+    pending: u32,
+    /// The first error a child reported.
+    err: Option<IoError>,
+}
+
+/// Parents of split transfers and the link from each child's tracker slot.
+pub(super) struct Splits<B> {
+    parents: Box<[Parent<B>]>,
+    free: Vec<u16>,
+    /// Per tracker slot: 1 + the index of its parent, 0 for a command that
+    /// is not a child.
+    child_of: Box<[u16]>,
+    /// Slot, PRP1 and PRP2 of each child of the submission being built.
+    scratch: Vec<(u16, u64, u64)>,
+    /// Parents in flight: the completion path looks at `child_of` only when
+    /// this is not zero.
+    live: usize,
+}
+
+impl<B> Splits<B> {
+    pub(super) fn new(depth: u16) -> Self {
+        Splits {
+            parents: (0..depth)
+                .map(|_| Parent {
+                    tag: 0,
+                    buf: None,
+                    pending: 0,
+                    err: None,
+                })
+                .collect(),
+            free: (0..depth).rev().collect(),
+            child_of: vec![0; depth as usize].into_boxed_slice(),
+            scratch: Vec::with_capacity(depth as usize),
+            live: 0,
+        }
+    }
+
+    /// Whether a split transfer is in flight.
+    #[inline]
+    pub(super) fn active(&self) -> bool {
+        self.live != 0
+    }
+
+    /// The parent of the command in tracker slot `slot`, if it is a child.
+    #[inline(always)]
+    pub(super) fn parent_of(&self, slot: u16) -> Option<u16> {
+        if self.live == 0 {
+            return None;
+        }
+        match self.child_of.get(slot as usize) {
+            Some(&p) if p != 0 => Some(p - 1),
+            _ => None,
+        }
+    }
+
+    /// Record that the child in `slot` of parent `p` finished with
+    /// `result`. Returns the parent's completion (tag, buffer, result) once
+    /// its last child is finished.
+    pub(super) fn child_done(
+        &mut self,
+        slot: u16,
+        p: u16,
+        result: Result<(), IoError>,
+    ) -> Option<(u64, Option<B>, Result<(), IoError>)> {
+        self.child_of[slot as usize] = 0;
+        let e = &mut self.parents[p as usize];
+        if let Err(err) = result {
+            e.err.get_or_insert(err);
+        }
+        e.pending -= 1;
+        if e.pending != 0 {
+            return None;
+        }
+        let out = (e.tag, e.buf.take(), e.err.take().map_or(Ok(()), Err));
+        self.free.push(p);
+        self.live -= 1;
+        Some(out)
+    }
+}
+
+/// The SQE of one child: the parent's command (opcode, flags, namespace)
+/// over `nlb` blocks from `slba`.
+#[inline]
+fn child_sqe(parent: Sqe, slba: u64, nlb: u32) -> Sqe {
+    let mut s = parent;
+    s.cdw10 = slba as u32;
+    s.cdw11 = (slba >> 32) as u32;
+    // NLB is 0's based; 1 <= nlb <= MAX_NLB here.
+    s.cdw12 = (parent.cdw12 & !0xFFFF) | (nlb - 1);
+    s
+}
+
+impl<B: IoBuf> QueuePair<B> {
+    /// Submit a read or write above the per-command limit as children (see
+    /// the module docs). `sqe` is the whole command, already checked
+    /// (namespace, range, direction, mapping). Cold: off the per-I/O path
+    /// of transfers that fit one command.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn submit_split(
+        &mut self,
+        sqe: Sqe,
+        lba_shift: u32,
+        slba: u64,
+        nlb: u32,
+        buf: B,
+        tag: u64,
+    ) -> Result<(), SubmitError<B>> {
+        let bytes = (nlb as u64) << lba_shift;
+        let per_child = (self.max_xfer >> lba_shift).min(MAX_NLB as u64);
+        let depth = self.trackers.depth() as u64;
+        let children = if per_child == 0 {
+            // A single block is larger than one command may carry.
+            u64::MAX
+        } else {
+            (nlb as u64).div_ceil(per_child)
+        };
+        if children > depth {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::TransferTooLarge {
+                    bytes,
+                    max: (per_child << lba_shift).saturating_mul(depth),
+                },
+                buf,
+            });
+        }
+        let available = buf.total_len() as u64;
+        if available < bytes {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::BufferTooSmall {
+                    needed: bytes,
+                    available,
+                },
+                buf,
+            });
+        }
+        if self.trackers.depth() - self.trackers.outstanding() < children as usize {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::QueueFull,
+                buf,
+            });
+        }
+        // Reserve every slot and build every PRP list before anything
+        // reaches the SQ: a rejection must leave nothing half-submitted.
+        let mut scratch = std::mem::take(&mut self.splits.scratch);
+        scratch.clear();
+        let child_bytes = per_child << lba_shift;
+        let mut failed = None;
+        for i in 0..children {
+            let Some(slot) = self.trackers.alloc() else {
+                failed = Some(SubmitErrorKind::QueueFull);
+                break;
+            };
+            let off = i * child_bytes;
+            let len = child_bytes.min(bytes - off);
+            match self.build_prp(&buf, off, len, slot) {
+                Ok((prp1, prp2)) => scratch.push((slot, prp1, prp2)),
+                Err(kind) => {
+                    self.trackers.unreserve(slot);
+                    failed = Some(kind);
+                    break;
+                }
+            }
+        }
+        if let Some(kind) = failed {
+            for &(slot, _, _) in scratch.iter().rev() {
+                self.trackers.unreserve(slot);
+            }
+            self.splits.scratch = scratch;
+            return Err(SubmitError { kind, buf });
+        }
+        let Some(p) = self.splits.free.pop() else {
+            // Unreachable: every parent in flight holds at least one of the
+            // `depth` slots, and `children` slots were free.
+            for &(slot, _, _) in scratch.iter().rev() {
+                self.trackers.unreserve(slot);
+            }
+            self.splits.scratch = scratch;
+            return Err(SubmitError {
+                kind: SubmitErrorKind::QueueFull,
+                buf,
+            });
+        };
+        self.splits.live += 1;
+        let parent = &mut self.splits.parents[p as usize];
+        parent.tag = tag;
+        parent.buf = Some(buf);
+        parent.pending = children as u32;
+        parent.err = None;
+        for (i, &(slot, prp1, prp2)) in scratch.iter().enumerate() {
+            let i = i as u64;
+            let len = child_bytes.min(bytes - i * child_bytes);
+            let cid = self.trackers.slot(slot).cid;
+            let child = child_sqe(sqe, slba + i * per_child, (len >> lba_shift) as u32);
+            let stream = self.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
+            self.sq
+                .push_with(child.with_cid(cid).with_prp(prp1, prp2), stream);
+            self.splits.child_of[slot as usize] = p + 1;
+            self.trackers.arm(slot, tag, None, self.now_ms);
+        }
+        self.submitted += children;
+        self.splits.scratch = scratch;
+        Ok(())
+    }
+}
