@@ -11,7 +11,6 @@
 
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::Duration;
 
 use mcqio::{
     Controller, ControllerOptions, DmaBuf, IoBuf, IoSeg, QpairOptions, QueuePair, SubmitErrorKind,
@@ -28,12 +27,17 @@ use crate::spec::{DeviceKind, DeviceSpec};
 use crate::target::{Namespace, OpenPlan};
 use crate::workload::Op;
 
-/// Default namespace size of `fake` (RAM, allocated lazily by the OS).
-pub const FAKE_RAM_SIZE: u64 = 64 << 20;
-/// Default namespace size of `fake:null` (advertised only).
-pub const FAKE_NULL_SIZE: u64 = 1 << 40;
-/// Default logical block size of the fake.
-pub const FAKE_LBADS: u32 = 4096;
+/// The most I/O queue pairs the fake offers when `qpairs=` does not say:
+/// one per job up to this many (a controller with more is rare; NVMe allows
+/// 65535).
+pub const FAKE_MAX_QPAIRS: u16 = 256;
+
+/// The I/O queue pairs the fake of `spec` offers to a run of `jobs` jobs.
+pub fn fake_queue_pairs(spec: &DeviceSpec, jobs: usize) -> u16 {
+    spec.opts
+        .qpairs
+        .unwrap_or(jobs.clamp(1, FAKE_MAX_QPAIRS as usize) as u16)
+}
 
 /// A controller driven by the engine.
 pub struct NvmeTarget {
@@ -66,22 +70,23 @@ impl NvmeTarget {
         let (backend, fake, describe): (Arc<dyn Backend>, _, String) = match &spec.kind {
             DeviceKind::Fake { null } => {
                 let o = &spec.opts;
-                let lbads = o.lbads.unwrap_or(FAKE_LBADS);
-                let size = o
-                    .size
-                    .unwrap_or(if *null { FAKE_NULL_SIZE } else { FAKE_RAM_SIZE });
-                let size = size / lbads as u64 * lbads as u64;
-                if size == 0 {
-                    return Err(format!("size must hold at least one {lbads}-byte block"));
-                }
-                let ns = o.ns.unwrap_or(1);
-                let nscfg = |_| {
-                    if *null {
-                        NamespaceConfig::null(size, lbads)
-                    } else {
-                        NamespaceConfig::ram(size, lbads)
-                    }
+                // The device itself comes from the shared defaults; the run
+                // adds queue pairs, queue sizes, MDTS and the device thread.
+                let base = spec
+                    .fake_config()
+                    .ok_or_else(|| format!("{} is not a fake", spec.label()))?;
+                let (size, lbads) = match base.namespaces.first() {
+                    Some(NamespaceConfig::Ram {
+                        size_bytes,
+                        lba_size,
+                    })
+                    | Some(NamespaceConfig::Null {
+                        size_bytes,
+                        lba_size,
+                    }) => (*size_bytes, *lba_size),
+                    None => return Err("the fake has no namespace".into()),
                 };
+                let ns = base.namespaces.len();
                 // Keep the device thread off the job cores, as hardware is.
                 let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
                 let pin = o
@@ -94,11 +99,14 @@ impl NvmeTarget {
                             .into(),
                     );
                 }
-                let qpairs = o.qpairs.unwrap_or(jobs.min(u16::MAX as usize - 1) as u16);
+                let qpairs = fake_queue_pairs(spec, jobs);
                 let cfg = FakeConfig {
-                    namespaces: (0..ns).map(nscfg).collect(),
                     io_queue_pairs: qpairs,
-                    mqes: (plan.depth.clamp(1023, 4095)) as u16,
+                    // Room for the deepest queue the engine makes (depth + 1 entries).
+                    mqes: plan
+                        .depth
+                        .clamp(1023, mcqio::queue::pair::MAX_DEPTH as usize)
+                        as u16,
                     mdts: pages_log2(plan.io_size).max(5),
                     exec: if o.sync == Some(true) {
                         ExecMode::Sync
@@ -108,9 +116,8 @@ impl NvmeTarget {
                             pin_core: pin,
                         }
                     },
-                    latency: o.latency.unwrap_or(Duration::ZERO),
                     seed: plan.seed,
-                    ..FakeConfig::default()
+                    ..base
                 };
                 if !sync {
                     notes.push(
@@ -167,14 +174,6 @@ impl NvmeTarget {
             ..ControllerOptions::default()
         };
         let ctrl = Controller::new(backend, opts).map_err(|e| e.to_string())?;
-        if ctrl.granted_io_queues() < jobs {
-            return Err(format!(
-                "{} job(s) need {jobs} I/O queue pairs but the controller granted {}; use -j {} (queues are never shared)",
-                jobs,
-                ctrl.granted_io_queues(),
-                ctrl.granted_io_queues()
-            ));
-        }
         let namespaces: Vec<Namespace> = ctrl
             .namespaces()
             .iter()
@@ -203,6 +202,11 @@ impl NvmeTarget {
             describe,
             notes,
         })
+    }
+
+    /// I/O queue pairs the controller granted.
+    pub fn granted_io_queues(&self) -> usize {
+        self.ctrl.granted_io_queues()
     }
 
     /// Logical block size.
