@@ -361,3 +361,42 @@ fn doctor_does_not_advise_running_itself() {
     );
     assert!(!o.stdout.contains("run `mcqio-perf doctor"), "{}", o.stdout);
 }
+
+// ---- item 3: uring paths ----------------------------------------------------
+
+#[test]
+fn uring_refuses_a_directory() {
+    let dir = std::env::temp_dir();
+    let spec = format!("uring:{}", dir.display());
+    let o = perf(&["-d", &spec, "-t", "1", "--quiet"]);
+    usage_error(&o, "is a directory");
+}
+
+#[test]
+fn uring_does_not_create_a_file_unless_asked() {
+    let path = temp_path("typo-does-not-exist.img");
+    let _ = std::fs::remove_file(&path);
+    let spec = format!("uring:{}", path.display());
+    let o = perf(&["-d", &spec, "-n", "10", "--quiet"]);
+    usage_error(&o, "does not exist");
+    assert!(!path.exists(), "a mistyped path created {}", path.display());
+}
+
+#[test]
+fn uring_lays_out_a_file_it_creates() {
+    use std::os::unix::fs::MetadataExt;
+    let path = temp_path("laid-out.img");
+    let _ = std::fs::remove_file(&path);
+    let spec = format!("uring:{},size=2M", path.display());
+    let v = json(&perf(&["-d", &spec, "-n", "100", "--json"]));
+    assert_eq!(v["total"]["errors"], 0, "{v}");
+    let m = std::fs::metadata(&path).unwrap();
+    assert_eq!(m.len(), 2 << 20);
+    // Written, not sparse: every byte has a block behind it.
+    assert!(
+        m.blocks() * 512 >= m.len(),
+        "{} blocks of 512 B",
+        m.blocks()
+    );
+    let _ = std::fs::remove_file(&path);
+}
