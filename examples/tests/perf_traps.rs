@@ -400,3 +400,56 @@ fn uring_lays_out_a_file_it_creates() {
     );
     let _ = std::fs::remove_file(&path);
 }
+
+// ---- item 4: dma-bench's IOMMU cost and unused options ----------------------
+
+#[test]
+fn dma_bench_charges_the_readme_invalidation_cost_by_default() {
+    let o = perf(&[
+        "dma-bench",
+        "-t",
+        "200ms",
+        "--threads",
+        "1",
+        "--batches",
+        "32",
+        "--json",
+    ]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let v = json(&o);
+    assert_eq!(v["invalidation_cost_us"], 100.0, "{v}");
+    let rows = v["rows"].as_array().unwrap();
+    let strict = rows.iter().find(|r| r["mode"] == "strict").unwrap();
+    // Each strict request waits out one 100 us invalidation: at most
+    // 2000 fit in 0.2 s (a loaded machine only makes it fewer).
+    let n = strict["total_requests"].as_u64().unwrap();
+    assert!(n > 0 && n <= 3000, "strict did {n} requests in 0.2 s");
+    // The option sets it.
+    let v = json(&perf(&[
+        "dma-bench",
+        "-t",
+        "50ms",
+        "--threads",
+        "1",
+        "--batches",
+        "32",
+        "--inval-cost",
+        "0",
+        "--json",
+    ]));
+    assert_eq!(v["invalidation_cost_us"], 0.0, "{v}");
+}
+
+#[test]
+fn dma_bench_refuses_device_options_it_does_not_use() {
+    let o = perf(&[
+        "dma-bench",
+        "-d",
+        "fake,latency=1us",
+        "-t",
+        "50ms",
+        "--threads",
+        "1",
+    ]);
+    usage_error(&o, "`latency`");
+}
