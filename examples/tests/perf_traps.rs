@@ -453,3 +453,52 @@ fn dma_bench_refuses_device_options_it_does_not_use() {
     ]);
     usage_error(&o, "`latency`");
 }
+
+// ---- item 5: --verify in every DMA mode -------------------------------------
+
+#[test]
+fn verify_works_in_strict_and_lazy_modes() {
+    for mode in ["strict", "lazy"] {
+        let v = json(&perf(&[
+            "-d",
+            "fake,size=4M",
+            "--dma",
+            mode,
+            "--verify",
+            "-w",
+            "randrw",
+            "-n",
+            "3000",
+            "-q",
+            "8",
+            "--json",
+        ]));
+        assert_eq!(v["total"]["errors"], 0, "{mode}: {}", v["failures"]);
+        assert_eq!(v["verify"]["mismatches"], 0, "{mode}: {}", v["failures"]);
+        assert!(
+            v["verify"]["blocks_checked"].as_u64().unwrap() > 0,
+            "{mode}"
+        );
+        assert!(
+            v["dma"]["maps"].as_u64().unwrap() > 0,
+            "{mode}: {}",
+            v["dma"]
+        );
+        // And it catches what the device corrupts.
+        let o = perf(&[
+            "-d",
+            "fake,size=4M,corrupt=0.05",
+            "--dma",
+            mode,
+            "--verify",
+            "-w",
+            "randrw",
+            "-n",
+            "3000",
+            "-q",
+            "8",
+        ]);
+        assert_eq!(o.code, Some(1), "{mode}: {}", o.stderr);
+        assert!(o.stderr.contains("verify: LBA"), "{mode}: {}", o.stderr);
+    }
+}

@@ -404,6 +404,12 @@ impl JobQueue for NvmeQueue {
 /// buffers on top of the in-flight ones, so a free slot always finds a
 /// buffer. A completion is delivered at its CQE; its buffer rejoins the pool
 /// when the mapper hands it back (after the unmap that covers it returned).
+///
+/// A pool buffer is not tied to a slot (a released one may wait in the flush
+/// queue while its slot is reused), so for `--verify` each slot gets a
+/// staging buffer the job reads and writes: a write's data is copied into
+/// the pool buffer before it is mapped, a read's data out of it at the
+/// completion, before it is released. The copies happen only when verifying.
 pub struct MappedQueue {
     // Field order: the queue pair (holding in-flight mappings) drops first,
     // then the mapper (flushing what it queued).
@@ -415,6 +421,10 @@ pub struct MappedQueue {
     buf_len: usize,
     free: Vec<IoBuffer>,
     returned: Vec<Returned>,
+    /// `--verify` only: one staging buffer per slot (8-aligned words).
+    staging: Vec<Box<[u64]>>,
+    /// `--verify` only: host address of the pool buffer each slot's I/O uses.
+    host: Vec<Option<NonNull<u8>>>,
 }
 
 impl NvmeTarget {
@@ -426,6 +436,7 @@ impl NvmeTarget {
         buf_len: usize,
         mode: VfioDmaMode,
         batch: Option<usize>,
+        verify: bool,
     ) -> Result<MappedQueue, String> {
         let mut cfg = MapperConfig::with_mode(mode);
         if let Some(b) = batch {
@@ -460,6 +471,18 @@ impl NvmeTarget {
             buf_len,
             free,
             returned: Vec::with_capacity(depth + queued),
+            staging: if verify {
+                (0..depth)
+                    .map(|_| vec![0u64; buf_len.div_ceil(8)].into_boxed_slice())
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            host: if verify {
+                vec![None; depth]
+            } else {
+                Vec::new()
+            },
         })
     }
 }
@@ -479,11 +502,13 @@ impl JobQueue for MappedQueue {
         self.buf_len
     }
 
-    /// Buffers are not tied to slots in this mode (a released buffer may sit
-    /// in the flush queue while its slot is reused), so there is no per-slot
-    /// buffer to fill or check: the run refuses `--verify` with these modes.
-    fn buffer(&self, _slot: usize) -> NonNull<u8> {
-        NonNull::dangling()
+    /// The slot's staging buffer with `--verify` (see the type's docs);
+    /// without it there is no per-slot buffer and nothing may touch this.
+    fn buffer(&self, slot: usize) -> NonNull<u8> {
+        match self.staging.get(slot) {
+            Some(b) => NonNull::new(b.as_ptr() as *mut u8).expect("a boxed slice is not null"),
+            None => NonNull::dangling(),
+        }
     }
 
     #[inline]
@@ -496,6 +521,18 @@ impl JobQueue for MappedQueue {
             Op::Read => DmaDir::FromDevice,
             Op::Write => DmaDir::ToDevice,
         };
+        if let Some(stage) = self.staging.get(slot) {
+            let dst = buf.as_ptr();
+            if req.op == Op::Write {
+                // SAFETY: `buf` is not mapped (it came from the free list)
+                // and holds buf_len >= len bytes, as does the slot's staging
+                // buffer; the two are distinct allocations.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(stage.as_ptr().cast::<u8>(), dst.as_ptr(), len)
+                };
+            }
+            self.host[slot] = Some(dst);
+        }
         let m = match self.mapper.map(buf, len, dir, slot as u64) {
             Ok(m) => m,
             Err(f) => {
@@ -537,6 +574,8 @@ impl JobQueue for MappedQueue {
     fn reap<F: FnMut(usize, IoStatus)>(&mut self, mut done: F) -> Result<usize, QueueError> {
         let mapper = &mut self.mapper;
         let returned = &mut self.returned;
+        let staging = &mut self.staging;
+        let host = &self.host;
         let mut unmap_err = None;
         let n = self
             .qp
@@ -548,6 +587,22 @@ impl JobQueue for MappedQueue {
                     Err(e) => IoStatus::Failed(Failure::Host(e)),
                 };
                 if let Some(m) = c.buf {
+                    if let (Some(stage), Some(Some(src))) = (staging.get_mut(slot), host.get(slot))
+                    {
+                        let len = m.transfer_len().min(stage.len() * 8);
+                        // SAFETY: the command completed, so the device no
+                        // longer writes the buffer; `m` still owns it (it is
+                        // released below), `src` is its host address and it
+                        // holds at least the transfer length; the staging
+                        // buffer is a distinct allocation of buf_len bytes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                src.as_ptr(),
+                                stage.as_mut_ptr().cast::<u8>(),
+                                len,
+                            )
+                        };
+                    }
                     if let Err(e) = mapper.release(m, returned) {
                         unmap_err.get_or_insert(e);
                     }

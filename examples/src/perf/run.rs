@@ -149,12 +149,6 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
                 spec.label()
             )));
         }
-        if o.verify {
-            return Err(PerfError::Usage(format!(
-                "--verify needs --dma premapped: in {} mode a buffer is not tied to its slot (it may wait in the flush queue)",
-                o.dma.name()
-            )));
-        }
     }
     let pct = o.pattern.read_pct(o.mix);
     let plan = OpenPlan {

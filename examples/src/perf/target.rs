@@ -164,7 +164,14 @@ impl Target {
                     } else {
                         mcqio_vfio::DmaMode::Lazy
                     };
-                    let q = t.mapped_queue(spec.nsid, spec.depth, buf_len, mode, spec.dma_batch);
+                    let q = t.mapped_queue(
+                        spec.nsid,
+                        spec.depth,
+                        buf_len,
+                        mode,
+                        spec.dma_batch,
+                        spec.verify,
+                    );
                     start(q, spec, shared, clock, ready)
                 }
             },
