@@ -208,6 +208,12 @@ impl RunArgs {
                  and measure the scheduler; use -j {ncpu} or less, or --force"
             )));
         }
+        if polled && jobs > ncpu {
+            eprintln!(
+                "mcqio-perf: warning: {jobs} busy-polling jobs on {ncpu} CPU(s) (--force): \
+                 they share cores, so the numbers include the scheduler's time slicing"
+            );
+        }
         if let Some(m) = self.mix {
             if !matches!(self.pattern, Pattern::Rw | Pattern::Randrw) {
                 return Err(PerfError::Usage(format!(

@@ -141,14 +141,14 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             spec.label()
         )));
     }
-    if o.dma != DmaMode::Premapped {
-        if !matches!(spec.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. }) {
-            return Err(PerfError::Usage(format!(
-                "--dma {} applies to mcqio devices (fake, vfio:<BDF>), not `{}`",
-                o.dma.name(),
-                spec.label()
-            )));
-        }
+    if o.dma != DmaMode::Premapped
+        && !matches!(spec.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. })
+    {
+        return Err(PerfError::Usage(format!(
+            "--dma {} applies to mcqio devices (fake, vfio:<BDF>), not `{}`",
+            o.dma.name(),
+            spec.label()
+        )));
     }
     let pct = o.pattern.read_pct(o.mix);
     let plan = OpenPlan {
