@@ -29,6 +29,7 @@ mod clock;
 mod dmabench;
 mod job;
 mod nvme;
+mod progress;
 mod queue;
 mod report;
 mod run;

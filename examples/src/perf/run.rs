@@ -2,7 +2,7 @@
 //! phases (warm-up, measure, stop), sample IOPS every second, and build the
 //! report.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -13,6 +13,7 @@ use crate::clock::{Clock, ClockSource};
 use crate::job::{
     self, JobResult, JobSpec, Shared, PHASE_ABORT, PHASE_MEASURE, PHASE_STOP, PHASE_WARMUP,
 };
+use crate::progress::{Goal, Progress};
 use crate::report::{
     ClockReport, DmaReport, JobReport, LatUs, RunReport, Stats, TotalReport, VerifyReport,
     WorkloadReport,
@@ -123,14 +124,6 @@ pub struct RunOpts {
     pub progress: bool,
     /// Set by SIGINT/SIGTERM: stop, drain and report what was measured.
     pub interrupt: Arc<AtomicBool>,
-}
-
-fn label_progress(prefix: &str, ios: u64, dt: f64, io_size: u64) -> String {
-    let iops = ios as f64 / dt;
-    format!(
-        "{prefix}{iops:>12.0} IOPS, {:>10.2} MiB/s",
-        iops * io_size as f64 / (1 << 20) as f64
-    )
 }
 
 /// Plan, run and report one device.
@@ -300,24 +293,20 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     if !o.warmup.is_zero() {
         shared.phase.store(PHASE_WARMUP, Ordering::Release);
         let t0 = Instant::now();
-        let mut last = (t0, counts(&shared).iter().sum::<u64>());
+        let first = counts(&shared).iter().sum::<u64>();
+        let mut last = (t0, first);
+        let bar = Progress::new(tty, "warmup", Goal::Time(o.warmup));
         while t0.elapsed() < o.warmup && !o.interrupt.load(Ordering::Relaxed) {
             let left = o.warmup.saturating_sub(t0.elapsed());
             std::thread::sleep(left.min(SIGNAL_POLL));
             let now = (Instant::now(), counts(&shared).iter().sum::<u64>());
-            if tty && (now.0 - last.0) >= Duration::from_secs(1) {
-                eprint!(
-                    "\r{}",
-                    label_progress(
-                        "[warmup] ",
-                        now.1 - last.1,
-                        (now.0 - last.0).as_secs_f64(),
-                        o.io_size
-                    )
-                );
+            bar.update(now.0 - t0, now.1 - first);
+            if (now.0 - last.0) >= Duration::from_secs(1) {
+                bar.rate(now.1 - last.1, (now.0 - last.0).as_secs_f64(), o.io_size);
                 last = now;
             }
         }
+        bar.finish();
     }
     let iommu_before = target.iommu_stats();
     let proc_before = job::process_cpu();
@@ -329,6 +318,15 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     let mut last_t = t0;
     let mut last_c = base.clone();
     let end = o.time.map(|t| t0 + t);
+    let bar = Progress::new(
+        tty,
+        "run",
+        match (o.time, o.ios) {
+            (Some(t), _) => Goal::Time(t),
+            (None, n) => Goal::Ios(n.unwrap_or(0).saturating_mul(o.jobs as u64)),
+        },
+    );
+    let base_sum: u64 = base.iter().sum();
     let mut interrupted = o.interrupt.load(Ordering::Relaxed);
     while !interrupted {
         let next = last_t + Duration::from_secs(1);
@@ -345,6 +343,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             if o.interrupt.load(Ordering::Relaxed) {
                 break;
             }
+            bar.update(now - t0, counts(&shared).iter().sum::<u64>() - base_sum);
             let step = if o.ios.is_some() {
                 Duration::from_millis(5)
             } else {
@@ -364,10 +363,8 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
                 sum += r;
             }
             total_samples.push(sum);
-            if tty {
-                let d: u64 = c.iter().zip(&last_c).map(|(a, b)| a - b).sum();
-                eprint!("\r{}", label_progress("", d, dt, o.io_size));
-            }
+            let d: u64 = c.iter().zip(&last_c).map(|(a, b)| a - b).sum();
+            bar.rate(d, dt, o.io_size);
             last_t = now;
             last_c = c;
         }
@@ -383,10 +380,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     let proc_after = job::process_cpu();
     let proc_cpu = (proc_after.0 + proc_after.1).saturating_sub(proc_before.0 + proc_before.1);
     let wall = t0.elapsed().as_secs_f64();
-    if tty {
-        eprint!("\r{:60}\r", "");
-        let _ = std::io::stderr().flush();
-    }
+    bar.finish();
     let mut results = Vec::with_capacity(o.jobs);
     let mut job_err = None;
     for (i, h) in handles.into_iter().enumerate() {
