@@ -409,7 +409,8 @@ impl RunReport {
         let mut out = String::new();
         let w = &self.workload;
         let bound = match (w.ios_per_job, w.time_s) {
-            (Some(n), _) => format!("{n} I/Os per job"),
+            (Some(n), Some(t)) => format!("{n} I/Os per job or {t} s, whichever came first"),
+            (Some(n), None) => format!("{n} I/Os per job"),
             (None, Some(t)) => format!("{t} s"),
             _ => String::new(),
         };
