@@ -102,11 +102,7 @@ impl NvmeTarget {
                 let qpairs = fake_queue_pairs(spec, jobs);
                 let cfg = FakeConfig {
                     io_queue_pairs: qpairs,
-                    // Room for the deepest queue the engine makes (depth + 1 entries).
-                    mqes: plan
-                        .depth
-                        .clamp(1023, mcqio::queue::pair::MAX_DEPTH as usize)
-                        as u16,
+                    mqes: (plan.depth.clamp(1023, 4095)) as u16,
                     mdts: pages_log2(plan.io_size).max(5),
                     exec: if o.sync == Some(true) {
                         ExecMode::Sync
@@ -118,6 +114,16 @@ impl NvmeTarget {
                     },
                     seed: plan.seed,
                     ..base
+                };
+                // Room for the deepest queue the engine makes (depth + 1
+                // entries; CAP.MQES is 0-based), so -q up to the engine's
+                // limit works on the fake.
+                let cfg = FakeConfig {
+                    mqes: plan
+                        .depth
+                        .clamp(1023, mcqio::queue::pair::MAX_DEPTH as usize)
+                        as u16,
+                    ..cfg
                 };
                 if !sync {
                     notes.push(
