@@ -1,7 +1,8 @@
 //! Hello, NVMe: open a controller, write a block pattern, read it back, compare.
 //!
 //! ```text
-//! hello [DEVICE]      DEVICE = fake (default) | vfio:<BDF>, e.g. vfio:0000:00:03.0
+//! hello [DEVICE]      DEVICE = fake[,lbs=,lbads=,ns=,size=,latency=,qpairs=,sync=] (default: fake)
+//!                     | vfio:<BDF>, e.g. vfio:0000:00:03.0 (the syntax and defaults of mcqio-perf -d)
 //! ```
 //!
 //! With `vfio:` the device must be bound to vfio-pci (`mcqio-perf doctor <BDF>`
@@ -12,20 +13,11 @@ use std::sync::Arc;
 
 use mcqio::vfio::{Backend, DmaDir};
 use mcqio::{Controller, ControllerOptions, QpairOptions};
+use mcqio_examples::devstr::{DeviceSpec, SpecError};
 
 fn open(spec: &str) -> Result<Arc<dyn Backend>, String> {
-    if spec == "fake" {
-        let fake = mcqio_fixtures::FakeController::new(mcqio_fixtures::FakeConfig::default())
-            .map_err(|e| format!("fake controller: {e}"))?;
-        return Ok(fake);
-    }
-    if let Some(bdf) = spec.strip_prefix("vfio:") {
-        let b = mcqio_vfio::VfioBackend::open(bdf).map_err(|e| format!("{bdf}: {e}"))?;
-        return Ok(Arc::new(b));
-    }
-    Err(format!(
-        "unknown device `{spec}`: use `fake` or `vfio:<BDF>`"
-    ))
+    let spec: DeviceSpec = spec.parse().map_err(|e: SpecError| e.to_string())?;
+    spec.open_backend("hello").map_err(|e| e.to_string())
 }
 
 fn run(spec: &str) -> Result<(), Box<dyn std::error::Error>> {
@@ -96,6 +88,8 @@ fn run(spec: &str) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn main() -> ExitCode {
+    // The library logs through `log`; RUST_LOG=debug (or warn, trace) shows it.
+    env_logger::init();
     let spec = std::env::args().nth(1).unwrap_or_else(|| "fake".into());
     match run(&spec) {
         Ok(()) => ExitCode::SUCCESS,

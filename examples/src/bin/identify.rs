@@ -1,7 +1,8 @@
 //! Print what a controller and its namespaces report.
 //!
 //! ```text
-//! identify [DEVICE]   DEVICE = fake (default) | vfio:<BDF>
+//! identify [DEVICE]   DEVICE = fake[,lbs=,lbads=,ns=,size=,latency=,qpairs=,sync=] (default: fake)
+//!                     | vfio:<BDF> (the syntax and defaults of mcqio-perf -d)
 //! ```
 
 use std::process::ExitCode;
@@ -9,27 +10,11 @@ use std::sync::Arc;
 
 use mcqio::vfio::Backend;
 use mcqio::{Controller, ControllerOptions};
+use mcqio_examples::devstr::{DeviceSpec, SpecError};
 
 fn open(spec: &str) -> Result<Arc<dyn Backend>, String> {
-    if spec == "fake" {
-        let cfg = mcqio_fixtures::FakeConfig {
-            namespaces: vec![
-                mcqio_fixtures::NamespaceConfig::ram(64 << 20, 512),
-                mcqio_fixtures::NamespaceConfig::ram(16 << 20, 4096),
-            ],
-            ..Default::default()
-        };
-        let fake = mcqio_fixtures::FakeController::new(cfg)
-            .map_err(|e| format!("fake controller: {e}"))?;
-        return Ok(fake);
-    }
-    if let Some(bdf) = spec.strip_prefix("vfio:") {
-        let b = mcqio_vfio::VfioBackend::open(bdf).map_err(|e| format!("{bdf}: {e}"))?;
-        return Ok(Arc::new(b));
-    }
-    Err(format!(
-        "unknown device `{spec}`: use `fake` or `vfio:<BDF>`"
-    ))
+    let spec: DeviceSpec = spec.parse().map_err(|e: SpecError| e.to_string())?;
+    spec.open_backend("identify").map_err(|e| e.to_string())
 }
 
 fn yes(b: bool) -> &'static str {
@@ -101,6 +86,8 @@ fn run(spec: &str) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn main() -> ExitCode {
+    // The library logs through `log`; RUST_LOG=debug (or warn, trace) shows it.
+    env_logger::init();
     let spec = std::env::args().nth(1).unwrap_or_else(|| "fake".into());
     match run(&spec) {
         Ok(()) => ExitCode::SUCCESS,

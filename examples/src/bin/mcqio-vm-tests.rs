@@ -1394,6 +1394,8 @@ fn gen_pattern(p: &PatternArgs) -> Result<(), Failure> {
 }
 
 fn main() -> ExitCode {
+    // The library logs through `log`; RUST_LOG=debug (or warn, trace) shows it.
+    env_logger::init();
     let cli = Cli::parse();
     let res = match &cli.cmd {
         Cmd::Identify(a) => identify(a),

@@ -539,7 +539,11 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             std::thread::yield_now();
             phase = shared.phase.load(Ordering::Acquire);
         }
-        if phase == PHASE_ABORT {
+        if phase >= PHASE_STOP {
+            // The run ended (or was aborted) before this thread got to run:
+            // on an oversubscribed machine a job can first look after the
+            // measured phase is over. It measured nothing; entering the loop
+            // would wait for a phase change that never comes.
             return Ok(self.st.res);
         }
         let seed = spec.seed ^ (spec.index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -731,6 +735,29 @@ mod tests {
         assert_eq!(ready, Some(Ok(())));
         assert_eq!(shared.finished.load(Ordering::Acquire), 1);
         r
+    }
+
+    /// Issue 16 item 1: a job whose thread first looks at the phase after
+    /// the run already said STOP must return, not spin with no I/O limit.
+    #[test]
+    fn a_job_that_starts_after_stop_returns() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut s = spec(false, 1);
+            s.ios_limit = None;
+            let shared = Shared::new(1);
+            shared.phase.store(PHASE_STOP, Ordering::Release);
+            let r = run(
+                MemQueue::new(8, 1024, 512),
+                &s,
+                &shared,
+                Clock::instant(),
+                |_| {},
+            );
+            let _ = tx.send(r.map(|r| r.ios).map_err(|e| e.to_string()));
+        });
+        let got = rx.recv_timeout(Duration::from_secs(10));
+        assert_eq!(got, Ok(Ok(0)), "the job did not return after STOP");
     }
 
     #[test]

@@ -19,7 +19,9 @@
 //! `mcqio-perf help <command>`).
 //!
 //! Exit status: 0 on success, 1 when an I/O failed or verification found a
-//! mismatch (the first failures are printed), 2 on usage or set-up errors.
+//! mismatch (the first failures are printed), 2 on usage or set-up errors,
+//! 128 + N when signal N (SIGINT, SIGTERM) stopped the run: it then drains
+//! the I/O in flight and prints the report for the time measured.
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
@@ -27,6 +29,7 @@ mod clock;
 mod dmabench;
 mod job;
 mod nvme;
+mod progress;
 mod queue;
 mod report;
 mod run;
@@ -38,13 +41,16 @@ mod verify;
 mod workload;
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser};
+use mcqio::queue::pair::MAX_DEPTH;
 
 use crate::report::CompareReport;
 use crate::run::{DmaMode, PerfError, RunOpts};
-use crate::spec::{parse_cpus, parse_size, DeviceSpec};
+use crate::spec::{parse_cpus, parse_duration, parse_size, DeviceKind, DeviceSpec};
 use crate::workload::Pattern;
 
 /// A CPU list (`0-3,6`).
@@ -55,18 +61,19 @@ fn cpu_list(s: &str) -> Result<CpuList, String> {
     parse_cpus(s).map(CpuList).map_err(|e| e.to_string())
 }
 
-fn size(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
-}
-
 fn device(s: &str) -> Result<DeviceSpec, String> {
     s.parse::<DeviceSpec>().map_err(|e| e.to_string())
 }
 
-fn seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if (0.0..1e7).contains(&v) => Ok(v),
-        _ => Err(format!("`{s}` is not a number of seconds")),
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn io_size(s: &str) -> Result<u64, String> {
+    match parse_size(s) {
+        Ok(0) => Err("an I/O moves at least one logical block (e.g. 512, 4k)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -91,21 +98,22 @@ struct RunArgs {
         long,
         default_value = "fake",
         value_parser = device,
-        help = "Device: fake[,lbads=,ns=,size=,corrupt=,error=,latency=,qpairs=,core=,sync=], fake:null, \
-                vfio:<BDF>[,qpairs=], uring:<path>[,size=,lbads=,direct=], uring:null"
+        help = "Device: fake[,lbs=,lbads=,ns=,size=,corrupt=,error=,latency=,qpairs=,core=,sync=], fake:null, \
+                vfio:<BDF>[,qpairs=], uring:<path>[,size=,lbs=,lbads=,direct=], uring:null \
+                (lbs= in bytes, lbads= as NVMe's log2; default fake: 1 namespace of 64 MiB, 512 B blocks)"
     )]
     device: DeviceSpec,
     /// Access pattern
     #[arg(short = 'w', long = "rw", value_enum, default_value = "randread")]
     pattern: Pattern,
-    /// Read percentage for rw/randrw
-    #[arg(short = 'M', long = "rwmixread", default_value_t = 70, value_parser = clap::value_parser!(u8).range(0..=100))]
-    mix: u8,
+    /// Read percentage for rw/randrw [default: 70]
+    #[arg(short = 'M', long = "rwmixread", value_parser = clap::value_parser!(u8).range(0..=100))]
+    mix: Option<u8>,
     /// I/O size (4k, 128k, bytes)
-    #[arg(short = 'o', long = "io-size", default_value = "4k", value_parser = size)]
+    #[arg(short = 'o', long = "io-size", default_value = "4k", value_parser = io_size)]
     io_size: u64,
-    /// Queue depth per job
-    #[arg(short = 'q', long = "qd", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=65535))]
+    /// Queue depth per job (at most the engine's queue depth limit)
+    #[arg(short = 'q', long = "qd", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
     depth: u32,
     /// Jobs: threads, each pinned to a core with its own queue pair / ring
     #[arg(short = 'j', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -113,15 +121,16 @@ struct RunArgs {
     /// Cores for the jobs (job i on the i-th listed core), e.g. 0,1 or 0-3
     #[arg(long, value_parser = cpu_list)]
     cpus: Option<CpuList>,
-    /// Seconds to measure
-    #[arg(short = 't', long = "time", default_value = "3", value_parser = seconds)]
-    time: f64,
-    /// I/Os per job to complete instead of a time
+    /// Time to measure: seconds or with a unit (3, 1s, 500ms, 2m) [default: 3 s
+    /// without -n]; with -n the run ends at whichever comes first
+    #[arg(short = 't', long = "time", value_parser = duration)]
+    time: Option<Duration>,
+    /// I/Os per job to complete (with -t: whichever comes first)
     #[arg(short = 'n', long = "ios", value_parser = clap::value_parser!(u64).range(1..))]
     ios: Option<u64>,
-    /// Seconds of warm-up before measuring
-    #[arg(long, default_value = "0", value_parser = seconds)]
-    warmup: f64,
+    /// Warm-up before measuring: seconds or with a unit (2, 500ms)
+    #[arg(long, default_value = "0", value_parser = duration)]
+    warmup: Duration,
     /// DMA buffer mode
     #[arg(long, value_enum, default_value = "premapped")]
     dma: DmaMode,
@@ -150,12 +159,26 @@ struct RunArgs {
     /// No live progress line on stderr
     #[arg(long)]
     quiet: bool,
+    /// Run more busy-polling jobs than this process has CPUs (they then
+    /// share cores and measure the scheduler as much as the device)
+    #[arg(long)]
+    force: bool,
 }
 
+/// Default measured time without -t and -n.
+const DEFAULT_TIME: Duration = Duration::from_secs(3);
+
 impl RunArgs {
-    fn opts(&self) -> Result<RunOpts, PerfError> {
+    fn opts(&self, interrupt: Arc<AtomicBool>) -> Result<RunOpts, PerfError> {
         let jobs = self.jobs as usize;
-        let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // The CPUs this process may run on (its affinity mask).
+        let usable: Vec<usize> = core_affinity::get_core_ids()
+            .map(|ids| ids.into_iter().map(|c| c.id).collect())
+            .unwrap_or_else(|| {
+                let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                (0..n).collect()
+            });
+        let ncpu = usable.len().max(1);
         let cpus = match &self.cpus {
             Some(CpuList(c)) => {
                 if c.len() < jobs {
@@ -164,12 +187,42 @@ impl RunArgs {
                         c.len()
                     )));
                 }
+                if let Some(bad) = c.iter().find(|id| !usable.contains(id)) {
+                    return Err(PerfError::Usage(format!(
+                        "--cpus: CPU {bad} is not available to this process (it may run on {})",
+                        cpu_ranges(&usable)
+                    )));
+                }
                 c.clone()
             }
             // Default: job i on core i, as long as there are cores.
-            None if jobs <= ncpu => (0..jobs).collect(),
+            None if jobs <= ncpu => usable[..jobs].to_vec(),
             None => Vec::new(),
         };
+        let polled = [&Some(self.device.clone()), &self.compare]
+            .into_iter()
+            .flatten()
+            .any(|d| matches!(d.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. }));
+        if polled && jobs > ncpu && !self.force {
+            return Err(PerfError::Usage(format!(
+                "{jobs} jobs busy-poll but this process has {ncpu} CPU(s): jobs would share cores \
+                 and measure the scheduler; use -j {ncpu} or less, or --force"
+            )));
+        }
+        if polled && jobs > ncpu {
+            eprintln!(
+                "mcqio-perf: warning: {jobs} busy-polling jobs on {ncpu} CPU(s) (--force): \
+                 they share cores, so the numbers include the scheduler's time slicing"
+            );
+        }
+        if let Some(m) = self.mix {
+            if !matches!(self.pattern, Pattern::Rw | Pattern::Randrw) {
+                return Err(PerfError::Usage(format!(
+                    "-M {m} sets the read share of a mixed workload, but -w {} is not mixed (use -w rw or -w randrw)",
+                    self.pattern.name()
+                )));
+            }
+        }
         if self.dma_batch.is_some() && self.dma != DmaMode::Lazy {
             return Err(PerfError::Usage(
                 "--dma-batch applies to --dma lazy only".into(),
@@ -182,14 +235,18 @@ impl RunArgs {
         });
         Ok(RunOpts {
             pattern: self.pattern,
-            mix: self.mix,
+            mix: self.mix.unwrap_or(70),
             io_size: self.io_size,
             depth: self.depth as usize,
             jobs,
             cpus,
-            time: Duration::from_secs_f64(self.time),
+            time: match (self.time, self.ios) {
+                (Some(t), _) => Some(t),
+                (None, Some(_)) => None,
+                (None, None) => Some(DEFAULT_TIME),
+            },
             ios: self.ios,
-            warmup: Duration::from_secs_f64(self.warmup),
+            warmup: self.warmup,
             verify: self.verify,
             // JSON always carries percentiles; the table shows them with -L.
             histogram: self.latency || self.json,
@@ -197,7 +254,31 @@ impl RunArgs {
             dma_batch: self.dma_batch.map(|b| b as usize),
             seed,
             progress: !self.quiet && !self.json,
+            interrupt,
         })
+    }
+}
+
+/// `0-3,6` for a sorted CPU list.
+fn cpu_ranges(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    if out.is_empty() {
+        "no CPU".into()
+    } else {
+        format!("CPUs {}", out.join(","))
     }
 }
 
@@ -212,9 +293,46 @@ fn print_failures(r: &report::RunReport) {
     }
 }
 
+/// SIGINT/SIGTERM end the run the way fio does: jobs stop submitting, every
+/// I/O in flight completes, and the report covers the time measured. A
+/// second signal ends the process at once.
+struct Interrupt {
+    /// Set by either signal.
+    flag: Arc<AtomicBool>,
+    /// Which signal came (0: none).
+    signal: Arc<AtomicUsize>,
+}
+
+impl Interrupt {
+    fn install() -> Result<Self, PerfError> {
+        let flag = Arc::new(AtomicBool::new(false));
+        let signal = Arc::new(AtomicUsize::new(0));
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            let e = |e: std::io::Error| {
+                PerfError::Usage(format!("cannot install a handler for signal {sig}: {e}"))
+            };
+            // Registered first, so it sees the flag as the earlier signal left it.
+            signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&flag))
+                .map_err(e)?;
+            signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize).map_err(e)?;
+            signal_hook::flag::register(sig, Arc::clone(&flag)).map_err(e)?;
+        }
+        Ok(Interrupt { flag, signal })
+    }
+
+    /// The signal that came, if one did.
+    fn signal(&self) -> Option<i32> {
+        if !self.flag.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(self.signal.load(Ordering::Relaxed) as i32)
+    }
+}
+
 fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
-    let o = args.opts()?;
-    if o.time.is_zero() && o.ios.is_none() {
+    let interrupt = Interrupt::install()?;
+    let o = args.opts(Arc::clone(&interrupt.flag))?;
+    if o.time.is_some_and(|t| t.is_zero()) && o.ios.is_none() {
         return Err(PerfError::Usage(
             "-t 0 measures nothing; give a time or -n <count>".into(),
         ));
@@ -224,11 +342,31 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
     let mut others = Vec::new();
     for _ in 0..args.repeat {
         bases.push(run::run_device(&args.device, &o, clock)?);
+        if interrupt.signal().is_some() {
+            break;
+        }
         if let Some(c) = &args.compare {
             others.push(run::run_device(c, &o, clock)?);
         }
+        if interrupt.signal().is_some() {
+            break;
+        }
     }
-    let base = report::RunReport::median_of(bases).expect("at least one repeat ran");
+    let mut base = report::RunReport::median_of(bases).expect("at least one repeat ran");
+    let sig = interrupt.signal();
+    if let Some(sig) = sig {
+        base.interrupted = true;
+        let what = if sig == signal_hook::consts::SIGTERM {
+            "SIGTERM"
+        } else {
+            "SIGINT"
+        };
+        base.notes.push(format!(
+            "interrupted by {what}: the numbers cover the {:.2} s measured before it",
+            base.total.stats.elapsed_s
+        ));
+        eprintln!("mcqio-perf: interrupted by {what}; reporting the time measured");
+    }
     let other = report::RunReport::median_of(others);
     let failed: Vec<report::RunReport> = std::iter::once(&base)
         .chain(other.as_ref())
@@ -236,8 +374,11 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
         .cloned()
         .collect();
     if args.json {
+        // One shape for both: a compared run is the base run with `compare` set.
         let doc = match other {
-            Some(other) => serde_json::to_string_pretty(&CompareReport::new(base.clone(), other)),
+            Some(other) => {
+                serde_json::to_string_pretty(&CompareReport::new(base.clone(), other).into_report())
+            }
             None => serde_json::to_string_pretty(&base),
         }
         .expect("reports serialize");
@@ -257,14 +398,17 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
     for r in &failed {
         print_failures(r);
     }
-    Ok(if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    Ok(match sig {
+        // The shell's convention for "ended by signal N".
+        Some(sig) => ExitCode::from((128 + sig).clamp(1, 255) as u8),
+        None if failed.is_empty() => ExitCode::SUCCESS,
+        None => ExitCode::FAILURE,
     })
 }
 
 fn main() -> ExitCode {
+    // The library logs through `log`; RUST_LOG=debug (or warn, trace) shows it.
+    env_logger::init();
     let cli = Cli::parse();
     let result = match &cli.cmd {
         None => perf(&cli.run),

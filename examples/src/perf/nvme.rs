@@ -12,7 +12,6 @@
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::Duration;
 
 use mcqio::{
     Controller, ControllerOptions, DmaBuf, IoBuf, IoSeg, QpairOptions, QueuePair, SubmitErrorKind,
@@ -29,12 +28,17 @@ use crate::spec::{DeviceKind, DeviceSpec};
 use crate::target::{Namespace, OpenPlan};
 use crate::workload::Op;
 
-/// Default namespace size of `fake` (RAM, allocated lazily by the OS).
-pub const FAKE_RAM_SIZE: u64 = 64 << 20;
-/// Default namespace size of `fake:null` (advertised only).
-pub const FAKE_NULL_SIZE: u64 = 1 << 40;
-/// Default logical block size of the fake.
-pub const FAKE_LBADS: u32 = 4096;
+/// The most I/O queue pairs the fake offers when `qpairs=` does not say:
+/// one per job up to this many (a controller with more is rare; NVMe allows
+/// 65535).
+pub const FAKE_MAX_QPAIRS: u16 = 256;
+
+/// The I/O queue pairs the fake of `spec` offers to a run of `jobs` jobs.
+pub fn fake_queue_pairs(spec: &DeviceSpec, jobs: usize) -> u16 {
+    spec.opts
+        .qpairs
+        .unwrap_or(jobs.clamp(1, FAKE_MAX_QPAIRS as usize) as u16)
+}
 
 /// A controller driven by the engine.
 pub struct NvmeTarget {
@@ -62,22 +66,23 @@ impl NvmeTarget {
         let (backend, fake, describe): (Arc<dyn Backend>, _, String) = match &spec.kind {
             DeviceKind::Fake { null } => {
                 let o = &spec.opts;
-                let lbads = o.lbads.unwrap_or(FAKE_LBADS);
-                let size = o
-                    .size
-                    .unwrap_or(if *null { FAKE_NULL_SIZE } else { FAKE_RAM_SIZE });
-                let size = size / lbads as u64 * lbads as u64;
-                if size == 0 {
-                    return Err(format!("size must hold at least one {lbads}-byte block"));
-                }
-                let ns = o.ns.unwrap_or(1);
-                let nscfg = |_| {
-                    if *null {
-                        NamespaceConfig::null(size, lbads)
-                    } else {
-                        NamespaceConfig::ram(size, lbads)
-                    }
+                // The device itself comes from the shared defaults; the run
+                // adds queue pairs, queue sizes, MDTS and the device thread.
+                let base = spec
+                    .fake_config()
+                    .ok_or_else(|| format!("{} is not a fake", spec.label()))?;
+                let (size, lbads) = match base.namespaces.first() {
+                    Some(NamespaceConfig::Ram {
+                        size_bytes,
+                        lba_size,
+                    })
+                    | Some(NamespaceConfig::Null {
+                        size_bytes,
+                        lba_size,
+                    }) => (*size_bytes, *lba_size),
+                    None => return Err("the fake has no namespace".into()),
                 };
+                let ns = base.namespaces.len();
                 // Keep the device thread off the job cores, as hardware is.
                 let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
                 let pin = o
@@ -90,9 +95,8 @@ impl NvmeTarget {
                             .into(),
                     );
                 }
-                let qpairs = o.qpairs.unwrap_or(jobs.min(u16::MAX as usize - 1) as u16);
+                let qpairs = fake_queue_pairs(spec, jobs);
                 let cfg = FakeConfig {
-                    namespaces: (0..ns).map(nscfg).collect(),
                     io_queue_pairs: qpairs,
                     mqes: (plan.depth.clamp(1023, 4095)) as u16,
                     exec: if o.sync == Some(true) {
@@ -103,9 +107,18 @@ impl NvmeTarget {
                             pin_core: pin,
                         }
                     },
-                    latency: o.latency.unwrap_or(Duration::ZERO),
                     seed: plan.seed,
-                    ..FakeConfig::default()
+                    ..base
+                };
+                // Room for the deepest queue the engine makes (depth + 1
+                // entries; CAP.MQES is 0-based), so -q up to the engine's
+                // limit works on the fake.
+                let cfg = FakeConfig {
+                    mqes: plan
+                        .depth
+                        .clamp(1023, mcqio::queue::pair::MAX_DEPTH as usize)
+                        as u16,
+                    ..cfg
                 };
                 if !sync {
                     notes.push(
@@ -162,14 +175,6 @@ impl NvmeTarget {
             ..ControllerOptions::default()
         };
         let ctrl = Controller::new(backend, opts).map_err(|e| e.to_string())?;
-        if ctrl.granted_io_queues() < jobs {
-            return Err(format!(
-                "{} job(s) need {jobs} I/O queue pairs but the controller granted {}; use -j {} (queues are never shared)",
-                jobs,
-                ctrl.granted_io_queues(),
-                ctrl.granted_io_queues()
-            ));
-        }
         let namespaces: Vec<Namespace> = ctrl
             .namespaces()
             .iter()
@@ -198,6 +203,11 @@ impl NvmeTarget {
             describe,
             notes,
         })
+    }
+
+    /// I/O queue pairs the controller granted.
+    pub fn granted_io_queues(&self) -> usize {
+        self.ctrl.granted_io_queues()
     }
 
     /// Logical block size.
@@ -442,6 +452,12 @@ impl JobQueue for NvmeQueue {
 /// buffers on top of the in-flight ones, so a free slot always finds a
 /// buffer. A completion is delivered at its CQE; its buffer rejoins the pool
 /// when the mapper hands it back (after the unmap that covers it returned).
+///
+/// A pool buffer is not tied to a slot (a released one may wait in the flush
+/// queue while its slot is reused), so for `--verify` each slot gets a
+/// staging buffer the job reads and writes: a write's data is copied into
+/// the pool buffer before it is mapped, a read's data out of it at the
+/// completion, before it is released. The copies happen only when verifying.
 pub struct MappedQueue {
     // Field order: the queue pair (holding in-flight mappings) drops first,
     // then the mapper (flushing what it queued).
@@ -453,6 +469,10 @@ pub struct MappedQueue {
     buf_len: usize,
     free: Vec<IoBuffer>,
     returned: Vec<Returned>,
+    /// `--verify` only: one staging buffer per slot (8-aligned words).
+    staging: Vec<Box<[u64]>>,
+    /// `--verify` only: host address of the pool buffer each slot's I/O uses.
+    host: Vec<Option<NonNull<u8>>>,
 }
 
 impl NvmeTarget {
@@ -464,6 +484,7 @@ impl NvmeTarget {
         buf_len: usize,
         mode: VfioDmaMode,
         batch: Option<usize>,
+        verify: bool,
     ) -> Result<MappedQueue, String> {
         let mut cfg = MapperConfig::with_mode(mode);
         if let Some(b) = batch {
@@ -498,6 +519,18 @@ impl NvmeTarget {
             buf_len,
             free,
             returned: Vec::with_capacity(depth + queued),
+            staging: if verify {
+                (0..depth)
+                    .map(|_| vec![0u64; buf_len.div_ceil(8)].into_boxed_slice())
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            host: if verify {
+                vec![None; depth]
+            } else {
+                Vec::new()
+            },
         })
     }
 }
@@ -517,11 +550,13 @@ impl JobQueue for MappedQueue {
         self.buf_len
     }
 
-    /// Buffers are not tied to slots in this mode (a released buffer may sit
-    /// in the flush queue while its slot is reused), so there is no per-slot
-    /// buffer to fill or check: the run refuses `--verify` with these modes.
-    fn buffer(&self, _slot: usize) -> NonNull<u8> {
-        NonNull::dangling()
+    /// The slot's staging buffer with `--verify` (see the type's docs);
+    /// without it there is no per-slot buffer and nothing may touch this.
+    fn buffer(&self, slot: usize) -> NonNull<u8> {
+        match self.staging.get(slot) {
+            Some(b) => NonNull::new(b.as_ptr() as *mut u8).expect("a boxed slice is not null"),
+            None => NonNull::dangling(),
+        }
     }
 
     #[inline]
@@ -534,6 +569,18 @@ impl JobQueue for MappedQueue {
             Op::Read => DmaDir::FromDevice,
             Op::Write => DmaDir::ToDevice,
         };
+        if let Some(stage) = self.staging.get(slot) {
+            let dst = buf.as_ptr();
+            if req.op == Op::Write {
+                // SAFETY: `buf` is not mapped (it came from the free list)
+                // and holds buf_len >= len bytes, as does the slot's staging
+                // buffer; the two are distinct allocations.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(stage.as_ptr().cast::<u8>(), dst.as_ptr(), len)
+                };
+            }
+            self.host[slot] = Some(dst);
+        }
         let m = match self.mapper.map(buf, len, dir, slot as u64) {
             Ok(m) => m,
             Err(f) => {
@@ -575,6 +622,8 @@ impl JobQueue for MappedQueue {
     fn reap<F: FnMut(usize, IoStatus)>(&mut self, mut done: F) -> Result<usize, QueueError> {
         let mapper = &mut self.mapper;
         let returned = &mut self.returned;
+        let staging = &mut self.staging;
+        let host = &self.host;
         let mut unmap_err = None;
         let n = self
             .qp
@@ -586,6 +635,22 @@ impl JobQueue for MappedQueue {
                     Err(e) => IoStatus::Failed(Failure::Host(e)),
                 };
                 if let Some(m) = c.buf {
+                    if let (Some(stage), Some(Some(src))) = (staging.get_mut(slot), host.get(slot))
+                    {
+                        let len = m.transfer_len().min(stage.len() * 8);
+                        // SAFETY: the command completed, so the device no
+                        // longer writes the buffer; `m` still owns it (it is
+                        // released below), `src` is its host address and it
+                        // holds at least the transfer length; the staging
+                        // buffer is a distinct allocation of buf_len bytes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                src.as_ptr(),
+                                stage.as_mut_ptr().cast::<u8>(),
+                                len,
+                            )
+                        };
+                    }
                     if let Err(e) = mapper.release(m, returned) {
                         unmap_err.get_or_insert(e);
                     }

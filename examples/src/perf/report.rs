@@ -15,10 +15,13 @@
 //!   "failures": ["first failures, described"], "notes": [...], "clock": {...} }
 //! ```
 //!
-//! With `--compare` it prints a [`CompareReport`]:
-//! `{ "base": RunReport, "other": RunReport, "ratio": {iops, mib_s, lat_avg, lat_p99,
-//! cpu_ns_per_io} }` where every ratio is base / other (IOPS 1.5 = base is 1.5×
-//! faster; lat_avg 0.5 = base has half the latency).
+//! plus `"interrupted": bool` (stopped by SIGINT/SIGTERM) and `"compare"`:
+//! `null` for a single run; with `--compare` the same document for the
+//! `--device` run, with `"compare": { "run": RunReport, "ratio": {iops,
+//! mib_s, lat_avg, lat_p99, cpu_ns_per_io} }` where every ratio is this run /
+//! the other (IOPS 1.5 = this run is 1.5× faster; lat_avg 0.5 = half the
+//! latency). `mib_s` and `nsid` are `null` for `uring:null`, which moves no
+//! data and has no namespace.
 //!
 //! Percentiles are `null` unless a histogram was recorded (`-L` or `--json`).
 
@@ -105,8 +108,8 @@ pub struct Stats {
     pub iops_avg: f64,
     /// Number of per-second samples.
     pub iops_samples: usize,
-    /// MiB per second.
-    pub mib_s: f64,
+    /// MiB per second; `null` for a device that moves no data (`uring:null`).
+    pub mib_s: Option<f64>,
     /// Failed I/Os.
     pub errors: u64,
     /// Reads that failed verification.
@@ -130,8 +133,8 @@ pub struct JobReport {
     pub device: String,
     /// Core the job was pinned to.
     pub core: Option<usize>,
-    /// Namespace.
-    pub nsid: u32,
+    /// Namespace; `null` for a device without one (`uring:null`).
+    pub nsid: Option<u32>,
     /// The numbers.
     #[serde(flatten)]
     pub stats: Stats,
@@ -245,6 +248,23 @@ pub struct RunReport {
     /// of the report is the median repeat (or the first one that failed).
     #[serde(default)]
     pub repeat_iops: Vec<f64>,
+    /// The run was stopped by SIGINT/SIGTERM: the numbers cover the time
+    /// measured until then.
+    #[serde(default)]
+    pub interrupted: bool,
+    /// With `--compare`: the other device's run and the ratios; `null` for
+    /// a single run. The document's shape is the same either way.
+    #[serde(default)]
+    pub compare: Option<Comparison>,
+}
+
+/// The `--compare` part of a report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    /// The `--compare` device's run.
+    pub run: Box<RunReport>,
+    /// This run / the other.
+    pub ratio: Ratio,
 }
 
 impl RunReport {
@@ -285,8 +305,8 @@ impl RunReport {
 pub struct Ratio {
     /// IOPS ratio (> 1: base is faster).
     pub iops: f64,
-    /// Bandwidth ratio.
-    pub mib_s: f64,
+    /// Bandwidth ratio, when both devices move data.
+    pub mib_s: Option<f64>,
     /// Mean latency ratio (< 1: base is quicker).
     pub lat_avg: f64,
     /// 99th percentile latency ratio, when both have histograms.
@@ -315,12 +335,23 @@ fn div(a: f64, b: f64) -> f64 {
 }
 
 impl CompareReport {
+    /// The single JSON shape: the base run with the other run and the
+    /// ratios under `compare`.
+    pub fn into_report(self) -> RunReport {
+        let mut base = self.base;
+        base.compare = Some(Comparison {
+            run: Box::new(self.other),
+            ratio: self.ratio,
+        });
+        base
+    }
+
     /// Pair two runs and compute the ratios.
     pub fn new(base: RunReport, other: RunReport) -> Self {
         let (a, b) = (&base.total, &other.total);
         let ratio = Ratio {
             iops: div(a.stats.iops, b.stats.iops),
-            mib_s: div(a.stats.mib_s, b.stats.mib_s),
+            mib_s: a.stats.mib_s.zip(b.stats.mib_s).map(|(x, y)| div(x, y)),
             lat_avg: div(a.stats.lat_us.avg, b.stats.lat_us.avg),
             lat_p99: a
                 .stats
@@ -337,9 +368,13 @@ impl CompareReport {
     pub fn ratio_text(&self) -> String {
         let r = &self.ratio;
         let mut s = format!(
-            "{} vs {}: IOPS {:.2}x, MiB/s {:.2}x, avg latency {:.2}x",
-            self.base.device, self.other.device, r.iops, r.mib_s, r.lat_avg
+            "{} vs {}: IOPS {:.2}x, ",
+            self.base.device, self.other.device, r.iops
         );
+        if let Some(m) = r.mib_s {
+            let _ = write!(s, "MiB/s {m:.2}x, ");
+        }
+        let _ = write!(s, "avg latency {:.2}x", r.lat_avg);
         if let Some(p) = r.lat_p99 {
             let _ = write!(s, ", p99 latency {p:.2}x");
         }
@@ -353,8 +388,13 @@ const RULE: &str = "============================================================
 fn row(out: &mut String, name: &str, s: &Stats) {
     let _ = writeln!(
         out,
-        "{name:<44}: {:>12.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
-        s.iops, s.mib_s, s.lat_us.avg, s.lat_us.min, s.lat_us.max
+        "{name:<44}: {:>12.2} {:>10} {:>10.2} {:>10.2} {:>10.2}",
+        s.iops,
+        s.mib_s
+            .map_or_else(|| "-".to_string(), |m| format!("{m:.2}")),
+        s.lat_us.avg,
+        s.lat_us.min,
+        s.lat_us.max
     );
 }
 
@@ -369,7 +409,8 @@ impl RunReport {
         let mut out = String::new();
         let w = &self.workload;
         let bound = match (w.ios_per_job, w.time_s) {
-            (Some(n), _) => format!("{n} I/Os per job"),
+            (Some(n), Some(t)) => format!("{n} I/Os per job or {t} s, whichever came first"),
+            (Some(n), None) => format!("{n} I/Os per job"),
             (None, Some(t)) => format!("{t} s"),
             _ => String::new(),
         };
@@ -407,7 +448,10 @@ impl RunReport {
                 .map_or_else(|| "any core".to_string(), |c| format!("core {c}"));
             row(
                 &mut out,
-                &format!("{} ns{} from {core}", j.device, j.nsid),
+                &match j.nsid {
+                    Some(ns) => format!("{} ns{ns} from {core}", j.device),
+                    None => format!("{} from {core}", j.device),
+                },
                 &j.stats,
             );
         }
@@ -461,7 +505,10 @@ impl RunReport {
             if self.jobs.len() > 1 {
                 for j in &self.jobs {
                     rows.push((
-                        format!("job {} ({} ns{})", j.job, j.device, j.nsid),
+                        match j.nsid {
+                            Some(ns) => format!("job {} ({} ns{ns})", j.job, j.device),
+                            None => format!("job {} ({})", j.job, j.device),
+                        },
                         &j.stats.lat_us,
                     ));
                 }
@@ -501,7 +548,7 @@ mod tests {
             iops_max: iops,
             iops_avg: iops,
             iops_samples: 1,
-            mib_s: iops * 4096.0 / 1048576.0,
+            mib_s: Some(iops * 4096.0 / 1048576.0),
             lat_us: LatUs {
                 avg,
                 min: 0.5,
@@ -535,7 +582,7 @@ mod tests {
                 job: 0,
                 device: device.into(),
                 core: Some(0),
-                nsid: 1,
+                nsid: Some(1),
                 stats: stats.clone(),
             }],
             total: TotalReport {
@@ -554,6 +601,8 @@ mod tests {
                 ticks_per_sec: 3e9,
             },
             repeat_iops: vec![],
+            interrupted: false,
+            compare: None,
         }
     }
 
@@ -632,6 +681,18 @@ mod tests {
         assert!(c.ratio_text().contains("IOPS 1.50x"));
         let back: CompareReport = serde_json::from_value(v).unwrap();
         assert_eq!(back, c);
+        // Issue 16 item 7: one JSON shape for single and compared runs.
+        let single = serde_json::to_value(sample_run("fake:null", 3e6, 1.0)).unwrap();
+        let both = serde_json::to_value(c.clone().into_report()).unwrap();
+        let keys = |v: &serde_json::Value| {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        assert_eq!(keys(&single), keys(&both));
+        assert!(single["compare"].is_null());
+        assert_eq!(both["compare"]["ratio"]["iops"], 1.5);
+        assert_eq!(keys(&both["compare"]["run"]), keys(&single));
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! phases (warm-up, measure, stop), sample IOPS every second, and build the
 //! report.
 
-use std::io::{IsTerminal, Write};
-use std::sync::atomic::Ordering;
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,7 @@ use crate::clock::{Clock, ClockSource};
 use crate::job::{
     self, JobResult, JobSpec, Shared, PHASE_ABORT, PHASE_MEASURE, PHASE_STOP, PHASE_WARMUP,
 };
+use crate::progress::{Goal, Progress};
 use crate::report::{
     ClockReport, DmaReport, JobReport, LatUs, RunReport, Stats, TotalReport, VerifyReport,
     WorkloadReport,
@@ -21,6 +22,9 @@ use crate::spec::{DeviceKind, DeviceSpec, SpecError};
 use crate::target::{OpenPlan, Target};
 use crate::uring::UringError;
 use crate::workload::Pattern;
+
+/// How often the run controller looks for SIGINT/SIGTERM while it waits.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// The most blocks one job tracks for `--verify` (4 bytes of state each).
 pub const VERIFY_MAX_BLOCKS: u64 = 1 << 22;
@@ -40,6 +44,18 @@ pub enum PerfError {
     /// The device could not be opened.
     #[error("{0}")]
     Device(String),
+    /// The device offers fewer I/O queue pairs than the run has jobs (each
+    /// job owns one; queues are never shared).
+    #[error("{device}: {jobs} job(s) need {jobs} I/O queue pairs but the controller offers {granted}; use -j {granted}{hint}",
+        hint = if device.starts_with("fake") { " or fake,qpairs=N" } else { "" })]
+    QueueCount {
+        /// The device label.
+        device: String,
+        /// Jobs asked for.
+        jobs: usize,
+        /// Queue pairs offered or granted.
+        granted: usize,
+    },
     /// A job failed to start or its queue broke.
     #[error("job {job}: {msg}")]
     Job {
@@ -87,9 +103,10 @@ pub struct RunOpts {
     pub jobs: usize,
     /// Cores to pin jobs to (job i on the i-th entry); empty: do not pin.
     pub cpus: Vec<usize>,
-    /// Measured time (ignored with `ios`).
-    pub time: Duration,
-    /// I/Os per job instead of a time.
+    /// Measured time; `None`: until `ios` (the run ends at whichever of the
+    /// two comes first).
+    pub time: Option<Duration>,
+    /// I/Os per job.
     pub ios: Option<u64>,
     /// Warm-up time.
     pub warmup: Duration,
@@ -105,14 +122,8 @@ pub struct RunOpts {
     pub seed: u64,
     /// Print a live line per second on stderr.
     pub progress: bool,
-}
-
-fn label_progress(prefix: &str, ios: u64, dt: f64, io_size: u64) -> String {
-    let iops = ios as f64 / dt;
-    format!(
-        "{prefix}{iops:>12.0} IOPS, {:>10.2} MiB/s",
-        iops * io_size as f64 / (1 << 20) as f64
-    )
+    /// Set by SIGINT/SIGTERM: stop, drain and report what was measured.
+    pub interrupt: Arc<AtomicBool>,
 }
 
 /// Plan, run and report one device.
@@ -123,20 +134,14 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             spec.label()
         )));
     }
-    if o.dma != DmaMode::Premapped {
-        if !matches!(spec.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. }) {
-            return Err(PerfError::Usage(format!(
-                "--dma {} applies to mcqio devices (fake, vfio:<BDF>), not `{}`",
-                o.dma.name(),
-                spec.label()
-            )));
-        }
-        if o.verify {
-            return Err(PerfError::Usage(format!(
-                "--verify needs --dma premapped: in {} mode a buffer is not tied to its slot (it may wait in the flush queue)",
-                o.dma.name()
-            )));
-        }
+    if o.dma != DmaMode::Premapped
+        && !matches!(spec.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. })
+    {
+        return Err(PerfError::Usage(format!(
+            "--dma {} applies to mcqio devices (fake, vfio:<BDF>), not `{}`",
+            o.dma.name(),
+            spec.label()
+        )));
     }
     let pct = o.pattern.read_pct(o.mix);
     let plan = OpenPlan {
@@ -288,24 +293,20 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     if !o.warmup.is_zero() {
         shared.phase.store(PHASE_WARMUP, Ordering::Release);
         let t0 = Instant::now();
-        let mut last = (t0, counts(&shared).iter().sum::<u64>());
-        while t0.elapsed() < o.warmup {
+        let first = counts(&shared).iter().sum::<u64>();
+        let mut last = (t0, first);
+        let bar = Progress::new(tty, "warmup", Goal::Time(o.warmup));
+        while t0.elapsed() < o.warmup && !o.interrupt.load(Ordering::Relaxed) {
             let left = o.warmup.saturating_sub(t0.elapsed());
-            std::thread::sleep(left.min(Duration::from_secs(1)));
+            std::thread::sleep(left.min(SIGNAL_POLL));
             let now = (Instant::now(), counts(&shared).iter().sum::<u64>());
-            if tty {
-                eprint!(
-                    "\r{}",
-                    label_progress(
-                        "[warmup] ",
-                        now.1 - last.1,
-                        (now.0 - last.0).as_secs_f64(),
-                        o.io_size
-                    )
-                );
+            bar.update(now.0 - t0, now.1 - first);
+            if (now.0 - last.0) >= Duration::from_secs(1) {
+                bar.rate(now.1 - last.1, (now.0 - last.0).as_secs_f64(), o.io_size);
+                last = now;
             }
-            last = now;
         }
+        bar.finish();
     }
     let iommu_before = target.iommu_stats();
     let proc_before = job::process_cpu();
@@ -316,11 +317,21 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     let mut total_samples: Vec<f64> = Vec::new();
     let mut last_t = t0;
     let mut last_c = base.clone();
-    let end = t0 + o.time;
-    loop {
+    let end = o.time.map(|t| t0 + t);
+    let bar = Progress::new(
+        tty,
+        "run",
+        match (o.time, o.ios) {
+            (Some(t), _) => Goal::Time(t),
+            (None, n) => Goal::Ios(n.unwrap_or(0).saturating_mul(o.jobs as u64)),
+        },
+    );
+    let base_sum: u64 = base.iter().sum();
+    let mut interrupted = o.interrupt.load(Ordering::Relaxed);
+    while !interrupted {
         let next = last_t + Duration::from_secs(1);
-        let deadline = if o.ios.is_some() { next } else { next.min(end) };
-        // Sleep in short steps while waiting for count-bound jobs.
+        let deadline = end.map_or(next, |e| next.min(e));
+        // Sleep in short steps: count-bound jobs may finish, a signal may come.
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -329,13 +340,18 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             if o.ios.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs {
                 break;
             }
+            if o.interrupt.load(Ordering::Relaxed) {
+                break;
+            }
+            bar.update(now - t0, counts(&shared).iter().sum::<u64>() - base_sum);
             let step = if o.ios.is_some() {
                 Duration::from_millis(5)
             } else {
-                deadline - now
+                SIGNAL_POLL
             };
             std::thread::sleep(step.min(deadline - now));
         }
+        interrupted = o.interrupt.load(Ordering::Relaxed);
         let now = Instant::now();
         let c = counts(&shared);
         let dt = (now - last_t).as_secs_f64();
@@ -347,18 +363,14 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
                 sum += r;
             }
             total_samples.push(sum);
-            if tty {
-                let d: u64 = c.iter().zip(&last_c).map(|(a, b)| a - b).sum();
-                eprint!("\r{}", label_progress("", d, dt, o.io_size));
-            }
+            let d: u64 = c.iter().zip(&last_c).map(|(a, b)| a - b).sum();
+            bar.rate(d, dt, o.io_size);
             last_t = now;
             last_c = c;
         }
         let done = shared.failed.load(Ordering::Acquire) > 0
-            || match o.ios {
-                Some(_) => shared.finished.load(Ordering::Acquire) as usize == o.jobs,
-                None => now >= end,
-            };
+            || (o.ios.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs)
+            || end.is_some_and(|e| now >= e);
         if done {
             break;
         }
@@ -368,10 +380,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     let proc_after = job::process_cpu();
     let proc_cpu = (proc_after.0 + proc_after.1).saturating_sub(proc_before.0 + proc_before.1);
     let wall = t0.elapsed().as_secs_f64();
-    if tty {
-        eprint!("\r{:60}\r", "");
-        let _ = std::io::stderr().flush();
-    }
+    bar.finish();
     let mut results = Vec::with_capacity(o.jobs);
     let mut job_err = None;
     for (i, h) in handles.into_iter().enumerate() {
@@ -397,7 +406,9 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         return Err(e);
     }
 
-    // Build the report.
+    // Build the report. `uring:null` (NOPs) moves no data and has no
+    // namespace: it reports neither bandwidth nor a namespace.
+    let moves_data = !matches!(spec.kind, DeviceKind::UringNull);
     let mib = |bytes_per_s: f64| bytes_per_s / (1u64 << 20) as f64;
     let summarize = |s: &[f64], fallback: f64| -> (f64, f64, f64) {
         if s.is_empty() {
@@ -428,7 +439,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             iops_max: mx,
             iops_avg: avg,
             iops_samples: samples[r.index].len(),
-            mib_s: mib(iops * o.io_size as f64),
+            mib_s: moves_data.then(|| mib(iops * o.io_size as f64)),
             errors: r.errors,
             verify_mismatches: r.verify_mismatches,
             cpu_usr_pct: if el > 0.0 {
@@ -474,7 +485,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             job: r.index,
             device: spec.label(),
             core: o.cpus.get(r.index).copied(),
-            nsid: r.nsid,
+            nsid: moves_data.then_some(r.nsid),
             stats,
         });
     }
@@ -483,7 +494,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     tot.iops_max = mx;
     tot.iops_avg = avg;
     tot.iops_samples = total_samples.len();
-    tot.mib_s = mib(tot.iops * o.io_size as f64);
+    tot.mib_s = moves_data.then(|| mib(tot.iops * o.io_size as f64));
     tot.cpu_usr_pct = if elapsed_sum > 0.0 {
         usr / elapsed_sum * 100.0
     } else {
@@ -531,7 +542,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             io_size: o.io_size,
             queue_depth: o.depth,
             jobs: o.jobs,
-            time_s: o.ios.is_none().then_some(o.time.as_secs_f64()),
+            time_s: o.time.map(|t| t.as_secs_f64()),
             ios_per_job: o.ios,
             warmup_s: o.warmup.as_secs_f64(),
             verify: o.verify,
@@ -556,5 +567,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             ticks_per_sec: clock.ticks_per_sec(),
         },
         repeat_iops: Vec::new(),
+        interrupted,
+        compare: None,
     })
 }

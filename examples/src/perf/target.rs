@@ -56,14 +56,36 @@ impl Target {
             DeviceKind::UringNull => Ok(Target::Uring(Arc::new(UringTarget::null()))),
             DeviceKind::UringFile { path } => Ok(Target::Uring(Arc::new(UringTarget::open(
                 path,
-                spec.opts.lbads,
+                spec.opts.block_size,
                 spec.opts.size,
                 spec.opts.direct,
                 plan.writes,
             )?))),
-            DeviceKind::Fake { .. } | DeviceKind::Vfio { .. } => NvmeTarget::open(spec, plan)
-                .map(Target::Nvme)
-                .map_err(|e| PerfError::Device(format!("{}: {e}", spec.label()))),
+            DeviceKind::Fake { .. } | DeviceKind::Vfio { .. } => {
+                let jobs = plan.jobs.max(1);
+                if matches!(spec.kind, DeviceKind::Fake { .. }) {
+                    // Known before building anything: say so instead of
+                    // starting the jobs and failing one of them.
+                    let offered = crate::nvme::fake_queue_pairs(spec, jobs) as usize;
+                    if offered < jobs {
+                        return Err(PerfError::QueueCount {
+                            device: spec.label(),
+                            jobs,
+                            granted: offered,
+                        });
+                    }
+                }
+                let t = NvmeTarget::open(spec, plan)
+                    .map_err(|e| PerfError::Device(format!("{}: {e}", spec.label())))?;
+                if t.granted_io_queues() < jobs {
+                    return Err(PerfError::QueueCount {
+                        device: spec.label(),
+                        jobs,
+                        granted: t.granted_io_queues(),
+                    });
+                }
+                Ok(Target::Nvme(t))
+            }
         }
     }
 
@@ -142,7 +164,14 @@ impl Target {
                     } else {
                         mcqio_vfio::DmaMode::Lazy
                     };
-                    let q = t.mapped_queue(spec.nsid, spec.depth, buf_len, mode, spec.dma_batch);
+                    let q = t.mapped_queue(
+                        spec.nsid,
+                        spec.depth,
+                        buf_len,
+                        mode,
+                        spec.dma_batch,
+                        spec.verify,
+                    );
                     start(q, spec, shared, clock, ready)
                 }
             },

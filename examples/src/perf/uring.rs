@@ -21,8 +21,8 @@ use io_uring::{opcode, squeue, types, IoUring};
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::workload::Op;
 
-/// Default size of a file `uring:<path>` creates when the path does not exist.
-pub const DEFAULT_FILE_SIZE: u64 = 64 << 20;
+/// Bytes written per call when laying out a file.
+const LAYOUT_CHUNK: usize = 1 << 20;
 /// Default logical block size for files (O_DIRECT-safe on 4Kn and 512e devices).
 pub const DEFAULT_FILE_LBADS: u32 = 4096;
 /// Blocks `uring:null` pretends to have (LBAs are generated, never used).
@@ -124,6 +124,20 @@ pub struct UringTarget {
     notes: Vec<String>,
 }
 
+/// Write zeros over `[from, to)` of `f` and flush them, as fio lays out a
+/// file before a run: reads then measure the device, not holes.
+fn lay_out(f: &File, from: u64, to: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let zeros = vec![0u8; LAYOUT_CHUNK];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(LAYOUT_CHUNK as u64) as usize;
+        f.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    f.sync_data()
+}
+
 fn is_mounted(path: &Path) -> bool {
     let Ok(canon) = std::fs::canonicalize(path) else {
         return false;
@@ -169,7 +183,44 @@ impl UringTarget {
             path: path.into(),
             source,
         };
-        let meta = std::fs::metadata(path).ok();
+        let mut meta = std::fs::metadata(path).ok();
+        match (&meta, size) {
+            (Some(m), _) if m.is_dir() => {
+                return Err(UringError::File(format!(
+                    "{} is a directory; give a file or a block device (uring:{}/test.img,size=64M creates a file)",
+                    path.display(),
+                    path.display()
+                )))
+            }
+            (Some(m), _) if !m.is_file() && !m.file_type().is_block_device() => {
+                return Err(UringError::File(format!(
+                    "{} is neither a regular file nor a block device",
+                    path.display()
+                )))
+            }
+            (Some(_), _) => {}
+            // A typo must not create a file: only `size=` asks for one.
+            (None, None) => {
+                return Err(UringError::File(format!(
+                    "{} does not exist; check the path, or add size= to create and lay out a file (uring:{},size=64M)",
+                    path.display(),
+                    path.display()
+                )))
+            }
+            (None, Some(want)) => {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                    .map_err(open_err)?;
+                lay_out(&f, 0, want).map_err(open_err)?;
+                notes.push(format!(
+                    "{}: created and laid out {want} bytes (written, not sparse)",
+                    path.display()
+                ));
+                meta = std::fs::metadata(path).ok();
+            }
+        }
         let is_blk = meta
             .as_ref()
             .is_some_and(|m| m.file_type().is_block_device());
@@ -184,10 +235,7 @@ impl UringTarget {
             let mut o = OpenOptions::new();
             // Read-only workloads open read-only: never ask for write access
             // to a device or file the run will not write.
-            o.read(true).write(writes || meta.is_none());
-            if meta.is_none() {
-                o.create(true);
-            }
+            o.read(true).write(writes);
             if direct {
                 o.custom_flags(libc::O_DIRECT);
             }
@@ -203,19 +251,23 @@ impl UringTarget {
         };
         let mut len = file.seek(SeekFrom::End(0)).map_err(open_err)?;
         if !is_blk {
-            let want = size.unwrap_or(if len == 0 { DEFAULT_FILE_SIZE } else { len });
-            if len < want && !writes && meta.is_some() {
+            let want = size.unwrap_or(len);
+            if len < want && !writes {
                 return Err(UringError::File(format!(
                     "{} holds {len} bytes but {want} were asked for; a read-only run does not extend files",
                     path.display()
                 )));
             }
             if len < want {
-                file.set_len(want).map_err(open_err)?;
+                // Through a buffered handle: the tail need not be aligned.
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(open_err)?;
+                lay_out(&f, len, want).map_err(open_err)?;
                 notes.push(format!(
-                    "{}: extended to {} bytes (sparse)",
-                    path.display(),
-                    want
+                    "{}: extended from {len} to {want} bytes and laid out (written, not sparse)",
+                    path.display()
                 ));
                 len = want;
             }

@@ -1,0 +1,631 @@
+//! The device-string language every example binary shares (`mcqio-perf`,
+//! `hello`, `identify`), with its sizes, durations and CPU lists, and the one
+//! set of defaults a `fake` device is built from.
+//!
+//! Device strings follow xNVMe's URI-with-options idea: a kind, an optional
+//! argument after the first `:`, then `key=value` options after commas:
+//!
+//! | string | device |
+//! |---|---|
+//! | `fake` | in-process RAM-backed NVMe controller (the default) |
+//! | `fake:null` | the same controller with null namespaces (no data movement) |
+//! | `vfio:0000:01:00.0` | a real controller bound to vfio-pci |
+//! | `uring:/path` | a file or block device through io_uring (`mcqio-perf` only) |
+//! | `uring:null` | io_uring NOPs: the kernel path with no device at all (`mcqio-perf` only) |
+//!
+//! Options: `lbs` (logical block size in bytes: `512`, `4k`) or `lbads`
+//! (the same as NVMe's LBADS, a power of two: `9` = 512 B, `12` = 4 KiB),
+//! `ns` (namespace count), `size` (bytes per namespace, or of a file to
+//! create), `corrupt` (probability that the fake corrupts read data), `error`
+//! (probability that the fake fails an I/O with Data Transfer Error),
+//! `latency` (fake device latency per command), `qpairs` (I/O queue pairs
+//! the fake offers), `core` (CPU the fake's device thread is pinned to),
+//! `sync` (0/1: the fake runs inside the doorbell store, on the job's
+//! thread), `direct` (0/1: O_DIRECT for `uring:<path>`).
+//!
+//! Defaults of `fake` are the library's ([`FakeConfig::default`]): one RAM
+//! namespace of [`FAKE_SIZE`] bytes in [`FAKE_BLOCK_SIZE`]-byte blocks;
+//! `fake:null` namespaces advertise [`FAKE_NULL_SIZE`] bytes.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mcqio_fixtures::{FakeConfig, FakeController, NamespaceConfig};
+use mcqio_vfio::Backend;
+
+/// Namespace size of `fake` when `size=` is not given (the library default).
+pub const FAKE_SIZE: u64 = 64 << 20;
+/// Namespace size of `fake:null` when `size=` is not given (advertised only).
+pub const FAKE_NULL_SIZE: u64 = 1 << 40;
+/// Logical block size of `fake` when neither `lbs=` nor `lbads=` is given
+/// (the library default).
+pub const FAKE_BLOCK_SIZE: u32 = 512;
+
+/// A spec or value the user typed that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SpecError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, SpecError> {
+    Err(SpecError(msg.into()))
+}
+
+/// Parse a byte size: a plain number of bytes or a number with a binary
+/// suffix `k`/`m`/`g`/`t` (case-insensitive, optionally followed by `b` or
+/// `ib`): `512`, `4k`, `128K`, `1M`, `2GiB`.
+pub fn parse_size(s: &str) -> Result<u64, SpecError> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let body = lower
+        .strip_suffix("ib")
+        .or_else(|| lower.strip_suffix('b'))
+        .unwrap_or(&lower);
+    let (digits, shift) = match body.chars().last() {
+        Some('k') => (&body[..body.len() - 1], 10),
+        Some('m') => (&body[..body.len() - 1], 20),
+        Some('g') => (&body[..body.len() - 1], 30),
+        Some('t') => (&body[..body.len() - 1], 40),
+        _ => (body, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| {
+        SpecError(format!(
+            "`{s}` is not a size: use bytes or a number with k/M/G/T (e.g. 4k, 128k, 1M)"
+        ))
+    })?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| SpecError(format!("size `{s}` overflows 64 bits")))
+}
+
+/// Parse a duration the same way everywhere (`-t`, `--warmup`,
+/// `latency=`): a plain number is seconds (`3`, `0.5`), anything else goes
+/// to `humantime` (`1s`, `500ms`, `10us`, `1.5ms`, `2m`, `1h 30m`).
+pub fn parse_duration(s: &str) -> Result<Duration, SpecError> {
+    let t = s.trim();
+    if let Ok(v) = t.parse::<f64>() {
+        if !v.is_finite() || v < 0.0 {
+            return err(format!("duration `{s}` must be a non-negative number"));
+        }
+        return Duration::try_from_secs_f64(v)
+            .map_err(|_| SpecError(format!("duration `{s}` is too large")));
+    }
+    humantime::parse_duration(t).map_err(|e| {
+        SpecError(format!(
+            "`{s}` is not a duration ({e}): use seconds or a unit, e.g. 3, 1s, 500ms, 10us"
+        ))
+    })
+}
+
+/// Parse a CPU list: `0`, `0,1`, `0-3`, `0-3,6`. Duplicates are an error
+/// (two jobs on one core is almost always a typo).
+pub fn parse_cpus(s: &str) -> Result<Vec<usize>, SpecError> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim) {
+        if part.is_empty() {
+            return err(format!("empty entry in CPU list `{s}`"));
+        }
+        let bad = || {
+            SpecError(format!(
+                "`{part}` in CPU list `{s}` is not a CPU number or range like 0-3"
+            ))
+        };
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (
+                a.trim().parse::<usize>().map_err(|_| bad())?,
+                b.trim().parse::<usize>().map_err(|_| bad())?,
+            ),
+            None => {
+                let c = part.parse::<usize>().map_err(|_| bad())?;
+                (c, c)
+            }
+        };
+        if lo > hi {
+            return err(format!("CPU range `{part}` runs backwards"));
+        }
+        if hi - lo > 4096 {
+            return err(format!("CPU range `{part}` is implausibly large"));
+        }
+        for c in lo..=hi {
+            if out.contains(&c) {
+                return err(format!("CPU {c} appears twice in `{s}`"));
+            }
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+/// Which device a spec names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The in-process fake controller; `null` namespaces move no data.
+    Fake {
+        /// Null namespaces (reads return without touching buffers).
+        null: bool,
+    },
+    /// A real controller through VFIO.
+    Vfio {
+        /// PCI address, e.g. `0000:01:00.0`.
+        bdf: String,
+    },
+    /// io_uring NOPs.
+    UringNull,
+    /// A file or block device through io_uring.
+    UringFile {
+        /// Path to the file or device.
+        path: PathBuf,
+    },
+}
+
+/// Options after the commas of a device spec. `None` means "the default for
+/// this device kind".
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceOpts {
+    /// Logical block size in bytes (`lbs=` in bytes or `lbads=` as log2).
+    pub block_size: Option<u32>,
+    /// Number of namespaces (fake).
+    pub ns: Option<u32>,
+    /// Size in bytes of each namespace (fake) or of a file to create (uring).
+    pub size: Option<u64>,
+    /// Probability that a read returns corrupted data (fake).
+    pub corrupt: Option<f64>,
+    /// Probability that an I/O completes with Data Transfer Error (fake).
+    pub error: Option<f64>,
+    /// Device latency per command (fake).
+    pub latency: Option<Duration>,
+    /// I/O queue pairs the device offers (fake).
+    pub qpairs: Option<u16>,
+    /// CPU for the fake's device thread.
+    pub core: Option<usize>,
+    /// Use O_DIRECT (uring file).
+    pub direct: Option<bool>,
+    /// Run the fake synchronously inside the doorbell store (no device
+    /// thread): deterministic, and all device work lands on the job's core.
+    pub sync: Option<bool>,
+}
+
+/// A parsed `--device` value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceSpec {
+    /// What the user typed.
+    pub raw: String,
+    /// The device.
+    pub kind: DeviceKind,
+    /// Its options.
+    pub opts: DeviceOpts,
+    /// The option keys given, in order.
+    keys: Vec<String>,
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.raw)
+    }
+}
+
+const FAKE_KEYS: &[&str] = &[
+    "lbs", "lbads", "ns", "size", "corrupt", "error", "latency", "qpairs", "core", "sync",
+];
+const VFIO_KEYS: &[&str] = &["qpairs"];
+const URING_NULL_KEYS: &[&str] = &[];
+const URING_FILE_KEYS: &[&str] = &["lbs", "lbads", "size", "direct"];
+
+impl DeviceSpec {
+    /// A short label for table rows: the spec without its options.
+    pub fn label(&self) -> String {
+        match &self.kind {
+            DeviceKind::Fake { null: false } => "fake".into(),
+            DeviceKind::Fake { null: true } => "fake:null".into(),
+            DeviceKind::Vfio { bdf } => format!("vfio:{bdf}"),
+            DeviceKind::UringNull => "uring:null".into(),
+            DeviceKind::UringFile { path } => format!("uring:{}", path.display()),
+        }
+    }
+
+    /// Refuse options a command does not use: `allowed` lists the keys
+    /// `who` (a command name, for the message) reads.
+    pub fn check_keys(&self, allowed: &[&str], who: &str) -> Result<(), SpecError> {
+        match self.keys.iter().find(|k| !allowed.contains(&k.as_str())) {
+            None => Ok(()),
+            Some(k) => err(format!(
+                "option `{k}` of `{}` is not used by {who} (it takes: {})",
+                self.raw,
+                if allowed.is_empty() {
+                    "no options".to_string()
+                } else {
+                    allowed.join(", ")
+                }
+            )),
+        }
+    }
+
+    /// The fake controller this spec describes, from the one set of defaults
+    /// (the library's [`FakeConfig::default`]; see the module docs). Run-specific
+    /// settings (queue pairs, queue sizes, threads, fault seeds) are the
+    /// caller's to add. `None` if the spec is not a `fake`.
+    pub fn fake_config(&self) -> Option<FakeConfig> {
+        let DeviceKind::Fake { null } = self.kind else {
+            return None;
+        };
+        let o = &self.opts;
+        let base = FakeConfig::default();
+        let lbs = o.block_size.unwrap_or(FAKE_BLOCK_SIZE);
+        let size = o
+            .size
+            .unwrap_or(if null { FAKE_NULL_SIZE } else { FAKE_SIZE });
+        // Whole blocks only; at least one.
+        let size = (size / lbs as u64).max(1) * lbs as u64;
+        let ns = |_| {
+            if null {
+                NamespaceConfig::null(size, lbs)
+            } else {
+                NamespaceConfig::ram(size, lbs)
+            }
+        };
+        let mut cfg = FakeConfig {
+            namespaces: (0..o.ns.unwrap_or(1)).map(ns).collect(),
+            latency: o.latency.unwrap_or(base.latency),
+            ..base
+        };
+        if let Some(q) = o.qpairs {
+            cfg.io_queue_pairs = q;
+        }
+        if o.sync == Some(true) {
+            cfg.exec = mcqio_fixtures::ExecMode::Sync;
+        }
+        Some(cfg)
+    }
+
+    /// Open a `fake` or `vfio:` device as an engine backend, for the small
+    /// example programs (`hello`, `identify`). They read `lbs`, `lbads`,
+    /// `ns`, `size`, `latency`, `qpairs` and `sync`; other options and the
+    /// io_uring kinds are refused with a message naming `who`.
+    pub fn open_backend(&self, who: &str) -> Result<Arc<dyn Backend>, SpecError> {
+        match &self.kind {
+            DeviceKind::Fake { .. } => {
+                self.check_keys(
+                    &["lbs", "lbads", "ns", "size", "latency", "qpairs", "sync"],
+                    who,
+                )?;
+                let cfg = self.fake_config().expect("a fake spec has a fake config");
+                let fake = FakeController::new(cfg)
+                    .map_err(|e| SpecError(format!("fake controller: {e}")))?;
+                Ok(fake)
+            }
+            DeviceKind::Vfio { bdf } => {
+                self.check_keys(&[], who)?;
+                let b = mcqio_vfio::VfioBackend::open(bdf)
+                    .map_err(|e| SpecError(format!("{bdf}: {e}")))?;
+                Ok(Arc::new(b))
+            }
+            _ => err(format!(
+                "{who} drives an NVMe controller: use fake[,options] or vfio:<BDF>, not `{}`",
+                self.label()
+            )),
+        }
+    }
+
+    /// Whether the device stores data (so `--verify` means something).
+    pub fn stores_data(&self) -> bool {
+        !matches!(
+            self.kind,
+            DeviceKind::Fake { null: true } | DeviceKind::UringNull
+        )
+    }
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = SpecError;
+
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        let raw = s.trim().to_string();
+        let mut parts = raw.split(',');
+        let head = parts.next().unwrap_or_default();
+        let (kind_s, arg) = match head.split_once(':') {
+            Some((k, a)) => (k, Some(a)),
+            None => (head, None),
+        };
+        let (kind, keys) = match (kind_s, arg) {
+            ("fake", None) => (DeviceKind::Fake { null: false }, FAKE_KEYS),
+            ("fake", Some("null")) => (DeviceKind::Fake { null: true }, FAKE_KEYS),
+            ("fake", Some("ram")) => (DeviceKind::Fake { null: false }, FAKE_KEYS),
+            ("fake", Some(a)) => return err(format!("unknown fake variant `{a}`: use `fake` or `fake:null`")),
+            ("vfio", Some(bdf)) if !bdf.is_empty() => (DeviceKind::Vfio { bdf: bdf.into() }, VFIO_KEYS),
+            ("vfio", _) => return err("`vfio` needs a PCI address: vfio:0000:01:00.0 (list them with `mcqio-perf devices` or lspci -D -d ::0108)"),
+            ("uring", Some("null")) => (DeviceKind::UringNull, URING_NULL_KEYS),
+            ("uring", Some(p)) if !p.is_empty() => (DeviceKind::UringFile { path: p.into() }, URING_FILE_KEYS),
+            ("uring", _) => return err("`uring` needs a path or `null`: uring:/dev/nvme0n1, uring:/tmp/file, uring:null"),
+            ("", _) => return err("empty device spec: use fake, fake:null, vfio:<BDF>, uring:<path> or uring:null"),
+            (k, _) => return err(format!("unknown device kind `{k}`: use fake, fake:null, vfio:<BDF>, uring:<path> or uring:null")),
+        };
+        let mut opts = DeviceOpts::default();
+        let mut keys_given = Vec::new();
+        for opt in parts {
+            let opt = opt.trim();
+            if opt.is_empty() {
+                continue;
+            }
+            let (k, v) = opt.split_once('=').ok_or_else(|| {
+                SpecError(format!("device option `{opt}` needs a value: key=value"))
+            })?;
+            keys_given.push(k.to_string());
+            if !keys.contains(&k) {
+                let allowed = if keys.is_empty() {
+                    "none".to_string()
+                } else {
+                    keys.join(", ")
+                };
+                return err(format!(
+                    "option `{k}` does not apply to `{head}` (allowed: {allowed})"
+                ));
+            }
+            let num = |v: &str| -> Result<u64, SpecError> {
+                v.parse::<u64>()
+                    .map_err(|_| SpecError(format!("`{k}={v}`: expected a whole number")))
+            };
+            match k {
+                "lbs" => {
+                    let b = parse_size(v)?;
+                    if !(512..=65536).contains(&b) || !b.is_power_of_two() {
+                        return err(format!("lbs={v}: the logical block size must be a power of two from 512 to 64k bytes"));
+                    }
+                    set_block_size(&mut opts, b as u32, opt)?;
+                }
+                "lbads" => {
+                    // NVMe's LBADS: the block size as a power of two.
+                    let shift = match v.parse::<u32>() {
+                        Ok(n) if (9..=16).contains(&n) => n,
+                        _ => {
+                            return err(format!(
+                                "lbads={v}: LBADS is a power of two as in NVMe (9 = 512 B, 12 = 4 KiB, up to 16); give bytes with lbs= (e.g. lbs=4k)"
+                            ))
+                        }
+                    };
+                    set_block_size(&mut opts, 1 << shift, opt)?;
+                }
+                "ns" => {
+                    let n = num(v)?;
+                    if !(1..=1024).contains(&n) {
+                        return err(format!("ns={v}: namespace count must be 1..=1024"));
+                    }
+                    opts.ns = Some(n as u32);
+                }
+                "size" => {
+                    let b = parse_size(v)?;
+                    if b == 0 {
+                        return err("size=0: a device needs at least one block");
+                    }
+                    opts.size = Some(b);
+                }
+                "corrupt" | "error" => {
+                    let p: f64 = v.parse().map_err(|_| {
+                        SpecError(format!("{k}={v}: expected a probability like 0.001"))
+                    })?;
+                    if !(0.0..=1.0).contains(&p) {
+                        return err(format!("{k}={v}: a probability is between 0 and 1"));
+                    }
+                    if k == "corrupt" {
+                        opts.corrupt = Some(p);
+                    } else {
+                        opts.error = Some(p);
+                    }
+                }
+                "latency" => opts.latency = Some(parse_duration(v)?),
+                "qpairs" => {
+                    let n = num(v)?;
+                    if !(1..=65535).contains(&n) {
+                        return err(format!("qpairs={v}: must be 1..=65535"));
+                    }
+                    opts.qpairs = Some(n as u16);
+                }
+                "core" => opts.core = Some(num(v)? as usize),
+                "direct" | "sync" => {
+                    let b = match v {
+                        "1" | "true" | "yes" => true,
+                        "0" | "false" | "no" => false,
+                        _ => return err(format!("{k}={v}: use 0 or 1")),
+                    };
+                    if k == "direct" {
+                        opts.direct = Some(b);
+                    } else {
+                        opts.sync = Some(b);
+                    }
+                }
+                _ => unreachable!("key list and match agree"),
+            }
+        }
+        Ok(DeviceSpec {
+            raw,
+            kind,
+            opts,
+            keys: keys_given,
+        })
+    }
+}
+
+fn set_block_size(opts: &mut DeviceOpts, bytes: u32, opt: &str) -> Result<(), SpecError> {
+    match opts.block_size {
+        Some(b) if b != bytes => err(format!(
+            "`{opt}` contradicts the block size given before ({b} B); give lbs= or lbads= once"
+        )),
+        _ => {
+            opts.block_size = Some(bytes);
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("128K").unwrap(), 128 << 10);
+        assert_eq!(parse_size("1M").unwrap(), 1 << 20);
+        assert_eq!(parse_size("1m").unwrap(), 1 << 20);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("64MB").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1t").unwrap(), 1 << 40);
+        assert!(parse_size("").is_err());
+        assert!(parse_size("k").is_err());
+        assert!(parse_size("4q").is_err());
+        assert!(parse_size("-4k").is_err());
+        assert!(parse_size("99999999999999t").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10us").unwrap(), Duration::from_micros(10));
+        assert_eq!(parse_duration("500ns").unwrap(), Duration::from_nanos(500));
+        assert_eq!(
+            parse_duration("1.5ms").unwrap(),
+            Duration::from_micros(1500)
+        );
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("-1us").is_err());
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("nan").is_err());
+        assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
+        assert_eq!(parse_duration("0.5").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+    }
+
+    /// Issue 16 item 6: `fake` means the library's default device.
+    #[test]
+    fn fake_defaults_are_the_library_defaults() {
+        let lib = FakeConfig::default();
+        let ours = spec("fake").fake_config().unwrap();
+        assert_eq!(ours.namespaces.len(), lib.namespaces.len());
+        assert_eq!(
+            ours.namespaces[0].size_bytes(),
+            lib.namespaces[0].size_bytes()
+        );
+        assert_eq!(ours.namespaces[0].size_bytes(), FAKE_SIZE);
+        assert!(matches!(
+            lib.namespaces[0],
+            NamespaceConfig::Ram {
+                lba_size: FAKE_BLOCK_SIZE,
+                ..
+            }
+        ));
+        let two = spec("fake,ns=2,lbads=12,size=1M").fake_config().unwrap();
+        assert_eq!(two.namespaces.len(), 2);
+        assert!(matches!(
+            two.namespaces[1],
+            NamespaceConfig::Ram {
+                lba_size: 4096,
+                size_bytes: 0x10_0000
+            }
+        ));
+        assert!(spec("uring:null").fake_config().is_none());
+    }
+
+    #[test]
+    fn commands_refuse_options_they_do_not_use() {
+        let s = spec("fake,latency=10us");
+        let e = s.check_keys(&["inval"], "dma-bench").unwrap_err();
+        assert!(
+            e.0.contains("`latency`") && e.0.contains("dma-bench"),
+            "{e}"
+        );
+        assert!(spec("fake").check_keys(&[], "dma-bench").is_ok());
+        let Err(e) = spec("fake,corrupt=0.1").open_backend("hello") else {
+            panic!("corrupt= is not a hello option");
+        };
+        assert!(e.0.contains("corrupt"), "{e}");
+        assert!(spec("uring:null").open_backend("hello").is_err());
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpus("0").unwrap(), vec![0]);
+        assert_eq!(parse_cpus("0,1").unwrap(), vec![0, 1]);
+        assert_eq!(parse_cpus("0-3,6").unwrap(), vec![0, 1, 2, 3, 6]);
+        assert_eq!(parse_cpus(" 2 - 3 ").unwrap(), vec![2, 3]);
+        assert!(parse_cpus("3-1").is_err());
+        assert!(parse_cpus("0,0").is_err());
+        assert!(parse_cpus("0,,1").is_err());
+        assert!(parse_cpus("x").is_err());
+        assert!(parse_cpus("0-999999").is_err());
+    }
+
+    fn spec(s: &str) -> DeviceSpec {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn device_specs() {
+        assert_eq!(spec("fake").kind, DeviceKind::Fake { null: false });
+        assert_eq!(spec("fake:null").kind, DeviceKind::Fake { null: true });
+        let f = spec("fake,lbs=4k,ns=2,size=64M,corrupt=0.0001,latency=10us,qpairs=8");
+        assert_eq!(f.opts.block_size, Some(4096));
+        assert_eq!(spec("fake,lbads=12").opts.block_size, Some(4096));
+        assert_eq!(spec("fake,lbads=9,lbs=512").opts.block_size, Some(512));
+        assert_eq!(f.opts.ns, Some(2));
+        assert_eq!(f.opts.size, Some(64 << 20));
+        assert_eq!(f.opts.corrupt, Some(0.0001));
+        assert_eq!(spec("fake,error=0.5").opts.error, Some(0.5));
+        assert_eq!(f.opts.latency, Some(Duration::from_micros(10)));
+        assert_eq!(f.opts.qpairs, Some(8));
+        assert_eq!(
+            spec("vfio:0000:01:00.0").kind,
+            DeviceKind::Vfio {
+                bdf: "0000:01:00.0".into()
+            }
+        );
+        assert_eq!(spec("uring:null").kind, DeviceKind::UringNull);
+        let u = spec("uring:/tmp/x,direct=0,size=1M");
+        assert_eq!(
+            u.kind,
+            DeviceKind::UringFile {
+                path: "/tmp/x".into()
+            }
+        );
+        assert_eq!(u.opts.direct, Some(false));
+        assert_eq!(u.label(), "uring:/tmp/x");
+        assert!(!spec("uring:null").stores_data());
+        assert!(!spec("fake:null").stores_data());
+        assert!(spec("fake").stores_data());
+    }
+
+    #[test]
+    fn bad_device_specs() {
+        for bad in [
+            "",
+            "nvme",
+            "vfio",
+            "vfio:",
+            "uring",
+            "uring:",
+            "fake:zero",
+            "fake,lbs=1000",
+            "fake,lbs=256",
+            "fake,lbads=4096",
+            "fake,lbads=8",
+            "fake,lbads=12,lbs=512",
+            "fake,ns=0",
+            "fake,corrupt=2",
+            "fake,size=0",
+            "fake,bogus=1",
+            "fake,ns",
+            "uring:null,size=1M",
+            "uring:/x,corrupt=0.1",
+            "uring:/x,direct=maybe",
+            "fake,latency=soon",
+        ] {
+            assert!(
+                bad.parse::<DeviceSpec>().is_err(),
+                "{bad:?} should be rejected"
+            );
+        }
+        let e = "fake,bogus=1".parse::<DeviceSpec>().unwrap_err();
+        assert!(e.0.contains("allowed: lbs, lbads"), "{e}");
+        let e = "fake,lbads=4096".parse::<DeviceSpec>().unwrap_err();
+        assert!(e.0.contains("lbs="), "{e}");
+    }
+}
