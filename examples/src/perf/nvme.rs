@@ -672,6 +672,7 @@ impl JobQueue for MappedQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// Issue 12 item 2: when the controller refuses to delete the queue, a
     /// command in flight keeps its slot of the region; the region must stay
