@@ -166,6 +166,26 @@ pub enum Error {
         /// What the controller said.
         status: NvmeStatus,
     },
+    /// The controller reported a register or data value mcqio cannot use
+    /// safely (a doorbell outside BAR0, a namespace whose size overflows, a
+    /// namespace list without end, ...).
+    #[error("the controller reported an unusable {what}: {detail}")]
+    BadDevice {
+        /// Which value.
+        what: &'static str,
+        /// The value and why it cannot be used.
+        detail: String,
+    },
+    /// [`Controller::admin_read`] cannot describe this command's data
+    /// transfer with the PRPs it builds; use the `unsafe`
+    /// [`Controller::admin`] with a buffer of your own.
+    #[error("admin_read cannot run opcode {opcode:#04x}: {reason}")]
+    AdminRead {
+        /// The command's opcode.
+        opcode: u8,
+        /// Why.
+        reason: String,
+    },
     /// The identify data is unusable.
     #[error(transparent)]
     Identify(#[from] spec::identify::IdentifyError),
