@@ -2,17 +2,44 @@
 //!
 //! [`Controller::new`] runs the NVMe initialisation sequence synchronously:
 //!
-//! 1. read CAP; if CC.EN is set, clear it and wait for CSTS.RDY = 0 (bounded by CAP.TO);
+//! 1. read CAP; check that the admin doorbells (at the CAP.DSTRD stride)
+//!    lie inside BAR0; disable the controller (see below);
 //! 2. allocate the admin queues, program AQA/ASQ/ACQ;
 //! 3. enable with CSS = NVM, MPS = 4 KiB, IOSQES = 64 B, IOCQES = 16 B; wait
 //!    for CSTS.RDY = 1 (bounded by CAP.TO); CSTS.CFS fails with [`Error::ControllerFatal`];
 //! 4. Identify Controller, the active namespace list, Identify each namespace;
-//! 5. Set Features (Number of Queues) — the grant bounds [`Controller::create_qpair`];
+//! 5. Set Features (Number of Queues) — the grant, capped to the request
+//!    and to the queues whose doorbells lie inside BAR0, bounds
+//!    [`Controller::create_qpair`];
 //! 6. Doorbell Buffer Config (shadow doorbells) when OACS bit 8 is set and
-//!    [`ControllerOptions::shadow_doorbells`] allows it.
+//!    [`ControllerOptions::shadow_doorbells`] allows it;
+//! 7. Asynchronous Event Requests posted.
+//!
+//! If any step after 2 fails, the controller is disabled before the admin
+//! and shadow doorbell memory is freed; if it cannot be disabled, that
+//! memory is leaked (the device might still write it).
+//!
+//! **Disabling** clears CC.EN and waits for CSTS.RDY = 0, bounded by CAP.TO.
+//! Clearing EN while EN = 1 and RDY = 0 (an enable in progress) is undefined
+//! in the spec, so that state first waits for RDY = 1, bounded by CAP.TO, as
+//! SPDK does; a controller that never gets there counts as not disabled.
+//!
+//! # Values from the device
+//!
+//! Nothing the controller reports is trusted: a doorbell outside BAR0, a
+//! namespace whose size overflows 64 bits or more than [`MAX_NAMESPACES`]
+//! active namespaces are [`Error::BadDevice`]; the active namespace list is
+//! sorted and deduplicated and may be sparse (any NSID up to FFFFFFFEh);
+//! malformed Identify data is [`Error::Identify`]. An admin command waits
+//! at most [`ControllerOptions::admin_timeout`] however many completions
+//! that are not its own (stale CIDs, completions in the AER range that no
+//! outstanding Asynchronous Event Request owns) the device posts meanwhile;
+//! those are dropped and never re-post an AER.
 //!
 //! Admin commands are serialised by a mutex: they are rare and never on the
-//! I/O path.
+//! I/O path. [`Controller::admin`] passes a command through as given and is
+//! `unsafe` (its data pointers are the caller's promise);
+//! [`Controller::admin_read`] builds the data pointers itself and is safe.
 //!
 //! # Reset and failure
 //!
@@ -41,7 +68,10 @@
 //! are leaked (their completions carry no buffer): the device might still
 //! write into them. Dropping the last `Arc<Controller>` (every [`QueuePair`] holds
 //! one, so they are gone by then) performs a normal shutdown: CC.SHN =
-//! normal, then wait for CSTS.SHST = complete, bounded.
+//! normal, then wait for CSTS.SHST = complete, bounded; then it disables
+//! the controller (which drops its Asynchronous Event Requests) before the
+//! admin queue and shadow doorbell memory is freed, or leaks that memory if
+//! the controller cannot be disabled.
 
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
@@ -714,10 +744,8 @@ impl Controller {
             identify,
             namespaces,
             granted,
+            max_transfer,
         } = up;
-
-        let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
-        let max_transfer = mdts.min(opts.max_transfer).max(PAGE_SIZE);
         log::info!(
             "{}: {} {} fw {} NVMe {version}, {} namespaces, {granted} I/O queues, max transfer {max_transfer} B, shadow doorbells {}",
             backend.name(),
@@ -1318,6 +1346,7 @@ struct BringUp {
     identify: IdentifyController,
     namespaces: Vec<Namespace>,
     granted: u16,
+    max_transfer: u64,
 }
 
 /// Steps 3 to 7 of bring-up (see the module docs), on admin queues whose
@@ -1356,6 +1385,8 @@ fn bring_up(
     // 4. Identify.
     let page = identify_page(admin, regs, Identify::controller(), "Identify Controller", t)?;
     let identify = IdentifyController::parse(&page)?;
+    let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
+    let max_transfer = mdts.min(opts.max_transfer).max(PAGE_SIZE);
     let nsids = active_namespaces(admin, regs, &identify, t)?;
     let mut namespaces = Vec::with_capacity(nsids.len());
     for id in nsids {
@@ -1364,7 +1395,23 @@ fn bring_up(
         if ns.nsze == 0 {
             continue;
         }
-        namespaces.push(Namespace::new(id, ns)?);
+        let ns = Namespace::new(id, ns)?;
+        // A block must fit in one command, or no I/O to it can be built.
+        if ns.lba_size > max_transfer {
+            let detail = format!(
+                "namespace {id} has {} B blocks but one command moves at most {max_transfer} B",
+                ns.lba_size
+            );
+            return Err(if max_transfer < mdts {
+                Error::InvalidOption(format!("max_transfer: {detail}"))
+            } else {
+                Error::BadDevice {
+                    what: "LBA format (LBADS above MDTS)",
+                    detail,
+                }
+            });
+        }
+        namespaces.push(ns);
     }
 
     // 5. Number of queues. A grant above the request is capped to it, and
@@ -1447,6 +1494,7 @@ fn bring_up(
         identify,
         namespaces,
         granted,
+        max_transfer,
     })
 }
 

@@ -379,3 +379,62 @@ fn a_completion_in_the_aer_range_does_not_post_another_request() {
         "an extra Asynchronous Event Request was posted"
     );
 }
+
+// ---- item 10: a completion whose CID collides ----
+
+#[test]
+fn a_cid_of_another_generation_of_the_same_slot_is_stale() {
+    let (fake, ctrl) = common::open(FakeConfig::sync());
+    let mut qp = ctrl.create_qpair(QpairOptions::default()).unwrap();
+    // Depth 256: the low 8 bits are the slot, bit 15 is generation.
+    fake.faults()
+        .inject_next(Some(qp.qid()), None, Fault::CidXor(0x8000));
+    let buf = ctrl.alloc_buf(4096, DmaDir::FromDevice).unwrap();
+    qp.read(1, 0, 8, buf, 7).map_err(|e| e.kind).unwrap();
+    qp.submit();
+    let mut done = Vec::new();
+    for _ in 0..100 {
+        qp.poll(16, |c| done.push((c.tag, c.result.is_ok(), c.buf.is_some())))
+            .unwrap();
+    }
+    assert!(done.is_empty(), "delivered on a foreign generation: {done:?}");
+    assert_eq!(qp.stats().stale_completions, 1);
+    // Still outstanding as far as the host knows: a reset ends it.
+    ctrl.reset().unwrap();
+    qp.poll(16, |c| done.push((c.tag, c.result.is_ok(), c.buf.is_some())))
+        .unwrap();
+    assert_eq!(done, [(7, false, true)]);
+}
+
+#[test]
+fn a_block_larger_than_one_command_is_a_typed_error() {
+    let b = hostile(
+        cfg(),
+        RegisterLies::default(),
+        DeviceLies {
+            // LBAF0.LBADS = 20: 1 MiB blocks, above the fake's 128 KiB MDTS.
+            identify_namespace: vec![(130, 20)],
+            ..DeviceLies::default()
+        },
+    );
+    let e = open(&b, quick()).unwrap_err();
+    assert!(matches!(e, Error::BadDevice { .. }), "{e:?}");
+    // The same block size under a caller's smaller cap is the caller's.
+    let b = hostile(
+        cfg(),
+        RegisterLies::default(),
+        DeviceLies {
+            identify_namespace: vec![(130, 13)],
+            ..DeviceLies::default()
+        },
+    );
+    let e = open(
+        &b,
+        ControllerOptions {
+            max_transfer: 4096,
+            ..quick()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::InvalidOption(_)), "{e:?}");
+}
