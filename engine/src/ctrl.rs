@@ -88,12 +88,12 @@ use crate::queue::doorbell::{Doorbell, Shadow};
 use crate::queue::sq::SubQueue;
 use crate::queue::{QpairOptions, QueuePair, PAGE_SIZE};
 use crate::spec::identify::{IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
+use crate::spec::opcodes::admin as admin_op;
 use crate::spec::regs::{self, Aqa, Cap, Cc, Csts, Version};
 use crate::spec::sqe::{
     AsyncEventRequest, Command, CreateIoCq, CreateIoSq, DeleteIoCq, DeleteIoSq,
     DoorbellBufferConfig, Identify, SetFeatures,
 };
-use crate::spec::opcodes::admin as admin_op;
 use crate::spec::status::{generic, sct};
 use crate::spec::{Cqe, NvmeStatus, Sqe};
 use crate::{DmaBuf, Error, Result};
@@ -483,13 +483,9 @@ fn disable(regs: &dyn Mmio, timeout: Duration) -> Result<()> {
         }
         regs.write32(regs::CC, cc.disable().0);
     }
-    wait_csts(
-        regs,
-        timeout,
-        "become disabled (CSTS.RDY=0)",
-        false,
-        |c| !c.rdy(),
-    )?;
+    wait_csts(regs, timeout, "become disabled (CSTS.RDY=0)", false, |c| {
+        !c.rdy()
+    })?;
     settled
 }
 
@@ -714,13 +710,7 @@ impl Controller {
             entries,
         };
         let mut shadow = None;
-        let up = bring_up(
-            &*backend,
-            &opts,
-            ready_timeout,
-            &mut admin,
-            &mut shadow,
-        );
+        let up = bring_up(&*backend, &opts, ready_timeout, &mut admin, &mut shadow);
         let up = match up {
             Ok(up) => up,
             Err(e) => {
@@ -1208,7 +1198,9 @@ impl Controller {
         if len > MAX_ADMIN_READ {
             return Err(Error::AdminRead {
                 opcode,
-                reason: format!("{len} bytes is more than the {MAX_ADMIN_READ} one PRP list describes"),
+                reason: format!(
+                    "{len} bytes is more than the {MAX_ADMIN_READ} one PRP list describes"
+                ),
             });
         }
         // Opcode only: no fused operation, PSDT = PRPs; the CID is set by
@@ -1383,14 +1375,26 @@ fn bring_up(
 
     let t = opts.admin_timeout;
     // 4. Identify.
-    let page = identify_page(admin, regs, Identify::controller(), "Identify Controller", t)?;
+    let page = identify_page(
+        admin,
+        regs,
+        Identify::controller(),
+        "Identify Controller",
+        t,
+    )?;
     let identify = IdentifyController::parse(&page)?;
     let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
     let max_transfer = mdts.min(opts.max_transfer).max(PAGE_SIZE);
     let nsids = active_namespaces(admin, regs, &identify, t)?;
     let mut namespaces = Vec::with_capacity(nsids.len());
     for id in nsids {
-        let page = identify_page(admin, regs, Identify::namespace(id), "Identify Namespace", t)?;
+        let page = identify_page(
+            admin,
+            regs,
+            Identify::namespace(id),
+            "Identify Namespace",
+            t,
+        )?;
         let ns = IdentifyNamespace::parse(&page)?;
         if ns.nsze == 0 {
             continue;

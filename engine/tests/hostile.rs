@@ -21,7 +21,9 @@ const SEEDS: u64 = 256;
 
 /// Identify Controller bytes the engine relies on: MDTS, OACS, AERL,
 /// SQES, CQES, MAXCMD, NN, ONCS, VWC.
-const ID_CTRL: &[usize] = &[77, 256, 257, 259, 512, 513, 514, 516, 517, 518, 519, 520, 525];
+const ID_CTRL: &[usize] = &[
+    77, 256, 257, 259, 512, 513, 514, 516, 517, 518, 519, 520, 525,
+];
 /// Identify Namespace bytes: NSZE, NLBAF, FLBAS, LBAF0..2.
 const ID_NS: &[usize] = &[
     0, 1, 3, 5, 7, 8, 25, 26, 128, 129, 130, 131, 132, 134, 136, 138,
@@ -79,9 +81,7 @@ fn register_lies(rng: &mut SmallRng, cfg: &FakeConfig) -> RegisterLies {
         2..=5 => CstsLie::Fatal,
         _ => CstsLie::Honest,
     };
-    let bar_len = rng
-        .gen_bool(0.1)
-        .then(|| rng.gen_range(1..=3usize) * 4096);
+    let bar_len = rng.gen_bool(0.1).then(|| rng.gen_range(1..=3usize) * 4096);
     RegisterLies { cap, csts, bar_len }
 }
 

@@ -115,7 +115,10 @@ fn drop_leaks_admin_and_shadow_memory_of_a_controller_that_stays_ready() {
     let ctrl = open(&b, quick()).unwrap();
     assert!(ctrl.shadow_doorbells());
     let mapped = b.fake().iommu().mapping_count();
-    assert_eq!(mapped, 5, "admin SQ, CQ, data page, shadow and EventIdx pages");
+    assert_eq!(
+        mapped, 5,
+        "admin SQ, CQ, data page, shadow and EventIdx pages"
+    );
     b.set_csts_lie(CstsLie::ReadyStuck);
     drop(ctrl);
     assert_eq!(b.fake().iommu().mapping_count(), mapped);
@@ -176,20 +179,36 @@ fn admin_read_builds_a_prp_list_and_rejects_what_it_cannot_describe() {
     let e = ctrl
         .admin_read(GetLogPage::new(0x01, 4 << 20).sqe(), "Get Log Page")
         .unwrap_err();
-    assert!(matches!(e, Error::AdminRead { opcode: op::GET_LOG_PAGE, .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            Error::AdminRead {
+                opcode: op::GET_LOG_PAGE,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     let e = ctrl
         .admin_read(
             mcqio::spec::sqe::Sqe::with_opcode(op::GET_FEATURES),
             "Get Features",
         )
         .unwrap_err();
-    assert!(matches!(e, Error::AdminRead { opcode: op::GET_FEATURES, .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            Error::AdminRead {
+                opcode: op::GET_FEATURES,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     // A data pointer of the caller's own is never used.
     let mut mine = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
     mine.fill(0xA5);
-    let sqe = Identify::controller()
-        .sqe()
-        .with_prp(mine.iova().raw(), 0);
+    let sqe = Identify::controller().sqe().with_prp(mine.iova().raw(), 0);
     ctrl.admin_read(sqe, "Identify").unwrap();
     assert!(
         mine.to_vec().iter().all(|&b| b == 0xA5),
@@ -225,10 +244,7 @@ fn a_doorbell_stride_past_the_bar_is_a_typed_error() {
 fn io_queues_whose_doorbells_are_past_the_bar_are_not_granted() {
     // Stride 1 KiB: in an 8 KiB BAR only the admin queue and queue 1 fit.
     let b = hostile(
-        FakeConfig {
-            dstrd: 8,
-            ..cfg()
-        },
+        FakeConfig { dstrd: 8, ..cfg() },
         RegisterLies {
             bar_len: Some(0x2000),
             ..RegisterLies::default()
@@ -394,15 +410,22 @@ fn a_cid_of_another_generation_of_the_same_slot_is_stale() {
     qp.submit();
     let mut done = Vec::new();
     for _ in 0..100 {
-        qp.poll(16, |c| done.push((c.tag, c.result.is_ok(), c.buf.is_some())))
-            .unwrap();
+        qp.poll(16, |c| {
+            done.push((c.tag, c.result.is_ok(), c.buf.is_some()))
+        })
+        .unwrap();
     }
-    assert!(done.is_empty(), "delivered on a foreign generation: {done:?}");
+    assert!(
+        done.is_empty(),
+        "delivered on a foreign generation: {done:?}"
+    );
     assert_eq!(qp.stats().stale_completions, 1);
     // Still outstanding as far as the host knows: a reset ends it.
     ctrl.reset().unwrap();
-    qp.poll(16, |c| done.push((c.tag, c.result.is_ok(), c.buf.is_some())))
-        .unwrap();
+    qp.poll(16, |c| {
+        done.push((c.tag, c.result.is_ok(), c.buf.is_some()))
+    })
+    .unwrap();
     assert_eq!(done, [(7, false, true)]);
 }
 

@@ -1183,7 +1183,9 @@ impl<B: IoBuf> QueuePair<B> {
                         TimeoutPolicy::Reset => reset = true,
                         TimeoutPolicy::Abort => {
                             self.rstats.aborts_sent += 1;
-                            let r = self.ctrl.admin_cmd(Abort::new(self.qid, cid).sqe(), "Abort");
+                            let r = self
+                                .ctrl
+                                .admin_cmd(Abort::new(self.qid, cid).sqe(), "Abort");
                             // Dword 0 bit 0 clear: the controller aborted it.
                             let next = match r {
                                 Ok(c) if c.dw0 & 1 == 0 => tstate::ABORTING,
@@ -1273,7 +1275,9 @@ impl<B: IoBuf> QueuePair<B> {
     /// could not (the command may still complete normally, or never).
     /// Goes through the admin queue: never on the I/O path.
     pub fn abort_command(&self, cid: u16) -> Result<bool> {
-        let cqe = self.ctrl.admin_cmd(Abort::new(self.qid, cid).sqe(), "Abort")?;
+        let cqe = self
+            .ctrl
+            .admin_cmd(Abort::new(self.qid, cid).sqe(), "Abort")?;
         // Dword 0 bit 0 clear: the command was aborted.
         Ok(cqe.dw0 & 1 == 0)
     }
