@@ -449,6 +449,10 @@ fn wait_csts(
     }
 }
 
+/// What [`disable`] reports when an enable in progress never completed
+/// (returned only once the controller did read RDY = 0 afterwards).
+const READY_BEFORE_DISABLE: &str = "become ready before being disabled (CSTS.RDY=1)";
+
 /// Disable the controller: clear CC.EN and wait for CSTS.RDY = 0, bounded
 /// by `timeout` (CAP.TO). `Ok` means the controller reached the disabled
 /// state, so it no longer accesses host memory; `Err(Error::DeviceGone)`
@@ -470,13 +474,9 @@ fn disable(regs: &dyn Mmio, timeout: Duration) -> Result<()> {
     if cc.enabled() {
         let c = read_csts(regs)?;
         if !c.rdy() && !c.cfs() {
-            settled = wait_csts(
-                regs,
-                timeout,
-                "become ready before being disabled (CSTS.RDY=1)",
-                false,
-                |c| c.rdy() || c.cfs(),
-            );
+            settled = wait_csts(regs, timeout, READY_BEFORE_DISABLE, false, |c| {
+                c.rdy() || c.cfs()
+            });
             if let Err(Error::DeviceGone) = settled {
                 return settled;
             }
@@ -664,8 +664,25 @@ impl Controller {
             });
         }
 
-        // 1. Disable.
-        disable(regs, ready_timeout)?;
+        if cap.max_queue_entries() < 2 {
+            return Err(Error::BadDevice {
+                what: "maximum queue entries (CAP.MQES)",
+                detail: "MQES 0 (one entry); a queue needs at least two".into(),
+            });
+        }
+
+        // 1. Disable. No memory of ours is at stake yet: a controller left
+        // enabling by someone else that never became ready but is disabled
+        // now is usable.
+        match disable(regs, ready_timeout) {
+            Err(Error::Timeout { what, .. }) if what == READY_BEFORE_DISABLE => {
+                log::warn!(
+                    "{}: the controller was enabling and never became ready; disabled it anyway",
+                    backend.name()
+                );
+            }
+            r => r?,
+        }
 
         // 2. Admin queues.
         let dma = Arc::clone(backend.dma());
@@ -710,7 +727,14 @@ impl Controller {
             entries,
         };
         let mut shadow = None;
-        let up = bring_up(&*backend, &opts, ready_timeout, &mut admin, &mut shadow);
+        let up = bring_up(
+            &*backend,
+            &opts,
+            cap,
+            ready_timeout,
+            &mut admin,
+            &mut shadow,
+        );
         let up = match up {
             Ok(up) => up,
             Err(e) => {
@@ -1346,15 +1370,17 @@ struct BringUp {
 /// are stored in `shadow` before the command that hands them over, so that
 /// the caller can leak them if this fails and the controller cannot be
 /// disabled.
+/// `cap` is the value read (and checked) once at the start: a device that
+/// reports another one later is not listened to.
 fn bring_up(
     backend: &dyn Backend,
     opts: &ControllerOptions,
+    cap: Cap,
     ready_timeout: Duration,
     admin: &mut AdminQueue,
     shadow: &mut Option<ShadowPages>,
 ) -> Result<BringUp> {
     let regs = backend.regs();
-    let cap = Cap(regs.read64(regs::CAP));
     let dstrd = cap.dstrd();
     let entries = admin.entries;
     regs.write32(regs::AQA, Aqa::new(entries, entries).0);

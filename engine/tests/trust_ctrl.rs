@@ -461,3 +461,62 @@ fn a_block_larger_than_one_command_is_a_typed_error() {
     .unwrap_err();
     assert!(matches!(e, Error::InvalidOption(_)), "{e:?}");
 }
+
+#[test]
+fn admin_read_keeps_its_buffer_while_a_timed_out_command_may_write_it() {
+    let b = hostile(cfg(), RegisterLies::default(), DeviceLies::default());
+    let ctrl = open(
+        &b,
+        ControllerOptions {
+            admin_timeout: Duration::from_millis(20),
+            ..quick()
+        },
+    )
+    .unwrap();
+    let iommu = b.fake().iommu();
+    let before = iommu.mapping_count();
+    // Completed with an error status: the device is done with the buffer.
+    b.fake().faults().inject_next(
+        Some(0),
+        Some(op::GET_LOG_PAGE),
+        Fault::Status {
+            sct: 0,
+            sc: 0x02,
+            dnr: true,
+        },
+    );
+    let e = ctrl
+        .admin_read(GetLogPage::new(0x01, 8192).sqe(), "Get Log Page")
+        .unwrap_err();
+    assert!(matches!(e, Error::Command { .. }), "{e:?}");
+    assert_eq!(iommu.mapping_count(), before);
+    // Timed out under ReportOnly: the device may still write it.
+    b.fake()
+        .faults()
+        .inject_next(Some(0), Some(op::GET_LOG_PAGE), Fault::DropCompletion);
+    let e = ctrl
+        .admin_read(GetLogPage::new(0x01, 64 << 10).sqe(), "Get Log Page")
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert_eq!(
+        iommu.mapping_count(),
+        before + 2,
+        "buffer and PRP list kept"
+    );
+}
+
+#[test]
+fn zero_queue_entries_is_a_typed_error() {
+    let c = cfg();
+    let cap = cap_of(&c) & !0xFFFF;
+    let b = hostile(
+        c,
+        RegisterLies {
+            cap: Some(cap),
+            ..RegisterLies::default()
+        },
+        DeviceLies::default(),
+    );
+    let e = open(&b, quick()).unwrap_err();
+    assert!(matches!(e, Error::BadDevice { .. }), "{e:?}");
+}
