@@ -1,6 +1,7 @@
 //! A seeded hostile device: random lies in CAP, CSTS, the BAR length,
 //! Identify data, the namespace list, Set Features replies and admin
-//! completions (issue 12, item 13). Whatever the device says, bring-up,
+//! completions, with faults in I/O completions on top (issue 12, item 13).
+//! Whatever the device says, bring-up,
 //! I/O and drop end — bounded by the engine's own timeouts — with `Ok` or a
 //! typed error, never a panic, a hang or an access outside the BAR (the
 //! hostile BAR has guard pages).
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use mcqio::{Controller, ControllerOptions, Error, QpairOptions, TimeoutPolicy};
 use mcqio_fixtures::{
-    CqeLie, CstsLie, DeviceLies, ExecMode, FakeConfig, FakeController, HostileBackend,
+    CqeLie, CstsLie, DeviceLies, ExecMode, FakeConfig, FakeController, Fault, HostileBackend,
     NamespaceConfig, RegisterLies,
 };
 use mcqio_vfio::Backend;
@@ -141,6 +142,24 @@ fn run(seed: u64) -> Result<(), Error> {
     let b = HostileBackend::new(cfg, regs, dev).expect("hostile backend");
     if rng.gen_bool(0.1) {
         b.flood_stale_admin_cqes(rng.gen_range(1..5000));
+    }
+    // I/O completions lie too, now and then.
+    let faults = b.fake().faults();
+    for f in [
+        Fault::CorruptCid,
+        Fault::CidXor(rng.gen()),
+        Fault::StealCid,
+        Fault::DuplicateCqe,
+        Fault::DropCompletion,
+        Fault::Status {
+            sct: rng.gen_range(0..8),
+            sc: rng.gen(),
+            dnr: rng.gen(),
+        },
+    ] {
+        if rng.gen_bool(0.2) {
+            faults.set_probability(f, rng.gen_range(0.05..0.5));
+        }
     }
     let opts = ControllerOptions {
         admin_timeout: Duration::from_millis(10),
