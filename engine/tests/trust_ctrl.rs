@@ -129,7 +129,8 @@ fn an_enable_in_progress_is_waited_for_before_disabling() {
     let b = hostile(
         FakeConfig {
             ready_delay: Duration::from_millis(100),
-            timeout_500ms_units: 2,
+            // A generous bound: the wait ends when RDY comes, at ~100 ms.
+            timeout_500ms_units: 10,
             ..cfg()
         },
         RegisterLies::default(),
