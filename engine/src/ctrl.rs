@@ -2,17 +2,44 @@
 //!
 //! [`Controller::new`] runs the NVMe initialisation sequence synchronously:
 //!
-//! 1. read CAP; if CC.EN is set, clear it and wait for CSTS.RDY = 0 (bounded by CAP.TO);
+//! 1. read CAP; check that the admin doorbells (at the CAP.DSTRD stride)
+//!    lie inside BAR0; disable the controller (see below);
 //! 2. allocate the admin queues, program AQA/ASQ/ACQ;
 //! 3. enable with CSS = NVM, MPS = 4 KiB, IOSQES = 64 B, IOCQES = 16 B; wait
 //!    for CSTS.RDY = 1 (bounded by CAP.TO); CSTS.CFS fails with [`Error::ControllerFatal`];
 //! 4. Identify Controller, the active namespace list, Identify each namespace;
-//! 5. Set Features (Number of Queues) — the grant bounds [`Controller::create_qpair`];
+//! 5. Set Features (Number of Queues) — the grant, capped to the request
+//!    and to the queues whose doorbells lie inside BAR0, bounds
+//!    [`Controller::create_qpair`];
 //! 6. Doorbell Buffer Config (shadow doorbells) when OACS bit 8 is set and
-//!    [`ControllerOptions::shadow_doorbells`] allows it.
+//!    [`ControllerOptions::shadow_doorbells`] allows it;
+//! 7. Asynchronous Event Requests posted.
+//!
+//! If any step after 2 fails, the controller is disabled before the admin
+//! and shadow doorbell memory is freed; if it cannot be disabled, that
+//! memory is leaked (the device might still write it).
+//!
+//! **Disabling** clears CC.EN and waits for CSTS.RDY = 0, bounded by CAP.TO.
+//! Clearing EN while EN = 1 and RDY = 0 (an enable in progress) is undefined
+//! in the spec, so that state first waits for RDY = 1, bounded by CAP.TO, as
+//! SPDK does; a controller that never gets there counts as not disabled.
+//!
+//! # Values from the device
+//!
+//! Nothing the controller reports is trusted: a doorbell outside BAR0, a
+//! namespace whose size overflows 64 bits or more than [`MAX_NAMESPACES`]
+//! active namespaces are [`Error::BadDevice`]; the active namespace list is
+//! sorted and deduplicated and may be sparse (any NSID up to FFFFFFFEh);
+//! malformed Identify data is [`Error::Identify`]. An admin command waits
+//! at most [`ControllerOptions::admin_timeout`] however many completions
+//! that are not its own (stale CIDs, completions in the AER range that no
+//! outstanding Asynchronous Event Request owns) the device posts meanwhile;
+//! those are dropped and never re-post an AER.
 //!
 //! Admin commands are serialised by a mutex: they are rare and never on the
-//! I/O path.
+//! I/O path. [`Controller::admin`] passes a command through as given and is
+//! `unsafe` (its data pointers are the caller's promise);
+//! [`Controller::admin_read`] builds the data pointers itself and is safe.
 //!
 //! # Reset and failure
 //!
@@ -41,9 +68,13 @@
 //! are leaked (their completions carry no buffer): the device might still
 //! write into them. Dropping the last `Arc<Controller>` (every [`QueuePair`] holds
 //! one, so they are gone by then) performs a normal shutdown: CC.SHN =
-//! normal, then wait for CSTS.SHST = complete, bounded.
+//! normal, then wait for CSTS.SHST = complete, bounded; then it disables
+//! the controller (which drops its Asynchronous Event Requests) before the
+//! admin queue and shadow doorbell memory is freed, or leaks that memory if
+//! the controller cannot be disabled.
 
 use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,6 +88,7 @@ use crate::queue::doorbell::{Doorbell, Shadow};
 use crate::queue::sq::SubQueue;
 use crate::queue::{QpairOptions, QueuePair, PAGE_SIZE};
 use crate::spec::identify::{IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
+use crate::spec::opcodes::admin as admin_op;
 use crate::spec::regs::{self, Aqa, Cap, Cc, Csts, Version};
 use crate::spec::sqe::{
     AsyncEventRequest, Command, CreateIoCq, CreateIoSq, DeleteIoCq, DeleteIoSq,
@@ -188,9 +220,38 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    /// Capacity in bytes.
+    /// Check what the controller reported for namespace `id`: its capacity
+    /// in bytes must fit in a `u64`.
+    fn new(id: u32, identify: IdentifyNamespace) -> Result<Self> {
+        let ns = Namespace {
+            id,
+            nsze: identify.nsze,
+            lba_size: identify.lba_size(),
+            lba_shift: identify.lba_shift(),
+            identify,
+        };
+        if ns.checked_size_bytes().is_none() {
+            return Err(Error::BadDevice {
+                what: "namespace size (NSZE)",
+                detail: format!(
+                    "namespace {id}: {} blocks of {} B overflow 64 bits",
+                    ns.nsze, ns.lba_size
+                ),
+            });
+        }
+        Ok(ns)
+    }
+
+    /// Capacity in bytes, `None` if it does not fit in a `u64` (never for a
+    /// namespace from [`Controller::namespaces`]: bring-up rejects those).
+    pub fn checked_size_bytes(&self) -> Option<u64> {
+        self.nsze.checked_mul(1u64.checked_shl(self.lba_shift)?)
+    }
+
+    /// Capacity in bytes, saturating at `u64::MAX` (see
+    /// [`Self::checked_size_bytes`]).
     pub fn size_bytes(&self) -> u64 {
-        self.nsze << self.lba_shift
+        self.checked_size_bytes().unwrap_or(u64::MAX)
     }
 }
 
@@ -206,6 +267,8 @@ struct AdminQueue {
     events: VecDeque<AsyncEvent>,
     /// Asynchronous Event Requests to keep posted (re-posted after a reset).
     aer_target: u16,
+    /// Which AER CIDs (`AER_CID_BASE + bit`) the controller holds.
+    aer_out: [u64; 4],
     /// Ring entries (both queues).
     entries: u16,
 }
@@ -214,6 +277,10 @@ struct AdminQueue {
 /// outstanding AER), so their completions — which arrive at any time — are
 /// never mistaken for the command being waited on.
 const AER_CID_BASE: u16 = 0xFF00;
+
+/// Asynchronous events kept until [`Controller::async_events`] takes them;
+/// beyond this the oldest are dropped.
+const MAX_EVENTS: usize = 256;
 
 /// Event types of an asynchronous event (completion dword 0, bits 2:0).
 pub mod event_type {
@@ -333,7 +400,9 @@ pub struct Controller {
     namespaces: Vec<Namespace>,
     granted: u16,
     free_qids: Mutex<Vec<u16>>,
-    admin: Mutex<AdminQueue>,
+    /// Dropped in `Drop for Controller` only once the controller is
+    /// disabled; leaked otherwise (the device may still write its rings).
+    admin: ManuallyDrop<Mutex<AdminQueue>>,
     shadow: Option<ShadowPages>,
     max_transfer: u64,
     opts: ControllerOptions,
@@ -396,6 +465,52 @@ fn wait_csts(
     }
 }
 
+/// What [`disable`] reports when an enable in progress never completed
+/// (returned only once the controller did read RDY = 0 afterwards).
+const READY_BEFORE_DISABLE: &str = "become ready before being disabled (CSTS.RDY=1)";
+
+/// Disable the controller: clear CC.EN and wait for CSTS.RDY = 0, bounded
+/// by `timeout` (CAP.TO). `Ok` means the controller reached the disabled
+/// state, so it no longer accesses host memory; `Err(Error::DeviceGone)`
+/// means the registers read all ones (a removed device cannot DMA either).
+/// Any other `Err` means the device might still access memory it was
+/// given: the caller must leak that memory rather than free it.
+///
+/// Clearing EN while EN = 1 and RDY = 0 (an enable still in progress) is
+/// undefined in the spec, so that state first waits for RDY = 1 (or CFS),
+/// bounded by the same timeout, as SPDK does. If RDY never comes, EN is
+/// cleared anyway (nothing better is left to try), but the result is an
+/// error: whether the controller really stopped cannot be known.
+fn disable(regs: &dyn Mmio, timeout: Duration) -> Result<()> {
+    let cc = Cc(regs.read32(regs::CC));
+    if cc.0 == u32::MAX {
+        return Err(Error::DeviceGone);
+    }
+    let mut settled = Ok(());
+    if cc.enabled() {
+        let c = read_csts(regs)?;
+        if !c.rdy() && !c.cfs() {
+            settled = wait_csts(regs, timeout, READY_BEFORE_DISABLE, false, |c| {
+                c.rdy() || c.cfs()
+            });
+            if let Err(Error::DeviceGone) = settled {
+                return settled;
+            }
+        }
+        regs.write32(regs::CC, cc.disable().0);
+    }
+    wait_csts(regs, timeout, "become disabled (CSTS.RDY=0)", false, |c| {
+        !c.rdy()
+    })?;
+    settled
+}
+
+/// Whether the outcome of [`disable`] lets memory the controller was given
+/// be freed.
+fn quiesced(r: &Result<()>) -> bool {
+    matches!(r, Ok(()) | Err(Error::DeviceGone))
+}
+
 impl AdminQueue {
     fn exec(
         &mut self,
@@ -409,17 +524,24 @@ impl AdminQueue {
         self.sq.push(sqe.with_cid(cid));
         self.sq.flush();
         let start = Instant::now();
+        let timed_out = || Error::Timeout {
+            what,
+            timeout_ms: timeout.as_millis() as u64,
+        };
         let mut spins = 0u32;
         loop {
             if let Some(cqe) = self.cq.peek() {
                 self.cq.advance();
                 self.cq.flush();
-                if cqe.cid >= AER_CID_BASE {
-                    self.on_aer(cqe);
-                    continue;
-                }
                 if cqe.cid != cid {
-                    log::warn!("admin queue: dropped stale completion cid {:#06x} (waiting for {cid:#06x})", cqe.cid);
+                    if !self.on_aer(cqe) {
+                        log::warn!("admin queue: dropped stale completion cid {:#06x} (waiting for {cid:#06x})", cqe.cid);
+                    }
+                    // A device can post completions that are not ours
+                    // without end: the deadline holds regardless.
+                    if start.elapsed() >= timeout {
+                        return Err(timed_out());
+                    }
                     continue;
                 }
                 let st = cqe.nvme_status();
@@ -438,10 +560,7 @@ impl AdminQueue {
                     return Err(Error::ControllerFatal);
                 }
                 if start.elapsed() >= timeout {
-                    return Err(Error::Timeout {
-                        what,
-                        timeout_ms: timeout.as_millis() as u64,
-                    });
+                    return Err(timed_out());
                 }
                 std::thread::yield_now();
             } else {
@@ -456,34 +575,54 @@ impl AdminQueue {
     /// A completed AER is re-posted with its own CID, so outstanding AERs
     /// never share one.
     fn post_aer(&mut self, cid: u16) {
+        let i = cid.wrapping_sub(AER_CID_BASE);
+        self.aer_out[i as usize / 64] |= 1 << (i % 64);
         self.aers += 1;
         self.sq.push(AsyncEventRequest.sqe().with_cid(cid));
         self.sq.flush();
     }
 
-    /// An AER completed: keep the event and re-arm, or (error status, e.g.
-    /// aborted at shutdown) let it go.
-    fn on_aer(&mut self, cqe: Cqe) {
+    /// A completion arrived that is not the command being waited on. If it
+    /// ends an outstanding Asynchronous Event Request: keep the event and
+    /// re-arm, or (error status, e.g. aborted at shutdown) let it go, and
+    /// return true. Anything else (a CID in the AER range that is not
+    /// outstanding included) is stale: false. So a device cannot make the
+    /// host post more AERs than it has outstanding, nor grow the event
+    /// queue without bound.
+    fn on_aer(&mut self, cqe: Cqe) -> bool {
+        let Some(i) = cqe.cid.checked_sub(AER_CID_BASE) else {
+            return false;
+        };
+        let (w, bit) = (i as usize / 64, 1u64 << (i % 64));
+        if self.aer_out[w] & bit == 0 {
+            return false;
+        }
+        self.aer_out[w] &= !bit;
         self.aers = self.aers.saturating_sub(1);
         let st = cqe.nvme_status();
         if st.is_success() {
             let ev = AsyncEvent::from_dw0(cqe.dw0);
             log::info!("asynchronous event: {ev:?}");
+            if self.events.len() >= MAX_EVENTS {
+                log::warn!("asynchronous events: queue full; dropping the oldest");
+                self.events.pop_front();
+            }
             self.events.push_back(ev);
             self.post_aer(cqe.cid);
         } else {
             log::warn!("Asynchronous Event Request ended with {st}; not re-posted");
         }
+        true
     }
 
     /// Consume whatever the admin CQ holds (AER completions; anything else
-    /// is stale here since no command is being waited on).
+    /// is stale here since no command is being waited on). Bounded by one
+    /// lap of the ring, so a device that keeps posting cannot hold it.
     fn drain(&mut self) {
-        while let Some(cqe) = self.cq.peek() {
+        for _ in 0..self.entries {
+            let Some(cqe) = self.cq.peek() else { break };
             self.cq.advance();
-            if cqe.cid >= AER_CID_BASE {
-                self.on_aer(cqe);
-            } else {
+            if !self.on_aer(cqe) {
                 log::warn!("admin queue: dropped stale completion cid {:#06x}", cqe.cid);
             }
         }
@@ -525,18 +664,41 @@ impl Controller {
         // CAP.TO of 0 would make every wait fail at once; use 500 ms minimum.
         let ready_timeout = Duration::from_millis(cap.timeout_ms().max(500));
 
-        // 1. Disable.
-        let cc = Cc(regs.read32(regs::CC));
-        if cc.enabled() {
-            regs.write32(regs::CC, cc.disable().0);
+        // Every doorbell the engine will store to must lie inside BAR0: a
+        // large CAP.DSTRD would otherwise put even the admin doorbells past
+        // the mapping. The I/O queues' doorbells are checked against the
+        // grant below.
+        let dstrd = cap.dstrd();
+        let bar_len = regs.len();
+        if !doorbells_fit(0, dstrd, bar_len) {
+            return Err(Error::BadDevice {
+                what: "doorbell stride (CAP.DSTRD)",
+                detail: format!(
+                    "DSTRD {dstrd} puts the admin doorbells at {:#x}, outside the {bar_len:#x}-byte BAR0",
+                    regs::cq_head_doorbell(0, dstrd)
+                ),
+            });
         }
-        wait_csts(
-            regs,
-            ready_timeout,
-            "become disabled (CSTS.RDY=0)",
-            false,
-            |c| !c.rdy(),
-        )?;
+
+        if cap.max_queue_entries() < 2 {
+            return Err(Error::BadDevice {
+                what: "maximum queue entries (CAP.MQES)",
+                detail: "MQES 0 (one entry); a queue needs at least two".into(),
+            });
+        }
+
+        // 1. Disable. No memory of ours is at stake yet: a controller left
+        // enabling by someone else that never became ready but is disabled
+        // now is usable.
+        match disable(regs, ready_timeout) {
+            Err(Error::Timeout { what, .. }) if what == READY_BEFORE_DISABLE => {
+                log::warn!(
+                    "{}: the controller was enabling and never became ready; disabled it anyway",
+                    backend.name()
+                );
+            }
+            r => r?,
+        }
 
         // 2. Admin queues.
         let dma = Arc::clone(backend.dma());
@@ -547,13 +709,10 @@ impl Controller {
         let acq = dma.alloc(entries as usize * size_of::<Cqe>(), DmaDir::Bidirectional)?;
         let data = dma.alloc(IDENTIFY_LEN, DmaDir::Bidirectional)?;
         let bar = BarPtr(regs.base());
-        let dstrd = cap.dstrd();
         let hook = backend.doorbell_hook();
-        regs.write32(regs::AQA, Aqa::new(entries, entries).0);
-        regs.write64(regs::ASQ, asq.iova().raw());
-        regs.write64(regs::ACQ, acq.iova().raw());
-        // SAFETY: admin doorbells (qid 0) are inside BAR0, which the backend
-        // maps for as long as the controller (which owns the queues) lives.
+        // SAFETY: the admin doorbells (qid 0) were checked above to lie
+        // inside BAR0, which the backend maps for as long as the controller
+        // (which owns the queues) lives.
         let (sq_db, cq_db) = unsafe {
             (
                 Doorbell::new(
@@ -580,113 +739,43 @@ impl Controller {
             aers: 0,
             events: VecDeque::new(),
             aer_target: 0,
+            aer_out: [0; 4],
             entries,
         };
-
-        // 3. Enable.
-        let cc = io_config();
-        regs.write32(regs::CC, cc.0);
-        regs.write32(regs::CC, cc.enable().0);
-        wait_csts(
-            regs,
-            ready_timeout,
-            "become ready (CSTS.RDY=1)",
-            true,
-            |c| c.rdy(),
-        )?;
-
-        let t = opts.admin_timeout;
-        // 4. Identify.
-        let page = identify_page(
-            &mut admin,
-            regs,
-            Identify::controller(),
-            "Identify Controller",
-            t,
-        )?;
-        let identify = IdentifyController::parse(&page)?;
-        let nsids = active_namespaces(&mut admin, regs, &identify, t)?;
-        let mut namespaces = Vec::with_capacity(nsids.len());
-        for id in nsids {
-            let page = identify_page(
-                &mut admin,
-                regs,
-                Identify::namespace(id),
-                "Identify Namespace",
-                t,
-            )?;
-            let ns = IdentifyNamespace::parse(&page)?;
-            if ns.nsze == 0 {
-                continue;
-            }
-            namespaces.push(Namespace {
-                id,
-                nsze: ns.nsze,
-                lba_size: ns.lba_size(),
-                lba_shift: ns.lba_shift(),
-                identify: ns,
-            });
-        }
-
-        // 5. Number of queues.
-        let cqe = admin.exec(
-            regs,
-            SetFeatures::number_of_queues(opts.io_queues, opts.io_queues).sqe(),
-            "Set Features (Number of Queues)",
-            t,
-        )?;
-        let nsqa = (cqe.dw0 & 0xFFFF) as u32 + 1;
-        let ncqa = (cqe.dw0 >> 16) as u32 + 1;
-        let granted = nsqa.min(ncqa).min(opts.io_queues as u32).min(65534) as u16;
-
-        // 6. Shadow doorbells.
         let mut shadow = None;
-        if opts.shadow_doorbells && identify.supports_doorbell_buffer() {
-            let mut s = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
-            let mut e = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
-            s.fill(0);
-            e.fill(0);
-            let sqe = DoorbellBufferConfig
-                .sqe()
-                .with_prp(s.iova().raw(), e.iova().raw());
-            match admin.exec(regs, sqe, "Doorbell Buffer Config", t) {
-                Ok(_) => {
-                    let pages = ShadowPages {
-                        shadow: s,
-                        event_idx: e,
-                    };
-                    // Newer QEMU applies the shadow doorbells to the admin
-                    // queue too (and reads the shadow tail instead of the MMIO
-                    // value), so the admin doorbells update their slots as
-                    // well; they still always write MMIO (`always_mmio`), so a
-                    // controller that ignores the admin slots works too.
-                    let (sq, cq) = pages.slots(0, dstrd, false);
-                    admin.sq.db.set_shadow(sq);
-                    admin.cq.db.set_shadow(cq);
-                    shadow = Some(pages);
+        let up = bring_up(
+            &*backend,
+            &opts,
+            cap,
+            ready_timeout,
+            &mut admin,
+            &mut shadow,
+        );
+        let up = match up {
+            Ok(up) => up,
+            Err(e) => {
+                // The controller may be enabled, holding Asynchronous Event
+                // Requests and the admin and shadow doorbell pages: stop it
+                // before those pages go back to the allocator, or leak them.
+                let r = disable(regs, ready_timeout);
+                if !quiesced(&r) {
+                    log::error!(
+                        "{}: bring-up failed ({e}) and the controller could not be disabled ({}); leaking its admin queue memory",
+                        backend.name(),
+                        r.err().map_or_else(String::new, |e| e.to_string())
+                    );
+                    std::mem::forget(admin);
+                    std::mem::forget(shadow);
                 }
-                Err(Error::Command { status, .. }) => {
-                    log::warn!(
-                        "Doorbell Buffer Config failed ({status}); using MMIO doorbells only"
-                    )
-                }
-                Err(e) => return Err(e),
+                return Err(e);
             }
-        }
-
-        // 7. Asynchronous events: keep a few requests posted (never more
-        // than AERL + 1, and leave admin SQ room for the command being run).
-        let aers = (opts.async_event_requests as u16)
-            .min(identify.aerl as u16 + 1)
-            .min(entries.saturating_sub(2))
-            .min(0xFF);
-        admin.aer_target = aers;
-        for i in 0..aers {
-            admin.post_aer(AER_CID_BASE + i);
-        }
-
-        let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
-        let max_transfer = mdts.min(opts.max_transfer).max(PAGE_SIZE);
+        };
+        let BringUp {
+            identify,
+            namespaces,
+            granted,
+            max_transfer,
+        } = up;
         log::info!(
             "{}: {} {} fw {} NVMe {version}, {} namespaces, {granted} I/O queues, max transfer {max_transfer} B, shadow doorbells {}",
             backend.name(),
@@ -706,7 +795,7 @@ impl Controller {
             namespaces,
             granted,
             free_qids: Mutex::new((1..=granted).rev().collect()),
-            admin: Mutex::new(admin),
+            admin: ManuallyDrop::new(Mutex::new(admin)),
             shadow,
             max_transfer,
             opts,
@@ -752,9 +841,12 @@ impl Controller {
         &self.namespaces
     }
 
-    /// Namespace `id`, if active.
+    /// Namespace `id`, if active (a binary search: NSIDs may be sparse).
     pub fn namespace(&self, id: u32) -> Option<&Namespace> {
-        self.namespaces.iter().find(|n| n.id == id)
+        self.namespaces
+            .binary_search_by_key(&id, |n| n.id)
+            .ok()
+            .map(|i| &self.namespaces[i])
     }
 
     /// I/O queue pairs the controller granted.
@@ -802,15 +894,47 @@ impl Controller {
         Ok(())
     }
 
-    /// Execute one admin command (no data, or data pointers already set)
-    /// and wait for it. `what` names it in errors.
+    /// Execute one admin command exactly as given (data pointers included)
+    /// and wait for it. `what` names it in errors. For Identify and Get Log
+    /// Page, the safe [`Controller::admin_read`] builds the data pointers
+    /// itself.
     ///
     /// Fails fast with [`Error::ControllerFatal`] / [`Error::DeviceGone`]
     /// once the controller is known to have failed. A timeout is handled per
     /// [`ControllerOptions::admin_timeout_policy`].
-    pub fn admin(&self, sqe: Sqe, what: &'static str) -> Result<Cqe> {
+    ///
+    /// # Safety
+    ///
+    /// The device will read or write every host address the command names
+    /// — PRP1/PRP2 (and the PRP lists they point to), the metadata pointer,
+    /// SGL descriptors, and addresses carried in command dwords (Create I/O
+    /// queue bases, Doorbell Buffer Config, the Host Memory Buffer
+    /// descriptor list of Set Features, vendor-specific commands). The
+    /// caller must guarantee that every such address is an IOVA of memory
+    /// mapped in [`Controller::dma`] that nothing else uses — not a
+    /// [`DmaBuf`] owned by the application or in flight on a queue pair,
+    /// not memory of this controller — large enough for the transfer the
+    /// command describes, and that stays mapped and unused for as long as
+    /// the device may access it: until this call returns `Ok` or
+    /// [`Error::Command`], and, after any other error (a timeout under
+    /// [`TimeoutPolicy::ReportOnly`], a controller that could not be
+    /// disabled), for as long as the controller lives. Queue-creating and
+    /// queue-deleting commands must not name queues owned by a
+    /// [`QueuePair`]. (Validation cannot replace this contract: which
+    /// fields hold host addresses depends on the opcode and, for
+    /// vendor-specific commands, on nothing the host can know.)
+    pub unsafe fn admin(&self, sqe: Sqe, what: &'static str) -> Result<Cqe> {
         let mut a = self.lock_admin();
         self.admin_locked(&mut a, sqe, what)
+    }
+
+    /// An admin command that names no host memory (Abort, Delete I/O
+    /// SQ/CQ, Set Features without data): its data and metadata pointers
+    /// are cleared.
+    pub(crate) fn admin_cmd(&self, mut sqe: Sqe, what: &'static str) -> Result<Cqe> {
+        sqe.mptr = 0;
+        let mut a = self.lock_admin();
+        self.admin_locked(&mut a, sqe.with_prp(0, 0), what)
     }
 
     fn lock_admin(&self) -> std::sync::MutexGuard<'_, AdminQueue> {
@@ -889,12 +1013,7 @@ impl Controller {
         }
         let mut quiesced = failure == state::GONE;
         if !quiesced {
-            let regs = self.backend.regs();
-            let cc = Cc(regs.read32(regs::CC));
-            if cc.0 != u32::MAX {
-                regs.write32(regs::CC, cc.disable().0);
-            }
-            match wait_csts(regs, self.ready_timeout, "become disabled (CSTS.RDY=0)", false, |c| !c.rdy()) {
+            match disable(self.backend.regs(), self.ready_timeout) {
                 Ok(()) => quiesced = true,
                 Err(Error::DeviceGone) => {
                     return self.fail_locked(state::GONE);
@@ -952,15 +1071,7 @@ impl Controller {
             return Err(Error::DeviceGone);
         }
         log::warn!("{}: resetting the controller", self.backend.name());
-        let cc = Cc(regs.read32(regs::CC));
-        regs.write32(regs::CC, cc.disable().0);
-        if let Err(e) = wait_csts(
-            regs,
-            self.ready_timeout,
-            "become disabled (CSTS.RDY=0)",
-            false,
-            |c| !c.rdy(),
-        ) {
+        if let Err(e) = disable(regs, self.ready_timeout) {
             match e {
                 Error::DeviceGone => self.fail_locked(state::GONE),
                 _ => self
@@ -998,6 +1109,7 @@ impl Controller {
         a.cq.reset();
         a.next_cid = 0;
         a.aers = 0;
+        a.aer_out = [0; 4];
         if let Some(sh) = &self.shadow {
             // Only the admin slots: I/O queue slots are zeroed by their
             // owners when they re-create their queues.
@@ -1124,15 +1236,87 @@ impl Controller {
         Ok(s)
     }
 
-    /// Execute an admin command that returns up to 4 KiB of data (Identify,
-    /// Get Log Page): PRP1 is set to an internal page, the data is copied out.
+    /// Execute an admin command that returns data to the host — Identify
+    /// (4 KiB) or Get Log Page (NUMD dwords, up to [`MAX_ADMIN_READ`]
+    /// bytes) — into memory of its own, and return the completion and the
+    /// data. The data pointers (PRP1, PRP2 or a PRP list) are built here
+    /// for exactly the length the command describes; the caller's data and
+    /// metadata pointers, and its PSDT and fused bits, are ignored. Other
+    /// opcodes fail with [`Error::AdminRead`] (their transfer length is not
+    /// known here): use the `unsafe` [`Controller::admin`].
     pub fn admin_read(&self, sqe: Sqe, what: &'static str) -> Result<(Cqe, Vec<u8>)> {
+        let opcode = sqe.opcode();
+        let len: u64 = match opcode {
+            admin_op::IDENTIFY => IDENTIFY_LEN as u64,
+            admin_op::GET_LOG_PAGE => {
+                let numd = u64::from(sqe.cdw11 & 0xFFFF) << 16 | u64::from(sqe.cdw10 >> 16);
+                (numd + 1) * 4
+            }
+            _ => {
+                return Err(Error::AdminRead {
+                    opcode,
+                    reason: "only Identify and Get Log Page are supported".into(),
+                })
+            }
+        };
+        if len > MAX_ADMIN_READ {
+            return Err(Error::AdminRead {
+                opcode,
+                reason: format!(
+                    "{len} bytes is more than the {MAX_ADMIN_READ} one PRP list describes"
+                ),
+            });
+        }
+        // Opcode only: no fused operation, PSDT = PRPs; the CID is set by
+        // the queue.
+        let mut sqe = sqe;
+        sqe.cdw0 &= 0xFF;
+        sqe.mptr = 0;
         let mut a = self.lock_admin();
-        let prp = a.data.iova().raw();
-        let cqe = self.admin_locked(&mut a, sqe.with_prp(prp, 0), what)?;
-        let mut v = vec![0; IDENTIFY_LEN];
-        a.data.read_bytes(0, &mut v)?;
-        Ok((cqe, v))
+        if len as usize <= IDENTIFY_LEN {
+            let prp = a.data.iova().raw();
+            a.data.fill(0);
+            let cqe = self.admin_locked(&mut a, sqe.with_prp(prp, 0), what)?;
+            let mut v = vec![0; len as usize];
+            a.data.read_bytes(0, &mut v)?;
+            return Ok((cqe, v));
+        }
+        // More than one page: a buffer of its own, described by PRP2 (two
+        // pages) or a PRP list (up to 512 more pages).
+        let page = PAGE_SIZE as usize;
+        let mut buf = self.dma.alloc(len as usize, DmaDir::Bidirectional)?;
+        buf.fill(0);
+        let base = buf.iova().raw();
+        let pages = (len as usize).div_ceil(page);
+        let list = if pages > 2 {
+            let mut l = self.dma.alloc(page, DmaDir::ToDevice)?;
+            for i in 1..pages {
+                l.write_obj::<u64>((i - 1) * 8, base + (i * page) as u64)?;
+            }
+            Some(l)
+        } else {
+            None
+        };
+        let prp2 = match &list {
+            Some(l) => l.iova().raw(),
+            None => base + page as u64,
+        };
+        match self.admin_locked(&mut a, sqe.with_prp(base, prp2), what) {
+            Ok(cqe) => {
+                let mut v = vec![0; len as usize];
+                buf.read_bytes(0, &mut v)?;
+                Ok((cqe, v))
+            }
+            // Completed with an error status: the device is done with both.
+            Err(e @ Error::Command { .. }) => Err(e),
+            Err(e) => {
+                // Timed out or failed: the device may still write the
+                // buffer (and read the list). Never hand them back.
+                std::mem::forget(buf);
+                std::mem::forget(list);
+                Err(e)
+            }
+        }
     }
 
     /// Asynchronous events received so far (collected while admin commands
@@ -1196,12 +1380,12 @@ impl Controller {
     }
 
     pub(crate) fn delete_sq(&self, qid: u16) -> Result<()> {
-        self.admin(DeleteIoSq(qid).sqe(), "Delete I/O Submission Queue")
+        self.admin_cmd(DeleteIoSq(qid).sqe(), "Delete I/O Submission Queue")
             .map(drop)
     }
 
     pub(crate) fn delete_cq(&self, qid: u16) -> Result<()> {
-        self.admin(DeleteIoCq(qid).sqe(), "Delete I/O Completion Queue")
+        self.admin_cmd(DeleteIoCq(qid).sqe(), "Delete I/O Completion Queue")
             .map(drop)
     }
 
@@ -1219,6 +1403,184 @@ impl Controller {
     }
 }
 
+/// Whether both doorbells of queue `qid` lie inside a BAR of `bar_len` bytes.
+fn doorbells_fit(qid: u16, dstrd: u8, bar_len: usize) -> bool {
+    regs::cq_head_doorbell(qid, dstrd)
+        .checked_add(4)
+        .is_some_and(|end| end <= bar_len)
+}
+
+/// What [`bring_up`] learned.
+struct BringUp {
+    identify: IdentifyController,
+    namespaces: Vec<Namespace>,
+    granted: u16,
+    max_transfer: u64,
+}
+
+/// Steps 3 to 7 of bring-up (see the module docs), on admin queues whose
+/// registers are programmed. Shadow doorbell pages handed to the controller
+/// are stored in `shadow` before the command that hands them over, so that
+/// the caller can leak them if this fails and the controller cannot be
+/// disabled.
+/// `cap` is the value read (and checked) once at the start: a device that
+/// reports another one later is not listened to.
+fn bring_up(
+    backend: &dyn Backend,
+    opts: &ControllerOptions,
+    cap: Cap,
+    ready_timeout: Duration,
+    admin: &mut AdminQueue,
+    shadow: &mut Option<ShadowPages>,
+) -> Result<BringUp> {
+    let regs = backend.regs();
+    let dstrd = cap.dstrd();
+    let entries = admin.entries;
+    regs.write32(regs::AQA, Aqa::new(entries, entries).0);
+    regs.write64(regs::ASQ, admin.sq.region().iova().raw());
+    regs.write64(regs::ACQ, admin.cq.region().iova().raw());
+
+    // 3. Enable.
+    let cc = io_config();
+    regs.write32(regs::CC, cc.0);
+    regs.write32(regs::CC, cc.enable().0);
+    wait_csts(
+        regs,
+        ready_timeout,
+        "become ready (CSTS.RDY=1)",
+        true,
+        |c| c.rdy(),
+    )?;
+
+    let t = opts.admin_timeout;
+    // 4. Identify.
+    let page = identify_page(
+        admin,
+        regs,
+        Identify::controller(),
+        "Identify Controller",
+        t,
+    )?;
+    let identify = IdentifyController::parse(&page)?;
+    let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
+    let max_transfer = mdts.min(opts.max_transfer).max(PAGE_SIZE);
+    let nsids = active_namespaces(admin, regs, &identify, t)?;
+    let mut namespaces = Vec::with_capacity(nsids.len());
+    for id in nsids {
+        let page = identify_page(
+            admin,
+            regs,
+            Identify::namespace(id),
+            "Identify Namespace",
+            t,
+        )?;
+        let ns = IdentifyNamespace::parse(&page)?;
+        if ns.nsze == 0 {
+            continue;
+        }
+        let ns = Namespace::new(id, ns)?;
+        // A block must fit in one command, or no I/O to it can be built.
+        if ns.lba_size > max_transfer {
+            let detail = format!(
+                "namespace {id} has {} B blocks but one command moves at most {max_transfer} B",
+                ns.lba_size
+            );
+            return Err(if max_transfer < mdts {
+                Error::InvalidOption(format!("max_transfer: {detail}"))
+            } else {
+                Error::BadDevice {
+                    what: "LBA format (LBADS above MDTS)",
+                    detail,
+                }
+            });
+        }
+        namespaces.push(ns);
+    }
+
+    // 5. Number of queues. A grant above the request is capped to it, and
+    // the grant to the queues whose doorbells fit in BAR0.
+    let cqe = admin.exec(
+        regs,
+        SetFeatures::number_of_queues(opts.io_queues, opts.io_queues).sqe(),
+        "Set Features (Number of Queues)",
+        t,
+    )?;
+    let nsqa = (cqe.dw0 & 0xFFFF) + 1;
+    let ncqa = (cqe.dw0 >> 16) + 1;
+    let mut granted = nsqa.min(ncqa).min(opts.io_queues as u32).min(65534) as u16;
+    let bar_len = regs.len();
+    if !doorbells_fit(granted, dstrd, bar_len) {
+        let fit = (1..granted)
+            .rev()
+            .find(|&q| doorbells_fit(q, dstrd, bar_len))
+            .unwrap_or(0);
+        if fit == 0 {
+            return Err(Error::BadDevice {
+                what: "doorbell stride (CAP.DSTRD)",
+                detail: format!(
+                    "with DSTRD {dstrd} not even I/O queue 1's doorbells fit in the {bar_len:#x}-byte BAR0"
+                ),
+            });
+        }
+        log::warn!(
+            "{}: only {fit} of the {granted} granted I/O queues have doorbells inside BAR0; using {fit}",
+            backend.name()
+        );
+        granted = fit;
+    }
+
+    // 6. Shadow doorbells.
+    if opts.shadow_doorbells && identify.supports_doorbell_buffer() {
+        let dma = backend.dma();
+        let mut s = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
+        let mut e = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
+        s.fill(0);
+        e.fill(0);
+        let sqe = DoorbellBufferConfig
+            .sqe()
+            .with_prp(s.iova().raw(), e.iova().raw());
+        let pages = shadow.insert(ShadowPages {
+            shadow: s,
+            event_idx: e,
+        });
+        match admin.exec(regs, sqe, "Doorbell Buffer Config", t) {
+            Ok(_) => {
+                // Newer QEMU applies the shadow doorbells to the admin
+                // queue too (and reads the shadow tail instead of the MMIO
+                // value), so the admin doorbells update their slots as
+                // well; they still always write MMIO (`always_mmio`), so a
+                // controller that ignores the admin slots works too.
+                let (sq, cq) = pages.slots(0, dstrd, false);
+                admin.sq.db.set_shadow(sq);
+                admin.cq.db.set_shadow(cq);
+            }
+            Err(Error::Command { status, .. }) => {
+                // Refused: the controller does not use the pages.
+                *shadow = None;
+                log::warn!("Doorbell Buffer Config failed ({status}); using MMIO doorbells only")
+            }
+            Err(e) => return Err(e),
+        }
+    }
+
+    // 7. Asynchronous events: keep a few requests posted (never more
+    // than AERL + 1, and leave admin SQ room for the command being run).
+    let aers = (opts.async_event_requests as u16)
+        .min(identify.aerl as u16 + 1)
+        .min(entries.saturating_sub(2))
+        .min(0xFF);
+    admin.aer_target = aers;
+    for i in 0..aers {
+        admin.post_aer(AER_CID_BASE + i);
+    }
+    Ok(BringUp {
+        identify,
+        namespaces,
+        granted,
+        max_transfer,
+    })
+}
+
 fn identify_page(
     admin: &mut AdminQueue,
     regs: &dyn Mmio,
@@ -1234,14 +1596,30 @@ fn identify_page(
     Ok(v)
 }
 
+/// Most active namespaces mcqio takes from one controller. Each costs an
+/// Identify at bring-up (and after every reset), so a device that reports
+/// an endless list is refused instead of keeping bring-up busy.
+pub const MAX_NAMESPACES: usize = 1 << 14;
+
+/// Most bytes [`Controller::admin_read`] transfers: PRP1's page plus one
+/// PRP list page of 512 entries.
+pub const MAX_ADMIN_READ: u64 = PAGE_SIZE * 513;
+
 /// Active NSIDs via CNS 02h (paged by 1024), falling back to 1..=NN for
-/// controllers older than NVMe 1.1 that reject that CNS.
+/// controllers older than NVMe 1.1 that reject that CNS. The result is
+/// strictly increasing (sorted, no duplicates, no 0, no broadcast id), at
+/// most [`MAX_NAMESPACES`] long, and may be sparse (any id up to
+/// 0xFFFF_FFFE).
 fn active_namespaces(
     admin: &mut AdminQueue,
     regs: &dyn Mmio,
     id: &IdentifyController,
     t: Duration,
 ) -> Result<Vec<u32>> {
+    let too_many = || Error::BadDevice {
+        what: "active namespace list",
+        detail: format!("more than {MAX_NAMESPACES} active namespaces"),
+    };
     let mut out = Vec::new();
     let mut after = 0u32;
     loop {
@@ -1257,7 +1635,10 @@ fn active_namespaces(
                 if status == NvmeStatus::new(sct::GENERIC, generic::INVALID_FIELD)
                     && out.is_empty() =>
             {
-                return Ok((1..=id.nn.min(1024)).collect());
+                if id.nn as usize > MAX_NAMESPACES {
+                    return Err(too_many());
+                }
+                return Ok((1..=id.nn).collect());
             }
             Err(e) => return Err(e),
         };
@@ -1268,42 +1649,69 @@ fn active_namespaces(
             .collect();
         let full = ids.len() == IDENTIFY_LEN / 4;
         let last = ids.last().copied();
-        // Guard against a controller returning non-increasing lists.
-        out.extend(ids.into_iter().filter(|&n| n > after && n != 0xFFFF_FFFF));
+        // The list must be increasing and above `after`; whatever a device
+        // returns beyond that is dropped here and sorted out below.
+        out.extend(ids.into_iter().filter(|&n| n > after && n < 0xFFFF_FFFF));
+        if out.len() > MAX_NAMESPACES {
+            return Err(too_many());
+        }
         match last {
             Some(l) if full && l > after && l < 0xFFFF_FFFE => after = l,
             _ => break,
         }
     }
+    out.sort_unstable();
+    out.dedup();
     Ok(out)
 }
 
 impl Drop for Controller {
+    /// Normal shutdown (CC.SHN, bounded by
+    /// [`ControllerOptions::shutdown_timeout`]), then disable (CC.EN = 0,
+    /// CSTS.RDY = 0, bounded by CAP.TO): only a disabled controller has
+    /// dropped its Asynchronous Event Requests and stopped using the admin
+    /// rings and shadow doorbell pages, so only then are they freed. A
+    /// controller that cannot be disabled keeps them (leaked).
     fn drop(&mut self) {
         let regs = self.backend.regs();
         let cc = Cc(regs.read32(regs::CC));
         let csts = Csts(regs.read32(regs::CSTS));
-        if cc.0 == u32::MAX || csts.is_all_ones() || !cc.enabled() {
-            return;
-        }
-        if csts.cfs() {
+        let gone = cc.0 == u32::MAX || csts.is_all_ones();
+        if !gone && cc.enabled() && csts.rdy() && !csts.cfs() {
+            regs.write32(regs::CC, cc.shn(Cc::SHN_NORMAL).0);
+            let r = wait_csts(
+                regs,
+                self.opts.shutdown_timeout,
+                "complete shutdown (CSTS.SHST)",
+                false,
+                |c| c.shst() == Csts::SHST_COMPLETE,
+            );
+            if let Err(e) = r {
+                log::warn!("{}: shutdown: {e}", self.backend.name());
+            }
+        } else if csts.cfs() && !gone {
             // A fatal controller does not process shutdown; don't wait for it.
             log::warn!(
                 "{}: controller fatal at drop; skipping shutdown",
                 self.backend.name()
             );
-            return;
         }
-        regs.write32(regs::CC, cc.shn(Cc::SHN_NORMAL).0);
-        let r = wait_csts(
-            regs,
-            self.opts.shutdown_timeout,
-            "complete shutdown (CSTS.SHST)",
-            false,
-            |c| c.shst() == Csts::SHST_COMPLETE,
-        );
-        if let Err(e) = r {
-            log::warn!("{}: shutdown: {e}", self.backend.name());
+        let r = if gone {
+            Err(Error::DeviceGone)
+        } else {
+            disable(regs, self.ready_timeout)
+        };
+        if quiesced(&r) {
+            // SAFETY: `admin` is not used after this point (this is `drop`),
+            // and it is dropped exactly once.
+            unsafe { ManuallyDrop::drop(&mut self.admin) };
+        } else {
+            log::error!(
+                "{}: the controller could not be disabled at drop ({}); leaking its admin queue and shadow doorbell memory",
+                self.backend.name(),
+                r.err().map_or_else(String::new, |e| e.to_string())
+            );
+            std::mem::forget(self.shadow.take());
         }
     }
 }

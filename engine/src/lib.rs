@@ -79,6 +79,24 @@
 //! stale, corrupt CID) is counted in [`QpairStats::stale_completions`] and
 //! dropped.
 //!
+//! ## What a completion's CID can and cannot prove
+//!
+//! A CID is `slot | generation` (see [`queue`]). mcqio detects and drops a
+//! CQE whose CID names a free slot, a busy slot with another generation (a
+//! late or duplicated completion of an earlier command in that slot, or a
+//! bit flip in the generation bits), or another submission queue (SQ ID
+//! field). It **cannot** detect a CQE that carries the exact CID of
+//! another command in flight on the same queue (a device that completes
+//! command B under command A's CID, or a flip in the slot bits that lands
+//! on a busy slot of the current generation): nothing in the CQE tells
+//! that apart from A's own completion, so A completes with B's status and
+//! its buffer is handed back while the device may still be working on A.
+//! A's real completion then arrives as stale, and B never completes
+//! (its timeout policy applies). No host driver can tell these apart
+//! without end-to-end data protection. The fake of `mcqio-fixtures`
+//! produces both kinds: `Fault::CidXor` (a chosen bit flip) and
+//! `Fault::StealCid` (the CID of another outstanding command).
+//!
 //! ## Timeouts, reset, failure
 //!
 //! All detected while polling — mcqio has no timer thread. Each poll reads
@@ -183,6 +201,26 @@ pub enum Error {
         command: &'static str,
         /// What the controller said.
         status: NvmeStatus,
+    },
+    /// The controller reported a register or data value mcqio cannot use
+    /// safely (a doorbell outside BAR0, a namespace whose size overflows, a
+    /// namespace list without end, ...).
+    #[error("the controller reported an unusable {what}: {detail}")]
+    BadDevice {
+        /// Which value.
+        what: &'static str,
+        /// The value and why it cannot be used.
+        detail: String,
+    },
+    /// [`Controller::admin_read`] cannot describe this command's data
+    /// transfer with the PRPs it builds; use the `unsafe`
+    /// [`Controller::admin`] with a buffer of your own.
+    #[error("admin_read cannot run opcode {opcode:#04x}: {reason}")]
+    AdminRead {
+        /// The command's opcode.
+        opcode: u8,
+        /// Why.
+        reason: String,
     },
     /// The identify data is unusable.
     #[error(transparent)]

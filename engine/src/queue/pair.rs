@@ -204,7 +204,7 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     prp_ptr: NonNull<u64>,
     prp_iova: u64,
     prp_pages: usize,
-    ns: Box<[Option<NsGeom>]>,
+    ns: Box<[(u32, NsGeom)]>,
     max_xfer: u64,
     max_per_poll: usize,
     /// Consumed CQEs before the CQ head doorbell is written (see
@@ -477,18 +477,22 @@ impl<B: IoBuf> QueuePair<B> {
             }
         };
 
-        let mut ns: Vec<Option<NsGeom>> = Vec::new();
-        for n in ctrl.namespaces() {
-            let i = n.id as usize;
-            if ns.len() <= i {
-                ns.resize(i + 1, None);
-            }
-            ns[i] = Some(NsGeom {
-                nsze: n.nsze,
-                lba_shift: n.lba_shift,
-                metadata: n.identify.metadata_size() > 0,
-            });
-        }
+        // Sorted by NSID (as the controller keeps them): NSIDs may be
+        // sparse (any value up to FFFFFFFEh), so no table indexed by NSID.
+        let ns: Vec<(u32, NsGeom)> = ctrl
+            .namespaces()
+            .iter()
+            .map(|n| {
+                (
+                    n.id,
+                    NsGeom {
+                        nsze: n.nsze,
+                        lba_shift: n.lba_shift,
+                        metadata: n.identify.metadata_size() > 0,
+                    },
+                )
+            })
+            .collect();
         let io_timeout_ms = opts
             .io_timeout
             .map_or(0, |t| t.as_millis().clamp(1, (u32::MAX / 2) as u128) as u32);
@@ -590,12 +594,22 @@ impl<B: IoBuf> QueuePair<B> {
         }
     }
 
+    /// Namespaces numbered 1..=n (the usual case) are found at index
+    /// `nsid - 1` with one compare; sparse ones by binary search.
     #[inline]
     fn geom(&self, nsid: u32) -> Option<NsGeom> {
-        match self.ns.get(nsid as usize) {
-            Some(Some(g)) => Some(*g),
-            _ => None,
+        match self.ns.get(nsid.wrapping_sub(1) as usize) {
+            Some(&(id, g)) if id == nsid => Some(g),
+            _ => self.geom_sparse(nsid),
         }
+    }
+
+    #[cold]
+    fn geom_sparse(&self, nsid: u32) -> Option<NsGeom> {
+        self.ns
+            .binary_search_by_key(&nsid, |e| e.0)
+            .ok()
+            .map(|i| self.ns[i].1)
     }
 
     /// Validate a command's namespace and LBA range. Every data command
@@ -1404,7 +1418,9 @@ impl<B: IoBuf> QueuePair<B> {
                         TimeoutPolicy::Reset => reset = true,
                         TimeoutPolicy::Abort => {
                             self.rstats.aborts_sent += 1;
-                            let r = self.ctrl.admin(Abort::new(self.qid, cid).sqe(), "Abort");
+                            let r = self
+                                .ctrl
+                                .admin_cmd(Abort::new(self.qid, cid).sqe(), "Abort");
                             // Dword 0 bit 0 clear: the controller aborted it.
                             let next = match r {
                                 Ok(c) if c.dw0 & 1 == 0 => tstate::ABORTING,
@@ -1494,7 +1510,9 @@ impl<B: IoBuf> QueuePair<B> {
     /// could not (the command may still complete normally, or never).
     /// Goes through the admin queue: never on the I/O path.
     pub fn abort_command(&self, cid: u16) -> Result<bool> {
-        let cqe = self.ctrl.admin(Abort::new(self.qid, cid).sqe(), "Abort")?;
+        let cqe = self
+            .ctrl
+            .admin_cmd(Abort::new(self.qid, cid).sqe(), "Abort")?;
         // Dword 0 bit 0 clear: the command was aborted.
         Ok(cqe.dw0 & 1 == 0)
     }
