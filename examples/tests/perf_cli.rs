@@ -20,10 +20,7 @@ fn perf(args: &[&str]) -> (i32, String, String) {
         }
         None => Command::new(bin),
     };
-    let out = cmd
-        .args(args)
-        .output()
-        .expect("mcqio-perf runs");
+    let out = cmd.args(args).output().expect("mcqio-perf runs");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
