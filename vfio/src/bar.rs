@@ -15,13 +15,17 @@
 //!   to an uncached MMIO access, and it is what keeps these safe functions
 //!   sound in release builds.
 //! - [`Bar::doorbell`]: a checked raw pointer computed once, for the I/O path
-//!   that rings doorbells with plain volatile stores.
+//!   that rings doorbells with [`barrier::mmio_write32_relaxed`].
+//!
+//! Register reads and writes carry the ordering of Linux's `readl`/`writel`
+//! (see [`crate::barrier`]).
 
 use std::io;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
 
 use crate::backend::Mmio;
+use crate::barrier;
 use crate::sys;
 
 /// A rejected register access.
@@ -153,22 +157,19 @@ impl Bar {
     pub fn try_read32(&self, offset: usize) -> Result<u32, BarAccessError> {
         self.check(offset, 4)?;
         // SAFETY: checked in bounds and 4-aligned (the mapping is page-aligned);
-        // the mapping lives as long as `self`; a volatile load forms no reference.
-        Ok(unsafe { self.ptr.as_ptr().add(offset).cast::<u32>().read_volatile() })
+        // the mapping lives as long as `self`; the accessor forms no reference.
+        // `mmio_read32` orders the load before later loads (Linux `readl`).
+        Ok(unsafe { barrier::mmio_read32(self.ptr.as_ptr().add(offset).cast::<u32>()) })
     }
 
     /// Write the 32-bit register at `offset`, or say why not.
     #[inline]
     pub fn try_write32(&self, offset: usize, value: u32) -> Result<(), BarAccessError> {
         self.check(offset, 4)?;
-        // SAFETY: as in `try_read32`.
-        unsafe {
-            self.ptr
-                .as_ptr()
-                .add(offset)
-                .cast::<u32>()
-                .write_volatile(value)
-        };
+        // SAFETY: as in `try_read32`. `mmio_write32` orders every earlier
+        // memory access (queue memory a register describes) before the store
+        // (Linux `writel`).
+        unsafe { barrier::mmio_write32(self.ptr.as_ptr().add(offset).cast::<u32>(), value) };
         Ok(())
     }
 
@@ -190,7 +191,9 @@ impl Bar {
 
     /// The address of the 32-bit register at `offset`, for doorbells.
     ///
-    /// Stores through it must be volatile and must not outlive the `Bar`.
+    /// Stores through it must not outlive the `Bar`; make them with
+    /// [`barrier::mmio_write32_relaxed`] after the barrier that orders what
+    /// the doorbell publishes ([`barrier::stores_before_doorbell`]).
     pub fn doorbell(&self, offset: usize) -> Result<NonNull<u32>, BarAccessError> {
         self.check(offset, 4)?;
         // SAFETY: in bounds of the mapping (checked), so the pointer stays
@@ -302,8 +305,9 @@ mod tests {
     fn doorbell_pointer_hits_the_register() {
         let bar = Bar::anonymous(0x2000).unwrap();
         let db = bar.doorbell(0x1008).unwrap();
-        // SAFETY: `db` is inside `bar`, which outlives the store.
-        unsafe { db.as_ptr().write_volatile(7) };
+        // SAFETY: `db` is an aligned register inside `bar`, which outlives
+        // the store.
+        unsafe { crate::barrier::mmio_write32_relaxed(db.as_ptr(), 7) };
         assert_eq!(bar.read32(0x1008), 7);
         assert_eq!(db.as_ptr() as usize - bar.base().as_ptr() as usize, 0x1008);
     }

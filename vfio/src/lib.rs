@@ -55,9 +55,10 @@
 //! - memory stays mapped (and so allocated) until the IOMMU unmap has
 //!   returned: a region unmaps, then frees its IOVA, then frees its pages, and
 //!   leaks rather than frees if the unmap fails;
-//! - ordering against the device (a release fence before a doorbell store,
-//!   an acquire fence after observing a completion's phase bit) is the
-//!   driver's job;
+//! - ordering against the device (a store barrier before a doorbell store,
+//!   a load barrier after observing a completion's phase bit) is the
+//!   driver's job, with the per-architecture functions in [`barrier`]
+//!   (`std::sync::atomic::fence` is not enough on aarch64);
 //! - the IOMMU domain lives as long as any region: regions keep the
 //!   [`DmaSpace`], which keeps the [`VfioIommu`], which keeps the device and
 //!   container open (closed device → group → container, see [`VfioIommu`]).
@@ -67,6 +68,7 @@
 
 pub mod backend;
 pub mod bar;
+pub mod barrier;
 pub mod container;
 pub mod device;
 pub mod dma;

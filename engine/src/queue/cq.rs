@@ -1,9 +1,8 @@
 //! The completion ring: phase-bit polling.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, Ordering};
 
-use mcqio_vfio::DmaRegion;
+use mcqio_vfio::{barrier, DmaRegion};
 
 use super::doorbell::Doorbell;
 use crate::spec::cqe::STATUS_OFFSET;
@@ -72,11 +71,11 @@ impl CompQueue {
         if status & 1 != self.phase {
             return None;
         }
-        // Acquire: the phase-bit load above must happen before the loads of
-        // the rest of this CQE and, later, of the data the device wrote into
-        // the command's buffer. (The device writes data, then the CQE with
-        // the phase bit last.)
-        fence(Ordering::Acquire);
+        // The phase-bit load above must happen before the loads of the rest
+        // of this CQE and, later, of the data the device wrote into the
+        // command's buffer. (The device writes data, then the CQE with the
+        // phase bit last.) aarch64: `dmb oshld`.
+        barrier::loads_after_phase();
         // SAFETY: in bounds; the controller finished writing this entry (phase
         // matched); volatile copy, no reference.
         Some(unsafe { slot.read_volatile() })
@@ -177,9 +176,10 @@ impl CompQueue {
         if self.head == self.rung_head {
             return;
         }
-        // Release: our reads of the consumed CQEs must complete before the
-        // controller may reuse their slots, which the head store permits.
-        fence(Ordering::Release);
+        // Our reads of the consumed CQEs must complete before the controller
+        // may reuse their slots, which the head store permits (aarch64:
+        // `dmb oshld`, which orders loads before later stores).
+        barrier::loads_before_doorbell();
         self.db.ring(self.rung_head, self.head);
         self.rung_head = self.head;
     }

@@ -2,10 +2,9 @@
 //! optional shadow doorbell (Doorbell Buffer Config) and device hook.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-use mcqio_vfio::DoorbellHook;
+use mcqio_vfio::{barrier, DoorbellHook};
 
 /// Shadow doorbell slot and its EventIdx, both in host DMA memory.
 #[derive(Copy, Clone)]
@@ -72,7 +71,9 @@ impl Doorbell {
     }
 
     /// Publish `new` (the doorbell previously held `old`). The caller has
-    /// already issued the Release fence that orders its ring writes first.
+    /// already issued the barrier that orders its ring accesses first
+    /// ([`barrier::stores_before_doorbell`] for a tail,
+    /// [`barrier::loads_before_doorbell`] for a head).
     #[inline]
     pub fn ring(&mut self, old: u16, new: u16) {
         if let Some(s) = self.shadow {
@@ -80,11 +81,12 @@ impl Doorbell {
             // volatile store, no reference formed.
             unsafe { s.value.as_ptr().write_volatile(new as u32) };
             if !self.always_mmio {
-                // Full fence: the shadow store must be globally visible before
-                // we read EventIdx (store→load ordering, which Release/Acquire
-                // do not give). Otherwise the controller could miss the new
-                // value while we skip the MMIO write.
-                fence(Ordering::SeqCst);
+                // Full barrier: the shadow store must be visible to the
+                // controller before we read EventIdx (store→load ordering,
+                // which Release/Acquire do not give). Otherwise the
+                // controller could miss the new value while we skip the MMIO
+                // write. x86: MFENCE; aarch64: `dmb osh`.
+                barrier::store_then_load();
                 // SAFETY: as above; the controller writes EventIdx concurrently,
                 // so this is a volatile read.
                 let ei = unsafe { s.event_idx.as_ptr().read_volatile() } as u16;
@@ -95,8 +97,9 @@ impl Doorbell {
             }
         }
         // SAFETY: `mmio` is an aligned doorbell register in the live BAR
-        // mapping (constructor contract); 32-bit volatile store as NVMe requires.
-        unsafe { self.mmio.as_ptr().write_volatile(new as u32) };
+        // mapping (constructor contract); one 32-bit store as NVMe requires.
+        // Relaxed: the ordering barrier was issued by the caller (above).
+        unsafe { barrier::mmio_write32_relaxed(self.mmio.as_ptr(), new as u32) };
         self.mmio_writes += 1;
         if let Some(h) = &self.hook {
             h.rung(self.offset, new as u32);

@@ -1,9 +1,8 @@
 //! The submission ring.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, Ordering};
 
-use mcqio_vfio::DmaRegion;
+use mcqio_vfio::{barrier, DmaRegion};
 
 use super::doorbell::Doorbell;
 use crate::spec::Sqe;
@@ -16,7 +15,9 @@ pub(crate) struct SubQueue {
     rung_tail: u16,
     /// Last SQ head the controller reported in a CQE.
     pub head: u16,
-    /// Some SQE since the last doorbell was written with streaming stores.
+    /// Some SQE since the last doorbell was written with streaming stores
+    /// (x86_64 only: the other architectures have no streaming path).
+    #[cfg(target_arch = "x86_64")]
     streamed: bool,
     pub db: Doorbell,
     mem: DmaRegion,
@@ -36,6 +37,7 @@ impl SubQueue {
             tail: 0,
             rung_tail: 0,
             head: 0,
+            #[cfg(target_arch = "x86_64")]
             streamed: false,
             db,
             mem,
@@ -129,13 +131,12 @@ impl SubQueue {
         #[cfg(target_arch = "x86_64")]
         if self.streamed {
             self.streamed = false;
-            // SAFETY: SFENCE only orders stores; SSE is in the x86_64 baseline.
-            unsafe { std::arch::x86_64::_mm_sfence() };
+            barrier::drain_streaming_stores();
         }
-        // Release: every SQE (and PRP list / DSM range) store above must be
-        // visible to the device before it can observe the new tail through
-        // the doorbell (MMIO or shadow) store below.
-        fence(Ordering::Release);
+        // Every SQE (and PRP list / DSM range) store above must be visible
+        // to the device before it can observe the new tail through the
+        // doorbell (MMIO or shadow) store below (aarch64: `dmb oshst`).
+        barrier::stores_before_doorbell();
         self.db.ring(self.rung_tail, self.tail);
         self.rung_tail = self.tail;
         true

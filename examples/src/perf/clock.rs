@@ -8,7 +8,9 @@
 //! once before building a submission batch and once when a poll finds
 //! completions, so every I/O in a batch shares those two stamps.
 
-use std::time::{Duration, Instant};
+#[cfg(target_arch = "x86_64")]
+use std::time::Duration;
+use std::time::Instant;
 
 /// Where the ticks come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
