@@ -270,7 +270,7 @@ impl DmaBuf {
         self.check(offset, dst.len())?;
         // SAFETY: bounds checked; not in flight and not overlapped (see
         // `write_at`). The device's writes were ordered before the completion
-        // by the queue's Acquire fence, which happened before we got it back.
+        // by the queue's `barrier::loads_after_phase`, which happened before we got it back.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.as_ptr().as_ptr().add(offset),
