@@ -224,7 +224,7 @@ unsafe fn job_mut<'a>(job: *mut c_void) -> Option<&'a mut Job> {
 /// Create the job's queue pair of `depth` entries on the calling thread.
 ///
 /// # Safety
-/// As for [`job_mut`]; `err` is null or valid for `errlen` bytes.
+/// `job` is null or a live handle from [`mcqio_fio_setup`] (not yet cleaned up), used by one thread at a time; `err` is null or valid for `errlen` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn mcqio_fio_init(
     job: *mut c_void,
@@ -276,7 +276,7 @@ pub unsafe extern "C" fn mcqio_fio_iomem_alloc(
 /// Free fio's I/O buffers (closing the queue pair first if anything is in flight).
 ///
 /// # Safety
-/// As for [`job_mut`]; fio no longer uses the buffers.
+/// `job` is null or a live handle from [`mcqio_fio_setup`] (not yet cleaned up), used by one thread at a time; fio no longer uses the buffers.
 #[no_mangle]
 pub unsafe extern "C" fn mcqio_fio_iomem_free(job: *mut c_void) {
     let _ = guarded("iomem_free", || {
@@ -291,7 +291,7 @@ pub unsafe extern "C" fn mcqio_fio_iomem_free(job: *mut c_void) {
 /// Queue one command: 0 queued, 1 busy, or a negative errno (completed).
 ///
 /// # Safety
-/// As for [`job_mut`]. `buf` need not be valid: it is checked to lie in the
+/// `job` is null or a live handle from [`mcqio_fio_setup`] (not yet cleaned up), used by one thread at a time. `buf` need not be valid: it is checked to lie in the
 /// job's buffers before use.
 #[no_mangle]
 pub unsafe extern "C" fn mcqio_fio_queue(
@@ -328,7 +328,7 @@ pub unsafe extern "C" fn mcqio_fio_queue(
 /// Ring the doorbell for what was queued.
 ///
 /// # Safety
-/// As for [`job_mut`].
+/// `job` is null or a live handle from [`mcqio_fio_setup`] (not yet cleaned up), used by one thread at a time.
 #[no_mangle]
 pub unsafe extern "C" fn mcqio_fio_commit(job: *mut c_void) {
     let _ = guarded("commit", || {
@@ -375,7 +375,7 @@ pub unsafe extern "C" fn mcqio_fio_getevents(
 /// Completion `i` of the last getevents: its tag, and its errno in `*errno_out`.
 ///
 /// # Safety
-/// As for [`job_mut`]; `errno_out` is valid for a write.
+/// `job` is null or a live handle from [`mcqio_fio_setup`] (not yet cleaned up), used by one thread at a time; `errno_out` is valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn mcqio_fio_event(job: *mut c_void, i: u32, errno_out: *mut c_int) -> u64 {
     let r = guarded("event", || {
