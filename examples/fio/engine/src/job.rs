@@ -286,7 +286,9 @@ impl Job {
             return Queued::Failed(libc::EIO);
         };
         let (nsid, shift) = FileInfo::from_cookie(cookie);
-        let mask = (1u64 << shift) - 1;
+        let Some(mask) = 1u64.checked_shl(shift).map(|bs| bs - 1) else {
+            return Queued::Failed(libc::EINVAL);
+        };
         if op != Op::Flush && (offset | len) & mask != 0 {
             return Queued::Failed(libc::EINVAL);
         }
@@ -519,6 +521,11 @@ mod tests {
         assert_eq!(
             job.queue(c, Op::Read, 0, tail, 1024, 1),
             Queued::Failed(libc::EFAULT)
+        );
+        // A cookie setup never made (block shift 200).
+        assert_eq!(
+            job.queue(200, Op::Read, 0, base, 512, 1),
+            Queued::Failed(libc::EINVAL)
         );
         // Past the end of the namespace.
         assert_eq!(
