@@ -8,7 +8,8 @@
 #   MCQIO_FILE=fake KDEV=/tmp/f guest-compare.sh   # host self-test (no binding)
 #
 # Environment:
-#   FIO=fio               the fio binary (built from the same tree as the engine)
+#   FIO                   the fio binary (default: ./fio next to this script, else
+#                         fio from PATH; it must be the version the engine was built for)
 #   ENGINE=<path>         libmcqio_fio.so (default: next to this script)
 #   BDF                   PCI address of the NVMe controller (default: the first
 #                         NVMe controller, unless MCQIO_FILE is set); the script
@@ -20,7 +21,10 @@
 # Prints a table; exit status non-zero when any run fails.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-FIO=${FIO:-fio}
+if [ -z "${FIO:-}" ]; then
+	# The fio staged next to this script (guest-payload.sh), else the PATH's.
+	if [ -x "$here/fio" ]; then FIO=$here/fio; else FIO=fio; fi
+fi
 ENGINE=${ENGINE:-$here/libmcqio_fio.so}
 BDF=${BDF:-}
 KDEV=${KDEV:-/dev/nvme0n1}
@@ -85,7 +89,8 @@ bind() {
 }
 
 fail=0
-# point NAME IOENGINE FILE QD: run the job; prints "IOPS lat_avg_us".
+# point NAME IOENGINE FILE QD: run the job; prints "IOPS lat_avg_us", or
+# "0 0" after printing why it failed (it runs in a subshell: callers check).
 point() {
 	rc=0
 	IOENGINE=$2 FILE=$3 QD=$4 SIZE=$SIZE SECS=$SECS \
@@ -103,6 +108,8 @@ point() {
 	fi
 	echo "$line" | awk -F';' '{ printf "%.0f %.1f\n", $8, $40 }'
 }
+# ok RESULT: whether a point produced a number.
+ok() { [ "${1%% *}" != 0 ]; }
 
 bind nvme "$KDEV" || exit 1
 k1=$(point io_uring io_uring "$KDEV" 1)
@@ -114,6 +121,7 @@ fi
 m1=$(point mcqio "external:$ENGINE" "$MCQIO_FILE" 1)
 m32=$(point mcqio "external:$ENGINE" "$MCQIO_FILE" 32)
 bind nvme "$KDEV" || fail=1
+for r in "$k1" "$k32" "$m1" "$m32"; do ok "$r" || fail=1; done
 
 echo
 echo "fio 4k randread, ${SECS} s per point, same job file ($SIZE region)"
