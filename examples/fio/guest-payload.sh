@@ -37,7 +37,7 @@ got=$("$src/fio" --version)
 bin="$dest/opt/mcqio/fio"
 mkdir -p "$bin"
 install -m 755 "$src/fio" "$bin/fio"
-strip --strip-debug "$bin/fio" 2>/dev/null || true
+strip --strip-debug "$bin/fio" "$bin/libmcqio_fio.so" 2>/dev/null || true
 install -m 755 "$so" "$bin/libmcqio_fio.so"
 install -m 755 "$here/guest-compare.sh" "$bin/guest-compare.sh"
 
