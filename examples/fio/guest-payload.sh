@@ -37,9 +37,9 @@ got=$("$src/fio" --version)
 bin="$dest/opt/mcqio/fio"
 mkdir -p "$bin"
 install -m 755 "$src/fio" "$bin/fio"
-strip --strip-debug "$bin/fio" "$bin/libmcqio_fio.so" 2>/dev/null || true
 install -m 755 "$so" "$bin/libmcqio_fio.so"
 install -m 755 "$here/guest-compare.sh" "$bin/guest-compare.sh"
+strip --strip-debug "$bin/fio" "$bin/libmcqio_fio.so" 2>/dev/null || true
 
 # The shared-library closure of both, at the paths the dynamic loader expects.
 for lib in $({ ldd "$src/fio"; ldd "$so"; } | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u); do
