@@ -1,0 +1,417 @@
+//! The `extern "C"` functions the fio shim calls (see
+//! `examples/fio/mcqio_fio.h`). Every function catches panics, so none
+//! unwinds into C; errors come back as a return value plus a message.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use crate::job::{Job, Op, Queued};
+use crate::spec::{self, DeviceOptions};
+use crate::EngineError;
+
+/// Engine options as the shim passes them (`struct mcqio_fio_config`).
+#[repr(C)]
+#[derive(Debug)]
+pub struct Config {
+    /// `dma`.
+    pub dma: *const c_char,
+    /// `hugepages`.
+    pub hugepages: *const c_char,
+    /// `dma_budget`.
+    pub dma_budget: u64,
+    /// `qpairs`.
+    pub qpairs: u32,
+    /// `shadow_doorbells`.
+    pub shadow_doorbells: u32,
+    /// `io_timeout` in ms (0: none).
+    pub io_timeout_ms: u64,
+    /// `fake_size`.
+    pub fake_size: u64,
+    /// `fake_lbads`.
+    pub fake_lbads: u32,
+    /// `fake_namespaces`.
+    pub fake_namespaces: u32,
+    /// `fake_exec`.
+    pub fake_exec: *const c_char,
+    /// `fake_latency` in ns.
+    pub fake_latency_ns: u64,
+    /// `fake_core` (-1: not pinned).
+    pub fake_core: i64,
+}
+
+/// Per-file answer of [`mcqio_fio_setup`] (`struct mcqio_fio_file`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FileOut {
+    /// Capacity in bytes.
+    pub size: u64,
+    /// The cookie `queue` takes.
+    pub cookie: u64,
+}
+
+/// Operation codes of `mcqio_fio_queue` (mcqio_fio.h).
+const OP_READ: c_int = 0;
+const OP_WRITE: c_int = 1;
+const OP_TRIM: c_int = 2;
+const OP_FLUSH: c_int = 3;
+
+const QUEUED: c_int = 0;
+const BUSY: c_int = 1;
+
+/// Copy `msg` into the caller's buffer, truncated and NUL-terminated.
+///
+/// # Safety
+/// `err` is null or valid for `len` bytes of writes.
+unsafe fn put_err(err: *mut c_char, len: usize, msg: &str) {
+    if err.is_null() || len == 0 {
+        return;
+    }
+    let n = msg.len().min(len - 1);
+    // SAFETY: n + 1 <= len bytes at `err` are writable (caller contract);
+    // `msg` is a separate Rust string.
+    unsafe {
+        std::ptr::copy_nonoverlapping(msg.as_ptr(), err.cast::<u8>(), n);
+        *err.add(n) = 0;
+    }
+}
+
+/// Run `f`, turning a panic into [`EngineError::Panic`].
+fn guarded<T>(
+    what: &'static str,
+    f: impl FnOnce() -> Result<T, EngineError>,
+) -> Result<T, EngineError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(Err(EngineError::Panic(what)))
+}
+
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+unsafe fn opt_str<'a>(p: *const c_char) -> Result<&'a str, EngineError> {
+    if p.is_null() {
+        return Ok("");
+    }
+    // SAFETY: non-null and NUL-terminated (caller contract).
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| EngineError::Abi("option is not UTF-8"))
+}
+
+fn positive(v: u64) -> Option<u64> {
+    (v > 0).then_some(v)
+}
+
+/// # Safety
+/// The strings in `c` are null or NUL-terminated.
+unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
+    // SAFETY: forwarded caller contract on each string.
+    let (dma, huge, exec) = unsafe {
+        (
+            opt_str(c.dma)?,
+            opt_str(c.hugepages)?,
+            opt_str(c.fake_exec)?,
+        )
+    };
+    spec::DmaMode::parse(dma)?;
+    let bad = |option, value: String, why| spec::SpecError::BadOption { option, value, why };
+    let qpairs = u16::try_from(c.qpairs)
+        .ok()
+        .filter(|q| (1..u16::MAX).contains(q))
+        .ok_or_else(|| bad("qpairs", c.qpairs.to_string(), "use 1 to 65534"))?;
+    if !c.fake_lbads.is_power_of_two() || !(512..=65536).contains(&c.fake_lbads) {
+        return Err(bad(
+            "fake_lbads",
+            c.fake_lbads.to_string(),
+            "use a power of two from 512 to 65536",
+        )
+        .into());
+    }
+    if c.fake_size < u64::from(c.fake_lbads) {
+        return Err(bad(
+            "fake_size",
+            c.fake_size.to_string(),
+            "must hold at least one block",
+        )
+        .into());
+    }
+    if c.fake_namespaces == 0 || c.fake_namespaces > 1024 {
+        return Err(bad(
+            "fake_namespaces",
+            c.fake_namespaces.to_string(),
+            "use 1 to 1024",
+        )
+        .into());
+    }
+    let fake_core = match c.fake_core {
+        -1 => None,
+        n => Some(
+            usize::try_from(n)
+                .map_err(|_| bad("fake_core", n.to_string(), "use a core number, or -1"))?,
+        ),
+    };
+    Ok(DeviceOptions {
+        huge_pages: spec::parse_huge_pages(huge)?,
+        dma_budget: c.dma_budget,
+        qpairs,
+        shadow_doorbells: c.shadow_doorbells != 0,
+        io_timeout: positive(c.io_timeout_ms).map(Duration::from_millis),
+        fake_size: c.fake_size,
+        fake_lbads: c.fake_lbads,
+        fake_namespaces: c.fake_namespaces,
+        fake_exec: spec::parse_fake_exec(exec)?,
+        fake_latency: Duration::from_nanos(c.fake_latency_ns),
+        fake_core,
+    })
+}
+
+/// Parse the options and filenames, open (or share) the controller, and
+/// return the job's handle (null on error, with `err` filled in).
+///
+/// # Safety
+/// `cfg` points to a valid config whose strings are null or NUL-terminated;
+/// `names` and `out` hold `nfiles` entries (each name NUL-terminated);
+/// `err` is null or valid for `errlen` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn mcqio_fio_setup(
+    cfg: *const Config,
+    names: *const *const c_char,
+    nfiles: u32,
+    max_io: u64,
+    out: *mut FileOut,
+    err: *mut c_char,
+    errlen: usize,
+) -> *mut c_void {
+    let r = guarded("setup", || {
+        if cfg.is_null() || (nfiles > 0 && (names.is_null() || out.is_null())) {
+            return Err(EngineError::Abi("null pointer"));
+        }
+        // SAFETY: non-null and valid (caller contract).
+        let opts = unsafe { device_options(&*cfg)? };
+        let n = nfiles as usize;
+        let list: Vec<&str> = (0..n)
+            .map(|i| {
+                // SAFETY: `names` holds `nfiles` NUL-terminated strings.
+                unsafe { opt_str(*names.add(i)) }
+            })
+            .collect::<Result<_, _>>()?;
+        let (job, files) = Job::setup(&list, &opts, max_io)?;
+        for (i, f) in files.iter().enumerate() {
+            // SAFETY: `out` holds `nfiles` entries and files.len() == nfiles.
+            unsafe {
+                out.add(i).write(FileOut {
+                    size: f.size,
+                    cookie: f.cookie(),
+                })
+            };
+        }
+        Ok(Box::into_raw(Box::new(job)).cast::<c_void>())
+    });
+    r.unwrap_or_else(|e| {
+        // SAFETY: caller contract on err/errlen.
+        unsafe { put_err(err, errlen, &e.to_string()) };
+        std::ptr::null_mut()
+    })
+}
+
+/// # Safety
+/// `job` came from [`mcqio_fio_setup`] and was not cleaned up; no other
+/// thread uses it during the call.
+unsafe fn job_mut<'a>(job: *mut c_void) -> Option<&'a mut Job> {
+    // SAFETY: a live Box<Job> pointer or null (caller contract), used by
+    // one thread at a time (fio calls a job's engine hooks from its thread).
+    unsafe { job.cast::<Job>().as_mut() }
+}
+
+/// Create the job's queue pair of `depth` entries on the calling thread.
+///
+/// # Safety
+/// `job` is null or a live handle from [`mcqio_fio_setup`] (not yet cleaned up), used by one thread at a time; `err` is null or valid for `errlen` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn mcqio_fio_init(
+    job: *mut c_void,
+    depth: u32,
+    err: *mut c_char,
+    errlen: usize,
+) -> c_int {
+    // SAFETY: caller contract.
+    let r = guarded("init", || match unsafe { job_mut(job) } {
+        Some(j) => j.init(depth),
+        None => Err(EngineError::Abi("null job")),
+    });
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            // SAFETY: caller contract on err/errlen.
+            unsafe { put_err(err, errlen, &e.to_string()) };
+            1
+        }
+    }
+}
+
+/// Allocate fio's I/O buffers as one DMA region; null on error.
+///
+/// # Safety
+/// As for [`mcqio_fio_init`].
+#[no_mangle]
+pub unsafe extern "C" fn mcqio_fio_iomem_alloc(
+    job: *mut c_void,
+    len: usize,
+    err: *mut c_char,
+    errlen: usize,
+) -> *mut c_void {
+    // SAFETY: caller contract.
+    let r = guarded("iomem_alloc", || match unsafe { job_mut(job) } {
+        Some(j) => j.alloc_buffers(len),
+        None => Err(EngineError::Abi("null job")),
+    });
+    match r {
+        Ok(p) => p.cast::<c_void>(),
+        Err(e) => {
+            // SAFETY: caller contract on err/errlen.
+            unsafe { put_err(err, errlen, &e.to_string()) };
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Free fio's I/O buffers (closing the queue pair first if anything is in flight).
+///
+/// # Safety
+/// `job` is null or a live handle from [`mcqio_fio_setup`] (not yet cleaned up), used by one thread at a time; fio no longer uses the buffers.
+#[no_mangle]
+pub unsafe extern "C" fn mcqio_fio_iomem_free(job: *mut c_void) {
+    let _ = guarded("iomem_free", || {
+        // SAFETY: caller contract.
+        if let Some(j) = unsafe { job_mut(job) } {
+            j.free_buffers();
+        }
+        Ok(())
+    });
+}
+
+/// Queue one command: 0 queued, 1 busy, or a negative errno (completed).
+///
+/// # Safety
+/// `job` is null or a live handle from [`mcqio_fio_setup`] (not yet cleaned up), used by one thread at a time. `buf` need not be valid: it is checked to lie in the
+/// job's buffers before use.
+#[no_mangle]
+pub unsafe extern "C" fn mcqio_fio_queue(
+    job: *mut c_void,
+    cookie: u64,
+    op: c_int,
+    offset: u64,
+    buf: *const c_void,
+    len: u64,
+    tag: u64,
+) -> c_int {
+    let op = match op {
+        OP_READ => Op::Read,
+        OP_WRITE => Op::Write,
+        OP_TRIM => Op::Trim,
+        OP_FLUSH => Op::Flush,
+        _ => return -libc::EINVAL,
+    };
+    let r = guarded("queue", || {
+        // SAFETY: caller contract.
+        let Some(j) = (unsafe { job_mut(job) }) else {
+            return Err(EngineError::Abi("null job"));
+        };
+        Ok(j.queue(cookie, op, offset, buf.cast::<u8>(), len, tag))
+    });
+    match r {
+        Ok(Queued::Queued) => QUEUED,
+        Ok(Queued::Busy) => BUSY,
+        Ok(Queued::Failed(errno)) => -errno,
+        Err(_) => -libc::EIO,
+    }
+}
+
+/// Ring the doorbell for what was queued.
+///
+/// # Safety
+/// `job` is null or a live handle from [`mcqio_fio_setup`] (not yet cleaned up), used by one thread at a time.
+#[no_mangle]
+pub unsafe extern "C" fn mcqio_fio_commit(job: *mut c_void) {
+    let _ = guarded("commit", || {
+        // SAFETY: caller contract.
+        if let Some(j) = unsafe { job_mut(job) } {
+            j.commit();
+        }
+        Ok(())
+    });
+}
+
+/// Poll for `min..=max` completions (`timeout_ns` < 0: no timeout). Returns
+/// the count, or -1 with `err` filled in.
+///
+/// # Safety
+/// As for [`mcqio_fio_init`].
+#[no_mangle]
+pub unsafe extern "C" fn mcqio_fio_getevents(
+    job: *mut c_void,
+    min: u32,
+    max: u32,
+    timeout_ns: i64,
+    err: *mut c_char,
+    errlen: usize,
+) -> c_int {
+    let timeout = u64::try_from(timeout_ns).ok().map(Duration::from_nanos);
+    let r = guarded("getevents", || {
+        // SAFETY: caller contract.
+        let Some(j) = (unsafe { job_mut(job) }) else {
+            return Err(EngineError::Abi("null job"));
+        };
+        j.getevents(min as usize, max as usize, timeout)
+    });
+    match r {
+        Ok(n) => c_int::try_from(n).unwrap_or(c_int::MAX),
+        Err(e) => {
+            // SAFETY: caller contract on err/errlen.
+            unsafe { put_err(err, errlen, &e.to_string()) };
+            -1
+        }
+    }
+}
+
+/// Completion `i` of the last getevents: its tag, and its errno in `*errno_out`.
+///
+/// # Safety
+/// `job` is null or a live handle from [`mcqio_fio_setup`] (not yet cleaned up), used by one thread at a time; `errno_out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn mcqio_fio_event(job: *mut c_void, i: u32, errno_out: *mut c_int) -> u64 {
+    let r = guarded("event", || {
+        // SAFETY: caller contract.
+        let j = unsafe { job_mut(job) }.ok_or(EngineError::Abi("null job"))?;
+        j.event(i as usize).ok_or(EngineError::Abi("event index"))
+    });
+    let (tag, errno) = match r {
+        Ok(e) => (e.tag, e.errno),
+        Err(_) => (0, libc::EIO),
+    };
+    if !errno_out.is_null() {
+        // SAFETY: non-null and writable (caller contract).
+        unsafe { *errno_out = errno };
+    }
+    tag
+}
+
+/// Close the job's queue pair and free the job; the controller closes when
+/// its last job is cleaned up.
+///
+/// # Safety
+/// `job` came from [`mcqio_fio_setup`] (or is null) and is not used again.
+#[no_mangle]
+pub unsafe extern "C" fn mcqio_fio_cleanup(job: *mut c_void) {
+    if job.is_null() {
+        return;
+    }
+    // SAFETY: a pointer from Box::into_raw in mcqio_fio_setup, not freed
+    // before (caller contract).
+    let job = unsafe { Box::from_raw(job.cast::<Job>()) };
+    let _ = guarded("cleanup", || job.close());
+}
+
+// The job is created on fio's main thread and used on the job's thread.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<Job>();
+};

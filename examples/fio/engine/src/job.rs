@@ -1,0 +1,587 @@
+//! One fio job: its files (namespaces), its queue pair and its I/O buffers.
+//!
+//! fio calls `setup` (from its main thread, before the job threads start),
+//! then on the job's own thread `init`, `iomem_alloc`, and the I/O calls
+//! `queue`/`commit`/`getevents`/`event`, and finally `iomem_free` and
+//! `cleanup`. The queue pair is created in `init`, on the thread that uses
+//! it; nothing on the I/O path locks, allocates or makes a system call.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mcqio::{IoBuf, IoError, IoSeg, QpairOptions, QueuePair, SubmitErrorKind, TimeoutPolicy};
+use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace, Iova};
+
+use crate::device::Device;
+use crate::spec::{DeviceOptions, Target};
+use crate::EngineError;
+
+/// What fio asks a command to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Read into the buffer.
+    Read,
+    /// Write from the buffer.
+    Write,
+    /// Deallocate the range (no buffer).
+    Trim,
+    /// Flush the volatile write cache (no buffer, no range).
+    Flush,
+}
+
+/// A finished command as `getevents` reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Event {
+    /// The tag given to [`Job::queue`] (fio's `io_u` pointer).
+    pub tag: u64,
+    /// 0, or a positive errno.
+    pub errno: i32,
+}
+
+/// What [`Job::queue`] did with a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queued {
+    /// In the submission queue; it completes through `getevents`.
+    Queued,
+    /// The queue is full: fio must reap completions and retry.
+    Busy,
+    /// Not submitted; it completes at once with this errno.
+    Failed(i32),
+}
+
+/// A file of the job: a namespace of the job's controller, as fio sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileInfo {
+    /// Namespace id.
+    pub nsid: u32,
+    /// log2 of the block size.
+    pub lba_shift: u32,
+    /// Capacity in bytes.
+    pub size: u64,
+}
+
+impl FileInfo {
+    /// The cookie fio keeps in `fio_file::engine_pos`: the namespace id and
+    /// block shift, so `queue` needs no lookup.
+    pub fn cookie(&self) -> u64 {
+        (u64::from(self.nsid) << 8) | u64::from(self.lba_shift)
+    }
+
+    fn from_cookie(c: u64) -> (u32, u32) {
+        ((c >> 8) as u32, (c & 0xff) as u32)
+    }
+}
+
+/// A view into the job's DMA region: fio's `xfer_buf` for one command.
+///
+/// Private to this module. A `FioBuf` is only created by [`Job::queue`],
+/// from a range checked to lie inside the job's region; the only place it
+/// lives after that is the job's queue pair, which is closed before the
+/// region is freed ([`Job::free_buffers`], and `Job`'s field order).
+#[derive(Clone, Copy, Debug)]
+struct FioBuf {
+    iova: Iova,
+    len: usize,
+    /// Id of the DMA space the region is mapped in.
+    space: u64,
+}
+
+// SAFETY: the range [iova, iova + len) lies inside the job's DmaRegion,
+// allocated Bidirectional in the space whose id is `space`, and mapped for
+// the region's whole life; the region outlives every FioBuf (see the type's
+// docs). No Rust reference to that memory exists: the region is only ever
+// handed to fio as a raw pointer, and fio does not touch an io_u's buffer
+// between `queue` and the `event` that returns it (the ioengine contract).
+// The answers below are computed from fields that never change.
+unsafe impl IoBuf for FioBuf {
+    #[inline]
+    fn segment_count(&self) -> usize {
+        1
+    }
+    #[inline]
+    fn segment(&self, _i: usize) -> IoSeg {
+        IoSeg {
+            iova: self.iova,
+            len: self.len,
+        }
+    }
+    #[inline]
+    fn dir(&self) -> DmaDir {
+        DmaDir::Bidirectional
+    }
+    #[inline]
+    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
+        self.space == space.id()
+    }
+    #[inline]
+    fn total_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// fio's buffers: one region, and where it starts in the host and device
+/// address spaces.
+struct Buffers {
+    region: DmaRegion,
+    base: usize,
+    len: usize,
+    iova: Iova,
+    space: u64,
+}
+
+/// Empty polls between two looks at the clock while `getevents` waits.
+const CLOCK_EVERY: u32 = 1024;
+
+/// One job's engine state.
+pub struct Job {
+    // Field order matters: the queue pair (which may hold FioBufs) drops
+    // before the buffers they point into, and both before the device.
+    qp: Option<QueuePair<FioBuf>>,
+    bufs: Option<Buffers>,
+    events: Vec<Event>,
+    files: Vec<FileInfo>,
+    dev: Arc<Device>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("device", &self.dev.key())
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Job {
+    /// Open (or share) the controller the job's files name and look up
+    /// their namespaces. All files of a job must be on one controller.
+    pub fn setup(
+        names: &[&str],
+        opts: &DeviceOptions,
+        max_io: u64,
+    ) -> Result<(Job, Vec<FileInfo>), EngineError> {
+        let Some(first) = names.first() else {
+            return Err(EngineError::NoFile);
+        };
+        let targets = names
+            .iter()
+            .map(|n| Target::parse(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let kind = &targets[0].device;
+        if let Some(t) = targets.iter().find(|t| t.device != *kind) {
+            return Err(EngineError::TwoControllers {
+                first: kind.key(),
+                other: t.device.key(),
+            });
+        }
+        let dev = Device::get(kind, opts, max_io)?;
+        if dev.ctrl().max_transfer() < max_io {
+            return Err(EngineError::TooLarge {
+                bs: max_io,
+                max: dev.ctrl().max_transfer(),
+                file: first.to_string(),
+            });
+        }
+        let mut files = Vec::with_capacity(targets.len());
+        for (t, name) in targets.iter().zip(names) {
+            let Some(ns) = dev.ctrl().namespace(t.unit) else {
+                return Err(EngineError::NoNamespace {
+                    file: name.to_string(),
+                    nsid: t.unit,
+                    have: dev.ctrl().namespaces().iter().map(|n| n.id).collect(),
+                });
+            };
+            files.push(FileInfo {
+                nsid: ns.id,
+                lba_shift: ns.lba_shift,
+                size: ns.size_bytes(),
+            });
+        }
+        let job = Job {
+            qp: None,
+            bufs: None,
+            events: Vec::new(),
+            files: files.clone(),
+            dev,
+        };
+        Ok((job, files))
+    }
+
+    /// Create the job's queue pair (on the calling thread, the job's).
+    pub fn init(&mut self, depth: u32) -> Result<(), EngineError> {
+        let depth = u16::try_from(depth)
+            .ok()
+            .filter(|d| (1..=4096).contains(d))
+            .ok_or(EngineError::Depth(depth))?;
+        let o = self.dev.options();
+        let qopts = QpairOptions {
+            depth,
+            io_timeout: o.io_timeout,
+            timeout_policy: TimeoutPolicy::Abort,
+            ..QpairOptions::default()
+        };
+        let ctrl = self.dev.ctrl();
+        let qp = ctrl
+            .create_qpair_for::<FioBuf>(qopts)
+            .map_err(|e| EngineError::Qpair {
+                why: e.to_string(),
+                granted: ctrl.granted_io_queues(),
+            })?;
+        self.events = vec![Event::default(); usize::from(depth)];
+        self.qp = Some(qp);
+        Ok(())
+    }
+
+    /// Allocate fio's I/O buffers: one DMA region of `len` bytes, mapped
+    /// for the device once. Returns its host address.
+    pub fn alloc_buffers(&mut self, len: usize) -> Result<*mut u8, EngineError> {
+        self.free_buffers();
+        let space = self.dev.ctrl().dma();
+        let region = space
+            .alloc(len.max(1), DmaDir::Bidirectional)
+            .map_err(|e| EngineError::Memory {
+                len,
+                why: e.to_string(),
+            })?;
+        let ptr = region.as_ptr().as_ptr();
+        self.bufs = Some(Buffers {
+            base: ptr as usize,
+            len: region.len(),
+            iova: region.iova(),
+            space: space.id(),
+            region,
+        });
+        Ok(ptr)
+    }
+
+    /// Free fio's buffers. If commands are still in flight (fio frees its
+    /// buffers before it cleans up the engine) the queue pair is closed
+    /// first, so the device cannot reach the memory any more.
+    pub fn free_buffers(&mut self) {
+        if self.bufs.is_none() {
+            return;
+        }
+        if self.qp.as_ref().is_some_and(|q| q.outstanding() > 0) {
+            if let Some(qp) = self.qp.take() {
+                let _ = qp.close(|_| {});
+            }
+        }
+        if let Some(b) = self.bufs.take() {
+            drop(b.region);
+        }
+    }
+
+    /// Queue one command (the doorbell rings in [`Job::commit`]).
+    #[inline]
+    pub fn queue(
+        &mut self,
+        cookie: u64,
+        op: Op,
+        offset: u64,
+        buf: *const u8,
+        len: u64,
+        tag: u64,
+    ) -> Queued {
+        let Some(qp) = self.qp.as_mut() else {
+            return Queued::Failed(libc::EIO);
+        };
+        let (nsid, shift) = FileInfo::from_cookie(cookie);
+        let Some(mask) = 1u64.checked_shl(shift).map(|bs| bs - 1) else {
+            return Queued::Failed(libc::EINVAL);
+        };
+        if op != Op::Flush && (offset | len) & mask != 0 {
+            return Queued::Failed(libc::EINVAL);
+        }
+        let slba = offset >> shift;
+        let Ok(nlb) = u32::try_from(len >> shift) else {
+            return Queued::Failed(libc::EINVAL);
+        };
+        let r = match op {
+            Op::Read | Op::Write => {
+                let Some(b) = self.bufs.as_ref() else {
+                    return Queued::Failed(libc::EFAULT);
+                };
+                // The buffer must lie inside the region fio got from us.
+                let start = (buf as usize).wrapping_sub(b.base);
+                let inside = (buf as usize) >= b.base
+                    && usize::try_from(len)
+                        .ok()
+                        .and_then(|l| start.checked_add(l))
+                        .is_some_and(|end| end <= b.len);
+                if !inside {
+                    return Queued::Failed(libc::EFAULT);
+                }
+                let fb = FioBuf {
+                    iova: b.iova.add(start as u64),
+                    len: len as usize,
+                    space: b.space,
+                };
+                let r = if op == Op::Read {
+                    qp.read(nsid, slba, nlb, fb, tag)
+                } else {
+                    qp.write(nsid, slba, nlb, fb, tag)
+                };
+                r.map_err(|e| e.kind)
+            }
+            Op::Trim => qp.deallocate(nsid, &[(slba, nlb)], tag).map_err(|e| e.kind),
+            Op::Flush => qp.flush(nsid, tag).map_err(|e| e.kind),
+        };
+        match r {
+            Ok(()) => Queued::Queued,
+            Err(SubmitErrorKind::QueueFull) => Queued::Busy,
+            Err(SubmitErrorKind::ControllerFailed) => Queued::Failed(libc::EIO),
+            Err(SubmitErrorKind::Unsupported(_)) => Queued::Failed(libc::EOPNOTSUPP),
+            Err(_) => Queued::Failed(libc::EINVAL),
+        }
+    }
+
+    /// Ring the doorbell once for everything queued since the last commit.
+    #[inline]
+    pub fn commit(&mut self) {
+        if let Some(qp) = self.qp.as_mut() {
+            qp.submit();
+        }
+    }
+
+    /// Poll until at least `min` (at most `max`) commands completed, or
+    /// `timeout` passed. Returns how many; they are read with [`Job::event`].
+    /// `Err` when the controller failed and nothing completed.
+    #[inline]
+    pub fn getevents(
+        &mut self,
+        min: usize,
+        max: usize,
+        timeout: Option<Duration>,
+    ) -> Result<usize, EngineError> {
+        let Some(qp) = self.qp.as_mut() else {
+            return Err(EngineError::NotInitialised);
+        };
+        let max = max.min(self.events.len());
+        let min = min.min(max);
+        let events = &mut self.events;
+        let mut n = 0;
+        let mut idle = 0u32;
+        let mut deadline = None;
+        loop {
+            let r = qp.poll(max - n, |c| {
+                let errno = match c.result {
+                    Ok(()) => 0,
+                    Err(IoError::TimedOut) => libc::ETIMEDOUT,
+                    Err(_) => libc::EIO,
+                };
+                // poll delivers at most `max - n` completions.
+                if let Some(e) = events.get_mut(n) {
+                    *e = Event { tag: c.tag, errno };
+                    n += 1;
+                }
+            });
+            if let Err(e) = r {
+                if n > 0 {
+                    return Ok(n);
+                }
+                return Err(EngineError::Controller(e.to_string()));
+            }
+            if n >= min {
+                return Ok(n);
+            }
+            if let Some(t) = timeout {
+                idle += 1;
+                if idle % CLOCK_EVERY == 0 {
+                    let now = Instant::now();
+                    let end = *deadline.get_or_insert(now + t);
+                    if now >= end {
+                        return Ok(n);
+                    }
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Completion `i` of the last [`Job::getevents`].
+    #[inline]
+    pub fn event(&self, i: usize) -> Option<Event> {
+        self.events.get(i).copied()
+    }
+
+    /// Close the queue pair (every command still in flight completes as
+    /// aborted) and free the buffers.
+    pub fn close(mut self) -> Result<(), EngineError> {
+        let r = match self.qp.take() {
+            Some(qp) => qp
+                .close(|_| {})
+                .map_err(|e| EngineError::Controller(e.to_string())),
+            None => Ok(()),
+        };
+        self.free_buffers();
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::FakeExec;
+    use mcqio_vfio::HugePages;
+
+    fn opts() -> DeviceOptions {
+        DeviceOptions {
+            huge_pages: HugePages::Never,
+            dma_budget: 0,
+            qpairs: 4,
+            shadow_doorbells: false,
+            io_timeout: None,
+            fake_size: 1 << 20,
+            fake_lbads: 512,
+            fake_namespaces: 2,
+            fake_exec: FakeExec::Sync,
+            fake_latency: Duration::ZERO,
+            fake_core: None,
+        }
+    }
+
+    fn wait(job: &mut Job, want: usize) -> Vec<Event> {
+        let n = job.getevents(want, want, None).unwrap();
+        (0..n).map(|i| job.event(i).unwrap()).collect()
+    }
+
+    #[test]
+    fn write_read_trim_through_the_views() {
+        // Tests run in parallel and share the process's fake (same key and
+        // options); this one alone uses namespace 2.
+        let (mut job, files) = Job::setup(&["fake,ns=2"], &opts(), 4096).unwrap();
+        assert_eq!(files[0].nsid, 2);
+        assert_eq!(files[0].size, 1 << 20);
+        assert_eq!(files[0].lba_shift, 9);
+        job.init(4).unwrap();
+        let base = job.alloc_buffers(8192).unwrap();
+        // SAFETY: base points to 8192 bytes of the job's region; nothing is in flight.
+        unsafe { std::ptr::write_bytes(base, 0xa5, 4096) };
+        let c = files[0].cookie();
+        assert_eq!(
+            job.queue(c, Op::Write, 4096, base, 4096, 11),
+            Queued::Queued
+        );
+        job.commit();
+        assert_eq!(wait(&mut job, 1), vec![Event { tag: 11, errno: 0 }]);
+        // SAFETY: as above; the read lands in the second half.
+        let back = unsafe { base.add(4096) };
+        assert_eq!(job.queue(c, Op::Read, 4096, back, 4096, 12), Queued::Queued);
+        job.commit();
+        assert_eq!(wait(&mut job, 1), vec![Event { tag: 12, errno: 0 }]);
+        // SAFETY: the read completed; 4096 bytes at `back` are ours.
+        let data = unsafe { std::slice::from_raw_parts(back, 4096) };
+        assert!(data.iter().all(|&b| b == 0xa5));
+        assert_eq!(
+            job.queue(c, Op::Trim, 0, std::ptr::null(), 8192, 13),
+            Queued::Queued
+        );
+        assert_eq!(
+            job.queue(c, Op::Flush, 0, std::ptr::null(), 0, 14),
+            Queued::Queued
+        );
+        job.commit();
+        let mut ev = wait(&mut job, 2);
+        ev.sort_by_key(|e| e.tag);
+        assert_eq!(
+            ev,
+            vec![Event { tag: 13, errno: 0 }, Event { tag: 14, errno: 0 }]
+        );
+        job.close().unwrap();
+    }
+
+    #[test]
+    fn bad_requests_fail_without_reaching_the_device() {
+        let (mut job, files) = Job::setup(&["fake"], &opts(), 4096).unwrap();
+        let c = files[0].cookie();
+        // Not initialised yet.
+        assert_eq!(
+            job.queue(c, Op::Read, 0, std::ptr::null(), 512, 1),
+            Queued::Failed(libc::EIO)
+        );
+        job.init(2).unwrap();
+        let base = job.alloc_buffers(4096).unwrap();
+        // Misaligned offset and length.
+        assert_eq!(
+            job.queue(c, Op::Read, 100, base, 512, 1),
+            Queued::Failed(libc::EINVAL)
+        );
+        assert_eq!(
+            job.queue(c, Op::Read, 0, base, 100, 1),
+            Queued::Failed(libc::EINVAL)
+        );
+        // A buffer outside fio's region is refused, not handed to the device.
+        let mut other = [0u8; 512];
+        assert_eq!(
+            job.queue(c, Op::Read, 0, other.as_mut_ptr(), 512, 1),
+            Queued::Failed(libc::EFAULT)
+        );
+        // SAFETY: pointer arithmetic only; the result is checked, never dereferenced.
+        let tail = unsafe { base.add(3584) };
+        assert_eq!(
+            job.queue(c, Op::Read, 0, tail, 1024, 1),
+            Queued::Failed(libc::EFAULT)
+        );
+        // A cookie setup never made (block shift 200).
+        assert_eq!(
+            job.queue(200, Op::Read, 0, base, 512, 1),
+            Queued::Failed(libc::EINVAL)
+        );
+        // Past the end of the namespace.
+        assert_eq!(
+            job.queue(c, Op::Read, 1 << 20, base, 512, 1),
+            Queued::Failed(libc::EINVAL)
+        );
+        // The queue fills at its depth: busy, not an error.
+        assert_eq!(job.queue(c, Op::Read, 0, base, 512, 1), Queued::Queued);
+        assert_eq!(job.queue(c, Op::Read, 512, base, 512, 2), Queued::Queued);
+        assert_eq!(job.queue(c, Op::Read, 1024, base, 512, 3), Queued::Busy);
+        job.commit();
+        assert_eq!(wait(&mut job, 2).len(), 2);
+        // getevents with min 0 returns at once.
+        assert_eq!(job.getevents(0, 2, None).unwrap(), 0);
+        job.close().unwrap();
+    }
+
+    #[test]
+    fn freeing_buffers_with_commands_in_flight_closes_the_queue_first() {
+        let (mut job, files) = Job::setup(&["fake,ns=1"], &opts(), 4096).unwrap();
+        job.init(2).unwrap();
+        let base = job.alloc_buffers(4096).unwrap();
+        let c = files[0].cookie();
+        assert_eq!(job.queue(c, Op::Read, 0, base, 512, 1), Queued::Queued);
+        job.free_buffers();
+        assert!(job.qp.is_none() && job.bufs.is_none());
+        assert!(job.getevents(1, 1, None).is_err());
+        job.close().unwrap();
+    }
+
+    #[test]
+    fn jobs_share_a_controller_and_refuse_other_options() {
+        let (a, _) = Job::setup(&["fake"], &opts(), 4096).unwrap();
+        let (b, _) = Job::setup(&["fake,ns=2"], &opts(), 4096).unwrap();
+        assert!(Arc::ptr_eq(&a.dev, &b.dev));
+        let other = DeviceOptions {
+            fake_lbads: 4096,
+            ..opts()
+        };
+        assert!(matches!(
+            Job::setup(&["fake"], &other, 4096),
+            Err(EngineError::OptionsDiffer { .. })
+        ));
+        assert!(matches!(
+            Job::setup(&["fake,ns=3"], &opts(), 4096),
+            Err(EngineError::NoNamespace { nsid: 3, .. })
+        ));
+        assert!(matches!(
+            Job::setup(&["fake", "vfio-00.01.0"], &opts(), 4096),
+            Err(EngineError::TwoControllers { .. })
+        ));
+        assert!(matches!(
+            Job::setup(&["fake-ufs"], &opts(), 4096),
+            Err(EngineError::UfsNotYet)
+        ));
+        a.close().unwrap();
+        b.close().unwrap();
+    }
+}

@@ -1,0 +1,110 @@
+//! # mcqio-fio: the Rust half of mcqio's fio external ioengine
+//!
+//! fio loads `libmcqio_fio.so` (built by `examples/fio/build.sh`) with
+//! `--ioengine=external:<path>`. The shared object is a small C shim
+//! (`examples/fio/mcqio_fio.c`, compiled against fio's configured source
+//! tree) linked with this static library; the shim turns fio's structures
+//! into the narrow C ABI of [`ffi`] (declared in `examples/fio/mcqio_fio.h`).
+//!
+//! - [`spec`]: `--filename` in mcqio's syntax (`fake`, `vfio-0000.01.00.0`,
+//!   `,ns=N`) and the engine options.
+//! - [`device`]: controllers shared by the jobs of a process (refcounted).
+//! - [`job`]: one job's queue pair and its zero-copy DMA buffers.
+//! - [`ffi`]: the `extern "C"` functions the shim calls.
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![warn(missing_docs)]
+
+pub mod device;
+pub mod ffi;
+pub mod job;
+pub mod spec;
+
+/// Why the engine cannot set up or run a job; fio prints the message.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The filename or an option is wrong.
+    #[error(transparent)]
+    Spec(#[from] spec::SpecError),
+    /// The job has no file.
+    #[error("the job has no --filename (use fake, or vfio-<domain>.<bus>.<dev>.<fn>)")]
+    NoFile,
+    /// Files of one job name different controllers.
+    #[error("one job's files must be on one controller: `{first}` and `{other}` (use one job per controller)")]
+    TwoControllers {
+        /// The first file's controller.
+        first: String,
+        /// Another one.
+        other: String,
+    },
+    /// Another job opened the controller with other engine options.
+    #[error(
+        "`{device}` is already open with other engine options: give every job on it the same ones"
+    )]
+    OptionsDiffer {
+        /// The controller.
+        device: String,
+    },
+    /// Opening the controller failed.
+    #[error("cannot open `{device}`: {why}")]
+    Open {
+        /// The controller.
+        device: String,
+        /// The library's error.
+        why: String,
+    },
+    /// `fake-ufs` is reserved for the UFS transport.
+    #[error("fake-ufs: the UFS transport is not in the fio engine yet")]
+    UfsNotYet,
+    /// The namespace does not exist.
+    #[error("`{file}`: namespace {nsid} is not active (active: {have:?})")]
+    NoNamespace {
+        /// The filename.
+        file: String,
+        /// The namespace asked for.
+        nsid: u32,
+        /// The active ones.
+        have: Vec<u32>,
+    },
+    /// A block size above what the controller was set up for.
+    #[error("`{file}`: bs {bs} is larger than the controller's maximum transfer {max}")]
+    TooLarge {
+        /// The job's largest block.
+        bs: u64,
+        /// The controller's limit.
+        max: u64,
+        /// The filename.
+        file: String,
+    },
+    /// iodepth out of range.
+    #[error("iodepth={0}: the engine supports 1 to 4096")]
+    Depth(u32),
+    /// No queue pair for the job.
+    #[error("cannot create the job's queue pair: {why} (the controller granted {granted} I/O queue pairs; raise the qpairs option or run fewer jobs)")]
+    Qpair {
+        /// The library's error.
+        why: String,
+        /// Queue pairs granted.
+        granted: usize,
+    },
+    /// DMA memory for fio's buffers.
+    #[error("cannot allocate {len} bytes of DMA memory for fio's buffers: {why}")]
+    Memory {
+        /// Bytes asked for.
+        len: usize,
+        /// The library's error.
+        why: String,
+    },
+    /// An I/O call before `init`.
+    #[error("the job's queue pair is not set up")]
+    NotInitialised,
+    /// The controller failed or went away.
+    #[error("controller error: {0}")]
+    Controller(String),
+    /// A bad argument from the C side.
+    #[error("invalid argument from the fio shim: {0}")]
+    Abi(&'static str),
+    /// A panic inside the library (a bug), caught at the C boundary.
+    #[error("internal error (panic) in {0}")]
+    Panic(&'static str),
+}

@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# test.sh — build the fio engine and run fio on the fake controller:
+# randwrite then randread with verify=crc32c, and randrw (rwmixread=70) with
+# verify, each at iodepth 1 and 32 with 1 and 2 jobs; plus bsrange, trim,
+# flush and batched submit/complete. Every run must exit 0 and report no job
+# error in its JSON. Prints an IOPS table, then the same randread workload
+# through fio+engine and through mcqio-perf on the same fake device.
+# The IOPS are printed, not asserted: a shared machine makes them noisy.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+command -v jq >/dev/null || { echo "test.sh: jq is needed to read fio's JSON" >&2; exit 1; }
+
+so=$(bash "$here/build.sh" | tail -n1)
+[ -f "$so" ] || { echo "test.sh: build.sh did not print the engine's path" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work" # fio resolves relative names here; the engine creates no files
+
+ncpu=$(nproc)
+rows=()
+failed=0
+
+# fio's JSON output file, minus any warning fio printed into it first
+# (e.g. "multiple writers may overwrite blocks", which ignores offset_increment).
+json_of() { sed -n '/^{/,$p' "$1"; }
+
+# run NAME JOBFILE: fio with JSON output; checks exit code and job errors.
+run() {
+	local name=$1 jobfile=$2 raw="$work/$1.out" json="$work/$1.json" rc=0
+	fio --output-format=json --output="$raw" "$jobfile" >"$work/$name.log" 2>&1 || rc=$?
+	json_of "$raw" >"$json" || true
+	local errs
+	errs=$(jq '[.jobs[] | select(.error != 0)] | length' "$json" 2>/dev/null || echo "no JSON")
+	local ios
+	ios=$(jq '[.jobs[] | .read.total_ios + .write.total_ios + .trim.total_ios] | add' "$json" 2>/dev/null || echo 0)
+	if [ "$rc" != 0 ] || [ "$errs" != 0 ] || [ "${ios:-0}" = 0 ]; then
+		echo "FAIL $name: fio exit $rc, jobs with errors: $errs, I/Os: $ios" >&2
+		sed 's/^/    /' "$work/$name.log" >&2 || true
+		jq -c '.jobs[] | {jobname, error}' "$json" >&2 2>/dev/null || true
+		failed=1
+		return
+	fi
+	# One row per job name (clones of numjobs summed).
+	while IFS=$'\t' read -r job r w t; do
+		rows+=("$(printf '%-24s %-12s %10.0f %10.0f %10.0f' "$name" "$job" "$r" "$w" "$t")")
+	done < <(jq -r '.jobs | group_by(.jobname)[] |
+		[.[0].jobname, (map(.read.iops) | add), (map(.write.iops) | add), (map(.trim.iops) | add)] | @tsv' "$json")
+}
+
+global() {
+	cat <<EOF
+[global]
+ioengine=external:$so
+thread=1
+filename=fake
+fake_size=64m
+bs=4k
+size=8m
+offset_increment=8m
+group_reporting=0
+EOF
+}
+
+for qd in 1 32; do
+	for nj in 1 2; do
+		f="$work/verify-qd$qd-j$nj.fio"
+		{
+			global
+			cat <<EOF
+iodepth=$qd
+numjobs=$nj
+verify=crc32c
+
+[randwrite]
+rw=randwrite
+do_verify=0
+
+[randread]
+stonewall
+rw=randread
+EOF
+		} >"$f"
+		run "verify-qd$qd-j$nj" "$f"
+
+		f="$work/randrw-qd$qd-j$nj.fio"
+		{
+			global
+			cat <<EOF
+iodepth=$qd
+numjobs=$nj
+
+[randrw]
+rw=randrw
+rwmixread=70
+verify=crc32c
+EOF
+		} >"$f"
+		run "randrw-qd$qd-j$nj" "$f"
+	done
+done
+
+# bsrange, sequential write+read with batched submit/complete and flushes
+# (fsync becomes an NVMe Flush), and trim.
+f="$work/mixed.fio"
+{
+	global
+	cat <<EOF
+iodepth=16
+
+[bsrange]
+rw=randwrite
+bsrange=4k-64k
+verify=crc32c
+
+[batched]
+stonewall
+rw=write
+iodepth_batch_submit=8
+iodepth_batch_complete_min=4
+iodepth_batch_complete_max=16
+fsync=64
+verify=crc32c
+
+[trim]
+stonewall
+rw=trim
+bs=64k
+EOF
+} >"$f"
+run mixed "$f"
+
+# The verify runs above can fail: reading back a range that was never
+# written must fail verification (the fake shares its data across the jobs).
+if fio --name=w --ioengine=external:"$so" --thread --filename=fake --rw=randwrite --bs=4k --size=1m \
+	--verify=crc32c --do_verify=0 --name=r --stonewall --ioengine=external:"$so" --thread \
+	--filename=fake --rw=randread --bs=4k --size=1m --offset=2m --verify=crc32c >"$work/neg.log" 2>&1 ||
+	! grep -q 'verify: bad magic header' "$work/neg.log"; then
+	echo "FAIL: verify of never-written blocks did not fail" >&2
+	sed 's/^/    /' "$work/neg.log" >&2
+	failed=1
+fi
+
+# A bad filename and fork mode must be refused with a message.
+if fio --name=bad --ioengine=external:"$so" --thread --filename=nosuchdevice --size=1m >"$work/bad.log" 2>&1 ||
+	! grep -q 'unknown device' "$work/bad.log"; then
+	echo "FAIL: a bad --filename was not refused with a message" >&2
+	sed 's/^/    /' "$work/bad.log" >&2
+	failed=1
+fi
+if fio --name=fork --ioengine=external:"$so" --filename=fake --size=1m >"$work/fork.log" 2>&1 ||
+	! grep -q 'thread=1' "$work/fork.log"; then
+	echo "FAIL: a job without thread=1 was not refused with a message" >&2
+	sed 's/^/    /' "$work/fork.log" >&2
+	failed=1
+fi
+
+printf '\n%-24s %-12s %10s %10s %10s\n' "fio run" "job" "read IOPS" "write IOPS" "trim IOPS"
+printf '%s\n' "${rows[@]}"
+
+# The same workload through fio+engine and mcqio-perf: 4k randread, QD32,
+# one job, 2 s, RAM fake with 4 KiB blocks; the job on core 0 and the fake's
+# device thread on core 1 (what mcqio-perf does by itself). Each is run twice,
+# alternating, and the better run is shown (the machine may be shared).
+pin_fio=() pin_perf=()
+if [ "$ncpu" -ge 2 ]; then
+	pin_fio=(--cpus_allowed=0 --fake_core=1)
+	pin_perf=(--cpus 0)
+	dev=fake,size=64M,lbads=4096,core=1
+else
+	dev=fake,size=64M,lbads=4096
+fi
+(cd "$root" && cargo build --release --bin mcqio-perf -q)
+cmp_fio() { # cmp_fio [fio options...]: prints the job's read IOPS
+	local rc=0
+	fio --output-format=json --output="$work/cmp.out" --name=cmp --ioengine=external:"$so" --thread \
+		--filename=fake --fake_size=64m --rw=randread --bs=4k --iodepth=32 --numjobs=1 \
+		--time_based --runtime=2 "${pin_fio[@]}" "$@" >"$work/cmp.log" 2>&1 || rc=$?
+	if [ "$rc" != 0 ] || [ "$(json_of "$work/cmp.out" | jq '.jobs[0].error')" != 0 ]; then
+		echo "FAIL: fio comparison run (exit $rc)" >&2
+		cat "$work/cmp.log" >&2
+		failed=1
+		echo 0
+		return
+	fi
+	json_of "$work/cmp.out" | jq '.jobs[0].read.iops'
+}
+cmp_perf() {
+	"$root/target/release/mcqio-perf" -d "$dev" -w randread -o 4k -q 32 -j 1 -t 2 \
+		"${pin_perf[@]}" --json --quiet | jq '.total.iops'
+}
+# fio's own cost per I/O, with no device: its null engine, same job, same core.
+cmp_null() {
+	fio --output-format=json --output="$work/null.out" --name=null --ioengine=null --thread \
+		--rw=randread --bs=4k --size=64m --iodepth=32 --numjobs=1 --time_based --runtime=2 \
+		${pin_fio[0]:+--cpus_allowed=0} >"$work/null.log" 2>&1 || { echo 0; return; }
+	json_of "$work/null.out" | jq '.jobs[0].read.iops'
+}
+best() { printf '%s\n' "$@" | sort -g | tail -n1; }
+# "lean": no per-I/O clock reads in fio, and one doorbell per batch of up to
+# 32 as mcqio-perf rings it (fio's default rings once per I/O).
+lean=(--gtod_reduce=1 --iodepth_batch_submit=32 --iodepth_batch_complete_max=32)
+f1=$(cmp_fio) g1=$(cmp_fio "${lean[@]}") p1=$(cmp_perf) n1=$(cmp_null)
+f2=$(cmp_fio) g2=$(cmp_fio "${lean[@]}") p2=$(cmp_perf) n2=$(cmp_null)
+for v in "$f1" "$g1" "$f2" "$g2"; do [ "$v" != 0 ] || failed=1; done
+fio_iops=$(best "$f1" "$f2") lean_iops=$(best "$g1" "$g2") perf_iops=$(best "$p1" "$p2")
+null_iops=$(best "$n1" "$n2")
+# If the job thread is the bottleneck, fio+engine spends per I/O what
+# mcqio-perf spends plus what fio spends with its null engine: a lower bound
+# (when the fake's device thread is the bottleneck, fio's work overlaps it).
+expect=$(jq -n "1 / (1 / $perf_iops + 1 / $null_iops)")
+ratio() { jq -n "$1 / $2 * 1000 | round / 1000"; }
+printf '\n4k randread QD32, 1 job, fake (RAM, 4 KiB blocks), 2 s, better of 2 runs:\n'
+printf '  %-38s %10.0f IOPS\n' "mcqio-perf" "$perf_iops" \
+	"fio + mcqio engine" "$fio_iops" \
+	"fio + mcqio engine, lean options" "$lean_iops" \
+	"fio ioengine=null (fio's own cost)" "$null_iops" \
+	"expected: 1/(1/mcqio-perf + 1/null)" "$expect"
+printf '  fio/mcqio-perf = %s (lean: %s); fio/expected = %s\n' \
+	"$(ratio "$fio_iops" "$perf_iops")" "$(ratio "$lean_iops" "$perf_iops")" "$(ratio "$fio_iops" "$expect")"
+
+if [ "$failed" != 0 ]; then
+	echo "test.sh: FAILED" >&2
+	exit 1
+fi
+echo "test.sh: all fio runs passed"
