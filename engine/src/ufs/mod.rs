@@ -1,10 +1,45 @@
-//! # UFS transport (UFSHCI 4.0): wire formats
+//! # UFS transport (UFSHCI 4.0)
 //!
 //! The UFS host-controller interface (UFSHCI 4.0, JESD223E) and the UFS
-//! protocol units (UPIU) and SCSI command set it carries. Only the wire
-//! formats live here so far — registers, transfer request descriptors,
-//! completion entries, UPIUs, PRDT entries, CDBs, descriptors, status and
-//! sense decoding — each in the file named after the spec's own noun:
+//! protocol units (UPIU) and SCSI command set it carries, as a sibling of
+//! the NVMe transport with the same application-facing shape:
+//!
+//! ```text
+//! UfsController::new(backend, UfsOptions::default())   // HCE, link, device init, MCQ or legacy
+//!   └─ ctrl.create_qpair()                              // one per thread: an MCQ SQ/CQ pair, or the legacy list
+//!        ├─ qp.read(lun, lba, blocks, buf, tag)         // UTRD + UCD (COMMAND UPIU, PRDT), no doorbell yet
+//!        ├─ qp.submit()                                 // one SQTP (or UTRLDBR) store per batch
+//!        └─ qp.poll(max, |c: Completion<_>| ..)         // one CQTP (or UTRLDBR) read, one CQHP store
+//! ```
+//!
+//! A command completes exactly once with its buffer; a transport error
+//! (OCS) or a SCSI error (CHECK CONDITION with sense) arrives as
+//! [`crate::IoError::Ufs`]. A completion that names no command in flight
+//! (a stale or duplicate entry, a UCD address that is not ours) is counted
+//! in [`UfsQpairStats::stale_completions`] and dropped. A fatal controller
+//! (IS) is disabled, a removed one noticed (all ones); every outstanding
+//! command then completes with [`crate::IoError::ControllerFailed`].
+//!
+//! The transport, file by file:
+//!
+//! - [`ctrl`]: [`UfsController`] bring-up (HCE, DME_LINKSTARTUP, NOP,
+//!   fDeviceInit, descriptors, REPORT LUNS, UNIT ATTENTION, READ
+//!   CAPACITY), the choice of MCQ or legacy, queue configuration with the
+//!   DAO offsets read back and bounds-checked.
+//! - [`error`]: [`UfsCtrlError`], the control path's typed errors.
+//! - [`mcq`]: one MCQ SQ/CQ pair: byte-offset heads and tails, CQTP polling
+//!   (no phase bit), batched SQTP / CQHP stores.
+//! - [`sdb`]: the legacy list: 32 UTRD slots, UTRLDBR bitmap, UTRLCNR.
+//! - [`ucd`]: each queue pair's own slice of command descriptors: COMMAND
+//!   UPIU, PRDT from the buffer's segments, RESPONSE decoding.
+//! - [`qpair`]: [`UfsQueuePair`], the per-thread I/O object (read, write,
+//!   flush, unmap, submit, poll, close, blocking helpers).
+//!
+//! Transport-independent pieces reused from the NVMe side: tag tracking
+//! with generations (`crate::queue::tracker`), [`crate::IoBuf`],
+//! [`crate::Completion`], [`crate::SubmitError`].
+//!
+//! The wire formats, each in the file named after the spec's own noun:
 //!
 //! - [`spec::regs`]: host-controller registers, MCQ capability and per-queue
 //!   configuration / operational registers, UIC commands.
@@ -23,4 +58,15 @@
 //! registers are little-endian; everything inside a UPIU, a CDB or a
 //! descriptor is big-endian.
 
+pub mod ctrl;
+pub mod error;
+pub mod mcq;
+pub mod qpair;
+pub mod sdb;
 pub mod spec;
+pub mod ucd;
+
+pub use ctrl::{LogicalUnit, UfsController, UfsMode, UfsOptions};
+pub use error::{UfsCtrlError, UfsResult};
+pub use qpair::{UfsQpairStats, UfsQueuePair};
+pub use spec::status::UfsError;
