@@ -16,7 +16,10 @@ fn mcq_bring_up_sets_up_queues_and_reads_the_device() {
     assert_eq!(ctrl.depth(), 32);
     let lus = ctrl.logical_units();
     assert_eq!(lus.len(), 1);
-    assert_eq!((lus[0].lun, lus[0].blocks, lus[0].block_len), (0, 4096, 4096));
+    assert_eq!(
+        (lus[0].lun, lus[0].blocks, lus[0].block_len),
+        (0, 4096, 4096)
+    );
     assert_eq!(ctrl.device_descriptor().lus, 1);
     let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
     assert!(qp.hw_queue().is_some());
@@ -76,7 +79,11 @@ fn queue_count_is_bounded_by_maxq_and_queues_are_not_shared() {
     let freed = a.hw_queue();
     drop(a);
     let c = ctrl.create_qpair::<DmaBuf>().unwrap();
-    assert_eq!(c.hw_queue(), freed, "a dropped queue pair's queue is reused");
+    assert_eq!(
+        c.hw_queue(),
+        freed,
+        "a dropped queue pair's queue is reused"
+    );
 }
 
 #[test]
@@ -126,4 +133,36 @@ fn bring_up_twice_on_the_same_controller() {
     let ctrl = mcqio::UfsController::new(backend, opts(2)).unwrap();
     let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
     qp.write_blocking(0, 0, &pattern(6, 4096)).unwrap();
+}
+
+#[test]
+fn a_reused_queue_continues_where_the_controller_stands() {
+    // The controller keeps SQHP/CQTP across queue pairs: a new queue pair
+    // on the same hardware queue must continue from there, not from slot 0.
+    let cfg = mcqio_fixtures::ufs::UfsConfig {
+        queues: 1,
+        ..sync_cfg(true)
+    };
+    let (fake, ctrl) = up(cfg, opts(1));
+    for round in 0..4u64 {
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        for i in 0..(3 + round) {
+            let data = pattern(round * 10 + i, 4096);
+            qp.write_blocking(0, round * 10 + i, &data).unwrap();
+            assert_eq!(fake.lu_bytes(0, (round * 10 + i) * 4096, 4096), data);
+        }
+        let s = qp.stats();
+        assert_eq!(
+            (s.submitted, s.completed, s.stale_completions),
+            (3 + round, 3 + round, 0)
+        );
+    }
+    // The device executed exactly our commands (bring-up's included), no
+    // stale ring entries, and reported no error.
+    let st = fake.stats();
+    assert_eq!(st.errors, 0, "{st:?}");
+    let before = st.commands;
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    qp.write_blocking(0, 99, &pattern(99, 4096)).unwrap();
+    assert_eq!(fake.stats().commands, before + 1);
 }

@@ -78,25 +78,39 @@ fn bogus_cqe_ucd_addresses_are_counted_stale() {
     );
     let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
     for i in 0..3 {
-        qp.read(0, i, 1, ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(), i)
-            .unwrap();
+        qp.read(
+            0,
+            i,
+            1,
+            ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+            i,
+        )
+        .unwrap();
     }
     qp.submit();
     for _ in 0..50 {
-        qp.poll(8, |c| panic!("delivered a completion naming no command: {}", c.tag))
-            .unwrap();
+        qp.poll(8, |c| {
+            panic!("delivered a completion naming no command: {}", c.tag)
+        })
+        .unwrap();
     }
     let s = qp.stats();
     assert_eq!(s.stale_completions, 3, "{s:?}");
     assert_eq!(qp.outstanding(), 3);
-    // Closing ends each command once; their memory is not reused.
+    // Closing ends each command once. The cleanup's ABORTED entries carry
+    // bogus addresses too, so the controller never gives the commands
+    // back: their buffers and the queue's memory are leaked, not reused.
     let mut ended = Vec::new();
-    qp.close(|c| ended.push((c.tag, c.result))).unwrap();
+    qp.close(|c| ended.push((c.tag, c.result, c.buf.is_some())))
+        .unwrap();
     ended.sort_by_key(|e| e.0);
     assert_eq!(
         ended,
-        (0..3).map(|t| (t, Err(IoError::Aborted))).collect::<Vec<_>>()
+        (0..3)
+            .map(|t| (t, Err(IoError::Aborted), false))
+            .collect::<Vec<_>>()
     );
+    assert!(ctrl.leaked_bytes() > 0);
 }
 
 #[test]
@@ -113,7 +127,8 @@ fn descriptor_lengths_that_disagree_with_the_data_are_refused() {
         assert!(
             matches!(
                 e,
-                UfsCtrlError::BadValue { .. } | UfsCtrlError::Descriptor(DescError::TooShort { .. })
+                UfsCtrlError::BadValue { .. }
+                    | UfsCtrlError::Descriptor(DescError::TooShort { .. })
             ),
             "bLength {len:#x}: {e}"
         );

@@ -110,7 +110,10 @@ fn transfer_sizes(mcq: bool) {
     let (fake, ctrl) = up(sync_cfg(mcq), opts(1));
     let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
     let mut lba = 0u64;
-    for (i, kib) in [4usize, 8, 64, 252, 256, 260, 512, 768, 1024].into_iter().enumerate() {
+    for (i, kib) in [4usize, 8, 64, 252, 256, 260, 512, 768, 1024]
+        .into_iter()
+        .enumerate()
+    {
         let len = kib * 1024;
         let data = pattern(i as u64 + 7, len);
         let blocks = (len / 4096) as u32;
@@ -182,8 +185,15 @@ fn flush_and_unmap() {
             assert!(c.buf.is_none());
             c.result.expect("flush / unmap");
         }
-        assert_eq!(fake.lu_bytes(0, 21 * 4096, 2 * 4096), vec![0u8; 8192], "unmapped blocks read zero");
-        assert_eq!(fake.lu_bytes(0, 20 * 4096, 4096), pattern(3, 4 * 4096)[..4096].to_vec());
+        assert_eq!(
+            fake.lu_bytes(0, 21 * 4096, 2 * 4096),
+            vec![0u8; 8192],
+            "unmapped blocks read zero"
+        );
+        assert_eq!(
+            fake.lu_bytes(0, 20 * 4096, 4096),
+            pattern(3, 4 * 4096)[..4096].to_vec()
+        );
     }
 }
 
@@ -227,7 +237,10 @@ fn bad_inputs_are_typed_and_hand_the_buffer_back() {
             kind(qp.read(3, 0, 1, buf(), 0)),
             SubmitErrorKind::UnknownNamespace { nsid: 3 }
         );
-        assert_eq!(kind(qp.read(0, 0, 0, buf(), 0)), SubmitErrorKind::ZeroLength);
+        assert_eq!(
+            kind(qp.read(0, 0, 0, buf(), 0)),
+            SubmitErrorKind::ZeroLength
+        );
         assert_eq!(
             kind(qp.read(0, 4095, 2, buf(), 0)),
             SubmitErrorKind::LbaOutOfRange {
@@ -262,7 +275,10 @@ fn bad_inputs_are_typed_and_hand_the_buffer_back() {
             SubmitErrorKind::WrongDirection { .. }
         ));
         let foreign = other.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
-        assert_eq!(kind(qp.write(0, 0, 1, foreign, 0)), SubmitErrorKind::NotDmaMapped);
+        assert_eq!(
+            kind(qp.write(0, 0, 1, foreign, 0)),
+            SubmitErrorKind::NotDmaMapped
+        );
         let big = ctrl.alloc_buf(2 << 20, DmaDir::Bidirectional).unwrap();
         assert_eq!(
             kind(qp.write(0, 0, 512, big, 0)),
@@ -282,7 +298,10 @@ fn bad_inputs_are_typed_and_hand_the_buffer_back() {
             qp.read(0, i, 1, buf(), i).unwrap();
         }
         assert!(qp.is_full());
-        assert_eq!(kind(qp.read(0, 0, 1, buf(), 99)), SubmitErrorKind::QueueFull);
+        assert_eq!(
+            kind(qp.read(0, 0, 1, buf(), 99)),
+            SubmitErrorKind::QueueFull
+        );
         assert_eq!(qp.flush(0, 1).unwrap_err().kind, SubmitErrorKind::QueueFull);
         let n = qp.depth();
         let done = wait_n(&mut qp, n);
@@ -290,8 +309,18 @@ fn bad_inputs_are_typed_and_hand_the_buffer_back() {
         assert_eq!(qp.outstanding(), 0);
         // Nothing rejected reached the device or left a slot taken.
         assert_eq!(qp.stats().submitted, n as u64);
-        assert_eq!(qp.flush(7, 1).unwrap_err().kind, SubmitErrorKind::UnknownNamespace { nsid: 7 });
-        assert_eq!(qp.unmap(0, 4096, 1, 1).unwrap_err().kind, SubmitErrorKind::LbaOutOfRange { slba: 4096, nlb: 1, nsze: 4096 });
+        assert_eq!(
+            qp.flush(7, 1).unwrap_err().kind,
+            SubmitErrorKind::UnknownNamespace { nsid: 7 }
+        );
+        assert_eq!(
+            qp.unmap(0, 4096, 1, 1).unwrap_err().kind,
+            SubmitErrorKind::LbaOutOfRange {
+                slba: 4096,
+                nlb: 1,
+                nsze: 4096
+            }
+        );
         // Blocking helpers.
         assert!(matches!(
             qp.read_blocking(0, 0, &mut [0u8; 100]),

@@ -32,7 +32,9 @@ use mcqio_vfio::{Backend, DmaDir, DmaRegion, DmaSpace, Mmio};
 use super::error::{UfsCtrlError, UfsResult};
 use super::mcq::{McqRegs, McqRings, OpReg};
 use super::spec::desc::{self, DeviceDesc, GeometryDesc, UnitDesc, MAX_DESC_LEN};
-use super::spec::regs::{self, cq_op, is, qcfg, sq_op, uic, Cap, Hcs, McqCap, QueueAttr, QueueConfig};
+use super::spec::regs::{
+    self, cq_op, is, qcfg, sq_op, uic, Cap, Hcs, McqCap, QueueAttr, QueueConfig,
+};
 use super::spec::scsi::{self, Capacity};
 use super::spec::status::{command_result, UfsError};
 use super::spec::upiu::{self, flag_idn, trans, CommandUpiu, QueryUpiu, ResponseUpiu};
@@ -123,8 +125,6 @@ pub(crate) enum Pool {
 /// A UFS host controller, brought up and ready for queue pairs.
 pub struct UfsController {
     backend: Arc<dyn Backend>,
-    bar: NonNull<u8>,
-    bar_len: usize,
     mode: UfsMode,
     depth: u16,
     lus: Vec<LogicalUnit>,
@@ -135,15 +135,6 @@ pub struct UfsController {
     health: AtomicU8,
     leaked: AtomicU64,
 }
-
-// SAFETY: `bar` addresses the BAR mapping owned by `backend`, which lives as
-// long as this value; the controller only reads/writes registers through it
-// (volatile), which the hardware allows from any thread. The rest is
-// `Send + Sync` (atomics, mutexes).
-unsafe impl Send for UfsController {}
-// SAFETY: see `Send`; shared access is to atomics, mutex-guarded state and
-// registers.
-unsafe impl Sync for UfsController {}
 
 impl std::fmt::Debug for UfsController {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -176,7 +167,11 @@ const DEV_DATA: usize = 4096;
 /// Task tags per queue pair are unique device-wide up to this many commands.
 const MAX_DEPTH: u16 = 256;
 
-fn wait_until(timeout: Duration, what: &'static str, mut f: impl FnMut() -> UfsResult<bool>) -> UfsResult<()> {
+fn wait_until(
+    timeout: Duration,
+    what: &'static str,
+    mut f: impl FnMut() -> UfsResult<bool>,
+) -> UfsResult<()> {
     let start = Instant::now();
     loop {
         if f()? {
@@ -233,10 +228,14 @@ impl UfsController {
     /// module docs).
     pub fn new(backend: Arc<dyn Backend>, opts: UfsOptions) -> UfsResult<Arc<Self>> {
         if opts.depth == 0 || opts.queues == 0 {
-            return Err(UfsCtrlError::InvalidOption("depth and queues must be at least 1".into()));
+            return Err(UfsCtrlError::InvalidOption(
+                "depth and queues must be at least 1".into(),
+            ));
         }
         if opts.max_transfer == 0 || opts.max_transfer % 4 != 0 {
-            return Err(UfsCtrlError::InvalidOption("max_transfer must be a non-zero multiple of 4".into()));
+            return Err(UfsCtrlError::InvalidOption(
+                "max_transfer must be a non-zero multiple of 4".into(),
+            ));
         }
         let mmio = backend.regs();
         let bar_len = mmio.len();
@@ -248,7 +247,9 @@ impl UfsController {
         // 1. Host controller enable.
         if r.read(regs::HCE)? & regs::HCE_ENABLE != 0 {
             r.write(regs::HCE, 0);
-            wait_until(t, "clear HCE", || Ok(r.read(regs::HCE)? & regs::HCE_ENABLE == 0))?;
+            wait_until(t, "clear HCE", || {
+                Ok(r.read(regs::HCE)? & regs::HCE_ENABLE == 0)
+            })?;
         }
         r.write(regs::HCE, regs::HCE_ENABLE);
         wait_until(t, "set HCE and HCS.UCRDY", || {
@@ -269,7 +270,9 @@ impl UfsController {
             data: space.alloc(DEV_DATA, DmaDir::Bidirectional)?,
             next_tag: 0,
         };
-        wait_until(t, "set HCS.UTRLRDY", || Ok(Hcs(r.read(regs::HCS)?).utrl_ready()))?;
+        wait_until(t, "set HCS.UTRLRDY", || {
+            Ok(Hcs(r.read(regs::HCS)?).utrl_ready())
+        })?;
         let utrl = dc.utrl.iova().raw();
         if utrl % 1024 != 0 || (!cap.addr64() && utrl >> 32 != 0) {
             return Err(UfsCtrlError::BadValue {
@@ -331,7 +334,11 @@ impl UfsController {
             lus.push(LogicalUnit {
                 lun: u.lun,
                 // The smaller of the two counts: never address past either.
-                blocks: if u.blocks == 0 { c.blocks } else { c.blocks.min(u.blocks) },
+                blocks: if u.blocks == 0 {
+                    c.blocks
+                } else {
+                    c.blocks.min(u.blocks)
+                },
                 block_len: c.block_len,
             });
         }
@@ -358,7 +365,10 @@ impl UfsController {
                     what: "MCQ mode",
                 });
             }
-            (UfsMode::Mcq { queues: n }, Pool::Mcq(rings.into_iter().map(Some).collect()))
+            (
+                UfsMode::Mcq { queues: n },
+                Pool::Mcq(rings.into_iter().map(Some).collect()),
+            )
         } else {
             depth = depth.min(cap.sdb_slots() as u16);
             // The list (idle: every request above completed) goes to the
@@ -367,8 +377,6 @@ impl UfsController {
         };
         r.check_fatal()?;
         Ok(Arc::new(UfsController {
-            bar,
-            bar_len,
             mode,
             depth,
             lus,
@@ -447,11 +455,6 @@ impl UfsController {
         self.pool.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// BAR base and length (register pointers are computed once from them).
-    pub(crate) fn bar(&self) -> (NonNull<u8>, usize) {
-        (self.bar, self.bar_len)
-    }
-
     /// Current health ([`health`]).
     #[inline]
     pub(crate) fn health(&self) -> u8 {
@@ -492,13 +495,17 @@ impl UfsController {
 fn link_startup(r: &Regs<'_>, t: Duration) -> UfsResult<()> {
     let mut result = 0;
     for _ in 0..LINK_ATTEMPTS {
-        wait_until(t, "set HCS.UCRDY", || Ok(Hcs(r.read(regs::HCS)?).uic_ready()))?;
+        wait_until(t, "set HCS.UCRDY", || {
+            Ok(Hcs(r.read(regs::HCS)?).uic_ready())
+        })?;
         r.write(regs::IS, is::UCCS);
         r.write(regs::UCMDARG1, 0);
         r.write(regs::UCMDARG2, 0);
         r.write(regs::UCMDARG3, 0);
         r.write(regs::UICCMD, uic::DME_LINKSTARTUP);
-        wait_until(t, "complete DME_LINKSTARTUP (IS.UCCS)", || Ok(r.read(regs::IS)? & is::UCCS != 0))?;
+        wait_until(t, "complete DME_LINKSTARTUP (IS.UCCS)", || {
+            Ok(r.read(regs::IS)? & is::UCCS != 0)
+        })?;
         r.write(regs::IS, is::UCCS);
         result = uic::result(r.read(regs::UCMDARG2)?);
         if result == 0 {
@@ -551,25 +558,52 @@ fn setup_mcq(
         r.write(q.reg(qcfg::CQLBA), c as u32);
         r.write(q.reg(qcfg::CQUBA), (c >> 32) as u32);
         // The offsets are the controller's: read them back and use them.
-        let sqdao = in_bar("SQ doorbell block (SQDAO)", u64::from(r.read(q.reg(qcfg::SQDAO))?), 0x14, bar_len)?;
-        in_bar("SQ interrupt block (SQISAO)", u64::from(r.read(q.reg(qcfg::SQISAO))?), 8, bar_len)?;
-        let cqdao = in_bar("CQ doorbell block (CQDAO)", u64::from(r.read(q.reg(qcfg::CQDAO))?), 8, bar_len)?;
-        in_bar("CQ interrupt block (CQISAO)", u64::from(r.read(q.reg(qcfg::CQISAO))?), 8, bar_len)?;
+        let sqdao = in_bar(
+            "SQ doorbell block (SQDAO)",
+            u64::from(r.read(q.reg(qcfg::SQDAO))?),
+            0x14,
+            bar_len,
+        )?;
+        in_bar(
+            "SQ interrupt block (SQISAO)",
+            u64::from(r.read(q.reg(qcfg::SQISAO))?),
+            8,
+            bar_len,
+        )?;
+        let cqdao = in_bar(
+            "CQ doorbell block (CQDAO)",
+            u64::from(r.read(q.reg(qcfg::CQDAO))?),
+            8,
+            bar_len,
+        )?;
+        in_bar(
+            "CQ interrupt block (CQISAO)",
+            u64::from(r.read(q.reg(qcfg::CQISAO))?),
+            8,
+            bar_len,
+        )?;
         r.write(q.reg(qcfg::CQATTR), QueueAttr::enabled(entries, 0).0);
         if !QueueAttr(r.read(q.reg(qcfg::CQATTR))?).is_enabled() {
-            return Err(UfsCtrlError::QueueRefused { queue: i, what: "CQ" });
+            return Err(UfsCtrlError::QueueRefused {
+                queue: i,
+                what: "CQ",
+            });
         }
         r.write(q.reg(qcfg::SQATTR), QueueAttr::enabled(entries, i as u8).0);
         if !QueueAttr(r.read(q.reg(qcfg::SQATTR))?).is_enabled() {
-            return Err(UfsCtrlError::QueueRefused { queue: i, what: "SQ" });
+            return Err(UfsCtrlError::QueueRefused {
+                queue: i,
+                what: "SQ",
+            });
         }
-        // SAFETY (for each `OpReg::new`): every offset was checked above to
-        // be 4-byte aligned with the whole block inside the BAR mapped at
-        // `bar`, which the backend keeps alive as long as the controller
-        // (and every queue pair holds the controller).
-        let op = |o: usize| unsafe { OpReg::new(bar, o) };
+        let op = |o: usize| {
+            // SAFETY: every offset was checked above to be 4-byte aligned
+            // with the whole block inside the BAR mapped at `bar`, which the
+            // backend keeps alive as long as the controller (and every queue
+            // pair holds the controller).
+            unsafe { OpReg::new(bar, o) }
+        };
         let regs = McqRegs {
-            sqhp: op(sqdao + sq_op::SQHP),
             sqtp: op(sqdao + sq_op::SQTP),
             sqrtc: op(sqdao + sq_op::SQRTC),
             sqcti: op(sqdao + sq_op::SQCTI),
@@ -583,6 +617,8 @@ fn setup_mcq(
             sq,
             cq,
             regs,
+            sq_tail: 0,
+            cq_head: 0,
         });
     }
     Ok((n as u16, rings))
@@ -597,7 +633,14 @@ impl DevCmd {
     /// Run one request in legacy slot 0 and wait for it. `upiu` is the
     /// request UPIU; `data_len` bytes of the data page take part in the
     /// transfer in direction `dir`. Returns the OCS and the response area.
-    fn exec(&mut self, r: &Regs<'_>, t: Duration, upiu: &[u8], dir: DataDir, data_len: usize) -> UfsResult<(Ocs, [u8; Ucd::RESPONSE_LEN])> {
+    fn exec(
+        &mut self,
+        r: &Regs<'_>,
+        t: Duration,
+        upiu: &[u8],
+        dir: DataDir,
+        data_len: usize,
+    ) -> UfsResult<(Ocs, [u8; Ucd::RESPONSE_LEN])> {
         debug_assert!(upiu.len() <= 64 && data_len <= DEV_DATA && data_len % 4 == 0);
         let zero = [0u8; Ucd::RESPONSE_LEN];
         self.ucd.write_bytes(Ucd::COMMAND_OFFSET, &zero[..64])?;
@@ -605,11 +648,13 @@ impl DevCmd {
         self.ucd.write_bytes(Ucd::RESPONSE_OFFSET, &zero)?;
         let mut prdt = 0;
         if data_len > 0 {
-            let e = PrdtEntry::new(self.data.iova().raw(), data_len as u32).ok_or(UfsCtrlError::BadValue {
-                what: "device-management data page",
-                value: self.data.iova().raw(),
-                why: "not dword aligned",
-            })?;
+            let e = PrdtEntry::new(self.data.iova().raw(), data_len as u32).ok_or(
+                UfsCtrlError::BadValue {
+                    what: "device-management data page",
+                    value: self.data.iova().raw(),
+                    why: "not dword aligned",
+                },
+            )?;
             self.ucd.write_obj(Ucd::PRDT_OFFSET, e)?;
             prdt = 1;
         }
@@ -661,11 +706,19 @@ impl DevCmd {
     }
 
     /// A QUERY REQUEST; returns the QUERY RESPONSE header and its data segment.
-    fn query(&mut self, r: &Regs<'_>, t: Duration, what: &'static str, q: QueryUpiu, data_len: usize) -> UfsResult<(QueryUpiu, Vec<u8>)> {
+    fn query(
+        &mut self,
+        r: &Regs<'_>,
+        t: Duration,
+        what: &'static str,
+        q: QueryUpiu,
+        data_len: usize,
+    ) -> UfsResult<(QueryUpiu, Vec<u8>)> {
         let tag = q.header.task_tag;
         // SAFETY: `QueryUpiu` is PlainData (repr(C), 32 bytes of u8 fields):
         // viewing it as bytes is sound while `q` is borrowed.
-        let bytes = unsafe { std::slice::from_raw_parts((&q as *const QueryUpiu).cast::<u8>(), 32) };
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&q as *const QueryUpiu).cast::<u8>(), 32) };
         let (ocs, rsp) = self.exec(r, t, bytes, DataDir::None, 0)?;
         if ocs != Ocs::SUCCESS {
             return Err(UfsCtrlError::DevCmd {
@@ -687,7 +740,13 @@ impl DevCmd {
         }
         let mut head = QueryUpiu::default();
         // SAFETY: as above, for writing 32 bytes into a PlainData value.
-        unsafe { std::ptr::copy_nonoverlapping(rsp.as_ptr(), (&mut head as *mut QueryUpiu).cast::<u8>(), 32) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                rsp.as_ptr(),
+                (&mut head as *mut QueryUpiu).cast::<u8>(),
+                32,
+            )
+        };
         if data_len == 0 {
             return Ok((head, Vec::new()));
         }
@@ -710,17 +769,31 @@ impl DevCmd {
     fn read_desc(&mut self, r: &Regs<'_>, t: Duration, idn: u8, index: u8) -> UfsResult<Vec<u8>> {
         let tag = self.tag();
         let q = QueryUpiu::read_descriptor(tag, idn, index, MAX_DESC_LEN);
-        Ok(self.query(r, t, "read descriptor", q, usize::from(MAX_DESC_LEN))?.1)
+        Ok(self
+            .query(r, t, "read descriptor", q, usize::from(MAX_DESC_LEN))?
+            .1)
     }
 
     /// Set fDeviceInit and poll it until the device clears it.
     fn device_init(&mut self, r: &Regs<'_>, t: Duration) -> UfsResult<()> {
         let tag = self.tag();
-        self.query(r, t, "set fDeviceInit", QueryUpiu::set_flag(tag, flag_idn::DEVICE_INIT), 0)?;
+        self.query(
+            r,
+            t,
+            "set fDeviceInit",
+            QueryUpiu::set_flag(tag, flag_idn::DEVICE_INIT),
+            0,
+        )?;
         let start = Instant::now();
         loop {
             let tag = self.tag();
-            let (h, _) = self.query(r, t, "read fDeviceInit", QueryUpiu::read_flag(tag, flag_idn::DEVICE_INIT), 0)?;
+            let (h, _) = self.query(
+                r,
+                t,
+                "read fDeviceInit",
+                QueryUpiu::read_flag(tag, flag_idn::DEVICE_INIT),
+                0,
+            )?;
             if !h.flag_value() {
                 return Ok(());
             }
@@ -735,12 +808,24 @@ impl DevCmd {
     }
 
     /// A SCSI command reading up to `alloc` bytes into the data page.
-    fn scsi_in(&mut self, r: &Regs<'_>, t: Duration, lun: u8, cdb: scsi::Cdb, alloc: usize) -> UfsResult<Result<Vec<u8>, UfsError>> {
+    fn scsi_in(
+        &mut self,
+        r: &Regs<'_>,
+        t: Duration,
+        lun: u8,
+        cdb: scsi::Cdb,
+        alloc: usize,
+    ) -> UfsResult<Result<Vec<u8>, UfsError>> {
         let tag = self.tag();
         let cmd = CommandUpiu::new(lun, tag, cdb, alloc as u32, true);
         // SAFETY: `CommandUpiu` is PlainData (32 bytes of u8 fields).
-        let bytes = unsafe { std::slice::from_raw_parts((&cmd as *const CommandUpiu).cast::<u8>(), 32) };
-        let dir = if alloc == 0 { DataDir::None } else { DataDir::FromDevice };
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&cmd as *const CommandUpiu).cast::<u8>(), 32) };
+        let dir = if alloc == 0 {
+            DataDir::None
+        } else {
+            DataDir::FromDevice
+        };
         let (ocs, rsp) = self.exec(r, t, bytes, dir, alloc)?;
         let mut resp = ResponseUpiu::default();
         // SAFETY: `ResponseUpiu` is PlainData (52 bytes of u8 fields); the
@@ -790,9 +875,21 @@ impl DevCmd {
     }
 
     fn read_capacity(&mut self, r: &Regs<'_>, t: Duration, lun: u8) -> UfsResult<Capacity> {
-        let mut res = self.scsi_in(r, t, lun, scsi::read_capacity16(), scsi::READ_CAPACITY_16_LEN)?;
+        let mut res = self.scsi_in(
+            r,
+            t,
+            lun,
+            scsi::read_capacity16(),
+            scsi::READ_CAPACITY_16_LEN,
+        )?;
         if matches!(&res, Err(e) if e.is_unit_attention()) {
-            res = self.scsi_in(r, t, lun, scsi::read_capacity16(), scsi::READ_CAPACITY_16_LEN)?;
+            res = self.scsi_in(
+                r,
+                t,
+                lun,
+                scsi::read_capacity16(),
+                scsi::READ_CAPACITY_16_LEN,
+            )?;
         }
         let d = res.map_err(|err| UfsCtrlError::Scsi {
             what: "READ CAPACITY(16)",

@@ -31,7 +31,9 @@ pub enum UfsCtrlError {
         is: u32,
     },
     /// A UIC command ended with a non-zero result code.
-    #[error("UIC command {cmd:#04x} failed with result code {result:#04x} after {attempts} attempts")]
+    #[error(
+        "UIC command {cmd:#04x} failed with result code {result:#04x} after {attempts} attempts"
+    )]
     Uic {
         /// The UIC command.
         cmd: u32,

@@ -67,8 +67,6 @@ impl OpReg {
 pub(crate) struct McqRegs {
     /// SQ tail (doorbell).
     pub sqtp: OpReg,
-    /// SQ head (read-only for the host).
-    pub sqhp: OpReg,
     /// SQ run-time control.
     pub sqrtc: OpReg,
     /// SQ cleanup target.
@@ -91,6 +89,11 @@ pub(crate) struct McqRings {
     pub sq: DmaRegion,
     pub cq: DmaRegion,
     pub regs: McqRegs,
+    /// Where the host's SQ tail and CQ head stand (slots). The controller
+    /// keeps its own SQHP/CQTP across queue pairs, so a queue pair taking
+    /// these rings continues from here, not from 0.
+    pub sq_tail: u32,
+    pub cq_head: u32,
 }
 
 // SAFETY: the register pointers address the controller's BAR, kept alive by
@@ -141,7 +144,7 @@ pub(crate) enum Reaped {
     /// `n` entries consumed.
     Entries(usize),
     /// CQTP read all ones (device gone) or outside the ring: nothing consumed.
-    BadTail(u32),
+    BadTail,
 }
 
 impl McqQueue {
@@ -152,11 +155,11 @@ impl McqQueue {
         McqQueue {
             sq_ring: rings.sq.as_ptr().cast(),
             cq_ring: rings.cq.as_ptr().cast(),
+            sq_tail: rings.sq_tail,
+            sq_rung: rings.sq_tail,
+            cq_head: rings.cq_head,
             rings,
             entries,
-            sq_tail: 0,
-            sq_rung: 0,
-            cq_head: 0,
             hook,
             stats: McqStats::default(),
         }
@@ -173,7 +176,9 @@ impl McqQueue {
 
     /// Give the rings back (the controller no longer processes this queue's
     /// commands: nothing outstanding).
-    pub fn into_rings(self) -> McqRings {
+    pub fn into_rings(mut self) -> McqRings {
+        self.rings.sq_tail = self.sq_rung;
+        self.rings.cq_head = self.cq_head;
         self.rings
     }
 
@@ -184,7 +189,12 @@ impl McqQueue {
         // DMA memory `self` owns; the controller does not read this slot
         // until SQTP publishes it (after the fence in `flush`), so the
         // volatile store races with nothing and forms no reference.
-        unsafe { self.sq_ring.as_ptr().add(self.sq_tail as usize).write_volatile(utrd) };
+        unsafe {
+            self.sq_ring
+                .as_ptr()
+                .add(self.sq_tail as usize)
+                .write_volatile(utrd)
+        };
         self.sq_tail += 1;
         if self.sq_tail == self.entries {
             self.sq_tail = 0;
@@ -225,7 +235,7 @@ impl McqQueue {
         self.stats.cqtp_reads += 1;
         if tail % ENTRY_SIZE != 0 || tail / ENTRY_SIZE >= self.entries {
             self.stats.bad_tails += 1;
-            return Reaped::BadTail(tail);
+            return Reaped::BadTail;
         }
         let tail = tail / ENTRY_SIZE;
         if tail == self.cq_head {
@@ -243,7 +253,12 @@ impl McqQueue {
             // moving CQTP past it (ordered by the fence above) and does not
             // touch it again until CQHP releases it. Volatile copy, no
             // reference.
-            let cqe = unsafe { self.cq_ring.as_ptr().add(self.cq_head as usize).read_volatile() };
+            let cqe = unsafe {
+                self.cq_ring
+                    .as_ptr()
+                    .add(self.cq_head as usize)
+                    .read_volatile()
+            };
             self.cq_head += 1;
             if self.cq_head == self.entries {
                 self.cq_head = 0;

@@ -26,7 +26,7 @@ use super::mcq::{McqQueue, Reaped};
 use super::sdb::{SdbQueue, SdbReaped};
 use super::spec::regs::sq_op;
 use super::spec::scsi;
-use super::spec::status::command_result;
+use super::spec::status::{command_result, UfsError};
 use super::spec::upiu::trans;
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Utrd};
 use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
@@ -141,12 +141,23 @@ impl UfsController {
                 let Some(l) = list.take() else {
                     return Err(Error::NoFreeQueue { granted: 1 });
                 };
-                (Transport::Sdb(SdbQueue::new(Arc::clone(self.backend()), l, u32::from(depth))), 0)
+                (
+                    Transport::Sdb(SdbQueue::new(
+                        Arc::clone(self.backend()),
+                        l,
+                        u32::from(depth),
+                    )),
+                    0,
+                )
             }
-            _ => unreachable!("the pool matches the mode"),
+            // The pool always matches the mode.
+            _ => return Err(Error::NoFreeQueue { granted: 0 }),
         };
         drop(pool);
-        let ucd_mem = match self.dma().alloc(usize::from(depth) * UCD_SIZE, DmaDir::Bidirectional) {
+        let ucd_mem = match self
+            .dma()
+            .alloc(usize::from(depth) * UCD_SIZE, DmaDir::Bidirectional)
+        {
             Ok(m) => m,
             Err(e) => {
                 self.give_back(transport);
@@ -264,13 +275,20 @@ impl<B: IoBuf> UfsQueuePair<B> {
     }
 
     #[inline]
-    fn check_range(&self, lun: u8, lba: u64, blocks: u32) -> std::result::Result<LuGeom, SubmitErrorKind> {
+    fn check_range(
+        &self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+    ) -> std::result::Result<LuGeom, SubmitErrorKind> {
         if self.failed.is_some() || self.ctrl.health() != health::OK {
             return Err(SubmitErrorKind::ControllerFailed);
         }
         let Some(Some(g)) = self.lus.get(usize::from(lun)).copied() else {
             // A UFS LUN is the namespace of this engine's vocabulary.
-            return Err(SubmitErrorKind::UnknownNamespace { nsid: u32::from(lun) });
+            return Err(SubmitErrorKind::UnknownNamespace {
+                nsid: u32::from(lun),
+            });
         };
         if blocks == 0 {
             return Err(SubmitErrorKind::ZeroLength);
@@ -289,18 +307,40 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// request goes into the ring; [`submit`](Self::submit) or the next
     /// [`poll`](Self::poll) rings the doorbell.
     #[inline]
-    pub fn read(&mut self, lun: u8, lba: u64, blocks: u32, buf: B, tag: u64) -> std::result::Result<(), SubmitError<B>> {
+    pub fn read(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<B>> {
         self.submit_data(lun, lba, blocks, buf, tag, true)
     }
 
     /// Write `blocks` logical blocks at `lba` of LU `lun` from `buf`.
     #[inline]
-    pub fn write(&mut self, lun: u8, lba: u64, blocks: u32, buf: B, tag: u64) -> std::result::Result<(), SubmitError<B>> {
+    pub fn write(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<B>> {
         self.submit_data(lun, lba, blocks, buf, tag, false)
     }
 
     #[inline(always)]
-    fn submit_data(&mut self, lun: u8, lba: u64, blocks: u32, buf: B, tag: u64, read: bool) -> std::result::Result<(), SubmitError<B>> {
+    fn submit_data(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+        read: bool,
+    ) -> std::result::Result<(), SubmitError<B>> {
         let g = match self.check_range(lun, lba, blocks) {
             Ok(g) => g,
             Err(k) => return Err(submit_err(k, buf)),
@@ -321,7 +361,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
             } else {
                 "read from it (write command)"
             };
-            return Err(submit_err(SubmitErrorKind::WrongDirection { mapped, needs }, buf));
+            return Err(submit_err(
+                SubmitErrorKind::WrongDirection { mapped, needs },
+                buf,
+            ));
         }
         if !buf.is_mapped_in(&self.space) {
             return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
@@ -343,9 +386,15 @@ impl<B: IoBuf> UfsQueuePair<B> {
         };
         let task_tag = self.tag_base.wrapping_add(slot as u8);
         // `bytes <= max_xfer <= 16 MiB`: fits the 32-bit length field.
-        self.ucds.write_command(slot, lun, task_tag, cdb, bytes as u32, read);
-        let dir = if read { DataDir::FromDevice } else { DataDir::ToDevice };
-        self.transport.post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
+        self.ucds
+            .write_command(slot, lun, task_tag, cdb, bytes as u32, read);
+        let dir = if read {
+            DataDir::FromDevice
+        } else {
+            DataDir::ToDevice
+        };
+        self.transport
+            .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
         self.trackers.arm(slot, tag, Some(buf), 0);
         self.submitted += 1;
         Ok(())
@@ -353,7 +402,13 @@ impl<B: IoBuf> UfsQueuePair<B> {
 
     /// A command without a data buffer (or with a parameter list carried in
     /// its own command descriptor).
-    fn submit_nodata(&mut self, lun: u8, cdb: scsi::Cdb, param: Option<&[u8]>, tag: u64) -> std::result::Result<(), SubmitError<()>> {
+    fn submit_nodata(
+        &mut self,
+        lun: u8,
+        cdb: scsi::Cdb,
+        param: Option<&[u8]>,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<()>> {
         let Some(slot) = self.trackers.alloc() else {
             return Err(submit_err(SubmitErrorKind::QueueFull, ()));
         };
@@ -366,8 +421,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
             }
             None => (DataDir::None, 0, 0),
         };
-        self.ucds.write_command(slot, lun, task_tag, cdb, bytes, false);
-        self.transport.post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
+        self.ucds
+            .write_command(slot, lun, task_tag, cdb, bytes, false);
+        self.transport
+            .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
         self.trackers.arm(slot, tag, None, 0);
         self.submitted += 1;
         Ok(())
@@ -384,7 +441,13 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// UNMAP `blocks` blocks from `lba` of LU `lun` (the UFS form of
     /// NVMe's deallocate). The parameter list travels in the command's own
     /// descriptor: no buffer.
-    pub fn unmap(&mut self, lun: u8, lba: u64, blocks: u32, tag: u64) -> std::result::Result<(), SubmitError<()>> {
+    pub fn unmap(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<()>> {
         if let Err(k) = self.check_range(lun, lba, blocks) {
             return Err(submit_err(k, ()));
         }
@@ -433,7 +496,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
             let head = ucds_ref.response_head(slot);
             let result = if ocs == Ocs::SUCCESS && head.is_good(task_tag) {
                 Ok(())
-            } else if ocs == Ocs::SUCCESS && (head.trans_type != trans::RESPONSE || head.task_tag != task_tag) {
+            } else if ocs == Ocs::SUCCESS
+                && (head.trans_type != trans::RESPONSE || head.task_tag != task_tag)
+            {
                 // Transported, but this command's RESPONSE is not there: the
                 // entry is a stale or duplicate one for an earlier command in
                 // this slot.
@@ -444,7 +509,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
             };
             let (tag, buf) = trackers.complete(slot);
             *completed += 1;
-            f(Completion { tag, result, buf, dw0: 0 });
+            f(Completion {
+                tag,
+                result,
+                buf,
+                dw0: 0,
+            });
         };
         let (n, bad) = match &mut **transport {
             // A UCD address that is not one of ours maps to an impossible
@@ -453,7 +523,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 deliver(ucds_slot(ucd, ucds_ref), ocs)
             }) {
                 Reaped::Entries(n) => (n, false),
-                Reaped::BadTail(_) => (0, true),
+                Reaped::BadTail => (0, true),
             },
             Transport::Sdb(q) => match q.reap(max, &mut deliver) {
                 SdbReaped::Entries(n) => (n, false),
@@ -497,10 +567,11 @@ impl<B: IoBuf> UfsQueuePair<B> {
     }
 
     /// Finish the queue pair: wait (up to `UfsOptions::close_timeout`) for
-    /// commands in flight, then withdraw what is left. Every command ends
-    /// exactly once through `f`: withdrawn ones with [`IoError::Aborted`] —
-    /// with their buffer if the controller confirmed the withdrawal (legacy
-    /// UTRLCLR), without it (leaked) if not.
+    /// commands in flight, then withdraw what is left (MCQ: SQ stop and
+    /// cleanup by nexus; legacy: UTRLCLR). Every command ends exactly once
+    /// through `f`: withdrawn ones with [`IoError::Aborted`] — with their
+    /// buffer if the controller confirmed the withdrawal, without it
+    /// (leaked, with the queue's memory) if not.
     pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
         self.shutdown(&mut f);
         Ok(())
@@ -534,12 +605,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 q.forget_outstanding();
                 left == 0
             }
-            Transport::Mcq(q) => {
-                // Stop the SQ so nothing more is fetched; commands the
-                // controller holds may still complete, so their memory is
-                // leaked rather than reused.
-                q.regs().sqrtc.write(sq_op::RTC_STOP);
-                false
+            Transport::Mcq(_) => {
+                self.mcq_cleanup(limit, f);
+                self.trackers.outstanding() == 0
             }
         };
         let completed = &mut self.completed;
@@ -569,6 +637,64 @@ impl<B: IoBuf> UfsQueuePair<B> {
     }
 }
 
+impl<B: IoBuf> UfsQueuePair<B> {
+    /// The MCQ cleanup sequence: stop the SQ, clean up every command still
+    /// in flight by its nexus (LUN, task tag) — the controller completes
+    /// each with OCS ABORTED, whether still queued or held — restart the
+    /// SQ, and reap those completions (delivered as [`IoError::Aborted`]).
+    /// Whatever the controller does not give back stays outstanding.
+    #[cold]
+    fn mcq_cleanup(&mut self, limit: std::time::Duration, f: &mut impl FnMut(Completion<B>)) {
+        let Transport::Mcq(q) = &*self.transport else {
+            return;
+        };
+        let regs = self.ctrl.backend().regs();
+        let r = q.regs();
+        let (rtc, cti, rts) = (r.sqrtc.offset(), r.sqcti.offset(), r.sqrts.offset());
+        let wait = |mask: u32, want: u32| {
+            let t = Instant::now();
+            loop {
+                let v = regs.read32(rts);
+                if v != u32::MAX && v & mask == want {
+                    return Some(v);
+                }
+                if t.elapsed() > limit {
+                    return None;
+                }
+                std::thread::yield_now();
+            }
+        };
+        regs.write32(rtc, sq_op::RTC_STOP);
+        if wait(sq_op::RTS_STOPPED, sq_op::RTS_STOPPED).is_none() {
+            return;
+        }
+        let slots: Vec<u16> = self.trackers.busy().map(|(slot, ..)| slot).collect();
+        for slot in slots {
+            let lun = self.ucds.command_lun(slot);
+            let tag = self.tag_base.wrapping_add(slot as u8);
+            regs.write32(cti, sq_op::cleanup_target(lun, tag));
+            regs.write32(rtc, sq_op::RTC_STOP | sq_op::RTC_ICU);
+            match wait(sq_op::RTS_CLEANUP_DONE, sq_op::RTS_CLEANUP_DONE) {
+                Some(v) if sq_op::cleanup_error(v) == 0 => {}
+                v => log::warn!("UFS SQ cleanup of task tag {tag} failed (SQRTS {v:?})"),
+            }
+        }
+        regs.write32(rtc, sq_op::RTC_START);
+        let start = Instant::now();
+        let mut aborted = |mut c: Completion<B>| {
+            if c.result == Err(IoError::Ufs(UfsError::Transport(Ocs::ABORTED))) {
+                c.result = Err(IoError::Aborted);
+            }
+            f(c)
+        };
+        while self.trackers.outstanding() > 0 && self.failed.is_none() && start.elapsed() < limit {
+            if matches!(self.poll(usize::MAX, &mut aborted), Ok(0)) {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
 /// The slot of `ucd` in `ucds`, or `u16::MAX` (past any depth: stale).
 #[inline(always)]
 fn ucds_slot(ucd: u64, ucds: &UcdSlice) -> u16 {
@@ -587,10 +713,16 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
     fn drop(&mut self) {
         self.shutdown(&mut |_| {});
         // SAFETY: taken once, here; neither field is used after.
-        let (t, u) = unsafe { (ManuallyDrop::take(&mut self.transport), ManuallyDrop::take(&mut self.ucds)) };
+        let (t, u) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.transport),
+                ManuallyDrop::take(&mut self.ucds),
+            )
+        };
         if self.leak {
             // The controller may still write these: never free or reuse them.
-            self.ctrl.add_leaked((self.trackers.depth() * UCD_SIZE) as u64);
+            self.ctrl
+                .add_leaked((self.trackers.depth() * UCD_SIZE) as u64);
             std::mem::forget(u);
             std::mem::forget(t);
         } else {
@@ -616,7 +748,9 @@ impl UfsQueuePair<DmaBuf> {
             });
         }
         let Some(Some(g)) = self.lus.get(usize::from(lun)).copied() else {
-            return Err(Error::Submit(SubmitErrorKind::UnknownNamespace { nsid: u32::from(lun) }));
+            return Err(Error::Submit(SubmitErrorKind::UnknownNamespace {
+                nsid: u32::from(lun),
+            }));
         };
         if len == 0 {
             return Err(Error::Submit(SubmitErrorKind::ZeroLength));
@@ -629,7 +763,7 @@ impl UfsQueuePair<DmaBuf> {
             }));
         }
         let chunk = ((self.max_xfer as usize) / block * block).min(len);
-        if self.bounce.as_ref().map_or(true, |b| b.len() < chunk) {
+        if self.bounce.as_ref().is_none_or(|b| b.len() < chunk) {
             self.bounce = Some(DmaBuf::alloc(&self.space, chunk, DmaDir::Bidirectional)?);
         }
         Ok((g, chunk))
@@ -670,10 +804,11 @@ impl UfsQueuePair<DmaBuf> {
             // The bounce buffer may be longer than the part: the PRDT covers
             // only the bytes the command moves.
             let buf = self.bounce.take().expect("prepared");
-            self.read(lun, lba, blocks, buf, BLOCKING_TAG).map_err(|e| {
-                self.bounce = Some(e.buf);
-                Error::Submit(e.kind)
-            })?;
+            self.read(lun, lba, blocks, buf, BLOCKING_TAG)
+                .map_err(|e| {
+                    self.bounce = Some(e.buf);
+                    Error::Submit(e.kind)
+                })?;
             let buf = self.wait_blocking()?;
             buf.read_at(0, part)?;
             self.bounce = Some(buf);
@@ -691,10 +826,11 @@ impl UfsQueuePair<DmaBuf> {
             let blocks = (part.len() >> g.shift) as u32;
             let mut buf = self.bounce.take().expect("prepared");
             buf.write_at(0, part)?;
-            self.write(lun, lba, blocks, buf, BLOCKING_TAG).map_err(|e| {
-                self.bounce = Some(e.buf);
-                Error::Submit(e.kind)
-            })?;
+            self.write(lun, lba, blocks, buf, BLOCKING_TAG)
+                .map_err(|e| {
+                    self.bounce = Some(e.buf);
+                    Error::Submit(e.kind)
+                })?;
             let buf = self.wait_blocking()?;
             self.bounce = Some(buf);
             lba += u64::from(blocks);

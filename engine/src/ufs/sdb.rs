@@ -74,11 +74,6 @@ impl SdbQueue {
         self.utrl
     }
 
-    /// Bits rung or pending.
-    pub fn busy_bits(&self) -> u32 {
-        self.outstanding | self.pending
-    }
-
     /// Write `utrd` into list slot `slot` (< slots, free).
     #[inline(always)]
     pub fn post(&mut self, slot: u16, utrd: Utrd) {
@@ -87,7 +82,12 @@ impl SdbQueue {
         // inside the list this value owns; the slot's doorbell bit is clear
         // (its previous command completed), so the controller does not read
         // it until we ring: a volatile store racing with nothing.
-        unsafe { self.list.as_ptr().add(usize::from(slot)).write_volatile(utrd) };
+        unsafe {
+            self.list
+                .as_ptr()
+                .add(usize::from(slot))
+                .write_volatile(utrd)
+        };
         self.pending |= 1 << slot;
     }
 

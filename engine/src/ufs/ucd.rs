@@ -88,15 +88,32 @@ impl UcdSlice {
     /// its response area, so a stale completion naming this slot is told
     /// apart from this command's own (the device writes a fresh RESPONSE).
     #[inline(always)]
-    pub fn write_command(&mut self, slot: u16, lun: u8, task_tag: u8, cdb: Cdb, bytes: u32, read: bool) {
+    pub fn write_command(
+        &mut self,
+        slot: u16,
+        lun: u8,
+        task_tag: u8,
+        cdb: Cdb,
+        bytes: u32,
+        read: bool,
+    ) {
         let cmd = CommandUpiu::new(lun, task_tag, cdb, bytes, read);
         // SAFETY: inside `mem` (see `at`), 32 bytes at a 128-byte aligned
         // slot base; the slot is free (not in flight), so the device does
         // not read or write this UCD now. Volatile stores, no reference.
         unsafe {
-            self.at(slot, Ucd::COMMAND_OFFSET).cast::<CommandUpiu>().write_volatile(cmd);
+            self.at(slot, Ucd::COMMAND_OFFSET)
+                .cast::<CommandUpiu>()
+                .write_volatile(cmd);
             self.at(slot, Ucd::RESPONSE_OFFSET).write_volatile(0);
         }
+    }
+
+    /// The LUN written into `slot`'s COMMAND UPIU (header byte 2).
+    pub fn command_lun(&self, slot: u16) -> u8 {
+        // SAFETY: inside `mem` (see `at`); the host wrote this byte at
+        // submission and the device only reads it. Volatile load.
+        unsafe { self.at(slot, Ucd::COMMAND_OFFSET + 2).read_volatile() }
     }
 
     /// Copy `bytes` (≤ 64) into `slot`'s parameter area; returns its IOVA.
@@ -139,7 +156,12 @@ impl UcdSlice {
     /// Every entry must start on a dword and cover whole dwords. Returns the
     /// entry count.
     #[inline]
-    pub fn build_prdt<B: IoBuf>(&mut self, slot: u16, buf: &B, bytes: u64) -> Result<u16, SubmitErrorKind> {
+    pub fn build_prdt<B: IoBuf>(
+        &mut self,
+        slot: u16,
+        buf: &B,
+        bytes: u64,
+    ) -> Result<u16, SubmitErrorKind> {
         let mut left = bytes;
         let mut n = 0usize;
         let segs = buf.segment_count();
@@ -184,7 +206,11 @@ impl UcdSlice {
         // SAFETY: 12 bytes inside the UCD's response area; the device wrote
         // them before completing the command (ordered by the queue's Acquire
         // fence) and no longer touches them. Volatile copy, no reference.
-        let h: [u8; 12] = unsafe { self.at(slot, Ucd::RESPONSE_OFFSET).cast::<[u8; 12]>().read_volatile() };
+        let h: [u8; 12] = unsafe {
+            self.at(slot, Ucd::RESPONSE_OFFSET)
+                .cast::<[u8; 12]>()
+                .read_volatile()
+        };
         RspHead {
             trans_type: h[0],
             task_tag: h[3],
@@ -197,7 +223,11 @@ impl UcdSlice {
     pub fn response(&self, slot: u16) -> ResponseUpiu {
         // SAFETY: as in `response_head`; `ResponseUpiu` is 52 bytes of plain
         // data (u8 arrays, alignment 1), inside the 512-byte response area.
-        unsafe { self.at(slot, Ucd::RESPONSE_OFFSET).cast::<ResponseUpiu>().read_volatile() }
+        unsafe {
+            self.at(slot, Ucd::RESPONSE_OFFSET)
+                .cast::<ResponseUpiu>()
+                .read_volatile()
+        }
     }
 }
 
@@ -205,6 +235,9 @@ impl RspHead {
     /// Whether this is a GOOD response to `task_tag`.
     #[inline(always)]
     pub fn is_good(&self, task_tag: u8) -> bool {
-        self.trans_type == trans::RESPONSE && self.task_tag == task_tag && self.response == 0 && self.status == 0
+        self.trans_type == trans::RESPONSE
+            && self.task_tag == task_tag
+            && self.response == 0
+            && self.status == 0
     }
 }
