@@ -1,6 +1,6 @@
 //! Errors of the UFS control path: bring-up, device management, queue
 //! creation. A finished command's own failure is a
-//! [`UfsError`](super::spec::status::UfsError) (carried by
+//! [`UfsError`] (carried by
 //! [`crate::IoError::Ufs`] on the I/O path).
 
 use super::spec::desc::DescError;

@@ -27,10 +27,10 @@
 //!   CAPACITY), the choice of MCQ or legacy, queue configuration with the
 //!   DAO offsets read back and bounds-checked.
 //! - [`error`]: [`UfsCtrlError`], the control path's typed errors.
-//! - [`mcq`]: one MCQ SQ/CQ pair: byte-offset heads and tails, CQTP polling
+//! - `mcq.rs`: one MCQ SQ/CQ pair: byte-offset heads and tails, CQTP polling
 //!   (no phase bit), batched SQTP / CQHP stores.
-//! - [`sdb`]: the legacy list: 32 UTRD slots, UTRLDBR bitmap, UTRLCNR.
-//! - [`ucd`]: each queue pair's own slice of command descriptors: COMMAND
+//! - `sdb.rs`: the legacy list: 32 UTRD slots, UTRLDBR bitmap, UTRLCNR.
+//! - `ucd.rs`: each queue pair's own slice of command descriptors: COMMAND
 //!   UPIU, PRDT from the buffer's segments, RESPONSE decoding.
 //! - [`qpair`]: [`UfsQueuePair`], the per-thread I/O object (read, write,
 //!   flush, unmap, submit, poll, close, blocking helpers).
@@ -60,13 +60,14 @@
 
 pub mod ctrl;
 pub mod error;
-pub mod mcq;
+mod mcq;
 pub mod qpair;
-pub mod sdb;
+mod sdb;
 pub mod spec;
-pub mod ucd;
+mod ucd;
 
 pub use ctrl::{LogicalUnit, UfsController, UfsMode, UfsOptions};
 pub use error::{UfsCtrlError, UfsResult};
 pub use qpair::{UfsQpairStats, UfsQueuePair};
 pub use spec::status::UfsError;
+pub use ucd::MAX_PRDT_ENTRIES;

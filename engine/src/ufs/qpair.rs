@@ -8,9 +8,9 @@
 //! The transport (an MCQ queue pair or the legacy list) is an enum resolved
 //! once per queue pair; nothing is dispatched dynamically per I/O.
 //!
-//! What is UFS-specific here: the command descriptors ([`super::ucd`]), the
+//! What is UFS-specific here: the command descriptors (`ucd.rs`), the
 //! UTRD, the SCSI CDBs and the decoding of OCS and SCSI status. The
-//! tracking of tags (slot + generation, [`crate::queue::tracker`]) and the
+//! tracking of tags (slot + generation, `crate::queue::tracker`) and the
 //! completion delivery rules are the engine's, shared with NVMe.
 
 use std::cell::Cell;
