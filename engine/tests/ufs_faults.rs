@@ -323,3 +323,115 @@ fn dropping_a_queue_pair_with_a_held_command_ends_it_and_frees_the_queue() {
     let mut back = vec![0u8; 4096];
     qp.read_blocking(0, 3, &mut back).unwrap();
 }
+
+#[test]
+fn abort_of_a_held_command_completes_it_once_with_aborted() {
+    for mcq in [true, false] {
+        let (f, ctrl) = up(sync_cfg(mcq), opts(1));
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        f.faults()
+            .inject_next(None, Some(READ10), UfsFault::DropCompletion);
+        qp.read(
+            0,
+            0,
+            1,
+            ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+            7,
+        )
+        .unwrap();
+        qp.read(
+            0,
+            1,
+            1,
+            ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+            8,
+        )
+        .unwrap();
+        let mut done = wait_n(&mut qp, 1);
+        assert_eq!(done[0].tag, 8);
+        assert!(!qp.abort(8).unwrap(), "tag 8 is no longer in flight");
+        assert!(qp.abort(7).unwrap(), "mcq={mcq}");
+        done.extend(wait_n(&mut qp, 1));
+        assert_eq!(done[1].tag, 7);
+        assert_eq!(
+            done[1].result,
+            Err(IoError::Ufs(UfsError::Transport(Ocs::ABORTED))),
+            "mcq={mcq}"
+        );
+        assert!(done[1].buf.is_some());
+        for _ in 0..5 {
+            qp.poll(8, |c| panic!("completed twice: {}", c.tag))
+                .unwrap();
+        }
+        assert!(!qp.abort(7).unwrap());
+        // The queue keeps working.
+        let data = pattern(9, 4096);
+        qp.write_blocking(0, 2, &data).unwrap();
+        let mut back = vec![0u8; 4096];
+        qp.read_blocking(0, 2, &mut back).unwrap();
+        assert_eq!(back, data);
+    }
+}
+
+#[test]
+fn abort_of_a_delayed_command_in_the_device() {
+    let (f, ctrl) = up(sync_cfg(true), opts(1));
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    f.faults().inject_next(
+        None,
+        Some(WRITE10),
+        UfsFault::Delay(std::time::Duration::from_secs(3600)),
+    );
+    qp.write(0, 5, 1, buf_with(&ctrl, &pattern(5, 4096)), 1)
+        .unwrap();
+    qp.submit();
+    assert!(qp.abort(1).unwrap());
+    let c = wait_n(&mut qp, 1).pop().unwrap();
+    assert_eq!(
+        c.result,
+        Err(IoError::Ufs(UfsError::Transport(Ocs::ABORTED)))
+    );
+    assert_eq!(qp.outstanding(), 0);
+}
+
+#[test]
+fn a_fatal_controller_seen_by_one_queue_pair_fails_the_others() {
+    let (f, ctrl) = up(threaded_cfg(true, 1), opts(2));
+    let mut a = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut b = ctrl.create_qpair::<DmaBuf>().unwrap();
+    f.faults()
+        .inject_next(None, Some(READ10), UfsFault::DropCompletion);
+    b.read(
+        0,
+        0,
+        1,
+        ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+        1,
+    )
+    .unwrap();
+    b.submit();
+    f.set_fatal();
+    let mut err = None;
+    for _ in 0..100_000 {
+        a.read(
+            0,
+            1,
+            1,
+            ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+            2,
+        )
+        .ok();
+        if let Err(e) = a.poll(8, |_| {}) {
+            err = Some(e);
+            break;
+        }
+    }
+    assert!(matches!(err, Some(Error::ControllerFatal)), "{err:?}");
+    let mut done = Vec::new();
+    assert!(matches!(
+        b.poll(8, |c| done.push(c)),
+        Err(Error::ControllerFatal)
+    ));
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].result, Err(IoError::ControllerFailed));
+}

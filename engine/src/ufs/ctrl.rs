@@ -491,6 +491,17 @@ impl UfsController {
     }
 }
 
+impl Drop for UfsController {
+    /// Every queue pair is gone (each holds the controller): disable the
+    /// controller before the pooled queue memory is freed, so nothing the
+    /// controller might still fetch is unmapped under it.
+    fn drop(&mut self) {
+        if self.health() != health::GONE {
+            self.backend.regs().write32(regs::HCE, 0);
+        }
+    }
+}
+
 /// DME_LINKSTARTUP, retried a bounded number of times on a non-zero result.
 fn link_startup(r: &Regs<'_>, t: Duration) -> UfsResult<()> {
     let mut result = 0;

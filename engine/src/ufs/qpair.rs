@@ -475,6 +475,13 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if let Some(h) = self.failed {
             return Err(health_error(h));
         }
+        // One load: another queue pair (or the controller) may have seen
+        // the controller fail.
+        let h = self.ctrl.health();
+        if h != health::OK {
+            self.fail(h, &mut f);
+            return Err(health_error(h));
+        }
         self.transport.flush();
         let outstanding = self.trackers.outstanding();
         let UfsQueuePair {
@@ -638,15 +645,15 @@ impl<B: IoBuf> UfsQueuePair<B> {
 }
 
 impl<B: IoBuf> UfsQueuePair<B> {
-    /// The MCQ cleanup sequence: stop the SQ, clean up every command still
-    /// in flight by its nexus (LUN, task tag) — the controller completes
-    /// each with OCS ABORTED, whether still queued or held — restart the
-    /// SQ, and reap those completions (delivered as [`IoError::Aborted`]).
-    /// Whatever the controller does not give back stays outstanding.
+    /// The MCQ cleanup sequence for `slots`: stop the SQ, clean up each
+    /// command by its nexus (LUN, task tag) — the controller completes it
+    /// with OCS ABORTED, whether still queued or held — and restart the SQ.
+    /// Returns how many the controller confirmed (cleanup error code 0), or
+    /// `None` if the SQ did not stop within `limit`.
     #[cold]
-    fn mcq_cleanup(&mut self, limit: std::time::Duration, f: &mut impl FnMut(Completion<B>)) {
+    fn mcq_cleanup_slots(&mut self, slots: &[u16], limit: std::time::Duration) -> Option<usize> {
         let Transport::Mcq(q) = &*self.transport else {
-            return;
+            return None;
         };
         let regs = self.ctrl.backend().regs();
         let r = q.regs();
@@ -665,21 +672,34 @@ impl<B: IoBuf> UfsQueuePair<B> {
             }
         };
         regs.write32(rtc, sq_op::RTC_STOP);
-        if wait(sq_op::RTS_STOPPED, sq_op::RTS_STOPPED).is_none() {
-            return;
-        }
-        let slots: Vec<u16> = self.trackers.busy().map(|(slot, ..)| slot).collect();
-        for slot in slots {
+        wait(sq_op::RTS_STOPPED, sq_op::RTS_STOPPED)?;
+        let mut ok = 0;
+        for &slot in slots {
             let lun = self.ucds.command_lun(slot);
             let tag = self.tag_base.wrapping_add(slot as u8);
             regs.write32(cti, sq_op::cleanup_target(lun, tag));
             regs.write32(rtc, sq_op::RTC_STOP | sq_op::RTC_ICU);
             match wait(sq_op::RTS_CLEANUP_DONE, sq_op::RTS_CLEANUP_DONE) {
-                Some(v) if sq_op::cleanup_error(v) == 0 => {}
+                Some(v) if sq_op::cleanup_error(v) == 0 => ok += 1,
                 v => log::warn!("UFS SQ cleanup of task tag {tag} failed (SQRTS {v:?})"),
             }
         }
         regs.write32(rtc, sq_op::RTC_START);
+        if wait(sq_op::RTS_STOPPED, 0).is_none() {
+            log::warn!("UFS SQ {} did not restart", q.index());
+        }
+        Some(ok)
+    }
+
+    /// Close's MCQ path: clean up every command in flight, then reap the
+    /// ABORTED completions (delivered as [`IoError::Aborted`]). Whatever the
+    /// controller does not give back stays outstanding.
+    #[cold]
+    fn mcq_cleanup(&mut self, limit: std::time::Duration, f: &mut impl FnMut(Completion<B>)) {
+        let slots: Vec<u16> = self.trackers.busy().map(|(slot, ..)| slot).collect();
+        if self.mcq_cleanup_slots(&slots, limit).is_none() {
+            return;
+        }
         let start = Instant::now();
         let mut aborted = |mut c: Completion<B>| {
             if c.result == Err(IoError::Ufs(UfsError::Transport(Ocs::ABORTED))) {
@@ -691,6 +711,35 @@ impl<B: IoBuf> UfsQueuePair<B> {
             if matches!(self.poll(usize::MAX, &mut aborted), Ok(0)) {
                 std::thread::yield_now();
             }
+        }
+    }
+
+    /// Abort the command in flight with `tag` (the first, if several share
+    /// it). MCQ: SQ stop, cleanup by nexus (a still-queued entry or one the
+    /// device holds), SQ restart; legacy: UTRLCLR of its slot. The command
+    /// then completes once, through [`poll`](Self::poll), with
+    /// `IoError::Ufs(UfsError::Transport(Ocs::ABORTED))` and its buffer —
+    /// or normally, if it finished first. Returns `Ok(false)` when no
+    /// command with `tag` is in flight or the controller refused the
+    /// cleanup; [`Error::Timeout`] when the SQ did not stop.
+    pub fn abort(&mut self, tag: u64) -> Result<bool> {
+        if let Some(h) = self.failed {
+            return Err(health_error(h));
+        }
+        self.transport.flush();
+        let Some((slot, ..)) = self.trackers.busy().find(|&(_, _, t, _)| t == tag) else {
+            return Ok(false);
+        };
+        let limit = self.ctrl.options().init_timeout;
+        match &mut *self.transport {
+            Transport::Sdb(q) => Ok(q.withdraw(1 << slot)),
+            Transport::Mcq(_) => match self.mcq_cleanup_slots(&[slot], limit) {
+                Some(n) => Ok(n == 1),
+                None => Err(Error::Timeout {
+                    what: "stop the UFS submission queue (SQRTS.STS)",
+                    timeout_ms: limit.as_millis() as u64,
+                }),
+            },
         }
     }
 }

@@ -47,6 +47,9 @@ pub(crate) struct SdbQueue {
     pending: u32,
     /// Bits rung and not yet seen complete.
     outstanding: u32,
+    /// Bits withdrawn with UTRLCLR: their doorbell bit clears without the
+    /// controller writing an OCS.
+    withdrawn: u32,
     pub stats: SdbStats,
 }
 
@@ -66,6 +69,7 @@ impl SdbQueue {
             slots,
             pending: 0,
             outstanding: 0,
+            withdrawn: 0,
             stats: SdbStats::default(),
         }
     }
@@ -140,10 +144,31 @@ impl SdbQueue {
             let utrd = unsafe { self.list.as_ptr().add(usize::from(slot)).read_volatile() };
             n += 1;
             self.outstanding &= !(1 << slot);
-            f(slot, Ocs(utrd.ocs & 0xF));
+            let mut ocs = Ocs(utrd.ocs & 0xF);
+            if self.withdrawn & 1 << slot != 0 {
+                self.withdrawn &= !(1 << slot);
+                // Still the host's pre-fill: withdrawn before it completed.
+                if ocs == Ocs::INVALID_COMMAND_STATUS {
+                    ocs = Ocs::ABORTED;
+                }
+            }
+            f(slot, ocs);
         }
         regs.write32(UTRLCNR, taken);
         SdbReaped::Entries(n)
+    }
+
+    /// Withdraw the outstanding slots of `bits` (UTRLCLR): the next poll
+    /// reports each as completed with OCS ABORTED unless it finished first.
+    /// Returns whether any of `bits` was outstanding.
+    pub fn withdraw(&mut self, bits: u32) -> bool {
+        let bits = bits & self.outstanding;
+        if bits == 0 {
+            return false;
+        }
+        self.withdrawn |= bits;
+        self.backend.regs().write32(UTRLCLR, !bits);
+        true
     }
 
     /// Withdraw every outstanding slot (UTRLCLR: write 0 to a slot's bit)
@@ -166,6 +191,7 @@ impl SdbQueue {
     /// wait, or a controller reset).
     pub fn forget_outstanding(&mut self) {
         self.outstanding = 0;
+        self.withdrawn = 0;
         self.pending = 0;
     }
 }
