@@ -239,7 +239,7 @@ impl UfsController {
         }
         let mmio = backend.regs();
         let bar_len = mmio.len();
-        in_bar("MCQ_CFG", regs::MCQ_CFG as u64, 4, bar_len)?;
+        in_bar("host controller registers", 0, regs::UCMDARG3 + 4, bar_len)?;
         let r = Regs(mmio);
         let cap = Cap(r.read(regs::CAP)?);
         let t = opts.init_timeout;
@@ -353,6 +353,12 @@ impl UfsController {
         }
         let bar = mmio.base();
         let (mode, pool) = if cap.mcq() && opts.mcq {
+            in_bar(
+                "MEM_CFG / MCQ_CFG",
+                regs::MEM_CFG as u64,
+                regs::MCQ_CFG + 4 - regs::MEM_CFG,
+                bar_len,
+            )?;
             depth = depth.min(cap.mcq_mac() as u16);
             let (n, rings) = setup_mcq(&r, space, bar, bar_len, depth, opts.queues)?;
             // The legacy list is no longer used.

@@ -494,7 +494,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
         } = self;
         let tag_base = *tag_base;
         let ucds_ref: &UcdSlice = ucds;
-        let mut deliver = |slot: u16, ocs: Ocs| {
+        // `definitive`: the transport cannot report a command twice (legacy:
+        // a doorbell bit we set cleared), so a malformed response is this
+        // command's error, not a stale entry.
+        let mut deliver = |slot: u16, ocs: Ocs, definitive: bool| {
             if usize::from(slot) >= trackers.depth() || !trackers.slot(slot).busy {
                 trackers.stale += 1;
                 return;
@@ -503,12 +506,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
             let head = ucds_ref.response_head(slot);
             let result = if ocs == Ocs::SUCCESS && head.is_good(task_tag) {
                 Ok(())
-            } else if ocs == Ocs::SUCCESS
+            } else if !definitive
+                && ocs == Ocs::SUCCESS
                 && (head.trans_type != trans::RESPONSE || head.task_tag != task_tag)
             {
                 // Transported, but this command's RESPONSE is not there: the
                 // entry is a stale or duplicate one for an earlier command in
-                // this slot.
+                // this slot (the device writes the response before the
+                // entry). Never hand back a buffer on its word.
                 trackers.stale += 1;
                 return;
             } else {
@@ -527,12 +532,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
             // A UCD address that is not one of ours maps to an impossible
             // slot, which `deliver` counts as stale.
             Transport::Mcq(q) => match q.reap(max, outstanding, |ucd, ocs| {
-                deliver(ucds_slot(ucd, ucds_ref), ocs)
+                deliver(ucds_slot(ucd, ucds_ref), ocs, false)
             }) {
                 Reaped::Entries(n) => (n, false),
                 Reaped::BadTail => (0, true),
             },
-            Transport::Sdb(q) => match q.reap(max, &mut deliver) {
+            Transport::Sdb(q) => match q.reap(max, |slot, ocs| deliver(slot, ocs, true)) {
                 SdbReaped::Entries(n) => (n, false),
                 SdbReaped::AllOnes => (0, true),
             },
