@@ -12,6 +12,43 @@
 //!        └─ qp.poll(max, |c: Completion<_>| ..)         // one CQTP (or UTRLDBR) read, one CQHP store
 //! ```
 //!
+//! Against the fake controller of `mcqio-fixtures` (a real device is the
+//! same behind `mcqio_vfio::VfioBackend`):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use mcqio::ufs::{UfsController, UfsMode, UfsOptions};
+//! use mcqio::vfio::{Backend, DmaDir};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cfg = mcqio_fixtures::ufs::UfsConfig {
+//!     exec: mcqio_fixtures::ExecMode::Sync,
+//!     ..Default::default()
+//! };
+//! let backend: Arc<dyn Backend> = mcqio_fixtures::ufs::FakeUfs::new(cfg)?;
+//! let ctrl = UfsController::new(backend, UfsOptions { queues: 2, ..Default::default() })?;
+//! assert_eq!(ctrl.mode(), UfsMode::Mcq { queues: 2 });
+//! let mut qp = ctrl.create_qpair()?;
+//!
+//! let mut buf = ctrl.alloc_buf(8192, DmaDir::Bidirectional)?;
+//! buf.fill(0x5a);
+//! qp.write(0, 16, 2, buf, 7).map_err(|e| e.kind)?; // LU 0, 2 blocks of 4 KiB at LBA 16
+//! qp.submit();                                     // one SQTP store for the batch
+//! let mut done = None;
+//! while done.is_none() {
+//!     qp.poll(32, |c| done = Some(c))?;            // one CQTP read per poll
+//! }
+//! let c = done.unwrap();
+//! assert_eq!(c.tag, 7);
+//! c.result?;
+//!
+//! let mut back = vec![0u8; 8192];
+//! qp.read_blocking(0, 16, &mut back)?;
+//! assert!(back.iter().all(|&b| b == 0x5a));
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! A command completes exactly once with its buffer; a transport error
 //! (OCS) or a SCSI error (CHECK CONDITION with sense) arrives as
 //! [`crate::IoError::Ufs`]. A completion that names no command in flight

@@ -794,6 +794,34 @@ impl<B: IoBuf> UfsQueuePair<B> {
     }
 }
 
+impl<B: IoBuf> UfsQueuePair<B> {
+    /// SYNCHRONIZE CACHE of LU `lun`, and wait. Needs an idle queue pair
+    /// ([`Error::QueueBusy`] otherwise).
+    pub fn flush_blocking(&mut self, lun: u8) -> Result<()> {
+        if self.outstanding() != 0 {
+            return Err(Error::QueueBusy {
+                outstanding: self.outstanding(),
+            });
+        }
+        self.flush(lun, BLOCKING_TAG)
+            .map_err(|e| Error::Submit(e.kind))?;
+        self.submit();
+        let limit = self.ctrl.options().blocking_timeout;
+        let start = Instant::now();
+        let mut out = None;
+        while out.is_none() {
+            let n = self.poll(1, |c| out = Some(c.result))?;
+            if n == 0 && out.is_none() {
+                if start.elapsed() > limit {
+                    return Err(Error::Io(IoError::TimedOut));
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(out.expect("loop ends with a completion")?)
+    }
+}
+
 impl UfsQueuePair<DmaBuf> {
     fn blocking_prepare(&mut self, lun: u8, len: usize) -> Result<(LuGeom, usize)> {
         if self.outstanding() != 0 {
