@@ -281,7 +281,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
         lba: u64,
         blocks: u32,
     ) -> std::result::Result<LuGeom, SubmitErrorKind> {
-        if self.failed.is_some() || self.ctrl.health() != health::OK {
+        // Only this pair's own flag (no load through the controller per
+        // I/O): a failure another pair found is picked up by the next poll,
+        // which then ends whatever was submitted meanwhile.
+        if self.failed.is_some() {
             return Err(SubmitErrorKind::ControllerFailed);
         }
         let Some(Some(g)) = self.lus.get(usize::from(lun)).copied() else {
