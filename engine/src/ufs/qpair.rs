@@ -28,7 +28,7 @@ use super::spec::regs::sq_op;
 use super::spec::scsi;
 use super::spec::status::{command_result, UfsError};
 use super::spec::upiu::trans;
-use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Utrd};
+use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
 use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
 use crate::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::queue::tracker::Trackers;
@@ -164,6 +164,14 @@ impl UfsController {
                 return Err(e.into());
             }
         };
+        if ucd_mem.iova().raw() % Ucd::ALIGN != 0 {
+            self.give_back(transport);
+            return Err(Error::InvalidOption(format!(
+                "the DMA space gave command descriptors at IOVA {:#x}, not {}-byte aligned as UFSHCI requires",
+                ucd_mem.iova().raw(),
+                Ucd::ALIGN
+            )));
+        }
         let mut lus = Vec::new();
         for l in self.logical_units() {
             let i = usize::from(l.lun);
