@@ -279,14 +279,6 @@ fn bad_inputs_are_typed_and_hand_the_buffer_back() {
             kind(qp.write(0, 0, 1, foreign, 0)),
             SubmitErrorKind::NotDmaMapped
         );
-        let big = ctrl.alloc_buf(2 << 20, DmaDir::Bidirectional).unwrap();
-        assert_eq!(
-            kind(qp.write(0, 0, 512, big, 0)),
-            SubmitErrorKind::TransferTooLarge {
-                bytes: 2 << 20,
-                max: 1 << 20
-            }
-        );
         // A segment that does not start on a dword.
         let (_, odd) = buf().split_at(2).unwrap();
         assert!(matches!(
@@ -330,5 +322,167 @@ fn bad_inputs_are_typed_and_hand_the_buffer_back() {
             qp.write_blocking(0, 0, &[]),
             Err(mcqio::Error::Submit(SubmitErrorKind::ZeroLength))
         ));
+    }
+}
+
+fn split_opts() -> mcqio::ufs::UfsOptions {
+    mcqio::ufs::UfsOptions {
+        depth: 8,
+        max_transfer: 64 << 10,
+        ..opts(1)
+    }
+}
+
+#[test]
+fn transfers_above_the_limit_are_split_and_complete_once() {
+    for mcq in [true, false] {
+        let (fake, ctrl) = up(sync_cfg(mcq), split_opts());
+        let mut qp = ctrl.create_qpair::<Vec<DmaBuf>>().unwrap();
+        assert_eq!(qp.max_transfer(), 64 << 10);
+        // 448 KiB = 7 children of 64 KiB, in 3 odd-sized segments, so child
+        // boundaries fall inside segments.
+        let data = pattern(21, 448 << 10);
+        let cuts = [0usize, 100 << 10, 300 << 10, 448 << 10];
+        let segs: Vec<DmaBuf> = cuts
+            .windows(2)
+            .map(|w| buf_with(&ctrl, &data[w[0]..w[1]]))
+            .collect();
+        qp.write(0, 50, 112, segs, 1).unwrap();
+        let s = qp.stats();
+        assert_eq!(s.submitted, 7, "seven child commands");
+        let c = wait_n(&mut qp, 1).pop().unwrap();
+        assert_eq!(c.tag, 1);
+        c.result.unwrap();
+        assert_eq!(c.buf.unwrap().len(), 3, "the whole buffer comes back");
+        for _ in 0..3 {
+            qp.poll(8, |c| panic!("completed twice: {}", c.tag))
+                .unwrap();
+        }
+        assert_eq!(fake.lu_bytes(0, 50 * 4096, 448 << 10), data, "mcq={mcq}");
+        assert_eq!(qp.outstanding(), 0);
+        // Read it back in one submission (split again).
+        let back = vec![ctrl.alloc_buf(448 << 10, DmaDir::Bidirectional).unwrap()];
+        qp.read(0, 50, 112, back, 2).unwrap();
+        let c = wait_n(&mut qp, 1).pop().unwrap();
+        c.result.unwrap();
+        assert_eq!(c.buf.unwrap()[0].to_vec(), data);
+        assert_eq!(qp.stats().completed, 2);
+    }
+}
+
+#[test]
+fn a_split_that_cannot_fit_is_typed_and_nothing_is_sent() {
+    let (fake, ctrl) = up(sync_cfg(true), split_opts());
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let before = fake.stats().commands;
+    // 9 children > depth 8.
+    let big = ctrl.alloc_buf(576 << 10, DmaDir::Bidirectional).unwrap();
+    let e = qp.write(0, 0, 144, big, 1).unwrap_err();
+    assert_eq!(
+        e.kind,
+        SubmitErrorKind::TransferTooLarge {
+            bytes: 576 << 10,
+            max: 512 << 10
+        }
+    );
+    assert_eq!(e.buf.len(), 576 << 10);
+    // Fewer free slots than children: QueueFull, all or nothing.
+    for i in 0..5 {
+        qp.read(
+            0,
+            i,
+            1,
+            ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+            10 + i,
+        )
+        .unwrap();
+    }
+    let four = ctrl.alloc_buf(256 << 10, DmaDir::Bidirectional).unwrap();
+    let e = qp.write(0, 100, 64, four, 2).unwrap_err();
+    assert_eq!(e.kind, SubmitErrorKind::QueueFull);
+    assert_eq!(qp.outstanding(), 5);
+    // A child range breaking the PRDT rules rejects the whole transfer.
+    let whole = ctrl
+        .alloc_buf((192 << 10) + 4, DmaDir::Bidirectional)
+        .unwrap();
+    let (_, odd) = whole.split_at(2).unwrap();
+    let e = qp.write(0, 100, 48, odd, 3).unwrap_err();
+    assert!(
+        matches!(e.kind, SubmitErrorKind::Misaligned { .. }),
+        "{:?}",
+        e.kind
+    );
+    let small = ctrl.alloc_buf(64 << 10, DmaDir::Bidirectional).unwrap();
+    let e = qp.write(0, 100, 48, small, 4).unwrap_err();
+    assert!(matches!(e.kind, SubmitErrorKind::BufferTooSmall { .. }));
+    assert_eq!(qp.outstanding(), 5);
+    let done = wait_n(&mut qp, 5);
+    assert!(done.iter().all(|c| c.result.is_ok()));
+    assert_eq!(
+        fake.stats().commands,
+        before + 5,
+        "nothing rejected reached the device"
+    );
+}
+
+#[test]
+fn a_failing_child_fails_the_parent_once_after_all_children() {
+    use mcqio_fixtures::ufs::UfsFault;
+    for mcq in [true, false] {
+        let (fake, ctrl) = up(sync_cfg(mcq), split_opts());
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        // The third child fails with a CHECK CONDITION.
+        for _ in 0..2 {
+            fake.faults()
+                .inject_next(None, Some(0x2A), UfsFault::Delay(std::time::Duration::ZERO));
+        }
+        fake.faults().inject_next(
+            None,
+            Some(0x2A),
+            UfsFault::CheckCondition(mcqio_fixtures::ufs::Sense {
+                key: 4,
+                asc: 0x44,
+                ascq: 0,
+            }),
+        );
+        let b = buf_with(&ctrl, &pattern(8, 256 << 10));
+        qp.write(0, 0, 64, b, 9).unwrap();
+        let done = wait_n(&mut qp, 1);
+        assert_eq!(done.len(), 1);
+        assert!(
+            matches!(
+                done[0].result,
+                Err(mcqio::IoError::Ufs(mcqio::UfsError::Scsi { .. }))
+            ),
+            "{:?}",
+            done[0].result
+        );
+        assert!(done[0].buf.is_some());
+        assert_eq!(qp.outstanding(), 0);
+        for _ in 0..3 {
+            qp.poll(8, |c| panic!("completed twice: {}", c.tag))
+                .unwrap();
+        }
+    }
+}
+
+#[test]
+fn closing_with_a_split_in_flight_ends_the_parent_once() {
+    use mcqio_fixtures::ufs::UfsFault;
+    for mcq in [true, false] {
+        let (fake, ctrl) = up(sync_cfg(mcq), split_opts());
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        fake.faults()
+            .inject_next(None, Some(0x28), UfsFault::DropCompletion);
+        let b = ctrl.alloc_buf(256 << 10, DmaDir::Bidirectional).unwrap();
+        qp.read(0, 0, 64, b, 5).unwrap();
+        let mut ended = Vec::new();
+        qp.close(|c| ended.push((c.tag, c.result, c.buf.is_some())))
+            .unwrap();
+        assert_eq!(
+            ended,
+            vec![(5, Err(mcqio::IoError::Aborted), true)],
+            "mcq={mcq}"
+        );
     }
 }

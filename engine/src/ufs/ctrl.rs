@@ -51,8 +51,9 @@ pub struct UfsOptions {
     /// Commands outstanding per queue pair, bounded by MCQ MAC (or the 32
     /// legacy slots), the device's bQueueDepth and 256.
     pub depth: u16,
-    /// Largest read or write per command, in bytes (bigger ones are refused
-    /// with `TransferTooLarge`).
+    /// Largest read or write per command, in bytes. Bigger ones are split
+    /// into child commands that complete once; `TransferTooLarge` only when
+    /// that needs more children than the queue depth.
     pub max_transfer: u32,
     /// Bound of every wait during bring-up and device management.
     pub init_timeout: Duration,

@@ -67,6 +67,8 @@
 //! - `mcq.rs`: one MCQ SQ/CQ pair: byte-offset heads and tails, CQTP polling
 //!   (no phase bit), batched SQTP / CQHP stores.
 //! - `sdb.rs`: the legacy list: 32 UTRD slots, UTRLDBR bitmap, UTRLCNR.
+//! - `split.rs`: reads and writes above the per-command limit as child
+//!   commands that complete once (transport-independent).
 //! - `ucd.rs`: each queue pair's own slice of command descriptors: COMMAND
 //!   UPIU, PRDT from the buffer's segments, RESPONSE decoding.
 //! - [`qpair`]: [`UfsQueuePair`], the per-thread I/O object (read, write,
@@ -101,6 +103,7 @@ mod mcq;
 pub mod qpair;
 mod sdb;
 pub mod spec;
+mod split;
 mod ucd;
 
 pub use ctrl::{LogicalUnit, UfsController, UfsMode, UfsOptions};

@@ -5,6 +5,10 @@
 //! [`submit`](UfsQueuePair::submit) rings one doorbell per batch,
 //! [`poll`](UfsQueuePair::poll) reaps.
 //!
+//! A read or write above the per-command limit is split into child commands
+//! (`split.rs`) and still completes once, with its buffer after every child
+//! finished.
+//!
 //! The transport (an MCQ queue pair or the legacy list) is an enum resolved
 //! once per queue pair; nothing is dispatched dynamically per I/O.
 //!
@@ -29,6 +33,7 @@ use super::spec::scsi;
 use super::spec::status::{command_result, UfsError};
 use super::spec::upiu::trans;
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
+use super::split::{Routed, Splits};
 use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
 use crate::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::queue::tracker::Trackers;
@@ -101,6 +106,8 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     transport: ManuallyDrop<Transport>,
     ucds: ManuallyDrop<UcdSlice>,
     trackers: Trackers<B>,
+    /// Reads and writes above `max_xfer` as child commands.
+    splits: Splits<B>,
     /// Task tag of slot 0 (tags are `tag_base + slot`, unique across queue
     /// pairs while the total depth is at most 256).
     tag_base: u8,
@@ -190,6 +197,7 @@ impl UfsController {
             transport: ManuallyDrop::new(transport),
             ucds: ManuallyDrop::new(UcdSlice::new(ucd_mem, usize::from(depth))),
             trackers: Trackers::new(depth),
+            splits: Splits::new(depth),
             tag_base,
             lus,
             max_xfer,
@@ -357,15 +365,6 @@ impl<B: IoBuf> UfsQueuePair<B> {
             Err(k) => return Err(submit_err(k, buf)),
         };
         let bytes = u64::from(blocks) << g.shift;
-        if bytes > self.max_xfer {
-            return Err(submit_err(
-                SubmitErrorKind::TransferTooLarge {
-                    bytes,
-                    max: self.max_xfer,
-                },
-                buf,
-            ));
-        }
         if let Err(mapped) = buf.check_dir(read) {
             let needs = if read {
                 "write into it (read command)"
@@ -380,10 +379,13 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if !buf.is_mapped_in(&self.space) {
             return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
         }
+        if bytes > self.max_xfer {
+            return self.submit_split(lun, lba, blocks, g.shift, buf, tag, read);
+        }
         let Some(slot) = self.trackers.alloc() else {
             return Err(submit_err(SubmitErrorKind::QueueFull, buf));
         };
-        let prdt = match self.ucds.build_prdt(slot, &buf, bytes) {
+        let prdt = match self.ucds.build_prdt(slot, &buf, 0, bytes) {
             Ok(n) => n,
             Err(k) => {
                 self.trackers.unreserve(slot);
@@ -408,6 +410,121 @@ impl<B: IoBuf> UfsQueuePair<B> {
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
         self.trackers.arm(slot, tag, Some(buf), 0);
         self.submitted += 1;
+        Ok(())
+    }
+
+    /// A read or write above `max_xfer`: children of at most `max_xfer`
+    /// bytes (whole blocks), all or nothing (see `split.rs`).
+    #[cold]
+    #[allow(clippy::too_many_arguments)]
+    fn submit_split(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        shift: u32,
+        buf: B,
+        tag: u64,
+        read: bool,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        let bytes = u64::from(blocks) << shift;
+        let per = (self.max_xfer >> shift).min(u64::from(u32::MAX)) as u32;
+        let depth = self.trackers.depth();
+        let too_large = |max: u64| SubmitErrorKind::TransferTooLarge { bytes, max };
+        if per == 0 {
+            // One block is larger than the per-command limit.
+            return Err(submit_err(too_large(self.max_xfer), buf));
+        }
+        let children = blocks.div_ceil(per);
+        if children as usize > depth {
+            return Err(submit_err(
+                too_large((depth as u64 * u64::from(per)) << shift),
+                buf,
+            ));
+        }
+        let available = buf.total_len() as u64;
+        if available < bytes {
+            return Err(submit_err(
+                SubmitErrorKind::BufferTooSmall {
+                    needed: bytes,
+                    available,
+                },
+                buf,
+            ));
+        }
+        if depth - self.trackers.outstanding() < children as usize {
+            return Err(submit_err(SubmitErrorKind::QueueFull, buf));
+        }
+        // Reserve every child's slot and build its PRDT before anything is
+        // posted, so a rejection leaves nothing behind.
+        let mut scratch = std::mem::take(&mut self.splits.scratch);
+        scratch.clear();
+        let mut err = None;
+        for i in 0..children {
+            let first = u64::from(i) * u64::from(per);
+            let n = per.min(blocks - i * per);
+            let Some(slot) = self.trackers.alloc() else {
+                err = Some(SubmitErrorKind::QueueFull);
+                break;
+            };
+            match self
+                .ucds
+                .build_prdt(slot, &buf, first << shift, u64::from(n) << shift)
+            {
+                Ok(prdt) => scratch.push((slot, prdt, lba + first, n)),
+                Err(k) => {
+                    self.trackers.unreserve(slot);
+                    err = Some(k);
+                    break;
+                }
+            }
+        }
+        if let Some(k) = err {
+            for &(slot, ..) in scratch.iter().rev() {
+                self.trackers.unreserve(slot);
+            }
+            self.splits.scratch = scratch;
+            return Err(submit_err(k, buf));
+        }
+        let parent = match self.splits.start(tag, buf, children) {
+            Ok(p) => p,
+            Err(buf) => {
+                // Not expected (a parent is free whenever slots are):
+                // refuse rather than lose track.
+                for &(slot, ..) in scratch.iter().rev() {
+                    self.trackers.unreserve(slot);
+                }
+                self.splits.scratch = scratch;
+                return Err(submit_err(SubmitErrorKind::QueueFull, buf));
+            }
+        };
+        let dir = if read {
+            DataDir::FromDevice
+        } else {
+            DataDir::ToDevice
+        };
+        for &(slot, prdt, clba, n) in &scratch {
+            let cdb = if read {
+                scsi::read(clba, n, false)
+            } else {
+                scsi::write(clba, n, false)
+            };
+            let task_tag = self.tag_base.wrapping_add(slot as u8);
+            self.ucds.write_command(
+                slot,
+                lun,
+                task_tag,
+                cdb,
+                (u64::from(n) << shift) as u32,
+                read,
+            );
+            self.transport
+                .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
+            self.trackers.arm(slot, tag, None, 0);
+            self.splits.link(slot, parent);
+            self.submitted += 1;
+        }
+        self.splits.scratch = scratch;
         Ok(())
     }
 
@@ -498,6 +615,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let UfsQueuePair {
             transport,
             trackers,
+            splits,
             ucds,
             tag_base,
             completed,
@@ -531,6 +649,22 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 command_result(ocs, &ucds_ref.response(slot), task_tag).map_err(IoError::Ufs)
             };
             let (tag, buf) = trackers.complete(slot);
+            if splits.active() {
+                match splits.finish(slot, result) {
+                    Routed::NotChild => {}
+                    Routed::Pending => return,
+                    Routed::Done(tag, result, buf) => {
+                        *completed += 1;
+                        f(Completion {
+                            tag,
+                            result,
+                            buf,
+                            dw0: 0,
+                        });
+                        return;
+                    }
+                }
+            }
             *completed += 1;
             f(Completion {
                 tag,
@@ -577,16 +711,42 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if let Transport::Sdb(q) = &mut *self.transport {
             q.forget_outstanding();
         }
-        let completed = &mut self.completed;
-        self.trackers.drain_up_to(usize::MAX, |tag, buf| {
-            *completed += 1;
+        self.end_all(IoError::ControllerFailed, true, f);
+    }
+
+    /// End every command in flight with `err` (the device no longer owns
+    /// them, or `keep_bufs` is false and their buffers are leaked), children
+    /// of a split through their parent. Returns the bytes leaked.
+    #[cold]
+    fn end_all(&mut self, err: IoError, keep_bufs: bool, f: &mut impl FnMut(Completion<B>)) -> u64 {
+        let slots: Vec<u16> = self.trackers.busy().map(|(slot, ..)| slot).collect();
+        let mut leaked = 0u64;
+        for slot in slots {
+            // Freed before `f` sees it: a panicking callback loses nothing.
+            let (tag, buf) = self.trackers.complete(slot);
+            let (tag, result, buf) = match self.splits.finish(slot, Err(err)) {
+                Routed::NotChild => (tag, Err(err), buf),
+                Routed::Pending => continue,
+                Routed::Done(t, r, b) => (t, r, b),
+            };
+            let buf = if keep_bufs {
+                buf
+            } else {
+                if let Some(b) = buf {
+                    leaked += b.total_len() as u64;
+                    std::mem::forget(b);
+                }
+                None
+            };
+            self.completed += 1;
             f(Completion {
                 tag,
-                result: Err(IoError::ControllerFailed),
+                result,
                 buf,
                 dw0: 0,
-            })
-        });
+            });
+        }
+        leaked
     }
 
     /// Finish the queue pair: wait (up to `UfsOptions::close_timeout`) for
@@ -633,26 +793,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 self.trackers.outstanding() == 0
             }
         };
-        let completed = &mut self.completed;
-        let mut leaked = 0u64;
-        self.trackers.drain_up_to(usize::MAX, |tag, buf| {
-            *completed += 1;
-            let buf = if withdrawn {
-                buf
-            } else {
-                if let Some(b) = buf {
-                    leaked += b.total_len() as u64;
-                    std::mem::forget(b);
-                }
-                None
-            };
-            f(Completion {
-                tag,
-                result: Err(IoError::Aborted),
-                buf,
-                dw0: 0,
-            })
-        });
+        let leaked = self.end_all(IoError::Aborted, withdrawn, f);
         if !withdrawn {
             self.leak = true;
             self.ctrl.add_leaked(leaked);

@@ -151,25 +151,33 @@ impl UcdSlice {
         }
     }
 
-    /// Build `slot`'s PRDT for the first `bytes` bytes of `buf`: segments in
-    /// order, empty ones skipped, each cut into entries of at most 256 KiB.
-    /// Every entry must start on a dword and cover whole dwords. Returns the
-    /// entry count.
+    /// Build `slot`'s PRDT for `bytes` bytes of `buf` starting at byte
+    /// `offset`: segments in order, empty ones skipped, each cut into
+    /// entries of at most 256 KiB. Every entry must start on a dword and
+    /// cover whole dwords. Returns the entry count.
     #[inline]
     pub fn build_prdt<B: IoBuf>(
         &mut self,
         slot: u16,
         buf: &B,
+        offset: u64,
         bytes: u64,
     ) -> Result<u16, SubmitErrorKind> {
         let mut left = bytes;
+        let mut skip = offset;
         let mut n = 0usize;
         let segs = buf.segment_count();
         let mut i = 0;
         while left > 0 && i < segs {
             let seg = buf.segment(i);
-            let mut addr = seg.iova.raw();
-            let mut len = (seg.len as u64).min(left);
+            if skip >= seg.len as u64 {
+                skip -= seg.len as u64;
+                i += 1;
+                continue;
+            }
+            let mut addr = seg.iova.raw() + skip;
+            let mut len = (seg.len as u64 - skip).min(left);
+            skip = 0;
             while len > 0 {
                 let chunk = len.min(u64::from(PrdtEntry::MAX_BYTES));
                 let Some(e) = PrdtEntry::new(addr, chunk as u32) else {
