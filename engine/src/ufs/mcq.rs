@@ -266,6 +266,9 @@ impl McqQueue {
             n += 1;
             f(cqe.ucd(), cqe.ocs());
         }
+        if n == 0 {
+            return Reaped::Entries(0);
+        }
         // Our reads of the consumed entries are done before the controller
         // may reuse them: the CQHP store comes after them in program order
         // and the loads are complete (Release orders them before the store).

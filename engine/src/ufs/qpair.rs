@@ -78,9 +78,9 @@ impl Transport {
 /// Counters of a [`UfsQueuePair`].
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct UfsQpairStats {
-    /// Commands accepted.
+    /// Commands accepted (each child of a split transfer counts).
     pub submitted: u64,
-    /// Completions delivered.
+    /// Completions delivered (a split transfer delivers one).
     pub completed: u64,
     /// Completions that named no command in flight (stale, duplicate, bogus
     /// UCD address), counted and dropped.
