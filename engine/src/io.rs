@@ -402,6 +402,10 @@ pub enum IoError {
         "command aborted by a controller reset (it may or may not have executed); resubmit it"
     )]
     AbortedByReset,
+    /// A UFS command failed: transport status (OCS), target failure, or a
+    /// SCSI status with sense data.
+    #[error("UFS command failed: {0}")]
+    Ufs(crate::ufs::UfsError),
     /// The controller failed (CSTS.CFS) or disappeared.
     #[error("the controller failed or was removed; call Controller::reset() (fatal status) or re-attach the device (removal)")]
     ControllerFailed,

@@ -159,6 +159,7 @@ pub use io::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitError, SubmitError
 pub use mcq::run_per_core;
 pub use queue::{Outstanding, QpairOptions, QpairStats, QueuePair};
 pub use spec::NvmeStatus;
+pub use ufs::{UfsController, UfsCtrlError, UfsError, UfsOptions, UfsQueuePair};
 
 pub use mcqio_vfio as vfio;
 

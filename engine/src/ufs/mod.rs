@@ -1,10 +1,84 @@
-//! # UFS transport (UFSHCI 4.0): wire formats
+//! # UFS transport (UFSHCI 4.0)
 //!
 //! The UFS host-controller interface (UFSHCI 4.0, JESD223E) and the UFS
-//! protocol units (UPIU) and SCSI command set it carries. Only the wire
-//! formats live here so far — registers, transfer request descriptors,
-//! completion entries, UPIUs, PRDT entries, CDBs, descriptors, status and
-//! sense decoding — each in the file named after the spec's own noun:
+//! protocol units (UPIU) and SCSI command set it carries, as a sibling of
+//! the NVMe transport with the same application-facing shape:
+//!
+//! ```text
+//! UfsController::new(backend, UfsOptions::default())   // HCE, link, device init, MCQ or legacy
+//!   └─ ctrl.create_qpair()                              // one per thread: an MCQ SQ/CQ pair, or the legacy list
+//!        ├─ qp.read(lun, lba, blocks, buf, tag)         // UTRD + UCD (COMMAND UPIU, PRDT), no doorbell yet
+//!        ├─ qp.submit()                                 // one SQTP (or UTRLDBR) store per batch
+//!        └─ qp.poll(max, |c: Completion<_>| ..)         // one CQTP (or UTRLDBR) read, one CQHP store
+//! ```
+//!
+//! Against the fake controller of `mcqio-fixtures` (a real device is the
+//! same behind `mcqio_vfio::VfioBackend`):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use mcqio::ufs::{UfsController, UfsMode, UfsOptions};
+//! use mcqio::vfio::{Backend, DmaDir};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cfg = mcqio_fixtures::ufs::UfsConfig {
+//!     exec: mcqio_fixtures::ExecMode::Sync,
+//!     ..Default::default()
+//! };
+//! let backend: Arc<dyn Backend> = mcqio_fixtures::ufs::FakeUfs::new(cfg)?;
+//! let ctrl = UfsController::new(backend, UfsOptions { queues: 2, ..Default::default() })?;
+//! assert_eq!(ctrl.mode(), UfsMode::Mcq { queues: 2 });
+//! let mut qp = ctrl.create_qpair()?;
+//!
+//! let mut buf = ctrl.alloc_buf(8192, DmaDir::Bidirectional)?;
+//! buf.fill(0x5a);
+//! qp.write(0, 16, 2, buf, 7).map_err(|e| e.kind)?; // LU 0, 2 blocks of 4 KiB at LBA 16
+//! qp.submit();                                     // one SQTP store for the batch
+//! let mut done = None;
+//! while done.is_none() {
+//!     qp.poll(32, |c| done = Some(c))?;            // one CQTP read per poll
+//! }
+//! let c = done.unwrap();
+//! assert_eq!(c.tag, 7);
+//! c.result?;
+//!
+//! let mut back = vec![0u8; 8192];
+//! qp.read_blocking(0, 16, &mut back)?;
+//! assert!(back.iter().all(|&b| b == 0x5a));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A command completes exactly once with its buffer; a transport error
+//! (OCS) or a SCSI error (CHECK CONDITION with sense) arrives as
+//! [`crate::IoError::Ufs`]. A completion that names no command in flight
+//! (a stale or duplicate entry, a UCD address that is not ours) is counted
+//! in [`UfsQpairStats::stale_completions`] and dropped. A fatal controller
+//! (IS) is disabled, a removed one noticed (all ones); every outstanding
+//! command then completes with [`crate::IoError::ControllerFailed`].
+//!
+//! The transport, file by file:
+//!
+//! - [`ctrl`]: [`UfsController`] bring-up (HCE, DME_LINKSTARTUP, NOP,
+//!   fDeviceInit, descriptors, REPORT LUNS, UNIT ATTENTION, READ
+//!   CAPACITY), the choice of MCQ or legacy, queue configuration with the
+//!   DAO offsets read back and bounds-checked.
+//! - [`error`]: [`UfsCtrlError`], the control path's typed errors.
+//! - `mcq.rs`: one MCQ SQ/CQ pair: byte-offset heads and tails, CQTP polling
+//!   (no phase bit), batched SQTP / CQHP stores.
+//! - `sdb.rs`: the legacy list: 32 UTRD slots, UTRLDBR bitmap, UTRLCNR.
+//! - `split.rs`: reads and writes above the per-command limit as child
+//!   commands that complete once (transport-independent).
+//! - `ucd.rs`: each queue pair's own slice of command descriptors: COMMAND
+//!   UPIU, PRDT from the buffer's segments, RESPONSE decoding.
+//! - [`qpair`]: [`UfsQueuePair`], the per-thread I/O object (read, write,
+//!   flush, unmap, submit, poll, close, blocking helpers).
+//!
+//! Transport-independent pieces reused from the NVMe side: tag tracking
+//! with generations (`crate::queue::tracker`), [`crate::IoBuf`],
+//! [`crate::Completion`], [`crate::SubmitError`].
+//!
+//! The wire formats, each in the file named after the spec's own noun:
 //!
 //! - [`spec::regs`]: host-controller registers, MCQ capability and per-queue
 //!   configuration / operational registers, UIC commands.
@@ -23,4 +97,17 @@
 //! registers are little-endian; everything inside a UPIU, a CDB or a
 //! descriptor is big-endian.
 
+pub mod ctrl;
+pub mod error;
+mod mcq;
+pub mod qpair;
+mod sdb;
 pub mod spec;
+mod split;
+mod ucd;
+
+pub use ctrl::{LogicalUnit, UfsController, UfsMode, UfsOptions};
+pub use error::{UfsCtrlError, UfsResult};
+pub use qpair::{UfsQpairStats, UfsQueuePair};
+pub use spec::status::UfsError;
+pub use ucd::MAX_PRDT_ENTRIES;

@@ -1,0 +1,923 @@
+//! [`UfsController`]: bring-up of a UFSHCI 4.0 host controller and its UFS
+//! device, then the choice between MCQ and legacy single-doorbell mode.
+//!
+//! Bring-up, in order (every wait bounded by [`UfsOptions::init_timeout`]):
+//!
+//! 1. HCE: disable if enabled, enable, wait for HCS.UCRDY.
+//! 2. DME_LINKSTARTUP through the UIC command registers; the result code
+//!    (UCMDARG2 bits 7:0) must be 0 and HCS.DP set; retried a bounded number
+//!    of times.
+//! 3. A legacy transfer request list (as Linux does) for device management:
+//!    NOP OUT / NOP IN, set fDeviceInit and poll it until the device clears
+//!    it, read the device, geometry and unit descriptors, REPORT LUNS, then
+//!    per LU TEST UNIT READY (clears the power-on UNIT ATTENTION, retried
+//!    once on UNIT ATTENTION) and READ CAPACITY(16), cross-checked with the
+//!    unit descriptor.
+//! 4. MCQ when CAP.MCQS is set and [`UfsOptions::mcq`] allows it: the number
+//!    of queues from MCQCAP.MAXQ (the configuration array it implies must
+//!    lie inside the BAR) and [`UfsOptions::queues`]; each queue's rings
+//!    programmed, CQ enabled before SQ, the DAO/ISAO offsets **read back**
+//!    and checked to lie inside the BAR; MCQ_CFG.MAC; MEM_CFG MCQ mode.
+//!    Otherwise the legacy list stays, serving one queue pair.
+//!
+//! Every value the device reports is checked into a [`UfsCtrlError`].
+
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use mcqio_vfio::{Backend, DmaDir, DmaRegion, DmaSpace, Mmio};
+
+use super::error::{UfsCtrlError, UfsResult};
+use super::mcq::{McqRegs, McqRings, OpReg};
+use super::spec::desc::{self, DeviceDesc, GeometryDesc, UnitDesc, MAX_DESC_LEN};
+use super::spec::regs::{
+    self, cq_op, is, qcfg, sq_op, uic, Cap, Hcs, McqCap, QueueAttr, QueueConfig,
+};
+use super::spec::scsi::{self, Capacity};
+use super::spec::status::{command_result, UfsError};
+use super::spec::upiu::{self, flag_idn, trans, CommandUpiu, QueryUpiu, ResponseUpiu};
+use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
+
+/// Options for [`UfsController::new`].
+#[derive(Clone, Debug)]
+pub struct UfsOptions {
+    /// Use MCQ when the controller supports it (false: legacy single doorbell).
+    pub mcq: bool,
+    /// MCQ hardware queues to set up (bounded by MCQCAP.MAXQ and 32): one
+    /// per queue pair, so one per thread.
+    pub queues: u16,
+    /// Commands outstanding per queue pair, bounded by MCQ MAC (or the 32
+    /// legacy slots), the device's bQueueDepth and 256.
+    pub depth: u16,
+    /// Largest read or write per command, in bytes. Bigger ones are split
+    /// into child commands that complete once; `TransferTooLarge` only when
+    /// that needs more children than the queue depth.
+    pub max_transfer: u32,
+    /// Bound of every wait during bring-up and device management.
+    pub init_timeout: Duration,
+    /// How long blocking calls wait for their completion.
+    pub blocking_timeout: Duration,
+    /// How long `close` polls for commands still in flight before
+    /// withdrawing them.
+    pub close_timeout: Duration,
+}
+
+impl Default for UfsOptions {
+    fn default() -> Self {
+        UfsOptions {
+            mcq: true,
+            queues: std::thread::available_parallelism().map_or(1, |n| n.get().min(32) as u16),
+            depth: 32,
+            max_transfer: 1 << 20,
+            init_timeout: Duration::from_secs(2),
+            blocking_timeout: Duration::from_secs(30),
+            close_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How the transfer requests travel.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum UfsMode {
+    /// Multi-circular queues: one SQ/CQ pair per queue pair.
+    Mcq {
+        /// Hardware queues set up.
+        queues: u16,
+    },
+    /// The legacy list with its 32-bit doorbell, one queue pair.
+    Legacy,
+}
+
+/// A logical unit the engine can address.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct LogicalUnit {
+    /// LUN.
+    pub lun: u8,
+    /// Logical blocks.
+    pub blocks: u64,
+    /// Logical block length in bytes (a power of two, ≥ 512).
+    pub block_len: u32,
+}
+
+impl LogicalUnit {
+    /// log2 of the block length.
+    pub fn block_shift(&self) -> u32 {
+        self.block_len.trailing_zeros()
+    }
+}
+
+/// Controller health, shared by every queue pair.
+pub(crate) mod health {
+    pub const OK: u8 = 0;
+    /// IS reported a fatal error; the controller was disabled (HCE = 0).
+    pub const FATAL: u8 = 1;
+    /// Registers read all ones.
+    pub const GONE: u8 = 2;
+}
+
+/// Queue memory waiting for a queue pair.
+pub(crate) enum Pool {
+    Mcq(Vec<Option<McqRings>>),
+    Legacy(Option<DmaRegion>),
+}
+
+/// A UFS host controller, brought up and ready for queue pairs.
+pub struct UfsController {
+    backend: Arc<dyn Backend>,
+    mode: UfsMode,
+    depth: u16,
+    lus: Vec<LogicalUnit>,
+    device: DeviceDesc,
+    geometry: GeometryDesc,
+    opts: UfsOptions,
+    pub(crate) pool: Mutex<Pool>,
+    health: AtomicU8,
+    leaked: AtomicU64,
+}
+
+impl std::fmt::Debug for UfsController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UfsController")
+            .field("backend", &self.backend.name())
+            .field("mode", &self.mode)
+            .field("depth", &self.depth)
+            .field("lus", &self.lus)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Request/response area of device management during bring-up: a UCD, a
+/// 4 KiB data page, and the legacy list (slot 0).
+struct DevCmd {
+    utrl: DmaRegion,
+    ucd: DmaRegion,
+    data: DmaRegion,
+    next_tag: u8,
+}
+
+/// Slots of the legacy list.
+const UTRL_SLOTS: u32 = 32;
+/// DME_LINKSTARTUP attempts.
+const LINK_ATTEMPTS: u32 = 3;
+/// NOP OUT attempts.
+const NOP_ATTEMPTS: u32 = 3;
+/// Bytes of the device-management data page.
+const DEV_DATA: usize = 4096;
+/// Task tags per queue pair are unique device-wide up to this many commands.
+const MAX_DEPTH: u16 = 256;
+
+fn wait_until(
+    timeout: Duration,
+    what: &'static str,
+    mut f: impl FnMut() -> UfsResult<bool>,
+) -> UfsResult<()> {
+    let start = Instant::now();
+    loop {
+        if f()? {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            return Err(UfsCtrlError::Timeout {
+                what,
+                timeout_ms: timeout.as_millis() as u64,
+            });
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Check that `[offset, offset + size)` is an aligned register block inside the BAR.
+fn in_bar(what: &'static str, offset: u64, size: usize, bar_len: usize) -> UfsResult<usize> {
+    match offset.checked_add(size as u64) {
+        Some(end) if end <= bar_len as u64 && offset % 4 == 0 => Ok(offset as usize),
+        _ => Err(UfsCtrlError::OutsideBar {
+            what,
+            offset,
+            size,
+            bar_len,
+        }),
+    }
+}
+
+struct Regs<'a>(&'a dyn Mmio);
+
+impl Regs<'_> {
+    /// Read, refusing all ones (the device is gone).
+    fn read(&self, off: usize) -> UfsResult<u32> {
+        match self.0.read32(off) {
+            u32::MAX => Err(UfsCtrlError::DeviceGone),
+            v => Ok(v),
+        }
+    }
+    fn write(&self, off: usize, v: u32) {
+        self.0.write32(off, v)
+    }
+    /// Fail if IS holds a fatal bit.
+    fn check_fatal(&self) -> UfsResult<()> {
+        let s = self.read(regs::IS)?;
+        if s & is::FATAL & !is::UE != 0 {
+            return Err(UfsCtrlError::ControllerFatal { is: s });
+        }
+        Ok(())
+    }
+}
+
+impl UfsController {
+    /// Bring up the controller behind `backend` and its device (see the
+    /// module docs).
+    pub fn new(backend: Arc<dyn Backend>, opts: UfsOptions) -> UfsResult<Arc<Self>> {
+        if opts.depth == 0 || opts.queues == 0 {
+            return Err(UfsCtrlError::InvalidOption(
+                "depth and queues must be at least 1".into(),
+            ));
+        }
+        if opts.max_transfer == 0 || opts.max_transfer % 4 != 0 {
+            return Err(UfsCtrlError::InvalidOption(
+                "max_transfer must be a non-zero multiple of 4".into(),
+            ));
+        }
+        let mmio = backend.regs();
+        let bar_len = mmio.len();
+        in_bar("host controller registers", 0, regs::UCMDARG3 + 4, bar_len)?;
+        let r = Regs(mmio);
+        let cap = Cap(r.read(regs::CAP)?);
+        let t = opts.init_timeout;
+
+        // 1. Host controller enable.
+        if r.read(regs::HCE)? & regs::HCE_ENABLE != 0 {
+            r.write(regs::HCE, 0);
+            wait_until(t, "clear HCE", || {
+                Ok(r.read(regs::HCE)? & regs::HCE_ENABLE == 0)
+            })?;
+        }
+        r.write(regs::HCE, regs::HCE_ENABLE);
+        wait_until(t, "set HCE and HCS.UCRDY", || {
+            Ok(r.read(regs::HCE)? & regs::HCE_ENABLE != 0 && Hcs(r.read(regs::HCS)?).uic_ready())
+        })?;
+
+        // 2. Link start-up.
+        link_startup(&r, t)?;
+        if !Hcs(r.read(regs::HCS)?).device_present() {
+            return Err(UfsCtrlError::NoDevice);
+        }
+
+        // 3. Legacy list for device management.
+        let space = backend.dma();
+        let mut dc = DevCmd {
+            utrl: space.alloc(UTRL_SLOTS as usize * 32, DmaDir::Bidirectional)?,
+            ucd: space.alloc(Ucd::size(1), DmaDir::Bidirectional)?,
+            data: space.alloc(DEV_DATA, DmaDir::Bidirectional)?,
+            next_tag: 0,
+        };
+        wait_until(t, "set HCS.UTRLRDY", || {
+            Ok(Hcs(r.read(regs::HCS)?).utrl_ready())
+        })?;
+        let utrl = dc.utrl.iova().raw();
+        if utrl % 1024 != 0 || (!cap.addr64() && utrl >> 32 != 0) {
+            return Err(UfsCtrlError::BadValue {
+                what: "UTRL address",
+                value: utrl,
+                why: "the list must be 1 KiB aligned and reachable by the controller",
+            });
+        }
+        r.write(regs::UTRLBA, utrl as u32);
+        r.write(regs::UTRLBAU, (utrl >> 32) as u32);
+        r.write(regs::UTRLRSR, 1);
+
+        dc.nop(&r, t)?;
+        dc.device_init(&r, t)?;
+        let device = DeviceDesc::parse(&dc.read_desc(&r, t, desc::idn::DEVICE, 0)?)?;
+        let geometry = GeometryDesc::parse(&dc.read_desc(&r, t, desc::idn::GEOMETRY, 0)?)?;
+        let mut units = Vec::new();
+        for i in 0..geometry.max_lus {
+            let d = dc.read_desc(&r, t, desc::idn::UNIT, i)?;
+            // A disabled LU's descriptor holds no usable geometry: look at
+            // bLUEnable (byte 3) before asking the rest to make sense.
+            if d.get(3) != Some(&1) {
+                continue;
+            }
+            let u = UnitDesc::parse(&d)?;
+            if u.enabled {
+                if u.lun != i {
+                    return Err(UfsCtrlError::BadValue {
+                        what: "unit descriptor bUnitIndex",
+                        value: u64::from(u.lun),
+                        why: "differs from the index asked for",
+                    });
+                }
+                units.push(u);
+            }
+        }
+        if units.is_empty() {
+            return Err(UfsCtrlError::NoLogicalUnits);
+        }
+        let reported = dc.report_luns(&r, t, units[0].lun)?;
+        let mut lus = Vec::new();
+        for u in units.iter().filter(|u| reported.contains(&u.lun)) {
+            dc.clear_unit_attention(&r, t, u.lun)?;
+            let c = dc.read_capacity(&r, t, u.lun)?;
+            if !c.block_len.is_power_of_two() || c.block_len < 512 || c.block_len > 1 << 20 {
+                return Err(UfsCtrlError::BadValue {
+                    what: "READ CAPACITY(16) block length",
+                    value: u64::from(c.block_len),
+                    why: "not a power of two between 512 B and 1 MiB",
+                });
+            }
+            if c.block_len != 1 << u.block_shift {
+                return Err(UfsCtrlError::BadValue {
+                    what: "unit descriptor bLogicalBlockSize",
+                    value: u64::from(u.block_shift),
+                    why: "disagrees with the block length READ CAPACITY(16) reports",
+                });
+            }
+            lus.push(LogicalUnit {
+                lun: u.lun,
+                // The smaller of the two counts: never address past either.
+                blocks: if u.blocks == 0 {
+                    c.blocks
+                } else {
+                    c.blocks.min(u.blocks)
+                },
+                block_len: c.block_len,
+            });
+        }
+        if lus.is_empty() {
+            return Err(UfsCtrlError::NoLogicalUnits);
+        }
+
+        // 4. MCQ or legacy.
+        let mut depth = opts.depth.min(MAX_DEPTH);
+        if device.queue_depth != 0 {
+            depth = depth.min(u16::from(device.queue_depth));
+        }
+        let bar = mmio.base();
+        let (mode, pool) = if cap.mcq() && opts.mcq {
+            in_bar(
+                "MEM_CFG / MCQ_CFG",
+                regs::MEM_CFG as u64,
+                regs::MCQ_CFG + 4 - regs::MEM_CFG,
+                bar_len,
+            )?;
+            depth = depth.min(cap.mcq_mac() as u16);
+            let (n, rings) = setup_mcq(&r, space, bar, bar_len, depth, opts.queues)?;
+            // The legacy list is no longer used.
+            r.write(regs::UTRLRSR, 0);
+            r.write(regs::MCQ_CFG, regs::mcq_cfg_mac(cap.mcq_mac()));
+            r.write(regs::MEM_CFG, regs::MEM_CFG_MCQ_MODE);
+            if r.read(regs::MEM_CFG)? & regs::MEM_CFG_MCQ_MODE == 0 {
+                return Err(UfsCtrlError::QueueRefused {
+                    queue: 0,
+                    what: "MCQ mode",
+                });
+            }
+            (
+                UfsMode::Mcq { queues: n },
+                Pool::Mcq(rings.into_iter().map(Some).collect()),
+            )
+        } else {
+            depth = depth.min(cap.sdb_slots() as u16);
+            // The list (idle: every request above completed) goes to the
+            // one queue pair legacy mode has.
+            (UfsMode::Legacy, Pool::Legacy(Some(dc.utrl)))
+        };
+        r.check_fatal()?;
+        Ok(Arc::new(UfsController {
+            mode,
+            depth,
+            lus,
+            device,
+            geometry,
+            opts,
+            pool: Mutex::new(pool),
+            health: AtomicU8::new(health::OK),
+            leaked: AtomicU64::new(0),
+            backend,
+        }))
+    }
+
+    /// MCQ (with the number of queues) or legacy.
+    pub fn mode(&self) -> UfsMode {
+        self.mode
+    }
+
+    /// Commands outstanding per queue pair.
+    pub fn depth(&self) -> u16 {
+        self.depth
+    }
+
+    /// The logical units found.
+    pub fn logical_units(&self) -> &[LogicalUnit] {
+        &self.lus
+    }
+
+    /// The logical unit `lun`, if it exists.
+    pub fn logical_unit(&self, lun: u8) -> Option<LogicalUnit> {
+        self.lus.iter().copied().find(|l| l.lun == lun)
+    }
+
+    /// The device descriptor fields read at bring-up.
+    pub fn device_descriptor(&self) -> DeviceDesc {
+        self.device
+    }
+
+    /// The geometry descriptor fields read at bring-up.
+    pub fn geometry(&self) -> GeometryDesc {
+        self.geometry
+    }
+
+    /// The options the controller was brought up with.
+    pub fn options(&self) -> &UfsOptions {
+        &self.opts
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The DMA space buffers must come from.
+    pub fn dma(&self) -> &Arc<DmaSpace> {
+        self.backend.dma()
+    }
+
+    /// Allocate an I/O buffer in the controller's DMA space.
+    pub fn alloc_buf(&self, len: usize, dir: DmaDir) -> crate::Result<crate::DmaBuf> {
+        Ok(crate::DmaBuf::alloc(self.dma(), len, dir)?)
+    }
+
+    /// Bytes of queue memory and buffers leaked because the device might
+    /// still access them (a command that never completed and could not be
+    /// withdrawn).
+    pub fn leaked_bytes(&self) -> u64 {
+        self.leaked.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_leaked(&self, n: u64) {
+        self.leaked.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn lock_pool(&self) -> MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Current health ([`health`]).
+    #[inline]
+    pub(crate) fn health(&self) -> u8 {
+        self.health.load(Ordering::Acquire)
+    }
+
+    /// Look at IS (and all ones) after a poll found something wrong or
+    /// nothing for a long time. A fatal controller is disabled (HCE = 0) so
+    /// no DMA stays in flight; returns the new health.
+    pub(crate) fn check_health(&self) -> u8 {
+        let h = self.health();
+        if h != health::OK {
+            return h;
+        }
+        let regs = self.backend.regs();
+        let s = regs.read32(regs::IS);
+        let new = if s == u32::MAX {
+            health::GONE
+        } else if s & is::FATAL & !is::UE != 0 {
+            health::FATAL
+        } else {
+            return health::OK;
+        };
+        if self
+            .health
+            .compare_exchange(health::OK, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+            && new == health::FATAL
+        {
+            log::warn!("UFS host controller fatal (IS = {s:#010x}); disabling it");
+            regs.write32(regs::HCE, 0);
+        }
+        self.health()
+    }
+}
+
+impl Drop for UfsController {
+    /// Every queue pair is gone (each holds the controller): disable the
+    /// controller before the pooled queue memory is freed, so nothing the
+    /// controller might still fetch is unmapped under it.
+    fn drop(&mut self) {
+        if self.health() != health::GONE {
+            self.backend.regs().write32(regs::HCE, 0);
+        }
+    }
+}
+
+/// DME_LINKSTARTUP, retried a bounded number of times on a non-zero result.
+fn link_startup(r: &Regs<'_>, t: Duration) -> UfsResult<()> {
+    let mut result = 0;
+    for _ in 0..LINK_ATTEMPTS {
+        wait_until(t, "set HCS.UCRDY", || {
+            Ok(Hcs(r.read(regs::HCS)?).uic_ready())
+        })?;
+        r.write(regs::IS, is::UCCS);
+        r.write(regs::UCMDARG1, 0);
+        r.write(regs::UCMDARG2, 0);
+        r.write(regs::UCMDARG3, 0);
+        r.write(regs::UICCMD, uic::DME_LINKSTARTUP);
+        wait_until(t, "complete DME_LINKSTARTUP (IS.UCCS)", || {
+            Ok(r.read(regs::IS)? & is::UCCS != 0)
+        })?;
+        r.write(regs::IS, is::UCCS);
+        result = uic::result(r.read(regs::UCMDARG2)?);
+        if result == 0 {
+            return Ok(());
+        }
+    }
+    Err(UfsCtrlError::Uic {
+        cmd: uic::DME_LINKSTARTUP,
+        result,
+        attempts: LINK_ATTEMPTS,
+    })
+}
+
+/// Program `min(requested, MAXQ, 32)` queues; each gets `depth + 1` slots.
+fn setup_mcq(
+    r: &Regs<'_>,
+    space: &Arc<DmaSpace>,
+    bar: NonNull<u8>,
+    bar_len: usize,
+    depth: u16,
+    requested: u16,
+) -> UfsResult<(u16, Vec<McqRings>)> {
+    let mcap = McqCap(r.read(regs::MCQCAP)?);
+    let maxq = mcap.max_queues();
+    let cfg = mcap.config_offset();
+    if cfg < regs::MCQ_CFG + 4 {
+        return Err(UfsCtrlError::BadValue {
+            what: "MCQCAP.QCFGPTR",
+            value: cfg as u64,
+            why: "the queue configuration array would overlap the host registers",
+        });
+    }
+    // The whole array MAXQ implies must be inside the BAR.
+    in_bar(
+        "MCQ queue configuration array (MCQCAP.MAXQ)",
+        cfg as u64,
+        regs::QCFG_SIZE * maxq as usize,
+        bar_len,
+    )?;
+    let n = u32::from(requested).min(maxq).min(32);
+    let entries = depth + 1;
+    let mut rings = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let q = QueueConfig::new(mcap, i);
+        let sq = space.alloc(usize::from(entries) * 32, DmaDir::Bidirectional)?;
+        let cq = space.alloc(usize::from(entries) * 32, DmaDir::Bidirectional)?;
+        let (s, c) = (sq.iova().raw(), cq.iova().raw());
+        r.write(q.reg(qcfg::SQLBA), s as u32);
+        r.write(q.reg(qcfg::SQUBA), (s >> 32) as u32);
+        r.write(q.reg(qcfg::CQLBA), c as u32);
+        r.write(q.reg(qcfg::CQUBA), (c >> 32) as u32);
+        // The offsets are the controller's: read them back and use them.
+        let sqdao = in_bar(
+            "SQ doorbell block (SQDAO)",
+            u64::from(r.read(q.reg(qcfg::SQDAO))?),
+            0x14,
+            bar_len,
+        )?;
+        in_bar(
+            "SQ interrupt block (SQISAO)",
+            u64::from(r.read(q.reg(qcfg::SQISAO))?),
+            8,
+            bar_len,
+        )?;
+        let cqdao = in_bar(
+            "CQ doorbell block (CQDAO)",
+            u64::from(r.read(q.reg(qcfg::CQDAO))?),
+            8,
+            bar_len,
+        )?;
+        in_bar(
+            "CQ interrupt block (CQISAO)",
+            u64::from(r.read(q.reg(qcfg::CQISAO))?),
+            8,
+            bar_len,
+        )?;
+        r.write(q.reg(qcfg::CQATTR), QueueAttr::enabled(entries, 0).0);
+        if !QueueAttr(r.read(q.reg(qcfg::CQATTR))?).is_enabled() {
+            return Err(UfsCtrlError::QueueRefused {
+                queue: i,
+                what: "CQ",
+            });
+        }
+        r.write(q.reg(qcfg::SQATTR), QueueAttr::enabled(entries, i as u8).0);
+        if !QueueAttr(r.read(q.reg(qcfg::SQATTR))?).is_enabled() {
+            return Err(UfsCtrlError::QueueRefused {
+                queue: i,
+                what: "SQ",
+            });
+        }
+        let op = |o: usize| {
+            // SAFETY: every offset was checked above to be 4-byte aligned
+            // with the whole block inside the BAR mapped at `bar`, which the
+            // backend keeps alive as long as the controller (and every queue
+            // pair holds the controller).
+            unsafe { OpReg::new(bar, o) }
+        };
+        let regs = McqRegs {
+            sqtp: op(sqdao + sq_op::SQTP),
+            sqrtc: op(sqdao + sq_op::SQRTC),
+            sqcti: op(sqdao + sq_op::SQCTI),
+            sqrts: op(sqdao + sq_op::SQRTS),
+            cqhp: op(cqdao + cq_op::CQHP),
+            cqtp: op(cqdao + cq_op::CQTP),
+        };
+        rings.push(McqRings {
+            index: i as u16,
+            entries,
+            sq,
+            cq,
+            regs,
+            sq_tail: 0,
+            cq_head: 0,
+        });
+    }
+    Ok((n as u16, rings))
+}
+
+impl DevCmd {
+    fn tag(&mut self) -> u8 {
+        self.next_tag = self.next_tag.wrapping_add(1);
+        self.next_tag
+    }
+
+    /// Run one request in legacy slot 0 and wait for it. `upiu` is the
+    /// request UPIU; `data_len` bytes of the data page take part in the
+    /// transfer in direction `dir`. Returns the OCS and the response area.
+    fn exec(
+        &mut self,
+        r: &Regs<'_>,
+        t: Duration,
+        upiu: &[u8],
+        dir: DataDir,
+        data_len: usize,
+    ) -> UfsResult<(Ocs, [u8; Ucd::RESPONSE_LEN])> {
+        debug_assert!(upiu.len() <= 64 && data_len <= DEV_DATA && data_len % 4 == 0);
+        let zero = [0u8; Ucd::RESPONSE_LEN];
+        self.ucd.write_bytes(Ucd::COMMAND_OFFSET, &zero[..64])?;
+        self.ucd.write_bytes(Ucd::COMMAND_OFFSET, upiu)?;
+        self.ucd.write_bytes(Ucd::RESPONSE_OFFSET, &zero)?;
+        let mut prdt = 0;
+        if data_len > 0 {
+            let e = PrdtEntry::new(self.data.iova().raw(), data_len as u32).ok_or(
+                UfsCtrlError::BadValue {
+                    what: "device-management data page",
+                    value: self.data.iova().raw(),
+                    why: "not dword aligned",
+                },
+            )?;
+            self.ucd.write_obj(Ucd::PRDT_OFFSET, e)?;
+            prdt = 1;
+        }
+        let d = Utrd::new(self.ucd.iova().raw(), dir, prdt);
+        self.utrl.write_obj(0, d)?;
+        // Release: UCD and UTRD stores before the doorbell.
+        // TODO(arch): platform barrier
+        fence(Ordering::Release);
+        r.write(regs::UTRLDBR, 1);
+        let waited = wait_until(t, "complete a device-management request", || {
+            r.check_fatal()?;
+            Ok(r.read(regs::UTRLDBR)? & 1 == 0)
+        });
+        if let Err(e) = waited {
+            // Withdraw it so the slot is free again (write 0 to clear).
+            r.write(regs::UTRLCLR, !1);
+            return Err(e);
+        }
+        r.write(regs::UTRLCNR, 1);
+        // Acquire: the OCS and response were written before the bit cleared.
+        // TODO(arch): platform barrier
+        fence(Ordering::Acquire);
+        let d: Utrd = self.utrl.read_obj(0)?;
+        let mut rsp = [0u8; Ucd::RESPONSE_LEN];
+        self.ucd.read_bytes(Ucd::RESPONSE_OFFSET, &mut rsp)?;
+        Ok((Ocs(d.ocs & 0xF), rsp))
+    }
+
+    fn nop(&mut self, r: &Regs<'_>, t: Duration) -> UfsResult<()> {
+        let mut last = UfsError::Transport(Ocs::INVALID_COMMAND_STATUS);
+        for _ in 0..NOP_ATTEMPTS {
+            let tag = self.tag();
+            let (ocs, rsp) = self.exec(r, t, &upiu::nop_out(tag), DataDir::None, 0)?;
+            if ocs != Ocs::SUCCESS {
+                last = UfsError::Transport(ocs);
+            } else if rsp[0] != trans::NOP_IN || rsp[3] != tag {
+                last = UfsError::BadResponse {
+                    trans_type: rsp[0],
+                    task_tag: rsp[3],
+                };
+            } else {
+                return Ok(());
+            }
+        }
+        Err(UfsCtrlError::DevCmd {
+            what: "NOP OUT",
+            err: last,
+        })
+    }
+
+    /// A QUERY REQUEST; returns the QUERY RESPONSE header and its data segment.
+    fn query(
+        &mut self,
+        r: &Regs<'_>,
+        t: Duration,
+        what: &'static str,
+        q: QueryUpiu,
+        data_len: usize,
+    ) -> UfsResult<(QueryUpiu, Vec<u8>)> {
+        let tag = q.header.task_tag;
+        // SAFETY: `QueryUpiu` is PlainData (repr(C), 32 bytes of u8 fields):
+        // viewing it as bytes is sound while `q` is borrowed.
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&q as *const QueryUpiu).cast::<u8>(), 32) };
+        let (ocs, rsp) = self.exec(r, t, bytes, DataDir::None, 0)?;
+        if ocs != Ocs::SUCCESS {
+            return Err(UfsCtrlError::DevCmd {
+                what,
+                err: UfsError::Transport(ocs),
+            });
+        }
+        if rsp[0] != trans::QUERY_RSP || rsp[3] != tag {
+            return Err(UfsCtrlError::DevCmd {
+                what,
+                err: UfsError::BadResponse {
+                    trans_type: rsp[0],
+                    task_tag: rsp[3],
+                },
+            });
+        }
+        if rsp[6] != 0 {
+            return Err(UfsCtrlError::Query { what, code: rsp[6] });
+        }
+        let mut head = QueryUpiu::default();
+        // SAFETY: as above, for writing 32 bytes into a PlainData value.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                rsp.as_ptr(),
+                (&mut head as *mut QueryUpiu).cast::<u8>(),
+                32,
+            )
+        };
+        if data_len == 0 {
+            return Ok((head, Vec::new()));
+        }
+        // The data segment length bounds the data; it must agree with the
+        // descriptor length the response reports (QEMU 10 writes some
+        // segment lengths byte-swapped: accept that form too).
+        let dsl = head.header.data_segment_len();
+        let len = head.desc_len();
+        if !(dsl == len || dsl.swap_bytes() == len) {
+            return Err(UfsCtrlError::BadValue {
+                what: "QUERY RESPONSE descriptor length",
+                value: u64::from(len),
+                why: "disagrees with the data segment length",
+            });
+        }
+        let n = usize::from(len).min(data_len).min(Ucd::RESPONSE_LEN - 32);
+        Ok((head, rsp[32..32 + n].to_vec()))
+    }
+
+    fn read_desc(&mut self, r: &Regs<'_>, t: Duration, idn: u8, index: u8) -> UfsResult<Vec<u8>> {
+        let tag = self.tag();
+        let q = QueryUpiu::read_descriptor(tag, idn, index, MAX_DESC_LEN);
+        Ok(self
+            .query(r, t, "read descriptor", q, usize::from(MAX_DESC_LEN))?
+            .1)
+    }
+
+    /// Set fDeviceInit and poll it until the device clears it.
+    fn device_init(&mut self, r: &Regs<'_>, t: Duration) -> UfsResult<()> {
+        let tag = self.tag();
+        self.query(
+            r,
+            t,
+            "set fDeviceInit",
+            QueryUpiu::set_flag(tag, flag_idn::DEVICE_INIT),
+            0,
+        )?;
+        let start = Instant::now();
+        loop {
+            let tag = self.tag();
+            let (h, _) = self.query(
+                r,
+                t,
+                "read fDeviceInit",
+                QueryUpiu::read_flag(tag, flag_idn::DEVICE_INIT),
+                0,
+            )?;
+            if !h.flag_value() {
+                return Ok(());
+            }
+            if start.elapsed() > t {
+                return Err(UfsCtrlError::Timeout {
+                    what: "clear fDeviceInit",
+                    timeout_ms: t.as_millis() as u64,
+                });
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// A SCSI command reading up to `alloc` bytes into the data page.
+    fn scsi_in(
+        &mut self,
+        r: &Regs<'_>,
+        t: Duration,
+        lun: u8,
+        cdb: scsi::Cdb,
+        alloc: usize,
+    ) -> UfsResult<Result<Vec<u8>, UfsError>> {
+        let tag = self.tag();
+        let cmd = CommandUpiu::new(lun, tag, cdb, alloc as u32, true);
+        // SAFETY: `CommandUpiu` is PlainData (32 bytes of u8 fields).
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&cmd as *const CommandUpiu).cast::<u8>(), 32) };
+        let dir = if alloc == 0 {
+            DataDir::None
+        } else {
+            DataDir::FromDevice
+        };
+        let (ocs, rsp) = self.exec(r, t, bytes, dir, alloc)?;
+        let mut resp = ResponseUpiu::default();
+        // SAFETY: `ResponseUpiu` is PlainData (52 bytes of u8 fields); the
+        // source has 512 bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                rsp.as_ptr(),
+                (&mut resp as *mut ResponseUpiu).cast::<u8>(),
+                std::mem::size_of::<ResponseUpiu>(),
+            )
+        };
+        if let Err(e) = command_result(ocs, &resp, tag) {
+            return Ok(Err(e));
+        }
+        let got = alloc.saturating_sub(resp.residual() as usize);
+        let mut v = vec![0u8; got];
+        self.data.read_bytes(0, &mut v)?;
+        Ok(Ok(v))
+    }
+
+    fn report_luns(&mut self, r: &Regs<'_>, t: Duration, lun: u8) -> UfsResult<Vec<u8>> {
+        let alloc = 8 + 8 * 32;
+        let run = |s: &mut Self| s.scsi_in(r, t, lun, scsi::report_luns(alloc as u32), alloc);
+        let d = match run(self)? {
+            Err(e) if e.is_unit_attention() => run(self)?,
+            x => x,
+        }
+        .map_err(|err| UfsCtrlError::Scsi {
+            what: "REPORT LUNS",
+            lun,
+            err,
+        })?;
+        Ok(scsi::parse_report_luns(&d))
+    }
+
+    /// TEST UNIT READY, once more after a UNIT ATTENTION.
+    fn clear_unit_attention(&mut self, r: &Regs<'_>, t: Duration, lun: u8) -> UfsResult<()> {
+        let mut res = self.scsi_in(r, t, lun, scsi::test_unit_ready(), 0)?;
+        if matches!(&res, Err(e) if e.is_unit_attention()) {
+            res = self.scsi_in(r, t, lun, scsi::test_unit_ready(), 0)?;
+        }
+        res.map(|_| ()).map_err(|err| UfsCtrlError::Scsi {
+            what: "TEST UNIT READY",
+            lun,
+            err,
+        })
+    }
+
+    fn read_capacity(&mut self, r: &Regs<'_>, t: Duration, lun: u8) -> UfsResult<Capacity> {
+        let mut res = self.scsi_in(
+            r,
+            t,
+            lun,
+            scsi::read_capacity16(),
+            scsi::READ_CAPACITY_16_LEN,
+        )?;
+        if matches!(&res, Err(e) if e.is_unit_attention()) {
+            res = self.scsi_in(
+                r,
+                t,
+                lun,
+                scsi::read_capacity16(),
+                scsi::READ_CAPACITY_16_LEN,
+            )?;
+        }
+        let d = res.map_err(|err| UfsCtrlError::Scsi {
+            what: "READ CAPACITY(16)",
+            lun,
+            err,
+        })?;
+        Capacity::parse(&d).ok_or(UfsCtrlError::BadValue {
+            what: "READ CAPACITY(16) data",
+            value: d.len() as u64,
+            why: "too short, zero block length or a block count that overflows",
+        })
+    }
+}

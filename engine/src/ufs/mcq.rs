@@ -1,0 +1,285 @@
+//! One MCQ queue pair (UFSHCI 4.0 multi-circular queue): an SQ ring of
+//! UTRDs and a CQ ring of completion entries, with their operational
+//! registers found through the DAO offsets the controller reported.
+//!
+//! - Heads and tails are **byte offsets** into the ring (slot × 32).
+//! - The CQ has **no phase bit**: a poll reads CQTP (one MMIO read) to
+//!   learn how far the controller has written, and skips that read when
+//!   nothing is outstanding.
+//! - A CQE names its command by the UCD address; [`McqQueue::reap`] hands
+//!   that address to the caller, which owns the slice of command
+//!   descriptors and turns it into a slot.
+//! - SQTP is written once per submit batch ([`McqQueue::flush`]), CQHP once
+//!   per poll that consumed entries.
+//!
+//! The rings hold `entries` slots and at most `entries - 1` commands are
+//! ever outstanding (the caller's trackers bound it), so neither ring can
+//! overflow.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use mcqio_vfio::{DmaRegion, DoorbellHook};
+
+use super::spec::regs::ENTRY_SIZE;
+use super::spec::utrd::{McqCqe, Ocs, Utrd};
+
+/// A 32-bit operational register in the BAR, addressed once at setup.
+pub(crate) struct OpReg {
+    ptr: NonNull<u32>,
+    offset: usize,
+}
+
+impl OpReg {
+    /// # Safety
+    ///
+    /// `offset` must be 4-byte aligned with `offset + 4` inside the BAR
+    /// mapped at `base`, and that mapping must outlive this value.
+    pub(crate) unsafe fn new(base: NonNull<u8>, offset: usize) -> Self {
+        OpReg {
+            // SAFETY: in bounds per this function's contract.
+            ptr: unsafe { base.add(offset) }.cast(),
+            offset,
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn read(&self) -> u32 {
+        // SAFETY: an aligned register inside the live BAR mapping
+        // (constructor contract); a volatile 32-bit load, no reference.
+        unsafe { self.ptr.as_ptr().read_volatile() }
+    }
+
+    #[inline(always)]
+    pub(crate) fn write(&self, v: u32) {
+        // SAFETY: as in `read`; a volatile 32-bit store.
+        unsafe { self.ptr.as_ptr().write_volatile(v) }
+    }
+
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+/// The operational registers of one queue (BAR offsets already checked
+/// against the BAR length by the controller).
+pub(crate) struct McqRegs {
+    /// SQ tail (doorbell).
+    pub sqtp: OpReg,
+    /// SQ run-time control.
+    pub sqrtc: OpReg,
+    /// SQ cleanup target.
+    pub sqcti: OpReg,
+    /// SQ run-time status.
+    pub sqrts: OpReg,
+    /// CQ head (the host writes it).
+    pub cqhp: OpReg,
+    /// CQ tail (the controller writes it).
+    pub cqtp: OpReg,
+}
+
+/// Ring memory and registers of one hardware queue, owned by the controller
+/// while no queue pair uses it.
+pub(crate) struct McqRings {
+    /// Hardware queue index (SQ id = CQ id).
+    pub index: u16,
+    /// Slots per ring.
+    pub entries: u16,
+    pub sq: DmaRegion,
+    pub cq: DmaRegion,
+    pub regs: McqRegs,
+    /// Where the host's SQ tail and CQ head stand (slots). The controller
+    /// keeps its own SQHP/CQTP across queue pairs, so a queue pair taking
+    /// these rings continues from here, not from 0.
+    pub sq_tail: u32,
+    pub cq_head: u32,
+}
+
+// SAFETY: the register pointers address the controller's BAR, kept alive by
+// the controller (an `Arc` every holder of the rings also holds); the rings
+// are owned DMA regions. One owner at a time, so moving it across threads
+// creates no shared mutable access.
+unsafe impl Send for McqRings {}
+
+/// Counters of one MCQ queue.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct McqStats {
+    /// SQTP stores (one per submit batch).
+    pub sq_doorbell_writes: u64,
+    /// CQHP stores (one per poll that consumed entries).
+    pub cq_doorbell_writes: u64,
+    /// CQTP reads (one per poll with commands outstanding).
+    pub cqtp_reads: u64,
+    /// Polls that skipped the CQTP read because nothing was outstanding.
+    pub cqtp_reads_skipped: u64,
+    /// CQTP values that were not a slot boundary inside the ring.
+    pub bad_tails: u64,
+}
+
+/// The queue pair's rings with local head/tail copies.
+pub(crate) struct McqQueue {
+    rings: McqRings,
+    sq_ring: NonNull<Utrd>,
+    cq_ring: NonNull<McqCqe>,
+    entries: u32,
+    /// Next SQ slot to fill.
+    sq_tail: u32,
+    /// SQ slot the controller was last told about.
+    sq_rung: u32,
+    /// Next CQ slot to consume.
+    cq_head: u32,
+    hook: Option<Arc<dyn DoorbellHook>>,
+    pub stats: McqStats,
+}
+
+// SAFETY: `sq_ring`/`cq_ring` point into `rings`, which this value owns; the
+// register pointers are valid as long as the controller lives (the queue
+// pair holding this value holds the controller). Used through `&mut self`
+// by one thread at a time.
+unsafe impl Send for McqQueue {}
+
+/// What a poll found.
+pub(crate) enum Reaped {
+    /// `n` entries consumed.
+    Entries(usize),
+    /// CQTP read all ones (device gone) or outside the ring: nothing consumed.
+    BadTail,
+}
+
+impl McqQueue {
+    pub fn new(rings: McqRings, hook: Option<Arc<dyn DoorbellHook>>) -> Self {
+        let entries = u32::from(rings.entries);
+        debug_assert!(rings.sq.len() >= entries as usize * ENTRY_SIZE as usize);
+        debug_assert!(rings.cq.len() >= entries as usize * ENTRY_SIZE as usize);
+        McqQueue {
+            sq_ring: rings.sq.as_ptr().cast(),
+            cq_ring: rings.cq.as_ptr().cast(),
+            sq_tail: rings.sq_tail,
+            sq_rung: rings.sq_tail,
+            cq_head: rings.cq_head,
+            rings,
+            entries,
+            hook,
+            stats: McqStats::default(),
+        }
+    }
+
+    /// Hardware queue index (the SQ id in CQEs).
+    pub fn index(&self) -> u16 {
+        self.rings.index
+    }
+
+    pub fn regs(&self) -> &McqRegs {
+        &self.rings.regs
+    }
+
+    /// Give the rings back (the controller no longer processes this queue's
+    /// commands: nothing outstanding).
+    pub fn into_rings(mut self) -> McqRings {
+        self.rings.sq_tail = self.sq_rung;
+        self.rings.cq_head = self.cq_head;
+        self.rings
+    }
+
+    /// Write `utrd` into the next SQ slot. The caller guarantees a free slot.
+    #[inline(always)]
+    pub fn post(&mut self, utrd: Utrd) {
+        // SAFETY: `sq_tail < entries` and the ring holds `entries` UTRDs in
+        // DMA memory `self` owns; the controller does not read this slot
+        // until SQTP publishes it (after the fence in `flush`), so the
+        // volatile store races with nothing and forms no reference.
+        unsafe {
+            self.sq_ring
+                .as_ptr()
+                .add(self.sq_tail as usize)
+                .write_volatile(utrd)
+        };
+        self.sq_tail += 1;
+        if self.sq_tail == self.entries {
+            self.sq_tail = 0;
+        }
+    }
+
+    /// Publish everything posted since the last flush with one SQTP store.
+    #[inline]
+    pub fn flush(&mut self) -> bool {
+        if self.sq_tail == self.sq_rung {
+            return false;
+        }
+        // Release: the UTRD and command-descriptor stores above must be
+        // visible to the controller before it sees the new SQTP.
+        // TODO(arch): platform barrier
+        fence(Ordering::Release);
+        let v = self.sq_tail * ENTRY_SIZE;
+        self.rings.regs.sqtp.write(v);
+        if let Some(h) = &self.hook {
+            h.rung(self.rings.regs.sqtp.offset(), v);
+        }
+        self.sq_rung = self.sq_tail;
+        self.stats.sq_doorbell_writes += 1;
+        true
+    }
+
+    /// Consume up to `max` completion entries, calling `f(ucd, ocs)` for
+    /// each; one CQTP read, and one CQHP store if anything was consumed.
+    /// `outstanding == 0` skips the register read (nothing can arrive that
+    /// the caller would accept; a stray entry waits for the next busy poll).
+    #[inline]
+    pub fn reap(&mut self, max: usize, outstanding: usize, mut f: impl FnMut(u64, Ocs)) -> Reaped {
+        if outstanding == 0 {
+            self.stats.cqtp_reads_skipped += 1;
+            return Reaped::Entries(0);
+        }
+        let tail = self.rings.regs.cqtp.read();
+        self.stats.cqtp_reads += 1;
+        if tail % ENTRY_SIZE != 0 || tail / ENTRY_SIZE >= self.entries {
+            self.stats.bad_tails += 1;
+            return Reaped::BadTail;
+        }
+        let tail = tail / ENTRY_SIZE;
+        if tail == self.cq_head {
+            return Reaped::Entries(0);
+        }
+        // Acquire: the CQEs (and the response UPIUs and data they stand
+        // for) were written before the controller advanced CQTP; read them
+        // only after the CQTP load.
+        // TODO(arch): platform barrier
+        fence(Ordering::Acquire);
+        let mut n = 0;
+        while self.cq_head != tail && n < max {
+            // SAFETY: `cq_head < entries`, inside the CQ ring this value
+            // owns; the controller finished writing this entry before
+            // moving CQTP past it (ordered by the fence above) and does not
+            // touch it again until CQHP releases it. Volatile copy, no
+            // reference.
+            let cqe = unsafe {
+                self.cq_ring
+                    .as_ptr()
+                    .add(self.cq_head as usize)
+                    .read_volatile()
+            };
+            self.cq_head += 1;
+            if self.cq_head == self.entries {
+                self.cq_head = 0;
+            }
+            n += 1;
+            f(cqe.ucd(), cqe.ocs());
+        }
+        if n == 0 {
+            return Reaped::Entries(0);
+        }
+        // Our reads of the consumed entries are done before the controller
+        // may reuse them: the CQHP store comes after them in program order
+        // and the loads are complete (Release orders them before the store).
+        // TODO(arch): platform barrier
+        fence(Ordering::Release);
+        let v = self.cq_head * ENTRY_SIZE;
+        self.rings.regs.cqhp.write(v);
+        if let Some(h) = &self.hook {
+            h.rung(self.rings.regs.cqhp.offset(), v);
+        }
+        self.stats.cq_doorbell_writes += 1;
+        Reaped::Entries(n)
+    }
+}

@@ -1,0 +1,1074 @@
+//! [`UfsQueuePair`]: the application's per-thread UFS I/O object, with the
+//! same block operations and semantics as NVMe's [`crate::QueuePair`]:
+//! buffers move in at submission and come back in exactly one
+//! [`Completion`] (or in the [`SubmitError`] of a refused submission),
+//! [`submit`](UfsQueuePair::submit) rings one doorbell per batch,
+//! [`poll`](UfsQueuePair::poll) reaps.
+//!
+//! A read or write above the per-command limit is split into child commands
+//! (`split.rs`) and still completes once, with its buffer after every child
+//! finished.
+//!
+//! The transport (an MCQ queue pair or the legacy list) is an enum resolved
+//! once per queue pair; nothing is dispatched dynamically per I/O.
+//!
+//! What is UFS-specific here: the command descriptors (`ucd.rs`), the
+//! UTRD, the SCSI CDBs and the decoding of OCS and SCSI status. The
+//! tracking of tags (slot + generation, `crate::queue::tracker`) and the
+//! completion delivery rules are the engine's, shared with NVMe.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+use std::time::Instant;
+
+use mcqio_vfio::{DmaDir, DmaSpace};
+
+use super::ctrl::{health, Pool, UfsController, UfsMode};
+use super::mcq::{McqQueue, Reaped};
+use super::sdb::{SdbQueue, SdbReaped};
+use super::spec::regs::sq_op;
+use super::spec::scsi;
+use super::spec::status::{command_result, UfsError};
+use super::spec::upiu::trans;
+use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
+use super::split::{Routed, Splits};
+use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
+use crate::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
+use crate::queue::tracker::Trackers;
+use crate::{Error, Result};
+
+/// Tag used by the blocking API.
+const BLOCKING_TAG: u64 = u64::MAX;
+/// Empty polls (with commands outstanding) between IS health checks.
+const HEALTH_CHECK_INTERVAL: u32 = 1024;
+
+/// Geometry of a logical unit as the hot path needs it.
+#[derive(Copy, Clone, Debug)]
+struct LuGeom {
+    blocks: u64,
+    shift: u32,
+}
+
+/// The wire a queue pair uses, chosen once at creation.
+enum Transport {
+    Mcq(McqQueue),
+    Sdb(SdbQueue),
+}
+
+impl Transport {
+    #[inline(always)]
+    fn post(&mut self, slot: u16, utrd: Utrd) {
+        match self {
+            Transport::Mcq(q) => q.post(utrd),
+            Transport::Sdb(q) => q.post(slot, utrd),
+        }
+    }
+
+    #[inline]
+    fn flush(&mut self) -> bool {
+        match self {
+            Transport::Mcq(q) => q.flush(),
+            Transport::Sdb(q) => q.flush(),
+        }
+    }
+}
+
+/// Counters of a [`UfsQueuePair`].
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct UfsQpairStats {
+    /// Commands accepted (each child of a split transfer counts).
+    pub submitted: u64,
+    /// Completions delivered (a split transfer delivers one).
+    pub completed: u64,
+    /// Completions that named no command in flight (stale, duplicate, bogus
+    /// UCD address), counted and dropped.
+    pub stale_completions: u64,
+    /// Doorbell stores: SQTP (MCQ) or UTRLDBR (legacy), one per batch.
+    pub doorbell_writes: u64,
+    /// CQHP stores (MCQ), one per poll that consumed entries.
+    pub cq_head_writes: u64,
+    /// Register reads to find completions: CQTP (MCQ) or UTRLDBR (legacy),
+    /// one per poll with commands outstanding.
+    pub completion_reads: u64,
+    /// Polls that skipped that read because nothing was outstanding (MCQ).
+    pub completion_reads_skipped: u64,
+    /// CQTP values outside the ring (ignored).
+    pub bad_tails: u64,
+}
+
+/// One UFS queue pair, owned by one thread (`Send`, not `Sync`).
+pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
+    ctrl: Arc<UfsController>,
+    // Dropped by hand: returned to the controller, or leaked while the
+    // device may still access them.
+    transport: ManuallyDrop<Transport>,
+    ucds: ManuallyDrop<UcdSlice>,
+    trackers: Trackers<B>,
+    /// Reads and writes above `max_xfer` as child commands.
+    splits: Splits<B>,
+    /// Task tag of slot 0 (tags are `tag_base + slot`, unique across queue
+    /// pairs while the total depth is at most 256).
+    tag_base: u8,
+    lus: Vec<Option<LuGeom>>,
+    max_xfer: u64,
+    space: Arc<DmaSpace>,
+    submitted: u64,
+    completed: u64,
+    empty_polls: u32,
+    /// The controller failed; the error polls report.
+    failed: Option<u8>,
+    /// Queue memory the device may still access: leak it on drop.
+    leak: bool,
+    closed: bool,
+    bounce: Option<DmaBuf>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl UfsController {
+    /// Create a queue pair: in MCQ mode one of the hardware queues set up at
+    /// bring-up, in legacy mode the one list. [`Error::NoFreeQueue`] when
+    /// every queue is taken by a live queue pair.
+    pub fn create_qpair<B: IoBuf>(self: &Arc<Self>) -> Result<UfsQueuePair<B>> {
+        let depth = self.depth();
+        let mut pool = self.lock_pool();
+        let hook = self.backend().doorbell_hook();
+        let (transport, tag_base) = match (&mut *pool, self.mode()) {
+            (Pool::Mcq(rings), UfsMode::Mcq { queues }) => {
+                let Some(r) = rings.iter_mut().find_map(|r| r.take()) else {
+                    return Err(Error::NoFreeQueue {
+                        granted: usize::from(queues),
+                    });
+                };
+                let base = (u32::from(r.index) * u32::from(depth)) as u8;
+                (Transport::Mcq(McqQueue::new(r, hook)), base)
+            }
+            (Pool::Legacy(list), _) => {
+                let Some(l) = list.take() else {
+                    return Err(Error::NoFreeQueue { granted: 1 });
+                };
+                (
+                    Transport::Sdb(SdbQueue::new(
+                        Arc::clone(self.backend()),
+                        l,
+                        u32::from(depth),
+                    )),
+                    0,
+                )
+            }
+            // The pool always matches the mode.
+            _ => return Err(Error::NoFreeQueue { granted: 0 }),
+        };
+        drop(pool);
+        let ucd_mem = match self
+            .dma()
+            .alloc(usize::from(depth) * UCD_SIZE, DmaDir::Bidirectional)
+        {
+            Ok(m) => m,
+            Err(e) => {
+                self.give_back(transport);
+                return Err(e.into());
+            }
+        };
+        if ucd_mem.iova().raw() % Ucd::ALIGN != 0 {
+            self.give_back(transport);
+            return Err(Error::InvalidOption(format!(
+                "the DMA space gave command descriptors at IOVA {:#x}, not {}-byte aligned as UFSHCI requires",
+                ucd_mem.iova().raw(),
+                Ucd::ALIGN
+            )));
+        }
+        let mut lus = Vec::new();
+        for l in self.logical_units() {
+            let i = usize::from(l.lun);
+            if lus.len() <= i {
+                lus.resize(i + 1, None);
+            }
+            lus[i] = Some(LuGeom {
+                blocks: l.blocks,
+                shift: l.block_shift(),
+            });
+        }
+        let max_xfer = u64::from(self.options().max_transfer)
+            .min(MAX_PRDT_ENTRIES as u64 * u64::from(PrdtEntry::MAX_BYTES));
+        Ok(UfsQueuePair {
+            ctrl: Arc::clone(self),
+            transport: ManuallyDrop::new(transport),
+            ucds: ManuallyDrop::new(UcdSlice::new(ucd_mem, usize::from(depth))),
+            trackers: Trackers::new(depth),
+            splits: Splits::new(depth),
+            tag_base,
+            lus,
+            max_xfer,
+            space: Arc::clone(self.dma()),
+            submitted: 0,
+            completed: 0,
+            empty_polls: 0,
+            failed: None,
+            leak: false,
+            closed: false,
+            bounce: None,
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// Return a queue's memory to the pool (nothing outstanding on it).
+    fn give_back(&self, t: Transport) {
+        let mut pool = self.lock_pool();
+        match (&mut *pool, t) {
+            (Pool::Mcq(rings), Transport::Mcq(q)) => {
+                let r = q.into_rings();
+                let i = usize::from(r.index);
+                rings[i] = Some(r);
+            }
+            (Pool::Legacy(list), Transport::Sdb(q)) => *list = Some(q.into_list()),
+            _ => {}
+        }
+    }
+}
+
+fn submit_err<T>(kind: SubmitErrorKind, buf: T) -> SubmitError<T> {
+    SubmitError { kind, buf }
+}
+
+impl<B: IoBuf> UfsQueuePair<B> {
+    /// The controller.
+    pub fn controller(&self) -> &Arc<UfsController> {
+        &self.ctrl
+    }
+
+    /// Commands that may be outstanding at once.
+    pub fn depth(&self) -> usize {
+        self.trackers.depth()
+    }
+
+    /// Commands submitted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.trackers.outstanding()
+    }
+
+    /// Whether a submission now would fail with `QueueFull`.
+    pub fn is_full(&self) -> bool {
+        self.trackers.is_full()
+    }
+
+    /// Largest transfer per command, in bytes.
+    pub fn max_transfer(&self) -> u64 {
+        self.max_xfer
+    }
+
+    /// The MCQ hardware queue this pair uses (`None` in legacy mode).
+    pub fn hw_queue(&self) -> Option<u16> {
+        match &*self.transport {
+            Transport::Mcq(q) => Some(q.index()),
+            Transport::Sdb(_) => None,
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> UfsQpairStats {
+        let mut s = UfsQpairStats {
+            submitted: self.submitted,
+            completed: self.completed,
+            stale_completions: self.trackers.stale,
+            ..Default::default()
+        };
+        match &*self.transport {
+            Transport::Mcq(q) => {
+                s.doorbell_writes = q.stats.sq_doorbell_writes;
+                s.cq_head_writes = q.stats.cq_doorbell_writes;
+                s.completion_reads = q.stats.cqtp_reads;
+                s.completion_reads_skipped = q.stats.cqtp_reads_skipped;
+                s.bad_tails = q.stats.bad_tails;
+            }
+            Transport::Sdb(q) => {
+                s.doorbell_writes = q.stats.doorbell_writes;
+                s.completion_reads = q.stats.doorbell_reads;
+            }
+        }
+        s
+    }
+
+    #[inline]
+    fn check_range(
+        &self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+    ) -> std::result::Result<LuGeom, SubmitErrorKind> {
+        // Only this pair's own flag (no load through the controller per
+        // I/O): a failure another pair found is picked up by the next poll,
+        // which then ends whatever was submitted meanwhile.
+        if self.failed.is_some() {
+            return Err(SubmitErrorKind::ControllerFailed);
+        }
+        let Some(Some(g)) = self.lus.get(usize::from(lun)).copied() else {
+            // A UFS LUN is the namespace of this engine's vocabulary.
+            return Err(SubmitErrorKind::UnknownNamespace {
+                nsid: u32::from(lun),
+            });
+        };
+        if blocks == 0 {
+            return Err(SubmitErrorKind::ZeroLength);
+        }
+        match lba.checked_add(u64::from(blocks)) {
+            Some(end) if end <= g.blocks => Ok(g),
+            _ => Err(SubmitErrorKind::LbaOutOfRange {
+                slba: lba,
+                nlb: u64::from(blocks),
+                nsze: g.blocks,
+            }),
+        }
+    }
+
+    /// Read `blocks` logical blocks from `lba` of LU `lun` into `buf`. The
+    /// request goes into the ring; [`submit`](Self::submit) or the next
+    /// [`poll`](Self::poll) rings the doorbell.
+    #[inline]
+    pub fn read(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        self.submit_data(lun, lba, blocks, buf, tag, true)
+    }
+
+    /// Write `blocks` logical blocks at `lba` of LU `lun` from `buf`.
+    #[inline]
+    pub fn write(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        self.submit_data(lun, lba, blocks, buf, tag, false)
+    }
+
+    #[inline(always)]
+    fn submit_data(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+        read: bool,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        let g = match self.check_range(lun, lba, blocks) {
+            Ok(g) => g,
+            Err(k) => return Err(submit_err(k, buf)),
+        };
+        let bytes = u64::from(blocks) << g.shift;
+        if let Err(mapped) = buf.check_dir(read) {
+            let needs = if read {
+                "write into it (read command)"
+            } else {
+                "read from it (write command)"
+            };
+            return Err(submit_err(
+                SubmitErrorKind::WrongDirection { mapped, needs },
+                buf,
+            ));
+        }
+        if !buf.is_mapped_in(&self.space) {
+            return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
+        }
+        if bytes > self.max_xfer {
+            return self.submit_split(lun, lba, blocks, g.shift, buf, tag, read);
+        }
+        let Some(slot) = self.trackers.alloc() else {
+            return Err(submit_err(SubmitErrorKind::QueueFull, buf));
+        };
+        let prdt = match self.ucds.build_prdt(slot, &buf, 0, bytes) {
+            Ok(n) => n,
+            Err(k) => {
+                self.trackers.unreserve(slot);
+                return Err(submit_err(k, buf));
+            }
+        };
+        let cdb = if read {
+            scsi::read(lba, blocks, false)
+        } else {
+            scsi::write(lba, blocks, false)
+        };
+        let task_tag = self.tag_base.wrapping_add(slot as u8);
+        // `bytes <= max_xfer <= 16 MiB`: fits the 32-bit length field.
+        self.ucds
+            .write_command(slot, lun, task_tag, cdb, bytes as u32, read);
+        let dir = if read {
+            DataDir::FromDevice
+        } else {
+            DataDir::ToDevice
+        };
+        self.transport
+            .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
+        self.trackers.arm(slot, tag, Some(buf), 0);
+        self.submitted += 1;
+        Ok(())
+    }
+
+    /// A read or write above `max_xfer`: children of at most `max_xfer`
+    /// bytes (whole blocks), all or nothing (see `split.rs`).
+    #[cold]
+    #[allow(clippy::too_many_arguments)]
+    fn submit_split(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        shift: u32,
+        buf: B,
+        tag: u64,
+        read: bool,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        let bytes = u64::from(blocks) << shift;
+        let per = (self.max_xfer >> shift).min(u64::from(u32::MAX)) as u32;
+        let depth = self.trackers.depth();
+        let too_large = |max: u64| SubmitErrorKind::TransferTooLarge { bytes, max };
+        if per == 0 {
+            // One block is larger than the per-command limit.
+            return Err(submit_err(too_large(self.max_xfer), buf));
+        }
+        let children = blocks.div_ceil(per);
+        if children as usize > depth {
+            return Err(submit_err(
+                too_large((depth as u64 * u64::from(per)) << shift),
+                buf,
+            ));
+        }
+        let available = buf.total_len() as u64;
+        if available < bytes {
+            return Err(submit_err(
+                SubmitErrorKind::BufferTooSmall {
+                    needed: bytes,
+                    available,
+                },
+                buf,
+            ));
+        }
+        if depth - self.trackers.outstanding() < children as usize {
+            return Err(submit_err(SubmitErrorKind::QueueFull, buf));
+        }
+        // Reserve every child's slot and build its PRDT before anything is
+        // posted, so a rejection leaves nothing behind.
+        let mut scratch = std::mem::take(&mut self.splits.scratch);
+        scratch.clear();
+        let mut err = None;
+        for i in 0..children {
+            let first = u64::from(i) * u64::from(per);
+            let n = per.min(blocks - i * per);
+            let Some(slot) = self.trackers.alloc() else {
+                err = Some(SubmitErrorKind::QueueFull);
+                break;
+            };
+            match self
+                .ucds
+                .build_prdt(slot, &buf, first << shift, u64::from(n) << shift)
+            {
+                Ok(prdt) => scratch.push((slot, prdt, lba + first, n)),
+                Err(k) => {
+                    self.trackers.unreserve(slot);
+                    err = Some(k);
+                    break;
+                }
+            }
+        }
+        if let Some(k) = err {
+            for &(slot, ..) in scratch.iter().rev() {
+                self.trackers.unreserve(slot);
+            }
+            self.splits.scratch = scratch;
+            return Err(submit_err(k, buf));
+        }
+        let parent = match self.splits.start(tag, buf, children) {
+            Ok(p) => p,
+            Err(buf) => {
+                // Not expected (a parent is free whenever slots are):
+                // refuse rather than lose track.
+                for &(slot, ..) in scratch.iter().rev() {
+                    self.trackers.unreserve(slot);
+                }
+                self.splits.scratch = scratch;
+                return Err(submit_err(SubmitErrorKind::QueueFull, buf));
+            }
+        };
+        let dir = if read {
+            DataDir::FromDevice
+        } else {
+            DataDir::ToDevice
+        };
+        for &(slot, prdt, clba, n) in &scratch {
+            let cdb = if read {
+                scsi::read(clba, n, false)
+            } else {
+                scsi::write(clba, n, false)
+            };
+            let task_tag = self.tag_base.wrapping_add(slot as u8);
+            self.ucds.write_command(
+                slot,
+                lun,
+                task_tag,
+                cdb,
+                (u64::from(n) << shift) as u32,
+                read,
+            );
+            self.transport
+                .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
+            self.trackers.arm(slot, tag, None, 0);
+            self.splits.link(slot, parent);
+            self.submitted += 1;
+        }
+        self.splits.scratch = scratch;
+        Ok(())
+    }
+
+    /// A command without a data buffer (or with a parameter list carried in
+    /// its own command descriptor).
+    fn submit_nodata(
+        &mut self,
+        lun: u8,
+        cdb: scsi::Cdb,
+        param: Option<&[u8]>,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<()>> {
+        let Some(slot) = self.trackers.alloc() else {
+            return Err(submit_err(SubmitErrorKind::QueueFull, ()));
+        };
+        let task_tag = self.tag_base.wrapping_add(slot as u8);
+        let (dir, prdt, bytes) = match param {
+            Some(p) => {
+                let iova = self.ucds.write_param(slot, p);
+                let n = self.ucds.param_prdt(slot, iova, p.len() as u32);
+                (DataDir::ToDevice, n, p.len() as u32)
+            }
+            None => (DataDir::None, 0, 0),
+        };
+        self.ucds
+            .write_command(slot, lun, task_tag, cdb, bytes, false);
+        self.transport
+            .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
+        self.trackers.arm(slot, tag, None, 0);
+        self.submitted += 1;
+        Ok(())
+    }
+
+    /// SYNCHRONIZE CACHE(10) of LU `lun`.
+    pub fn flush(&mut self, lun: u8, tag: u64) -> std::result::Result<(), SubmitError<()>> {
+        if let Err(k) = self.check_range(lun, 0, 1) {
+            return Err(submit_err(k, ()));
+        }
+        self.submit_nodata(lun, scsi::synchronize_cache(), None, tag)
+    }
+
+    /// UNMAP `blocks` blocks from `lba` of LU `lun` (the UFS form of
+    /// NVMe's deallocate). The parameter list travels in the command's own
+    /// descriptor: no buffer.
+    pub fn unmap(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<()>> {
+        if let Err(k) = self.check_range(lun, lba, blocks) {
+            return Err(submit_err(k, ()));
+        }
+        let list = scsi::unmap_list(lba, blocks);
+        self.submit_nodata(lun, scsi::unmap(list.len() as u16), Some(&list), tag)
+    }
+
+    /// Ring the doorbell once for everything queued since the last ring.
+    /// Returns whether a doorbell was written.
+    #[inline]
+    pub fn submit(&mut self) -> bool {
+        if self.failed.is_some() {
+            return false;
+        }
+        self.transport.flush()
+    }
+
+    /// Deliver up to `max` completions to `f`; returns how many. Rings a
+    /// pending doorbell first. When the controller failed or disappeared,
+    /// every outstanding command completes with
+    /// [`IoError::ControllerFailed`] and the poll returns
+    /// [`Error::ControllerFatal`] / [`Error::DeviceGone`].
+    #[inline]
+    pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
+        if let Some(h) = self.failed {
+            return Err(health_error(h));
+        }
+        // One load: another queue pair (or the controller) may have seen
+        // the controller fail.
+        let h = self.ctrl.health();
+        if h != health::OK {
+            self.fail(h, &mut f);
+            return Err(health_error(h));
+        }
+        self.transport.flush();
+        let outstanding = self.trackers.outstanding();
+        let UfsQueuePair {
+            transport,
+            trackers,
+            splits,
+            ucds,
+            tag_base,
+            completed,
+            ..
+        } = self;
+        let tag_base = *tag_base;
+        let ucds_ref: &UcdSlice = ucds;
+        // `definitive`: the transport cannot report a command twice (legacy:
+        // a doorbell bit we set cleared), so a malformed response is this
+        // command's error, not a stale entry.
+        let mut deliver = |slot: u16, ocs: Ocs, definitive: bool| {
+            if usize::from(slot) >= trackers.depth() || !trackers.slot(slot).busy {
+                trackers.stale += 1;
+                return;
+            }
+            let task_tag = tag_base.wrapping_add(slot as u8);
+            let head = ucds_ref.response_head(slot);
+            let result = if ocs == Ocs::SUCCESS && head.is_good(task_tag) {
+                Ok(())
+            } else if !definitive
+                && ocs == Ocs::SUCCESS
+                && (head.trans_type != trans::RESPONSE || head.task_tag != task_tag)
+            {
+                // Transported, but this command's RESPONSE is not there: the
+                // entry is a stale or duplicate one for an earlier command in
+                // this slot (the device writes the response before the
+                // entry). Never hand back a buffer on its word.
+                trackers.stale += 1;
+                return;
+            } else {
+                command_result(ocs, &ucds_ref.response(slot), task_tag).map_err(IoError::Ufs)
+            };
+            let (tag, buf) = trackers.complete(slot);
+            if splits.active() {
+                match splits.finish(slot, result) {
+                    Routed::NotChild => {}
+                    Routed::Pending => return,
+                    Routed::Done(tag, result, buf) => {
+                        *completed += 1;
+                        f(Completion {
+                            tag,
+                            result,
+                            buf,
+                            dw0: 0,
+                        });
+                        return;
+                    }
+                }
+            }
+            *completed += 1;
+            f(Completion {
+                tag,
+                result,
+                buf,
+                dw0: 0,
+            });
+        };
+        let (n, bad) = match &mut **transport {
+            // A UCD address that is not one of ours maps to an impossible
+            // slot, which `deliver` counts as stale.
+            Transport::Mcq(q) => match q.reap(max, outstanding, |ucd, ocs| {
+                deliver(ucds_slot(ucd, ucds_ref), ocs, false)
+            }) {
+                Reaped::Entries(n) => (n, false),
+                Reaped::BadTail => (0, true),
+            },
+            Transport::Sdb(q) => match q.reap(max, |slot, ocs| deliver(slot, ocs, true)) {
+                SdbReaped::Entries(n) => (n, false),
+                SdbReaped::AllOnes => (0, true),
+            },
+        };
+        if n == 0 && self.trackers.outstanding() > 0 {
+            self.empty_polls = self.empty_polls.wrapping_add(1);
+            if bad || self.empty_polls % HEALTH_CHECK_INTERVAL == 0 {
+                let h = self.ctrl.check_health();
+                if h != health::OK {
+                    self.fail(h, &mut f);
+                    return Err(health_error(h));
+                }
+            }
+        } else {
+            self.empty_polls = 0;
+        }
+        Ok(n)
+    }
+
+    /// The controller failed or disappeared: it no longer accesses any
+    /// buffer (a fatal controller was disabled; a removed one is gone), so
+    /// every outstanding command completes with its buffer.
+    #[cold]
+    fn fail(&mut self, h: u8, f: &mut impl FnMut(Completion<B>)) {
+        self.failed = Some(h);
+        if let Transport::Sdb(q) = &mut *self.transport {
+            q.forget_outstanding();
+        }
+        self.end_all(IoError::ControllerFailed, true, f);
+    }
+
+    /// End every command in flight with `err` (the device no longer owns
+    /// them, or `keep_bufs` is false and their buffers are leaked), children
+    /// of a split through their parent. Returns the bytes leaked.
+    #[cold]
+    fn end_all(&mut self, err: IoError, keep_bufs: bool, f: &mut impl FnMut(Completion<B>)) -> u64 {
+        let slots: Vec<u16> = self.trackers.busy().map(|(slot, ..)| slot).collect();
+        let mut leaked = 0u64;
+        for slot in slots {
+            // Freed before `f` sees it: a panicking callback loses nothing.
+            let (tag, buf) = self.trackers.complete(slot);
+            let (tag, result, buf) = match self.splits.finish(slot, Err(err)) {
+                Routed::NotChild => (tag, Err(err), buf),
+                Routed::Pending => continue,
+                Routed::Done(t, r, b) => (t, r, b),
+            };
+            let buf = if keep_bufs {
+                buf
+            } else {
+                if let Some(b) = buf {
+                    leaked += b.total_len() as u64;
+                    std::mem::forget(b);
+                }
+                None
+            };
+            self.completed += 1;
+            f(Completion {
+                tag,
+                result,
+                buf,
+                dw0: 0,
+            });
+        }
+        leaked
+    }
+
+    /// Finish the queue pair: wait (up to `UfsOptions::close_timeout`) for
+    /// commands in flight, then withdraw what is left (MCQ: SQ stop and
+    /// cleanup by nexus; legacy: UTRLCLR). Every command ends exactly once
+    /// through `f`: withdrawn ones with [`IoError::Aborted`] — with their
+    /// buffer if the controller confirmed the withdrawal, without it
+    /// (leaked, with the queue's memory) if not.
+    pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
+        self.shutdown(&mut f);
+        Ok(())
+    }
+
+    fn shutdown(&mut self, f: &mut impl FnMut(Completion<B>)) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let limit = self.ctrl.options().close_timeout;
+        let start = Instant::now();
+        while self.trackers.outstanding() > 0 && self.failed.is_none() && start.elapsed() < limit {
+            if matches!(self.poll(usize::MAX, &mut *f), Ok(0)) {
+                std::thread::yield_now();
+            }
+        }
+        if self.trackers.outstanding() == 0 {
+            return;
+        }
+        // Still in flight: withdraw.
+        let withdrawn = match &mut *self.transport {
+            Transport::Sdb(q) => {
+                let bits = q.clear_outstanding();
+                let t = Instant::now();
+                let mut left = q.still_set(bits);
+                while left != 0 && t.elapsed() < limit {
+                    std::thread::yield_now();
+                    left = q.still_set(bits);
+                }
+                q.forget_outstanding();
+                left == 0
+            }
+            Transport::Mcq(_) => {
+                self.mcq_cleanup(limit, f);
+                self.trackers.outstanding() == 0
+            }
+        };
+        let leaked = self.end_all(IoError::Aborted, withdrawn, f);
+        if !withdrawn {
+            self.leak = true;
+            self.ctrl.add_leaked(leaked);
+        }
+    }
+}
+
+impl<B: IoBuf> UfsQueuePair<B> {
+    /// The MCQ cleanup sequence for `slots`: stop the SQ, clean up each
+    /// command by its nexus (LUN, task tag) — the controller completes it
+    /// with OCS ABORTED, whether still queued or held — and restart the SQ.
+    /// Returns how many the controller confirmed (cleanup error code 0), or
+    /// `None` if the SQ did not stop within `limit`.
+    #[cold]
+    fn mcq_cleanup_slots(&mut self, slots: &[u16], limit: std::time::Duration) -> Option<usize> {
+        let Transport::Mcq(q) = &*self.transport else {
+            return None;
+        };
+        let regs = self.ctrl.backend().regs();
+        let r = q.regs();
+        let (rtc, cti, rts) = (r.sqrtc.offset(), r.sqcti.offset(), r.sqrts.offset());
+        let wait = |mask: u32, want: u32| {
+            let t = Instant::now();
+            loop {
+                let v = regs.read32(rts);
+                if v != u32::MAX && v & mask == want {
+                    return Some(v);
+                }
+                if t.elapsed() > limit {
+                    return None;
+                }
+                std::thread::yield_now();
+            }
+        };
+        regs.write32(rtc, sq_op::RTC_STOP);
+        wait(sq_op::RTS_STOPPED, sq_op::RTS_STOPPED)?;
+        let mut ok = 0;
+        for &slot in slots {
+            let lun = self.ucds.command_lun(slot);
+            let tag = self.tag_base.wrapping_add(slot as u8);
+            regs.write32(cti, sq_op::cleanup_target(lun, tag));
+            regs.write32(rtc, sq_op::RTC_STOP | sq_op::RTC_ICU);
+            match wait(sq_op::RTS_CLEANUP_DONE, sq_op::RTS_CLEANUP_DONE) {
+                Some(v) if sq_op::cleanup_error(v) == 0 => ok += 1,
+                v => log::warn!("UFS SQ cleanup of task tag {tag} failed (SQRTS {v:?})"),
+            }
+        }
+        regs.write32(rtc, sq_op::RTC_START);
+        if wait(sq_op::RTS_STOPPED, 0).is_none() {
+            log::warn!("UFS SQ {} did not restart", q.index());
+        }
+        Some(ok)
+    }
+
+    /// Close's MCQ path: clean up every command in flight, then reap the
+    /// ABORTED completions (delivered as [`IoError::Aborted`]). Whatever the
+    /// controller does not give back stays outstanding.
+    #[cold]
+    fn mcq_cleanup(&mut self, limit: std::time::Duration, f: &mut impl FnMut(Completion<B>)) {
+        let slots: Vec<u16> = self.trackers.busy().map(|(slot, ..)| slot).collect();
+        if self.mcq_cleanup_slots(&slots, limit).is_none() {
+            return;
+        }
+        let start = Instant::now();
+        let mut aborted = |mut c: Completion<B>| {
+            if c.result == Err(IoError::Ufs(UfsError::Transport(Ocs::ABORTED))) {
+                c.result = Err(IoError::Aborted);
+            }
+            f(c)
+        };
+        while self.trackers.outstanding() > 0 && self.failed.is_none() && start.elapsed() < limit {
+            if matches!(self.poll(usize::MAX, &mut aborted), Ok(0)) {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Abort the command in flight with `tag` (the first, if several share
+    /// it). MCQ: SQ stop, cleanup by nexus (a still-queued entry or one the
+    /// device holds), SQ restart; legacy: UTRLCLR of its slot. The command
+    /// then completes once, through [`poll`](Self::poll), with
+    /// `IoError::Ufs(UfsError::Transport(Ocs::ABORTED))` and its buffer —
+    /// or normally, if it finished first. Returns `Ok(false)` when no
+    /// command with `tag` is in flight or the controller refused the
+    /// cleanup; [`Error::Timeout`] when the SQ did not stop.
+    pub fn abort(&mut self, tag: u64) -> Result<bool> {
+        if let Some(h) = self.failed {
+            return Err(health_error(h));
+        }
+        self.transport.flush();
+        let Some((slot, ..)) = self.trackers.busy().find(|&(_, _, t, _)| t == tag) else {
+            return Ok(false);
+        };
+        let limit = self.ctrl.options().init_timeout;
+        match &mut *self.transport {
+            Transport::Sdb(q) => Ok(q.withdraw(1 << slot)),
+            Transport::Mcq(_) => match self.mcq_cleanup_slots(&[slot], limit) {
+                Some(n) => Ok(n == 1),
+                None => Err(Error::Timeout {
+                    what: "stop the UFS submission queue (SQRTS.STS)",
+                    timeout_ms: limit.as_millis() as u64,
+                }),
+            },
+        }
+    }
+}
+
+/// The slot of `ucd` in `ucds`, or `u16::MAX` (past any depth: stale).
+#[inline(always)]
+fn ucds_slot(ucd: u64, ucds: &UcdSlice) -> u16 {
+    ucds.slot_of(ucd).unwrap_or(u16::MAX)
+}
+
+fn health_error(h: u8) -> Error {
+    if h == health::GONE {
+        Error::DeviceGone
+    } else {
+        Error::ControllerFatal
+    }
+}
+
+impl<B: IoBuf> Drop for UfsQueuePair<B> {
+    fn drop(&mut self) {
+        self.shutdown(&mut |_| {});
+        // SAFETY: taken once, here; neither field is used after.
+        let (t, u) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.transport),
+                ManuallyDrop::take(&mut self.ucds),
+            )
+        };
+        if self.leak {
+            // The controller may still write these: never free or reuse them.
+            self.ctrl
+                .add_leaked((self.trackers.depth() * UCD_SIZE) as u64);
+            std::mem::forget(u);
+            std::mem::forget(t);
+        } else {
+            drop(u.into_region());
+            if self.failed.is_none() {
+                self.ctrl_give_back(t);
+            }
+        }
+    }
+}
+
+impl<B: IoBuf> UfsQueuePair<B> {
+    fn ctrl_give_back(&self, t: Transport) {
+        self.ctrl.give_back(t);
+    }
+}
+
+impl<B: IoBuf> UfsQueuePair<B> {
+    /// SYNCHRONIZE CACHE of LU `lun`, and wait. Needs an idle queue pair
+    /// ([`Error::QueueBusy`] otherwise).
+    pub fn flush_blocking(&mut self, lun: u8) -> Result<()> {
+        if self.outstanding() != 0 {
+            return Err(Error::QueueBusy {
+                outstanding: self.outstanding(),
+            });
+        }
+        self.flush(lun, BLOCKING_TAG)
+            .map_err(|e| Error::Submit(e.kind))?;
+        self.submit();
+        let limit = self.ctrl.options().blocking_timeout;
+        let start = Instant::now();
+        let mut out = None;
+        while out.is_none() {
+            let n = self.poll(1, |c| out = Some(c.result))?;
+            if n == 0 && out.is_none() {
+                if start.elapsed() > limit {
+                    return Err(Error::Io(IoError::TimedOut));
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(out.expect("loop ends with a completion")?)
+    }
+}
+
+impl UfsQueuePair<DmaBuf> {
+    fn blocking_prepare(&mut self, lun: u8, len: usize) -> Result<(LuGeom, usize)> {
+        if self.outstanding() != 0 {
+            return Err(Error::QueueBusy {
+                outstanding: self.outstanding(),
+            });
+        }
+        let Some(Some(g)) = self.lus.get(usize::from(lun)).copied() else {
+            return Err(Error::Submit(SubmitErrorKind::UnknownNamespace {
+                nsid: u32::from(lun),
+            }));
+        };
+        if len == 0 {
+            return Err(Error::Submit(SubmitErrorKind::ZeroLength));
+        }
+        let block = 1usize << g.shift;
+        if len % block != 0 {
+            return Err(Error::Submit(SubmitErrorKind::BufferTooSmall {
+                needed: len.div_ceil(block) as u64 * block as u64,
+                available: len as u64,
+            }));
+        }
+        let chunk = ((self.max_xfer as usize) / block * block).min(len);
+        if self.bounce.as_ref().is_none_or(|b| b.len() < chunk) {
+            self.bounce = Some(DmaBuf::alloc(&self.space, chunk, DmaDir::Bidirectional)?);
+        }
+        Ok((g, chunk))
+    }
+
+    fn wait_blocking(&mut self) -> Result<DmaBuf> {
+        self.submit();
+        let limit = self.ctrl.options().blocking_timeout;
+        let start = Instant::now();
+        let mut out = None;
+        while out.is_none() {
+            let n = self.poll(1, |c| out = Some(c))?;
+            if n == 0 && out.is_none() {
+                if start.elapsed() > limit {
+                    return Err(Error::Io(IoError::TimedOut));
+                }
+                std::thread::yield_now();
+            }
+        }
+        let c = out.expect("loop ends with a completion");
+        let buf = c.buf.expect("data commands hand their buffer back");
+        match c.result {
+            Ok(()) => Ok(buf),
+            Err(e) => {
+                self.bounce = Some(buf);
+                Err(Error::Io(e))
+            }
+        }
+    }
+
+    /// Read `dst.len()` bytes (whole blocks) from `lba` of LU `lun` and wait.
+    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    pub fn read_blocking(&mut self, lun: u8, lba: u64, dst: &mut [u8]) -> Result<()> {
+        let (g, chunk) = self.blocking_prepare(lun, dst.len())?;
+        let mut lba = lba;
+        for part in dst.chunks_mut(chunk) {
+            let blocks = (part.len() >> g.shift) as u32;
+            // The bounce buffer may be longer than the part: the PRDT covers
+            // only the bytes the command moves.
+            let buf = self.bounce.take().expect("prepared");
+            self.read(lun, lba, blocks, buf, BLOCKING_TAG)
+                .map_err(|e| {
+                    self.bounce = Some(e.buf);
+                    Error::Submit(e.kind)
+                })?;
+            let buf = self.wait_blocking()?;
+            buf.read_at(0, part)?;
+            self.bounce = Some(buf);
+            lba += u64::from(blocks);
+        }
+        Ok(())
+    }
+
+    /// Write `src` (whole blocks) at `lba` of LU `lun` and wait.
+    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    pub fn write_blocking(&mut self, lun: u8, lba: u64, src: &[u8]) -> Result<()> {
+        let (g, chunk) = self.blocking_prepare(lun, src.len())?;
+        let mut lba = lba;
+        for part in src.chunks(chunk) {
+            let blocks = (part.len() >> g.shift) as u32;
+            let mut buf = self.bounce.take().expect("prepared");
+            buf.write_at(0, part)?;
+            self.write(lun, lba, blocks, buf, BLOCKING_TAG)
+                .map_err(|e| {
+                    self.bounce = Some(e.buf);
+                    Error::Submit(e.kind)
+                })?;
+            let buf = self.wait_blocking()?;
+            self.bounce = Some(buf);
+            lba += u64::from(blocks);
+        }
+        Ok(())
+    }
+}

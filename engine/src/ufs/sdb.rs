@@ -1,0 +1,197 @@
+//! Legacy single-doorbell mode: one UTP Transfer Request List (UTRL) of up
+//! to 32 UTRD slots and the UTRLDBR bitmap.
+//!
+//! The host writes a slot's UTRD and sets the slot's doorbell bit; the
+//! controller executes it, writes the OCS into the slot's UTRD (byte 8),
+//! sets the slot's UTRLCNR bit and clears the doorbell bit. A poll reads
+//! UTRLDBR once: every bit we set that reads back clear is a completion.
+//! UTRLCNR is then cleared (write 1) for those bits in one store.
+//!
+//! UTRLDBR is write-1-to-set and UTRLCNR write-1-to-clear, so both go
+//! through [`mcqio_vfio::Mmio`] (one call per submit batch and per poll
+//! with something outstanding, never per command). The list serves one
+//! queue pair; the slot of a command is its tracker slot.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use mcqio_vfio::{Backend, DmaRegion};
+
+use super::spec::regs::{UTRLCLR, UTRLCNR, UTRLDBR};
+use super::spec::utrd::{Ocs, Utrd};
+
+/// Counters of the legacy list.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct SdbStats {
+    /// UTRLDBR stores (one per submit batch).
+    pub doorbell_writes: u64,
+    /// UTRLDBR reads (one per poll with commands outstanding).
+    pub doorbell_reads: u64,
+}
+
+/// What a poll found.
+pub(crate) enum SdbReaped {
+    /// `n` slots completed.
+    Entries(usize),
+    /// UTRLDBR read all ones: the device is gone.
+    AllOnes,
+}
+
+pub(crate) struct SdbQueue {
+    backend: Arc<dyn Backend>,
+    utrl: DmaRegion,
+    list: NonNull<Utrd>,
+    slots: u32,
+    /// Bits set in posts since the last flush.
+    pending: u32,
+    /// Bits rung and not yet seen complete.
+    outstanding: u32,
+    /// Bits withdrawn with UTRLCLR: their doorbell bit clears without the
+    /// controller writing an OCS.
+    withdrawn: u32,
+    pub stats: SdbStats,
+}
+
+// SAFETY: `list` points into `utrl`, owned by this value; the backend is
+// `Send + Sync`. Used through `&mut self` by one thread at a time.
+unsafe impl Send for SdbQueue {}
+
+impl SdbQueue {
+    /// Take the list `utrl` (programmed in UTRLBA and running) of `slots`
+    /// (1..=32) entries.
+    pub fn new(backend: Arc<dyn Backend>, utrl: DmaRegion, slots: u32) -> Self {
+        debug_assert!((1..=32).contains(&slots) && utrl.len() >= slots as usize * 32);
+        SdbQueue {
+            list: utrl.as_ptr().cast(),
+            backend,
+            utrl,
+            slots,
+            pending: 0,
+            outstanding: 0,
+            withdrawn: 0,
+            stats: SdbStats::default(),
+        }
+    }
+
+    pub fn into_list(self) -> DmaRegion {
+        self.utrl
+    }
+
+    /// Write `utrd` into list slot `slot` (< slots, free).
+    #[inline(always)]
+    pub fn post(&mut self, slot: u16, utrd: Utrd) {
+        debug_assert!(u32::from(slot) < self.slots);
+        // SAFETY: `slot < slots` (the tracker's depth is at most `slots`),
+        // inside the list this value owns; the slot's doorbell bit is clear
+        // (its previous command completed), so the controller does not read
+        // it until we ring: a volatile store racing with nothing.
+        unsafe {
+            self.list
+                .as_ptr()
+                .add(usize::from(slot))
+                .write_volatile(utrd)
+        };
+        self.pending |= 1 << slot;
+    }
+
+    /// Ring every slot posted since the last flush with one UTRLDBR store.
+    #[inline]
+    pub fn flush(&mut self) -> bool {
+        if self.pending == 0 {
+            return false;
+        }
+        // Release: UTRDs and command descriptors before the doorbell bits.
+        // TODO(arch): platform barrier
+        fence(Ordering::Release);
+        self.backend.regs().write32(UTRLDBR, self.pending);
+        self.outstanding |= self.pending;
+        self.pending = 0;
+        self.stats.doorbell_writes += 1;
+        true
+    }
+
+    /// Find completed slots (one UTRLDBR read), up to `max`, calling
+    /// `f(slot, ocs)` for each.
+    #[inline]
+    pub fn reap(&mut self, max: usize, mut f: impl FnMut(u16, Ocs)) -> SdbReaped {
+        if self.outstanding == 0 {
+            return SdbReaped::Entries(0);
+        }
+        let regs = self.backend.regs();
+        let dbr = regs.read32(UTRLDBR);
+        self.stats.doorbell_reads += 1;
+        if dbr == u32::MAX {
+            return SdbReaped::AllOnes;
+        }
+        let mut done = self.outstanding & !dbr;
+        if done == 0 {
+            return SdbReaped::Entries(0);
+        }
+        // Acquire: the OCS bytes, response UPIUs and data were written
+        // before the controller cleared the doorbell bits we just read.
+        // TODO(arch): platform barrier
+        fence(Ordering::Acquire);
+        let mut taken = 0u32;
+        let mut n = 0;
+        while done != 0 && n < max {
+            let slot = done.trailing_zeros() as u16;
+            done &= done - 1;
+            taken |= 1 << slot;
+            // SAFETY: `slot < slots` (a bit we set), inside the list; the
+            // controller is done with the slot (its bit cleared). Volatile
+            // copy of the UTRD, no reference.
+            let utrd = unsafe { self.list.as_ptr().add(usize::from(slot)).read_volatile() };
+            n += 1;
+            self.outstanding &= !(1 << slot);
+            let mut ocs = Ocs(utrd.ocs & 0xF);
+            if self.withdrawn & 1 << slot != 0 {
+                self.withdrawn &= !(1 << slot);
+                // Still the host's pre-fill: withdrawn before it completed.
+                if ocs == Ocs::INVALID_COMMAND_STATUS {
+                    ocs = Ocs::ABORTED;
+                }
+            }
+            f(slot, ocs);
+        }
+        regs.write32(UTRLCNR, taken);
+        SdbReaped::Entries(n)
+    }
+
+    /// Withdraw the outstanding slots of `bits` (UTRLCLR): the next poll
+    /// reports each as completed with OCS ABORTED unless it finished first.
+    /// Returns whether any of `bits` was outstanding.
+    pub fn withdraw(&mut self, bits: u32) -> bool {
+        let bits = bits & self.outstanding;
+        if bits == 0 {
+            return false;
+        }
+        self.withdrawn |= bits;
+        self.backend.regs().write32(UTRLCLR, !bits);
+        true
+    }
+
+    /// Withdraw every outstanding slot (UTRLCLR: write 0 to a slot's bit)
+    /// and return the bits withdrawn. The caller waits for the doorbell bits
+    /// to read clear before reusing the memory.
+    pub fn clear_outstanding(&mut self) -> u32 {
+        let bits = self.outstanding;
+        if bits != 0 {
+            self.backend.regs().write32(UTRLCLR, !bits);
+        }
+        bits
+    }
+
+    /// The doorbell bits of `bits` that still read set.
+    pub fn still_set(&self, bits: u32) -> u32 {
+        self.backend.regs().read32(UTRLDBR) & bits
+    }
+
+    /// Forget outstanding bits (after [`Self::clear_outstanding`] and the
+    /// wait, or a controller reset).
+    pub fn forget_outstanding(&mut self) {
+        self.outstanding = 0;
+        self.withdrawn = 0;
+        self.pending = 0;
+    }
+}

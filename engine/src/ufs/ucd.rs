@@ -1,0 +1,251 @@
+//! A queue pair's own slice of UTP command descriptors (UCDs): one per
+//! tracker slot, back to back, each 128-byte aligned. A command's UCD holds
+//! its COMMAND UPIU, the RESPONSE UPIU the device writes, and its PRDT
+//! built from the buffer's segments. The CQE of an MCQ command names the
+//! UCD address, so the slot is `(ucd - base) / UCD_SIZE`: queues share no
+//! descriptor and need no shared tag space.
+
+use std::ptr::NonNull;
+
+use mcqio_vfio::DmaRegion;
+
+use super::spec::scsi::Cdb;
+use super::spec::upiu::{trans, CommandUpiu, ResponseUpiu};
+use super::spec::utrd::{PrdtEntry, Ucd};
+use crate::io::{IoBuf, SubmitErrorKind};
+
+/// Most PRDT entries per command (each up to 256 KiB).
+pub const MAX_PRDT_ENTRIES: usize = 256;
+/// Bytes per command descriptor.
+pub(crate) const UCD_SIZE: usize = Ucd::size(MAX_PRDT_ENTRIES);
+/// Where an UNMAP parameter list goes inside the command UPIU area (after
+/// the 32-byte COMMAND UPIU; dword aligned, so a PRDT entry can name it).
+pub(crate) const PARAM_OFFSET: usize = 64;
+
+const _: () = assert!(UCD_SIZE % Ucd::ALIGN as usize == 0);
+const _: () = assert!(PARAM_OFFSET + 64 <= Ucd::COMMAND_LEN);
+
+/// The fast-path view of a RESPONSE UPIU header.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct RspHead {
+    pub trans_type: u8,
+    pub task_tag: u8,
+    pub response: u8,
+    pub status: u8,
+}
+
+pub(crate) struct UcdSlice {
+    mem: DmaRegion,
+    ptr: NonNull<u8>,
+    base: u64,
+    slots: usize,
+}
+
+// SAFETY: `ptr` points into `mem`, which this value owns; accessed through
+// `&mut self`/`&self` of the one queue pair that owns it.
+unsafe impl Send for UcdSlice {}
+
+impl UcdSlice {
+    /// Take `mem` (at least `slots * UCD_SIZE` bytes, 128-byte aligned IOVA).
+    pub fn new(mem: DmaRegion, slots: usize) -> Self {
+        debug_assert!(mem.len() >= slots * UCD_SIZE);
+        debug_assert!(mem.iova().raw() % Ucd::ALIGN == 0);
+        UcdSlice {
+            ptr: mem.as_ptr(),
+            base: mem.iova().raw(),
+            mem,
+            slots,
+        }
+    }
+
+    pub fn into_region(self) -> DmaRegion {
+        self.mem
+    }
+
+    /// Device address of `slot`'s UCD.
+    #[inline(always)]
+    pub fn iova(&self, slot: u16) -> u64 {
+        self.base + (usize::from(slot) * UCD_SIZE) as u64
+    }
+
+    /// The slot whose UCD is at `ucd`, if it is one of ours.
+    #[inline(always)]
+    pub fn slot_of(&self, ucd: u64) -> Option<u16> {
+        let off = ucd.checked_sub(self.base)?;
+        let slot = off / UCD_SIZE as u64;
+        (off % UCD_SIZE as u64 == 0 && slot < self.slots as u64).then_some(slot as u16)
+    }
+
+    #[inline(always)]
+    fn at(&self, slot: u16, off: usize) -> *mut u8 {
+        debug_assert!(usize::from(slot) < self.slots && off < UCD_SIZE);
+        // SAFETY: `slot < slots` (tracker slots) and `off < UCD_SIZE`, so the
+        // address is inside `mem`.
+        unsafe { self.ptr.as_ptr().add(usize::from(slot) * UCD_SIZE + off) }
+    }
+
+    /// Write the COMMAND UPIU of `slot` and clear the transaction code of
+    /// its response area, so a stale completion naming this slot is told
+    /// apart from this command's own (the device writes a fresh RESPONSE).
+    #[inline(always)]
+    pub fn write_command(
+        &mut self,
+        slot: u16,
+        lun: u8,
+        task_tag: u8,
+        cdb: Cdb,
+        bytes: u32,
+        read: bool,
+    ) {
+        let cmd = CommandUpiu::new(lun, task_tag, cdb, bytes, read);
+        // SAFETY: inside `mem` (see `at`), 32 bytes at a 128-byte aligned
+        // slot base; the slot is free (not in flight), so the device does
+        // not read or write this UCD now. Volatile stores, no reference.
+        unsafe {
+            self.at(slot, Ucd::COMMAND_OFFSET)
+                .cast::<CommandUpiu>()
+                .write_volatile(cmd);
+            self.at(slot, Ucd::RESPONSE_OFFSET).write_volatile(0);
+        }
+    }
+
+    /// The LUN written into `slot`'s COMMAND UPIU (header byte 2).
+    pub fn command_lun(&self, slot: u16) -> u8 {
+        // SAFETY: inside `mem` (see `at`); the host wrote this byte at
+        // submission and the device only reads it. Volatile load.
+        unsafe { self.at(slot, Ucd::COMMAND_OFFSET + 2).read_volatile() }
+    }
+
+    /// Copy `bytes` (≤ 64) into `slot`'s parameter area; returns its IOVA.
+    pub fn write_param(&mut self, slot: u16, bytes: &[u8]) -> u64 {
+        debug_assert!(bytes.len() <= 64);
+        // SAFETY: `PARAM_OFFSET + 64 <= COMMAND_LEN < UCD_SIZE` (asserted at
+        // compile time), inside `mem`; the slot is not in flight.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.at(slot, PARAM_OFFSET), bytes.len())
+        };
+        self.iova(slot) + PARAM_OFFSET as u64
+    }
+
+    /// Write one PRDT entry.
+    #[inline(always)]
+    fn put_prd(&mut self, slot: u16, i: usize, e: PrdtEntry) {
+        debug_assert!(i < MAX_PRDT_ENTRIES);
+        // SAFETY: `i < MAX_PRDT_ENTRIES`, so the entry lies inside the UCD
+        // (its size has room for that many); the slot is not in flight.
+        unsafe {
+            self.at(slot, Ucd::PRDT_OFFSET + i * 16)
+                .cast::<PrdtEntry>()
+                .write_volatile(e)
+        };
+    }
+
+    /// A PRDT of one entry for the parameter list at `iova`, `len` bytes.
+    pub fn param_prdt(&mut self, slot: u16, iova: u64, len: u32) -> u16 {
+        match PrdtEntry::new(iova, len) {
+            Some(e) => {
+                self.put_prd(slot, 0, e);
+                1
+            }
+            None => 0,
+        }
+    }
+
+    /// Build `slot`'s PRDT for `bytes` bytes of `buf` starting at byte
+    /// `offset`: segments in order, empty ones skipped, each cut into
+    /// entries of at most 256 KiB. Every entry must start on a dword and
+    /// cover whole dwords. Returns the entry count.
+    #[inline]
+    pub fn build_prdt<B: IoBuf>(
+        &mut self,
+        slot: u16,
+        buf: &B,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<u16, SubmitErrorKind> {
+        let mut left = bytes;
+        let mut skip = offset;
+        let mut n = 0usize;
+        let segs = buf.segment_count();
+        let mut i = 0;
+        while left > 0 && i < segs {
+            let seg = buf.segment(i);
+            if skip >= seg.len as u64 {
+                skip -= seg.len as u64;
+                i += 1;
+                continue;
+            }
+            let mut addr = seg.iova.raw() + skip;
+            let mut len = (seg.len as u64 - skip).min(left);
+            skip = 0;
+            while len > 0 {
+                let chunk = len.min(u64::from(PrdtEntry::MAX_BYTES));
+                let Some(e) = PrdtEntry::new(addr, chunk as u32) else {
+                    return Err(SubmitErrorKind::Misaligned {
+                        segment: i,
+                        iova: seg.iova,
+                    });
+                };
+                if n == MAX_PRDT_ENTRIES {
+                    return Err(SubmitErrorKind::Unsupported(
+                        "a buffer needing more than 256 PRDT entries (256 KiB each) in one command",
+                    ));
+                }
+                self.put_prd(slot, n, e);
+                n += 1;
+                addr += chunk;
+                len -= chunk;
+                left -= chunk;
+            }
+            i += 1;
+        }
+        if left > 0 {
+            return Err(SubmitErrorKind::BufferTooSmall {
+                needed: bytes,
+                available: bytes - left,
+            });
+        }
+        Ok(n as u16)
+    }
+
+    /// The response header of `slot` (after the completion's Acquire fence).
+    #[inline(always)]
+    pub fn response_head(&self, slot: u16) -> RspHead {
+        // SAFETY: 12 bytes inside the UCD's response area; the device wrote
+        // them before completing the command (ordered by the queue's Acquire
+        // fence) and no longer touches them. Volatile copy, no reference.
+        let h: [u8; 12] = unsafe {
+            self.at(slot, Ucd::RESPONSE_OFFSET)
+                .cast::<[u8; 12]>()
+                .read_volatile()
+        };
+        RspHead {
+            trans_type: h[0],
+            task_tag: h[3],
+            response: h[6],
+            status: h[7],
+        }
+    }
+
+    /// The whole RESPONSE UPIU of `slot` (the slow path: errors).
+    pub fn response(&self, slot: u16) -> ResponseUpiu {
+        // SAFETY: as in `response_head`; `ResponseUpiu` is 52 bytes of plain
+        // data (u8 arrays, alignment 1), inside the 512-byte response area.
+        unsafe {
+            self.at(slot, Ucd::RESPONSE_OFFSET)
+                .cast::<ResponseUpiu>()
+                .read_volatile()
+        }
+    }
+}
+
+impl RspHead {
+    /// Whether this is a GOOD response to `task_tag`.
+    #[inline(always)]
+    pub fn is_good(&self, task_tag: u8) -> bool {
+        self.trans_type == trans::RESPONSE
+            && self.task_tag == task_tag
+            && self.response == 0
+            && self.status == 0
+    }
+}

@@ -1,0 +1,168 @@
+//! UFS bring-up against the fake controller: MCQ and legacy single
+//! doorbell, queue counts, logical units, queue-pair ownership.
+
+mod ufs_common;
+use ufs_common::*;
+
+use mcqio::ufs::{UfsMode, UfsOptions};
+use mcqio::{DmaBuf, Error};
+use mcqio_fixtures::ufs::{LuConfig, UfsConfig};
+
+#[test]
+fn mcq_bring_up_sets_up_queues_and_reads_the_device() {
+    let (fake, ctrl) = up(sync_cfg(true), opts(4));
+    assert_eq!(ctrl.mode(), UfsMode::Mcq { queues: 4 });
+    // min(depth 32, MAC 64, bQueueDepth 32)
+    assert_eq!(ctrl.depth(), 32);
+    let lus = ctrl.logical_units();
+    assert_eq!(lus.len(), 1);
+    assert_eq!(
+        (lus[0].lun, lus[0].blocks, lus[0].block_len),
+        (0, 4096, 4096)
+    );
+    assert_eq!(ctrl.device_descriptor().lus, 1);
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    assert!(qp.hw_queue().is_some());
+    let data = pattern(1, 8192);
+    qp.write_blocking(0, 10, &data).unwrap();
+    let mut back = vec![0u8; 8192];
+    qp.read_blocking(0, 10, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert_eq!(fake.lu_bytes(0, 10 * 4096, 8192), data);
+    let s = qp.stats();
+    assert_eq!((s.submitted, s.completed), (2, 2));
+    assert!(s.completion_reads >= 2 && s.cq_head_writes >= 2, "{s:?}");
+}
+
+#[test]
+fn legacy_bring_up_when_the_controller_has_no_mcq() {
+    let (fake, ctrl) = up(sync_cfg(false), opts(4));
+    assert_eq!(ctrl.mode(), UfsMode::Legacy);
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    assert_eq!(qp.hw_queue(), None);
+    let data = pattern(2, 4096 * 3);
+    qp.write_blocking(0, 100, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    qp.read_blocking(0, 100, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert_eq!(fake.lu_bytes(0, 100 * 4096, data.len()), data);
+    assert_eq!(qp.stats().doorbell_writes, 2);
+}
+
+#[test]
+fn legacy_bring_up_when_the_options_ask_for_it() {
+    let o = UfsOptions {
+        mcq: false,
+        ..opts(4)
+    };
+    let (_fake, ctrl) = up(sync_cfg(true), o);
+    assert_eq!(ctrl.mode(), UfsMode::Legacy);
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    qp.write_blocking(0, 0, &pattern(3, 4096)).unwrap();
+}
+
+#[test]
+fn queue_count_is_bounded_by_maxq_and_queues_are_not_shared() {
+    let cfg = UfsConfig {
+        queues: 2,
+        ..sync_cfg(true)
+    };
+    let (_fake, ctrl) = up(cfg, opts(8));
+    assert_eq!(ctrl.mode(), UfsMode::Mcq { queues: 2 });
+    let a = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let b = ctrl.create_qpair::<DmaBuf>().unwrap();
+    assert_ne!(a.hw_queue(), b.hw_queue());
+    assert!(matches!(
+        ctrl.create_qpair::<DmaBuf>(),
+        Err(Error::NoFreeQueue { granted: 2 })
+    ));
+    let freed = a.hw_queue();
+    drop(a);
+    let c = ctrl.create_qpair::<DmaBuf>().unwrap();
+    assert_eq!(
+        c.hw_queue(),
+        freed,
+        "a dropped queue pair's queue is reused"
+    );
+}
+
+#[test]
+fn legacy_mode_has_one_queue_pair() {
+    let (_fake, ctrl) = up(sync_cfg(false), opts(1));
+    let a = ctrl.create_qpair::<DmaBuf>().unwrap();
+    assert!(matches!(
+        ctrl.create_qpair::<DmaBuf>(),
+        Err(Error::NoFreeQueue { granted: 1 })
+    ));
+    drop(a);
+    let mut b = ctrl.create_qpair::<DmaBuf>().unwrap();
+    b.write_blocking(0, 1, &pattern(4, 4096)).unwrap();
+}
+
+#[test]
+fn several_logical_units_and_a_slow_device_init() {
+    let cfg = UfsConfig {
+        lus: vec![
+            LuConfig::Ram { blocks: 1024 },
+            LuConfig::Null { blocks: 1 << 20 },
+            LuConfig::Ram { blocks: 64 },
+        ],
+        device_init_reads: 20,
+        ..sync_cfg(true)
+    };
+    let (fake, ctrl) = up(cfg, opts(1));
+    let lus: Vec<(u8, u64)> = ctrl
+        .logical_units()
+        .iter()
+        .map(|l| (l.lun, l.blocks))
+        .collect();
+    assert_eq!(lus, vec![(0, 1024), (1, 1 << 20), (2, 64)]);
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let data = pattern(5, 4096);
+    qp.write_blocking(2, 63, &data).unwrap();
+    assert_eq!(fake.lu_bytes(2, 63 * 4096, 4096), data);
+    qp.write_blocking(1, (1 << 20) - 1, &data).unwrap();
+}
+
+#[test]
+fn bring_up_twice_on_the_same_controller() {
+    // A second bring-up finds HCE set and resets the controller first.
+    let (fake, ctrl) = up(sync_cfg(true), opts(2));
+    drop(ctrl);
+    let backend: std::sync::Arc<dyn mcqio::vfio::Backend> = fake.clone();
+    let ctrl = mcqio::UfsController::new(backend, opts(2)).unwrap();
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    qp.write_blocking(0, 0, &pattern(6, 4096)).unwrap();
+}
+
+#[test]
+fn a_reused_queue_continues_where_the_controller_stands() {
+    // The controller keeps SQHP/CQTP across queue pairs: a new queue pair
+    // on the same hardware queue must continue from there, not from slot 0.
+    let cfg = mcqio_fixtures::ufs::UfsConfig {
+        queues: 1,
+        ..sync_cfg(true)
+    };
+    let (fake, ctrl) = up(cfg, opts(1));
+    for round in 0..4u64 {
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        for i in 0..(3 + round) {
+            let data = pattern(round * 10 + i, 4096);
+            qp.write_blocking(0, round * 10 + i, &data).unwrap();
+            assert_eq!(fake.lu_bytes(0, (round * 10 + i) * 4096, 4096), data);
+        }
+        let s = qp.stats();
+        assert_eq!(
+            (s.submitted, s.completed, s.stale_completions),
+            (3 + round, 3 + round, 0)
+        );
+    }
+    // The device executed exactly our commands (bring-up's included), no
+    // stale ring entries, and reported no error.
+    let st = fake.stats();
+    assert_eq!(st.errors, 0, "{st:?}");
+    let before = st.commands;
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    qp.write_blocking(0, 99, &pattern(99, 4096)).unwrap();
+    assert_eq!(fake.stats().commands, before + 1);
+}

@@ -1,0 +1,196 @@
+//! Hostile register and descriptor values of the fake UFS controller give
+//! typed errors (bring-up) or stale-completion counting (I/O), never a
+//! panic or a hang.
+
+mod ufs_common;
+use ufs_common::*;
+
+use std::sync::Arc;
+
+use mcqio::ufs::spec::desc::DescError;
+use mcqio::ufs::{UfsController, UfsCtrlError, UfsMode, UfsOptions};
+use mcqio::vfio::{Backend, DmaDir};
+use mcqio::{DmaBuf, IoError};
+use mcqio_fixtures::ufs::{FakeUfs, UfsConfig, UfsHostile};
+
+fn bring_up(cfg: UfsConfig, o: UfsOptions) -> Result<Arc<UfsController>, UfsCtrlError> {
+    let fake = FakeUfs::new(cfg).unwrap();
+    let backend: Arc<dyn Backend> = fake;
+    UfsController::new(backend, o)
+}
+
+fn hostile(h: UfsHostile) -> UfsConfig {
+    UfsConfig {
+        hostile: h,
+        ..sync_cfg(true)
+    }
+}
+
+#[test]
+fn maxq_beyond_the_bar_is_refused() {
+    let e = bring_up(
+        hostile(UfsHostile {
+            maxq: Some(250),
+            ..Default::default()
+        }),
+        opts(2),
+    )
+    .unwrap_err();
+    assert!(matches!(e, UfsCtrlError::OutsideBar { .. }), "{e}");
+    // Legacy mode does not use MCQCAP at all.
+    let o = UfsOptions {
+        mcq: false,
+        ..opts(2)
+    };
+    let ctrl = bring_up(
+        hostile(UfsHostile {
+            maxq: Some(250),
+            ..Default::default()
+        }),
+        o,
+    )
+    .unwrap();
+    assert_eq!(ctrl.mode(), UfsMode::Legacy);
+}
+
+#[test]
+fn doorbell_offsets_outside_the_bar_are_refused() {
+    let e = bring_up(
+        hostile(UfsHostile {
+            dao_outside_bar: true,
+            ..Default::default()
+        }),
+        opts(2),
+    )
+    .unwrap_err();
+    assert!(matches!(e, UfsCtrlError::OutsideBar { .. }), "{e}");
+    assert!(e.to_string().contains("DAO"), "{e}");
+}
+
+#[test]
+fn bogus_cqe_ucd_addresses_are_counted_stale() {
+    let (_f, ctrl) = up(
+        hostile(UfsHostile {
+            bogus_cqe_ucd: true,
+            ..Default::default()
+        }),
+        opts(1),
+    );
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    for i in 0..3 {
+        qp.read(
+            0,
+            i,
+            1,
+            ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+            i,
+        )
+        .unwrap();
+    }
+    qp.submit();
+    for _ in 0..50 {
+        qp.poll(8, |c| {
+            panic!("delivered a completion naming no command: {}", c.tag)
+        })
+        .unwrap();
+    }
+    let s = qp.stats();
+    assert_eq!(s.stale_completions, 3, "{s:?}");
+    assert_eq!(qp.outstanding(), 3);
+    // Closing ends each command once. The cleanup's ABORTED entries carry
+    // bogus addresses too, so the controller never gives the commands
+    // back: their buffers and the queue's memory are leaked, not reused.
+    let mut ended = Vec::new();
+    qp.close(|c| ended.push((c.tag, c.result, c.buf.is_some())))
+        .unwrap();
+    ended.sort_by_key(|e| e.0);
+    assert_eq!(
+        ended,
+        (0..3)
+            .map(|t| (t, Err(IoError::Aborted), false))
+            .collect::<Vec<_>>()
+    );
+    assert!(ctrl.leaked_bytes() > 0);
+}
+
+#[test]
+fn descriptor_lengths_that_disagree_with_the_data_are_refused() {
+    for len in [0x10u8, 0xFF] {
+        let e = bring_up(
+            hostile(UfsHostile {
+                descriptor_length: Some(len),
+                ..Default::default()
+            }),
+            opts(1),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                UfsCtrlError::BadValue { .. }
+                    | UfsCtrlError::Descriptor(DescError::TooShort { .. })
+            ),
+            "bLength {len:#x}: {e}"
+        );
+    }
+}
+
+#[test]
+fn absurd_logical_block_sizes_are_refused() {
+    let e = bring_up(
+        hostile(UfsHostile {
+            logical_block_size_log2: Some(40),
+            ..Default::default()
+        }),
+        opts(1),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, UfsCtrlError::Descriptor(DescError::Invalid { .. })),
+        "{e}"
+    );
+    // In range but not what READ CAPACITY says.
+    let e = bring_up(
+        hostile(UfsHostile {
+            logical_block_size_log2: Some(13),
+            ..Default::default()
+        }),
+        opts(1),
+    )
+    .unwrap_err();
+    assert!(matches!(e, UfsCtrlError::BadValue { .. }), "{e}");
+}
+
+#[test]
+fn bad_options_are_refused() {
+    for o in [
+        UfsOptions {
+            depth: 0,
+            ..opts(1)
+        },
+        UfsOptions {
+            queues: 0,
+            ..opts(1)
+        },
+        UfsOptions {
+            max_transfer: 6,
+            ..opts(1)
+        },
+    ] {
+        assert!(matches!(
+            bring_up(sync_cfg(true), o),
+            Err(UfsCtrlError::InvalidOption(_))
+        ));
+    }
+}
+
+#[test]
+fn a_removed_controller_fails_bring_up() {
+    let fake = FakeUfs::new(sync_cfg(true)).unwrap();
+    fake.surprise_remove();
+    let backend: Arc<dyn Backend> = fake;
+    assert!(matches!(
+        UfsController::new(backend, opts(1)),
+        Err(UfsCtrlError::DeviceGone)
+    ));
+}
