@@ -142,7 +142,7 @@
 //! - [`queue`]: [`QueuePair`]: rings, doorbells, trackers (CID = slot | generation).
 //! - [`io`]: the I/O API: [`DmaBuf`], the [`IoBuf`] trait, [`Completion`], typed errors.
 //! - [`mcq`]: one queue pair per core on pinned threads.
-//! - [`ufs`]: UFSHCI 4.0 / UPIU / SCSI wire formats (the UFS transport's spec layer).
+//! - [`ufs`]: the UFS transport (UFSHCI 4.0 MCQ and legacy single doorbell): bring-up, queue pairs, UPIU/SCSI wire formats.
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]

@@ -23,11 +23,11 @@
 //! Every value the device reports is checked into a [`UfsCtrlError`].
 
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use mcqio_vfio::{Backend, DmaDir, DmaRegion, DmaSpace, Mmio};
+use mcqio_vfio::{barrier, Backend, DmaDir, DmaRegion, DmaSpace, Mmio};
 
 use super::error::{UfsCtrlError, UfsResult};
 use super::mcq::{McqRegs, McqRings, OpReg};
@@ -679,8 +679,7 @@ impl DevCmd {
         let d = Utrd::new(self.ucd.iova().raw(), dir, prdt);
         self.utrl.write_obj(0, d)?;
         // Release: UCD and UTRD stores before the doorbell.
-        // TODO(arch): platform barrier
-        fence(Ordering::Release);
+        barrier::stores_before_doorbell();
         r.write(regs::UTRLDBR, 1);
         let waited = wait_until(t, "complete a device-management request", || {
             r.check_fatal()?;
@@ -693,8 +692,7 @@ impl DevCmd {
         }
         r.write(regs::UTRLCNR, 1);
         // Acquire: the OCS and response were written before the bit cleared.
-        // TODO(arch): platform barrier
-        fence(Ordering::Acquire);
+        barrier::loads_after_phase();
         let d: Utrd = self.utrl.read_obj(0)?;
         let mut rsp = [0u8; Ucd::RESPONSE_LEN];
         self.ucd.read_bytes(Ucd::RESPONSE_OFFSET, &mut rsp)?;

@@ -17,10 +17,9 @@
 //! overflow.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-use mcqio_vfio::{DmaRegion, DoorbellHook};
+use mcqio_vfio::{barrier, DmaRegion, DoorbellHook};
 
 use super::spec::regs::ENTRY_SIZE;
 use super::spec::utrd::{McqCqe, Ocs, Utrd};
@@ -47,14 +46,16 @@ impl OpReg {
     #[inline(always)]
     pub(crate) fn read(&self) -> u32 {
         // SAFETY: an aligned register inside the live BAR mapping
-        // (constructor contract); a volatile 32-bit load, no reference.
-        unsafe { self.ptr.as_ptr().read_volatile() }
+        // (constructor contract); one 32-bit load, no reference. `readl`
+        // ordering: later loads (CQEs, responses, data) stay after it.
+        unsafe { barrier::mmio_read32(self.ptr.as_ptr()) }
     }
 
     #[inline(always)]
     pub(crate) fn write(&self, v: u32) {
-        // SAFETY: as in `read`; a volatile 32-bit store.
-        unsafe { self.ptr.as_ptr().write_volatile(v) }
+        // SAFETY: as in `read`; one 32-bit store. Relaxed: each caller
+        // issues the barrier its doorbell needs first.
+        unsafe { barrier::mmio_write32_relaxed(self.ptr.as_ptr(), v) }
     }
 
     pub(crate) fn offset(&self) -> usize {
@@ -187,7 +188,7 @@ impl McqQueue {
     pub fn post(&mut self, utrd: Utrd) {
         // SAFETY: `sq_tail < entries` and the ring holds `entries` UTRDs in
         // DMA memory `self` owns; the controller does not read this slot
-        // until SQTP publishes it (after the fence in `flush`), so the
+        // until SQTP publishes it (after the barrier in `flush`), so the
         // volatile store races with nothing and forms no reference.
         unsafe {
             self.sq_ring
@@ -209,8 +210,7 @@ impl McqQueue {
         }
         // Release: the UTRD and command-descriptor stores above must be
         // visible to the controller before it sees the new SQTP.
-        // TODO(arch): platform barrier
-        fence(Ordering::Release);
+        barrier::stores_before_doorbell();
         let v = self.sq_tail * ENTRY_SIZE;
         self.rings.regs.sqtp.write(v);
         if let Some(h) = &self.hook {
@@ -243,14 +243,13 @@ impl McqQueue {
         }
         // Acquire: the CQEs (and the response UPIUs and data they stand
         // for) were written before the controller advanced CQTP; read them
-        // only after the CQTP load.
-        // TODO(arch): platform barrier
-        fence(Ordering::Acquire);
+        // only after the CQTP load (`OpReg::read` is `readl`: its
+        // `dmb oshld` on aarch64 gives exactly that order).
         let mut n = 0;
         while self.cq_head != tail && n < max {
             // SAFETY: `cq_head < entries`, inside the CQ ring this value
             // owns; the controller finished writing this entry before
-            // moving CQTP past it (ordered by the fence above) and does not
+            // moving CQTP past it (ordered by the CQTP read above) and does not
             // touch it again until CQHP releases it. Volatile copy, no
             // reference.
             let cqe = unsafe {
@@ -272,8 +271,7 @@ impl McqQueue {
         // Our reads of the consumed entries are done before the controller
         // may reuse them: the CQHP store comes after them in program order
         // and the loads are complete (Release orders them before the store).
-        // TODO(arch): platform barrier
-        fence(Ordering::Release);
+        barrier::loads_before_doorbell();
         let v = self.cq_head * ENTRY_SIZE;
         self.rings.regs.cqhp.write(v);
         if let Some(h) = &self.hook {

@@ -13,10 +13,9 @@
 //! queue pair; the slot of a command is its tracker slot.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
-use mcqio_vfio::{Backend, DmaRegion};
+use mcqio_vfio::{barrier, Backend, DmaRegion};
 
 use super::spec::regs::{UTRLCLR, UTRLCNR, UTRLDBR};
 use super::spec::utrd::{Ocs, Utrd};
@@ -102,8 +101,7 @@ impl SdbQueue {
             return false;
         }
         // Release: UTRDs and command descriptors before the doorbell bits.
-        // TODO(arch): platform barrier
-        fence(Ordering::Release);
+        barrier::stores_before_doorbell();
         self.backend.regs().write32(UTRLDBR, self.pending);
         self.outstanding |= self.pending;
         self.pending = 0;
@@ -130,8 +128,7 @@ impl SdbQueue {
         }
         // Acquire: the OCS bytes, response UPIUs and data were written
         // before the controller cleared the doorbell bits we just read.
-        // TODO(arch): platform barrier
-        fence(Ordering::Acquire);
+        barrier::loads_after_phase();
         let mut taken = 0u32;
         let mut n = 0;
         while done != 0 && n < max {
