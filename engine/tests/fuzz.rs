@@ -137,6 +137,14 @@ fn env() -> &'static Mutex<Env> {
     })
 }
 
+/// A transfer above MDTS (128 KiB) is split into children of at most MDTS
+/// each; it is too large only when it needs more children than the queue
+/// pair (depth 4) has slots.
+fn too_large(nlb: u32, shift: u32) -> bool {
+    let per_child = (128u64 << 10) >> shift;
+    (nlb as u64).div_ceil(per_child) > 4
+}
+
 /// What the submission checks must say, from the fake's configuration
 /// (ns 1: 64 MiB of 512 B blocks, ns 2: 16 MiB of 4 KiB blocks, MDTS 5 =
 /// 128 KiB).
@@ -161,7 +169,7 @@ fn model(
         return Err("range");
     }
     let bytes = (nlb as u64) << shift;
-    if bytes > 128 << 10 {
+    if too_large(nlb, shift) {
         return Err("too large");
     }
     let ok_dir = if write {
@@ -259,7 +267,7 @@ fn model_fails_with(
     match which {
         "zero" => nlb == 0,
         "range" => slba.checked_add(nlb as u64).is_none_or(|e| e > nsze),
-        "too large" => bytes > 128 << 10,
+        "too large" => too_large(nlb, shift),
         "direction" => {
             !(if write {
                 dir.device_reads()
