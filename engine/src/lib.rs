@@ -162,6 +162,12 @@ pub use spec::NvmeStatus;
 
 pub use mcqio_vfio as vfio;
 
+/// The README's Rust blocks, compiled and run by `cargo test --doc` so the
+/// usage snippet there cannot rot (issue 16 item 17).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 /// Errors of the control path (bring-up, admin commands, queue creation,
 /// blocking I/O). The asynchronous I/O path reports through
 /// [`SubmitError`] and [`IoError`] instead.
