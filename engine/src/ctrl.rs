@@ -633,6 +633,23 @@ impl AdminQueue {
 impl Controller {
     /// Bring up the controller behind `backend` (see the module docs for
     /// the sequence).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use mcqio::{Controller, ControllerOptions, vfio::Backend};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A real controller: Arc::new(mcqio::vfio::VfioBackend::open("0000:03:00.0")?).
+    /// let backend: Arc<dyn Backend> = mcqio_fixtures::FakeController::new(Default::default())?;
+    /// let ctrl = Controller::new(backend, ControllerOptions::default())?;
+    /// for ns in ctrl.namespaces() {
+    ///     println!("namespace {}: {} blocks of {} B", ns.id, ns.nsze, ns.lba_size);
+    /// }
+    /// assert_eq!(ctrl.namespace(1).map(|ns| ns.lba_size), Some(512));
+    /// assert!(ctrl.granted_io_queues() >= 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(backend: Arc<dyn Backend>, opts: ControllerOptions) -> Result<Arc<Controller>> {
         if !(2..=4096).contains(&opts.admin_queue_entries) {
             return Err(Error::InvalidOption(format!(
