@@ -633,6 +633,23 @@ impl AdminQueue {
 impl Controller {
     /// Bring up the controller behind `backend` (see the module docs for
     /// the sequence).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use mcqio::{Controller, ControllerOptions, vfio::Backend};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A real controller: Arc::new(mcqio::vfio::VfioBackend::open("0000:03:00.0")?).
+    /// let backend: Arc<dyn Backend> = mcqio_fixtures::FakeController::new(Default::default())?;
+    /// let ctrl = Controller::new(backend, ControllerOptions::default())?;
+    /// for ns in ctrl.namespaces() {
+    ///     println!("namespace {}: {} blocks of {} B", ns.id, ns.nsze, ns.lba_size);
+    /// }
+    /// assert_eq!(ctrl.namespace(1).map(|ns| ns.lba_size), Some(512));
+    /// assert!(ctrl.granted_io_queues() >= 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(backend: Arc<dyn Backend>, opts: ControllerOptions) -> Result<Arc<Controller>> {
         if !(2..=4096).contains(&opts.admin_queue_entries) {
             return Err(Error::InvalidOption(format!(
@@ -1335,18 +1352,43 @@ impl Controller {
         self.admin.lock().unwrap_or_else(|p| p.into_inner()).aers as usize
     }
 
-    /// Create an I/O queue pair for [`DmaBuf`] buffers.
+    /// Create an I/O queue pair for [`DmaBuf`] buffers. `opts.mapping`
+    /// must be [`MappingMode::Premapped`](crate::MappingMode::Premapped):
+    /// strict and lazy modes take application buffers, through
+    /// [`Controller::create_mapped_qpair`].
     pub fn create_qpair(self: &Arc<Self>, opts: QpairOptions) -> Result<QueuePair<DmaBuf>> {
+        Self::premapped_only(&opts)?;
         QueuePair::create(self, &opts)
     }
 
     /// Create an I/O queue pair moving buffers of type `B` (e.g.
     /// `Vec<DmaBuf>` for vectored I/O, or a mapping layer's buffer type).
+    /// `opts.mapping` must be premapped, as for [`Controller::create_qpair`].
     pub fn create_qpair_for<B: IoBuf>(
         self: &Arc<Self>,
         opts: QpairOptions,
     ) -> Result<QueuePair<B>> {
+        Self::premapped_only(&opts)?;
         QueuePair::create(self, &opts)
+    }
+
+    /// Create a queue pair for application buffers
+    /// ([`AppBuffer`](mcqio_vfio::AppBuffer)) mapped per I/O in the strict
+    /// or lazy mode `opts.mapping` names; see [`crate::mapped`].
+    pub fn create_mapped_qpair(
+        self: &Arc<Self>,
+        opts: QpairOptions,
+    ) -> Result<crate::MappedQueuePair> {
+        crate::MappedQueuePair::create(self, &opts)
+    }
+
+    fn premapped_only(opts: &QpairOptions) -> Result<()> {
+        match opts.mapping {
+            crate::MappingMode::Premapped => Ok(()),
+            ref m => Err(Error::InvalidOption(format!(
+                "mapping {m:?} maps application buffers per I/O: create the queue pair with Controller::create_mapped_qpair"
+            ))),
+        }
     }
 
     pub(crate) fn alloc_qid(&self) -> Result<u16> {

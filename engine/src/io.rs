@@ -177,6 +177,36 @@ impl DmaBuf {
 
     /// Cut into consecutive buffers of `size` bytes (the last one may be
     /// shorter). `size` must not be zero.
+    ///
+    /// One allocation (one IOMMU mapping) cut into per-request buffers,
+    /// each of which then travels through a queue pair on its own:
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use mcqio::{Controller, ControllerOptions, QpairOptions, vfio::{Backend, DmaDir}};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend: Arc<dyn Backend> = mcqio_fixtures::FakeController::new(Default::default())?;
+    /// let ctrl = Controller::new(backend, ControllerOptions::default())?;
+    /// let bufs = ctrl.alloc_buf(4 * 4096 + 512, DmaDir::Bidirectional)?.chunks(4096)?;
+    /// let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+    /// assert_eq!(lens, [4096, 4096, 4096, 4096, 512]);
+    ///
+    /// let mut qp = ctrl.create_qpair(QpairOptions::default())?;
+    /// for (i, b) in bufs.into_iter().enumerate() {
+    ///     let nlb = (b.len() / 512) as u32;
+    ///     qp.read(1, 8 * i as u64, nlb, b, i as u64).map_err(|e| e.kind)?;
+    /// }
+    /// qp.submit();
+    /// let mut back = Vec::new();
+    /// while back.len() < 5 {
+    ///     qp.poll(32, |c| back.push(c))?;
+    /// }
+    /// assert!(back.iter().all(|c| c.result.is_ok() && c.buf.is_some()));
+    /// assert!(ctrl.alloc_buf(4096, DmaDir::Bidirectional)?.chunks(0).is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn chunks(self, size: usize) -> Result<Vec<DmaBuf>, DmaError> {
         if size == 0 {
             return Err(DmaError::ZeroLength);

@@ -141,6 +141,7 @@
 //! - [`ctrl`]: [`Controller`] bring-up, admin queue, shutdown.
 //! - [`queue`]: [`QueuePair`]: rings, doorbells, trackers (CID = slot | generation).
 //! - [`io`]: the I/O API: [`DmaBuf`], the [`IoBuf`] trait, [`Completion`], typed errors.
+//! - [`mapped`]: [`MappedQueuePair`]: application buffers mapped per I/O (strict and lazy DMA modes).
 //! - [`mcq`]: one queue pair per core on pinned threads.
 //! - [`ufs`]: the UFS transport (UFSHCI 4.0 MCQ and legacy single doorbell): bring-up, queue pairs, UPIU/SCSI wire formats.
 
@@ -149,6 +150,7 @@
 
 pub mod ctrl;
 pub mod io;
+pub mod mapped;
 pub mod mcq;
 pub mod queue;
 pub mod spec;
@@ -156,12 +158,19 @@ pub mod ufs;
 
 pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace, TimeoutPolicy};
 pub use io::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind};
+pub use mapped::{MappedQueuePair, MappedSubmitError, MappedSubmitErrorKind, MappingMode};
 pub use mcq::run_per_core;
 pub use queue::{Outstanding, QpairOptions, QpairStats, QueuePair};
 pub use spec::NvmeStatus;
 pub use ufs::{UfsController, UfsCtrlError, UfsError, UfsOptions, UfsQueuePair};
 
 pub use mcqio_vfio as vfio;
+
+/// The README's Rust blocks, compiled and run by `cargo test --doc` so the
+/// usage snippet there cannot rot (issue 16 item 17).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
 
 /// Errors of the control path (bring-up, admin commands, queue creation,
 /// blocking I/O). The asynchronous I/O path reports through
@@ -255,6 +264,11 @@ pub enum Error {
     /// A blocking call's command completed with an error.
     #[error("I/O failed: {0}")]
     Io(#[from] IoError),
+    /// Unmapping an application buffer failed ([`MappedQueuePair`]): the
+    /// buffer is leaked (its completion comes without it) so the device
+    /// cannot reach memory that is reused.
+    #[error("DMA unmap failed, buffer leaked: {0}")]
+    Mapping(#[source] mcqio_vfio::MapError),
     /// A worker thread of [`run_per_core`] panicked.
     #[error("worker thread {0} panicked")]
     WorkerPanicked(usize),

@@ -16,6 +16,35 @@ use crate::{Error, Result};
 
 /// Run `f(index, &mut queue_pair)` on `threads` pinned threads, one queue
 /// pair each, and return the results in index order.
+///
+/// ```
+/// use std::sync::Arc;
+/// use mcqio::{run_per_core, Controller, ControllerOptions, QpairOptions, vfio::Backend};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let backend: Arc<dyn Backend> = mcqio_fixtures::FakeController::new(Default::default())?;
+/// let ctrl = Controller::new(backend, ControllerOptions::default())?;
+/// let lba = ctrl.namespace(1).ok_or("no namespace 1")?.lba_size as usize;
+/// // Two threads, each writing and reading back its own block.
+/// let results = run_per_core(&ctrl, 2, QpairOptions::default(), |i, qp| {
+///     let data = vec![i as u8 + 1; lba];
+///     qp.write_blocking(1, i as u64, &data)?;
+///     let mut back = vec![0; lba];
+///     qp.read_blocking(1, i as u64, &mut back)?;
+///     Ok::<bool, mcqio::Error>(back == data)
+/// })?;
+/// for r in results {
+///     assert!(r?);
+/// }
+/// // More threads than granted queues is refused up front.
+/// let too_many = ctrl.granted_io_queues() + 1;
+/// assert!(matches!(
+///     run_per_core(&ctrl, too_many, QpairOptions::default(), |_, _| ()),
+///     Err(mcqio::Error::NotEnoughQueues { .. })
+/// ));
+/// # Ok(())
+/// # }
+/// ```
 pub fn run_per_core<R, F>(
     ctrl: &Arc<Controller>,
     threads: usize,

@@ -24,9 +24,10 @@ use std::io;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
 
+use memmap2::{MmapOptions, MmapRaw};
+
 use crate::backend::Mmio;
 use crate::barrier;
-use crate::sys;
 
 /// A rejected register access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -64,25 +65,24 @@ pub enum BarBacking {
 }
 
 /// A mapped device region; unmapped on drop.
+///
+/// The mapping is a [`MmapRaw`]: memmap2 makes the `mmap` and `munmap`
+/// calls, and only ever gives out raw pointers, so no Rust reference is
+/// formed over MMIO memory (a reference would let the compiler assume
+/// nothing else changes the bytes, which the device does). `Send` and
+/// `Sync` come from `MmapRaw`: `&Bar` allows nothing but volatile loads and
+/// stores of whole, aligned registers and raw pointers, which is how MMIO
+/// registers are accessed from any thread.
 pub struct Bar {
-    ptr: NonNull<u8>,
+    map: MmapRaw,
     len: usize,
     backing: BarBacking,
 }
 
-// SAFETY: `Bar` owns its mapping and only hands out raw pointers or values
-// copied with volatile accesses; MMIO registers are meant to be accessed from
-// any thread, and the memory stand-in is only touched through the same
-// volatile, naturally aligned 32-bit accesses.
-unsafe impl Send for Bar {}
-// SAFETY: see `Send`; `&Bar` allows nothing but volatile loads/stores of
-// whole, aligned registers and raw pointers.
-unsafe impl Sync for Bar {}
-
 impl std::fmt::Debug for Bar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Bar")
-            .field("ptr", &self.ptr)
+            .field("ptr", &self.ptr())
             .field("len", &format_args!("{:#x}", self.len))
             .field("backing", &self.backing)
             .finish()
@@ -99,38 +99,37 @@ impl Bar {
                 "zero-length region",
             ));
         }
-        let ptr = sys::mmap_shared(fd, offset, len)?;
+        // Shared, read+write (memmap2's raw mapping); never MAP_POPULATE:
+        // touching MMIO pages ahead of time would read device registers.
+        let map = MmapOptions::new().offset(offset).len(len).map_raw(fd)?;
+        Self::new(map, BarBacking::Device { region })
+    }
+
+    fn new(map: MmapRaw, backing: BarBacking) -> io::Result<Self> {
+        if map.as_mut_ptr().is_null() {
+            return Err(io::Error::other("mmap returned null"));
+        }
         Ok(Self {
-            ptr,
-            len,
-            backing: BarBacking::Device { region },
+            len: map.len(),
+            map,
+            backing,
         })
+    }
+
+    /// Byte 0 of the mapping (non-null: checked in `new`; fixed for the
+    /// mapping's life).
+    #[inline]
+    fn ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
     }
 
     /// A memory-backed stand-in of `len` bytes (rounded up to whole pages),
     /// zero-filled. Behaves like a BAR for every access method.
     pub fn anonymous(len: usize) -> io::Result<Self> {
         let len = len.max(1).div_ceil(crate::PAGE_SIZE) * crate::PAGE_SIZE;
-        // SAFETY: a private anonymous mapping with a null hint has no
-        // preconditions; the result is checked against MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Self {
-            ptr: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?,
-            len,
-            backing: BarBacking::Memory,
-        })
+        // Straight into a MmapRaw: the MmapMut's slice view is never used.
+        let map = MmapRaw::from(MmapOptions::new().len(len).map_anon()?);
+        Self::new(map, BarBacking::Memory)
     }
 
     /// What the mapping is backed by.
@@ -159,7 +158,7 @@ impl Bar {
         // SAFETY: checked in bounds and 4-aligned (the mapping is page-aligned);
         // the mapping lives as long as `self`; the accessor forms no reference.
         // `mmio_read32` orders the load before later loads (Linux `readl`).
-        Ok(unsafe { barrier::mmio_read32(self.ptr.as_ptr().add(offset).cast::<u32>()) })
+        Ok(unsafe { barrier::mmio_read32(self.ptr().add(offset).cast::<u32>()) })
     }
 
     /// Write the 32-bit register at `offset`, or say why not.
@@ -169,7 +168,7 @@ impl Bar {
         // SAFETY: as in `try_read32`. `mmio_write32` orders every earlier
         // memory access (queue memory a register describes) before the store
         // (Linux `writel`).
-        unsafe { barrier::mmio_write32(self.ptr.as_ptr().add(offset).cast::<u32>(), value) };
+        unsafe { barrier::mmio_write32(self.ptr().add(offset).cast::<u32>(), value) };
         Ok(())
     }
 
@@ -198,7 +197,7 @@ impl Bar {
         self.check(offset, 4)?;
         // SAFETY: in bounds of the mapping (checked), so the pointer stays
         // inside the same allocation and is non-null.
-        Ok(unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(offset).cast::<u32>()) })
+        Ok(unsafe { NonNull::new_unchecked(self.ptr().add(offset).cast::<u32>()) })
     }
 }
 
@@ -215,7 +214,9 @@ impl Mmio for Bar {
     }
 
     fn base(&self) -> NonNull<u8> {
-        self.ptr
+        // SAFETY: `new` refused a null mapping, and the address of a live
+        // mapping does not change.
+        unsafe { NonNull::new_unchecked(self.ptr()) }
     }
 
     fn len(&self) -> usize {
@@ -223,18 +224,8 @@ impl Mmio for Bar {
     }
 }
 
-impl Drop for Bar {
-    fn drop(&mut self) {
-        // SAFETY: `ptr..+len` is the mapping this value created and owns;
-        // doorbell pointers must not outlive the Bar (documented).
-        if unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) } != 0 {
-            log::error!(
-                "munmap of BAR mapping failed: {}",
-                io::Error::last_os_error()
-            );
-        }
-    }
-}
+// Drop: `MmapRaw` unmaps; doorbell pointers must not outlive the Bar
+// (documented at `Bar::doorbell`).
 
 #[cfg(test)]
 mod tests {
@@ -299,6 +290,39 @@ mod tests {
     fn mmio_trait_panics_on_driver_bug() {
         let bar = Bar::anonymous(0x1000).unwrap();
         bar.write32(0x1000, 1);
+    }
+
+    /// A device region is a shared mapping of the fd at the region's
+    /// offset: stores reach the file, loads see it (a regular file stands
+    /// in for the VFIO device fd).
+    #[test]
+    fn device_mapping_is_shared_at_the_region_offset() {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        use std::os::fd::AsRawFd;
+        let path = std::env::temp_dir().join(format!("mcqio-bar-test-{}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let _ = std::fs::remove_file(&path);
+        let mut page = vec![0u8; 3 * 0x1000];
+        page[0x1000..0x1004].copy_from_slice(&0x1234_5678u32.to_le_bytes());
+        f.write_all(&page).unwrap();
+        let bar = Bar::map_device(f.as_raw_fd(), 0, 0x1000, 0x2000).unwrap();
+        assert_eq!(bar.backing(), BarBacking::Device { region: 0 });
+        assert_eq!(bar.len(), 0x2000);
+        assert_eq!(bar.read32(0), 0x1234_5678);
+        bar.write32(0x1ffc, 0xfeed_f00d);
+        assert!(bar.try_read32(0x2000).is_err());
+        drop(bar);
+        let mut back = [0u8; 4];
+        f.seek(SeekFrom::Start(0x2ffc)).unwrap();
+        f.read_exact(&mut back).unwrap();
+        assert_eq!(u32::from_le_bytes(back), 0xfeed_f00d);
+        assert!(Bar::map_device(f.as_raw_fd(), 0, 0, 0).is_err());
     }
 
     #[test]

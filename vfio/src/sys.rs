@@ -6,7 +6,7 @@
 //!   read+write), and `VFIO_IOMMU_UNMAP_DMA` returning the unmapped size so a
 //!   coalesced unmap of many mappings can be checked.
 //! - `pread`/`pwrite` on the device fd for config space (`vfio-ioctls`'
-//!   `region_read` swallows errors), and `mmap` of a region.
+//!   `region_read` swallows errors); the BAR mapping itself is memmap2's (bar.rs).
 //!
 //! Each call is one small `unsafe` block returning `io::Result`. The parser of
 //! the capability chain is safe code over bytes and is unit-tested with
@@ -270,26 +270,6 @@ pub fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// `mmap` `len` bytes of fd at `offset`, shared, read+write.
-pub fn mmap_shared(fd: RawFd, offset: u64, len: usize) -> io::Result<NonNull<u8>> {
-    // SAFETY: a fresh mapping with a null hint (no MAP_FIXED) cannot alias
-    // anything; the result is checked against MAP_FAILED.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            offset as libc::off_t,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
 }
 
 #[cfg(test)]

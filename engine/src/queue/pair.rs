@@ -78,6 +78,11 @@ pub struct QpairOptions {
     pub io_timeout: Option<Duration>,
     /// What a timeout does; see [`TimeoutPolicy`].
     pub timeout_policy: TimeoutPolicy,
+    /// How buffers get their device addresses: premapped [`DmaBuf`]s
+    /// ([`Controller::create_qpair`], the default) or application buffers
+    /// mapped per I/O in strict or lazy mode
+    /// ([`Controller::create_mapped_qpair`]); see [`crate::mapped`].
+    pub mapping: crate::MappingMode,
 }
 
 impl Default for QpairOptions {
@@ -88,6 +93,7 @@ impl Default for QpairOptions {
             blocking_timeout: Duration::from_secs(30),
             io_timeout: Some(Duration::from_secs(30)),
             timeout_policy: TimeoutPolicy::Abort,
+            mapping: crate::MappingMode::Premapped,
         }
     }
 }
