@@ -87,7 +87,8 @@ pub use bar::{Bar, BarAccessError, BarBacking};
 pub use container::VfioIommu;
 pub use device::{precheck, DeviceInfo, OpenOptions, VfioBackend, DEFAULT_DMA_BUDGET};
 pub use dma::{
-    DmaError, DmaRegion, DmaSpace, HugePages, PageKind, PlainData, HUGE_PAGE_SIZE, PAGE_SIZE,
+    host_page_size, DmaError, DmaRegion, DmaSpace, HugePages, PageKind, PlainData, HUGE_PAGE_SIZE,
+    PAGE_SIZE,
 };
 pub use doctor::{doctor, Check, CheckStatus, DoctorOptions, DoctorReport};
 pub use error::{GroupBlocker, Result, VfioError};

@@ -268,10 +268,10 @@ impl DmaMapper for LazyMapper {
         } else {
             Some(buf)
         };
-        self.stats.queued_bytes += m.len() as u64;
+        self.stats.queued_bytes += m.map_len;
         self.queue.push(Entry {
-            iova: m.iova(),
-            len: m.len() as u64,
+            iova: m.map_iova,
+            len: m.map_len,
             tag,
             buf,
         });
