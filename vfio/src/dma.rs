@@ -270,10 +270,18 @@ impl HostMemory {
         );
         let base = map.as_mut_ptr();
         let offset = align.wrapping_sub(base as usize) & (align - 1);
-        debug_assert!(offset <= slack, "mmap returned memory off the host page");
-        // SAFETY: `offset <= slack` (the mapping starts on a host page, so the
-        // next `align` boundary is at most `align - host page` bytes on), so
-        // `base + offset .. + len` lies inside the `total`-byte mapping.
+        if offset > slack {
+            // The kernel placed base pages off the host page, or huge pages
+            // off their size: never seen, but the slice below needs it.
+            return Err(DmaError::Alloc {
+                len: total,
+                source: std::io::Error::other(format!(
+                    "mmap returned {base:p}, which cannot be aligned to {align:#x} within the mapping"
+                )),
+            });
+        }
+        // SAFETY: `offset <= slack` (checked above), so `base + offset .. +
+        // len` lies inside the `total = len + slack`-byte mapping.
         let p = unsafe { base.add(offset) };
         let mem = HostMemory {
             ptr: NonNull::new(p).ok_or_else(|| DmaError::Alloc {

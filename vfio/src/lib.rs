@@ -30,7 +30,8 @@
 //!    and `RLIMIT_MEMLOCK` must cover the DMA memory
 //!    ([`memlock_needed`]; root has `CAP_IPC_LOCK` and no limit).
 //! 4. Optional: 2 MiB huge pages (`echo 512 > /proc/sys/vm/nr_hugepages`)
-//!    make DMA regions cheaper to pin and map; 4 KiB pages are used otherwise.
+//!    make DMA regions cheaper to pin and map; the host's base pages are used
+//!    otherwise (see [`dma`] for host page, IOMMU granule and controller page).
 //! 5. [`VfioBackend::open`]`("0000:01:00.0")` and hand the backend to the
 //!    engine. If anything is missing, the error says what to do, and
 //!    [`doctor()`] (`mcqio-perf doctor <BDF>`) checks everything at once.
