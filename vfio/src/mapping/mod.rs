@@ -419,11 +419,11 @@ pub(crate) enum MapKind {
 #[must_use = "a Mapped must be released to its mapper, or its buffer is leaked"]
 pub struct Mapped {
     pub(crate) iova: Iova,
+    /// Bytes from `iova` the device may use. The IOMMU mapping behind a
+    /// window mapping covers the whole granules of `buf`'s first `len`
+    /// bytes; `release` recomputes that range from the buffer rather than
+    /// storing it (this value moves through the queue on every I/O).
     pub(crate) len: usize,
-    /// The IOMMU mapping behind it (whole granules, starting at or before
-    /// `iova`); what `release` unmaps. Unused for [`MapKind::Premapped`].
-    pub(crate) map_iova: Iova,
-    pub(crate) map_len: u64,
     pub(crate) transfer_len: usize,
     pub(crate) dir: DmaDir,
     pub(crate) tag: u64,
@@ -501,6 +501,13 @@ impl Mapped {
 
     pub(crate) fn mapper(&self) -> u32 {
         self.mapper
+    }
+
+    /// Host address of the buffer's byte 0 and the memory it owns.
+    pub(crate) fn host(&self) -> Option<(usize, (usize, usize))> {
+        self.buf
+            .as_ref()
+            .map(|b| (b.as_ptr().as_ptr() as usize, b.owned()))
     }
 
     /// Take the buffer out, disarming the leak-on-drop.

@@ -330,8 +330,6 @@ pub(crate) fn map_pool_buf(
     Ok(Mapped {
         iova: buf.iova(),
         len,
-        map_iova: buf.iova(),
-        map_len: 0,
         transfer_len,
         dir,
         tag,

@@ -63,14 +63,12 @@ pub(crate) fn map_app(
         Err(error) => return Err(MapFailed { error, buf }),
     };
     match win.map(&buf, len, dir) {
-        Ok((iova, map_iova, map_len)) => {
+        Ok((iova, map_len)) => {
             stats.maps += 1;
             stats.pin(map_len);
             Ok(Mapped {
                 iova,
                 len,
-                map_iova,
-                map_len,
                 transfer_len,
                 dir,
                 tag,
@@ -110,7 +108,7 @@ impl DmaMapper for StrictMapper {
         }
         let tag = m.tag();
         if m.kind() == MapKind::Window {
-            let (iova, len) = (m.map_iova, m.map_len);
+            let (iova, len) = self.win.mapping_of(&m)?;
             if let Err(e) = self.win.space().iommu().unmap(iova, len) {
                 // The device may still reach the buffer: `m` leaks it on drop.
                 return Err(e.into());

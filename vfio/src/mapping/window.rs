@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::{IoBuffer, MapError};
+use super::{IoBuffer, MapError, Mapped};
 use crate::dma::DmaSpace;
 use crate::iommu::DmaDir;
 use crate::iova::{Iova, IovaAllocator, IovaError, IovaRange};
@@ -54,13 +54,13 @@ impl IovaWindow {
     /// Map the granules the first `len` bytes of `buf` touch at a fresh
     /// range of the window. Returns the device address of `buf`'s byte 0
     /// (the range's start plus `buf`'s offset in its first granule) and the
-    /// mapped range `(start, length)`, which is what must be unmapped.
+    /// mapped length; [`IovaWindow::mapping_of`] gives the range to unmap.
     pub(crate) fn map(
         &mut self,
         buf: &IoBuffer,
         len: usize,
         dir: DmaDir,
-    ) -> Result<(Iova, Iova, u64), MapError> {
+    ) -> Result<(Iova, u64), MapError> {
         let ptr = buf.as_ptr().as_ptr() as usize;
         let Some((host, span)) = granule_span(ptr, len, buf.owned(), self.page) else {
             return Err(MapError::SharedGranule {
@@ -103,7 +103,25 @@ impl IovaWindow {
             return Err(e.into());
         }
         self.live += span as u64;
-        Ok((iova.add(offset as u64), iova, span as u64))
+        Ok((iova.add(offset as u64), span as u64))
+    }
+
+    /// The IOMMU mapping behind `m` (made by [`IovaWindow::map`]):
+    /// `(start, length)`, recomputed from its buffer exactly as `map`
+    /// computed it. An error (cannot happen for a mapping of this window)
+    /// leaves the buffer in `m`, which leaks it on drop.
+    pub(crate) fn mapping_of(&self, m: &Mapped) -> Result<(Iova, u64), MapError> {
+        let (ptr, owned) = m
+            .host()
+            .ok_or(MapError::ForeignMapping { iova: m.iova() })?;
+        let (host, span) = granule_span(ptr, m.len(), owned, self.page)
+            .ok_or(MapError::ForeignMapping { iova: m.iova() })?;
+        let start = m
+            .iova()
+            .raw()
+            .checked_sub((ptr - host) as u64)
+            .ok_or(MapError::ForeignMapping { iova: m.iova() })?;
+        Ok((Iova(start), span as u64))
     }
 
     /// Return `[iova, iova+len)` (one or more whole, unmapped mappings).
