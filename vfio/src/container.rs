@@ -262,7 +262,8 @@ unsafe impl Iommu for VfioIommu {
     fn min_page_size(&self) -> usize {
         match self.pgsizes {
             Some(p) if p != 0 => 1usize << p.trailing_zeros(),
-            _ => crate::PAGE_SIZE,
+            // Not reported: type1 never maps below the host page.
+            _ => crate::host_page_size(),
         }
     }
 

@@ -162,9 +162,13 @@ pub unsafe trait Iommu: Send + Sync {
     /// The IOVA windows the device may use (holes such as the MSI window excluded).
     fn valid_ranges(&self) -> Vec<IovaRange>;
 
-    /// The smallest page the IOMMU maps (the granule of `map`/`unmap`).
+    /// The smallest page the IOMMU maps (the granule of `map`/`unmap`): a
+    /// map or unmap must cover a multiple of it, at an IOVA and host address
+    /// aligned to it. The default is the host page ([`crate::host_page_size`]),
+    /// which VFIO type1 never goes below; an arm64 SMMU may report more
+    /// (64 KiB). [`crate::DmaSpace`] rounds to the larger of the two.
     fn min_page_size(&self) -> usize {
-        4096
+        crate::host_page_size()
     }
 
     /// Counters for maps, unmaps and invalidations.

@@ -30,7 +30,8 @@
 //!    and `RLIMIT_MEMLOCK` must cover the DMA memory
 //!    ([`memlock_needed`]; root has `CAP_IPC_LOCK` and no limit).
 //! 4. Optional: 2 MiB huge pages (`echo 512 > /proc/sys/vm/nr_hugepages`)
-//!    make DMA regions cheaper to pin and map; 4 KiB pages are used otherwise.
+//!    make DMA regions cheaper to pin and map; the host's base pages are used
+//!    otherwise (see [`dma`] for host page, IOMMU granule and controller page).
 //! 5. [`VfioBackend::open`]`("0000:01:00.0")` and hand the backend to the
 //!    engine. If anything is missing, the error says what to do, and
 //!    [`doctor()`] (`mcqio-perf doctor <BDF>`) checks everything at once.
@@ -87,7 +88,8 @@ pub use bar::{Bar, BarAccessError, BarBacking};
 pub use container::VfioIommu;
 pub use device::{precheck, DeviceInfo, OpenOptions, VfioBackend, DEFAULT_DMA_BUDGET};
 pub use dma::{
-    DmaError, DmaRegion, DmaSpace, HugePages, PageKind, PlainData, HUGE_PAGE_SIZE, PAGE_SIZE,
+    host_page_size, DmaError, DmaRegion, DmaSpace, HugePages, PageKind, PlainData, HUGE_PAGE_SIZE,
+    PAGE_SIZE,
 };
 pub use doctor::{doctor, Check, CheckStatus, DoctorOptions, DoctorReport};
 pub use error::{GroupBlocker, Result, VfioError};

@@ -420,7 +420,7 @@ impl<B: IoBuf> QueuePair<B> {
         let space = Arc::clone(ctrl.dma());
         let max_xfer = ctrl.max_transfer();
         let prp_pages = prp_pages_per_slot(ctrl, max_xfer).map_err(none_left)?;
-        let prp_bytes = prp_region_len(opts.depth, prp_pages, space.iommu().min_page_size())
+        let prp_bytes = prp_region_len(opts.depth, prp_pages, space.granule())
             .ok_or_else(|| {
                 Error::InvalidOption(format!(
                     "{} PRP list pages for each of {} commands do not fit in memory",
@@ -1748,10 +1748,12 @@ fn prp_pages_per_slot(ctrl: &Controller, max_xfer: u64) -> Result<usize> {
 }
 
 /// Bytes of a queue's PRP-list region: `prp_pages` controller pages per
-/// slot, rounded up to whole IOMMU pages (the granule of every map and
-/// unmap; a 64 KiB-granule IOMMU refuses a 4 KiB mapping).
-fn prp_region_len(depth: u16, prp_pages: usize, iommu_page: usize) -> Option<usize> {
-    let granule = iommu_page.max(PAGE_SIZE as usize);
+/// slot, rounded up to whole granules of the DMA space (the largest of the
+/// host page and the IOMMU page: the unit of every allocation, map and
+/// unmap; a 64 KiB-granule IOMMU refuses a 4 KiB mapping). List entries and
+/// list pages stay 4 KiB controller pages whatever the granule.
+fn prp_region_len(depth: u16, prp_pages: usize, granule: usize) -> Option<usize> {
+    let granule = granule.max(PAGE_SIZE as usize);
     (depth as usize)
         .checked_mul(prp_pages)?
         .checked_mul(PAGE_SIZE as usize)?

@@ -486,7 +486,7 @@ impl MapperLane {
                 .collect::<Result<_, _>>()
                 .map_err(ctx("taking pool buffers"))?,
             None => (0..count)
-                .map(|_| AppBuffer::new(size).map(IoBuffer::App))
+                .map(|_| AppBuffer::for_space(ctrl.dma(), size).map(IoBuffer::App))
                 .collect::<Result<_, _>>()
                 .map_err(ctx("allocating application buffers"))?,
         };

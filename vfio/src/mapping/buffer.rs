@@ -8,6 +8,15 @@ use crate::dma::{DmaError, HostMemory, HugePages};
 /// allocation and locked with `mlock` (unless the IOMMU pins mapped pages
 /// itself, see [`AppBuffer::for_space`]) so it stays resident.
 ///
+/// An IOMMU maps whole granules ([`DmaSpace::granule`](crate::DmaSpace::granule)),
+/// so a mapper maps every granule the transfer touches. It refuses
+/// ([`MapError::SharedGranule`](crate::MapError::SharedGranule)) when one of
+/// those granules holds memory the buffer does not own: that memory could be
+/// another buffer's, which the device could then reach. [`AppBuffer::for_space`]
+/// allocates whole granules, so its buffers are always accepted;
+/// [`AppBuffer::new`] allocates host pages, which suffices whenever the
+/// IOMMU granule is not larger than the host page (the usual case).
+///
 /// A strict or lazy mapper takes the buffer by value for the duration of an
 /// I/O and hands it back only after the IOMMU mapping is gone, so whoever
 /// holds an `AppBuffer` holds memory the device cannot reach: that is why,
@@ -31,28 +40,44 @@ impl std::fmt::Debug for AppBuffer {
 }
 
 impl AppBuffer {
-    /// Allocate `len` bytes (rounded up to 4 KiB), zeroed, populated and locked.
+    /// Allocate `len` bytes (rounded up to the host page,
+    /// [`host_page_size`](crate::host_page_size)), zeroed, populated and locked.
     pub fn new(len: usize) -> Result<Self, DmaError> {
         Self::with_lock(len, true)
     }
 
-    /// A buffer for mapping into `space`: locked with `mlock` only when the
-    /// IOMMU does not pin mapped pages itself. VFIO type1 pins and charges
+    /// A buffer for mapping into `space`: whole [granules](crate::DmaSpace::granule)
+    /// of it (`len` rounded up, granule-aligned), so no other memory shares
+    /// an IOMMU page with it; locked with `mlock` only when the IOMMU does
+    /// not pin mapped pages itself. VFIO type1 pins and charges
     /// `RLIMIT_MEMLOCK` at map time, so an `mlock` on top would count every
     /// byte twice against the limit of a non-root process.
     pub fn for_space(space: &crate::DmaSpace, len: usize) -> Result<Self, DmaError> {
-        Self::with_lock(len, !space.iommu().pins_pages())
-    }
-
-    /// Allocate `len` bytes (rounded up to 4 KiB, always base pages), zeroed
-    /// and populated; `mlock`ed when `lock` is true.
-    pub fn with_lock(len: usize, lock: bool) -> Result<Self, DmaError> {
         Ok(Self {
-            mem: HostMemory::new(len, HugePages::Never, lock)?,
+            mem: HostMemory::new(
+                len,
+                HugePages::Never,
+                !space.iommu().pins_pages(),
+                space.granule(),
+            )?,
         })
     }
 
-    /// Length in bytes (a multiple of 4 KiB).
+    /// Allocate `len` bytes (rounded up to the host page, always base
+    /// pages), zeroed and populated; `mlock`ed when `lock` is true.
+    pub fn with_lock(len: usize, lock: bool) -> Result<Self, DmaError> {
+        Ok(Self {
+            mem: HostMemory::new(len, HugePages::Never, lock, crate::host_page_size())?,
+        })
+    }
+
+    /// The memory this buffer owns, `(start address, length)`: its bytes
+    /// plus any alignment slack around them (never shared with anything).
+    pub(crate) fn owned(&self) -> (usize, usize) {
+        self.mem.owned()
+    }
+
+    /// Length in bytes (a multiple of the page size it was allocated with).
     #[inline]
     pub fn len(&self) -> usize {
         self.mem.len()
@@ -64,7 +89,7 @@ impl AppBuffer {
         false
     }
 
-    /// Host address of byte 0 (4 KiB aligned).
+    /// Host address of byte 0 (aligned to the page size it was allocated with).
     #[inline]
     pub fn as_ptr(&self) -> NonNull<u8> {
         self.mem.ptr()

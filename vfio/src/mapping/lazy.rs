@@ -257,21 +257,25 @@ impl DmaMapper for LazyMapper {
         }
         out.append(&mut self.ready);
         let tag = m.tag();
-        let buf = m.take_buf();
         if m.kind() == MapKind::Premapped {
-            out.push(Returned { tag, buf });
+            out.push(Returned {
+                tag,
+                buf: m.take_buf(),
+            });
             return Ok(());
         }
+        let (map_iova, map_len) = self.win.mapping_of(&m)?;
+        let buf = m.take_buf();
         let buf = if self.release_before_flush {
             out.push(Returned { tag, buf });
             None
         } else {
             Some(buf)
         };
-        self.stats.queued_bytes += m.len() as u64;
+        self.stats.queued_bytes += map_len;
         self.queue.push(Entry {
-            iova: m.iova(),
-            len: m.len() as u64,
+            iova: map_iova,
+            len: map_len,
             tag,
             buf,
         });

@@ -24,8 +24,9 @@
 //! 1. **Submit.** `let m = mapper.map(buf, len, dir, tag)?` takes ownership of
 //!    the application buffer and returns a [`Mapped`]: [`Mapped::iova`] is the
 //!    device address of byte 0, contiguous for [`Mapped::len`] bytes (a
-//!    multiple of [`PAGE_SIZE`](crate::PAGE_SIZE)), so PRP entry `i` is
-//!    `m.iova().add(i * 4096)`. `len` is the transfer length (at most the
+//!    multiple of the controller page [`PAGE_SIZE`](crate::PAGE_SIZE)), so
+//!    PRP entry `i` is `m.iova().add(i * PAGE_SIZE)` whatever the host page
+//!    or IOMMU granule (see [Page sizes](#page-sizes)). `len` is the transfer length (at most the
 //!    buffer's length; [`Mapped::transfer_len`]); `dir` is the data direction
 //!    (`FromDevice` for a read command); `tag` is the engine's cookie (command
 //!    id or request slot), given back with the buffer. On failure the buffer
@@ -108,6 +109,28 @@
 //! roughly in-order completion a full batch is one range: one
 //! `VFIO_IOMMU_UNMAP_DMA` for up to 512 mappings, one IOTLB sync. An I/O still
 //! in flight in the middle of a batch splits it into two ranges.
+//!
+//! # Page sizes
+//!
+//! The IOMMU maps whole granules ([`DmaSpace::granule`](crate::DmaSpace::granule):
+//! the largest of the host page, the IOMMU's smallest page and the 4 KiB
+//! controller page). A strict or lazy mapper maps every granule the
+//! transfer touches, from the granule holding byte 0 to the one holding the
+//! last byte, and hands the device the IOVA of byte 0 inside that range (the
+//! buffer's offset within its first granule is kept); the unmap covers the
+//! same granules. Pool buffers live in a region mapped whole, so they only
+//! need to start on a controller page.
+//!
+//! Two application buffers sharing a granule are **refused**, not
+//! reference-counted: mapping a granule that holds memory the buffer does
+//! not own ([`AppBuffer`] owns its allocation and nothing else) fails with
+//! [`MapError::SharedGranule`] and hands the buffer back. Mapping it anyway
+//! would let the device reach the neighbour's bytes (which its owner may be
+//! writing through a `&mut [u8]`), and on VFIO would pin memory we do not
+//! own, or fail if nothing is mapped there. [`AppBuffer::for_space`]
+//! allocates whole granules, so its buffers never hit this; with a host
+//! page at least as large as the IOMMU granule (every common setup), no
+//! buffer does.
 //!
 //! # Limits of a real VFIO container
 //!
@@ -273,6 +296,17 @@ pub enum MapError {
         /// Size of each.
         buf_size: usize,
     },
+    /// The transfer touches an IOMMU granule that holds memory the buffer
+    /// does not own (module docs, "Page sizes").
+    #[error("buffer at {ptr:#x} (+{len:#x} bytes) shares a {granule:#x}-byte IOMMU page with memory it does not own: allocate it with AppBuffer::for_space, which allocates whole IOMMU pages")]
+    SharedGranule {
+        /// Host address of the buffer.
+        ptr: usize,
+        /// Bytes of the transfer.
+        len: usize,
+        /// The space's granule.
+        granule: usize,
+    },
     /// A configuration value is out of range.
     #[error("invalid DMA mapper configuration: {0}")]
     Config(String),
@@ -332,6 +366,15 @@ impl IoBuffer {
         }
     }
 
+    /// The memory the buffer owns, `(start address, length)`; nothing else
+    /// shares it (see [`AppBuffer`]).
+    pub(crate) fn owned(&self) -> (usize, usize) {
+        match self {
+            IoBuffer::Pool(b) => (b.as_ptr().as_ptr() as usize, b.len()),
+            IoBuffer::App(b) => b.owned(),
+        }
+    }
+
     /// The application buffer, if this is one.
     pub fn into_app(self) -> Option<AppBuffer> {
         match self {
@@ -376,6 +419,10 @@ pub(crate) enum MapKind {
 #[must_use = "a Mapped must be released to its mapper, or its buffer is leaked"]
 pub struct Mapped {
     pub(crate) iova: Iova,
+    /// Bytes from `iova` the device may use. The IOMMU mapping behind a
+    /// window mapping covers the whole granules of `buf`'s first `len`
+    /// bytes; `release` recomputes that range from the buffer rather than
+    /// storing it (this value moves through the queue on every I/O).
     pub(crate) len: usize,
     pub(crate) transfer_len: usize,
     pub(crate) dir: DmaDir,
@@ -409,7 +456,9 @@ impl Mapped {
         self.iova
     }
 
-    /// Mapped length: the transfer length rounded up to the page size.
+    /// Length the device may use from [`iova`](Self::iova): the transfer
+    /// length rounded up to the controller page ([`PAGE_SIZE`](crate::PAGE_SIZE)).
+    /// The IOMMU mapping behind it covers whole granules and may be larger.
     #[inline]
     pub fn len(&self) -> usize {
         self.len
@@ -452,6 +501,13 @@ impl Mapped {
 
     pub(crate) fn mapper(&self) -> u32 {
         self.mapper
+    }
+
+    /// Host address of the buffer's byte 0 and the memory it owns.
+    pub(crate) fn host(&self) -> Option<(usize, (usize, usize))> {
+        self.buf
+            .as_ref()
+            .map(|b| (b.as_ptr().as_ptr() as usize, b.owned()))
     }
 
     /// Take the buffer out, disarming the leak-on-drop.
@@ -590,7 +646,8 @@ pub(crate) fn next_mapper_id() -> u32 {
     NEXT_MAPPER_ID.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Check a transfer length against a buffer and round it up to `page`.
+/// Check a transfer length against a buffer and round it up to `page` (the
+/// controller page: what the device may touch through PRP entries).
 pub(crate) fn mapped_len(buf_len: usize, len: usize, page: usize) -> Result<usize, MapError> {
     if len == 0 || len > buf_len {
         return Err(MapError::BadLength { len, buf_len });

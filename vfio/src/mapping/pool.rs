@@ -26,7 +26,9 @@ use crate::iova::Iova;
 /// Geometry of a [`BufPool`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
-    /// Size of each buffer; a multiple of 4 KiB (the largest I/O it serves).
+    /// Size of each buffer; a multiple of the 4 KiB controller page (the
+    /// largest I/O it serves). It need not be a multiple of the host page
+    /// or IOMMU granule: the pool is one region, mapped whole.
     pub buf_size: usize,
     /// Number of buffers (at least the queue depth).
     pub count: usize,
@@ -314,6 +316,7 @@ pub(crate) fn map_pool_buf(
         });
     }
     let transfer_len = len;
+    // Controller pages: the pool's region is mapped whole already.
     let len = match mapped_len(buf.len(), len, PAGE_SIZE) {
         Ok(l) => l,
         Err(error) => {

@@ -11,7 +11,7 @@ use super::{
     mapped_len, next_mapper_id, DmaMapper, DmaMode, IoBuffer, MapError, MapFailed, MapKind, Mapped,
     MapperStats, Returned,
 };
-use crate::dma::DmaSpace;
+use crate::dma::{DmaSpace, PAGE_SIZE};
 use crate::iommu::DmaDir;
 
 /// Strict mode: every I/O costs one map, one unmap and one IOTLB
@@ -56,14 +56,16 @@ pub(crate) fn map_app(
     stats: &mut MapperStats,
 ) -> Result<Mapped, MapFailed> {
     let transfer_len = len;
-    let len = match mapped_len(buf.len(), len, win.page()) {
+    // The device may use whole controller pages from byte 0; the IOMMU
+    // mapping covers the granules those touch.
+    let len = match mapped_len(buf.len(), len, PAGE_SIZE) {
         Ok(l) => l,
         Err(error) => return Err(MapFailed { error, buf }),
     };
     match win.map(&buf, len, dir) {
-        Ok(iova) => {
+        Ok((iova, map_len)) => {
             stats.maps += 1;
-            stats.pin(len as u64);
+            stats.pin(map_len);
             Ok(Mapped {
                 iova,
                 len,
@@ -106,7 +108,7 @@ impl DmaMapper for StrictMapper {
         }
         let tag = m.tag();
         if m.kind() == MapKind::Window {
-            let (iova, len) = (m.iova(), m.len() as u64);
+            let (iova, len) = self.win.mapping_of(&m)?;
             if let Err(e) = self.win.space().iommu().unmap(iova, len) {
                 // The device may still reach the buffer: `m` leaks it on drop.
                 return Err(e.into());

@@ -53,6 +53,7 @@ pub struct CountingIommu {
     ranges: Vec<IovaRange>,
     invalidation_cost: Duration,
     map_cost: Duration,
+    min_page_size: usize,
     counters: IommuCounters,
     faults: AtomicU64,
 }
@@ -84,6 +85,7 @@ impl CountingIommu {
             ranges: vec![DEFAULT_SPACE],
             invalidation_cost: Duration::ZERO,
             map_cost: Duration::ZERO,
+            min_page_size: 4096,
             counters: IommuCounters::default(),
             faults: AtomicU64::new(0),
         }
@@ -98,6 +100,14 @@ impl CountingIommu {
     /// Busy-wait this long per map call (page pinning and PTE writes).
     pub fn with_map_cost(mut self, d: Duration) -> Self {
         self.map_cost = d;
+        self
+    }
+
+    /// Report `page` as the IOMMU's granule ([`Iommu::min_page_size`], a
+    /// power of two): maps and unmaps must then be aligned multiples of it,
+    /// as on an arm64 SMMU with a 16 KiB or 64 KiB granule.
+    pub fn with_min_page_size(mut self, page: usize) -> Self {
+        self.min_page_size = page;
         self
     }
 
@@ -260,6 +270,12 @@ unsafe impl Iommu for CountingIommu {
             len,
             reason: reason.to_owned(),
         };
+        let page = self.min_page_size as u64;
+        if len == 0 || len % page != 0 || !iova.is_aligned(page) {
+            return Err(err(
+                "length and IOVA must be non-zero multiples of the page size",
+            ));
+        }
         let end = iova
             .raw()
             .checked_add(len)
@@ -298,6 +314,10 @@ unsafe impl Iommu for CountingIommu {
 
     fn valid_ranges(&self) -> Vec<IovaRange> {
         self.ranges.clone()
+    }
+
+    fn min_page_size(&self) -> usize {
+        self.min_page_size
     }
 
     fn counters(&self) -> &IommuCounters {
