@@ -52,6 +52,9 @@ struct LuGeom {
 }
 
 /// The wire a queue pair uses, chosen once at creation.
+// One per queue pair, built once and never moved on the I/O path: boxing the
+// larger variant would only add a pointer chase to every submit and poll.
+#[allow(clippy::large_enum_variant)]
 enum Transport {
     Mcq(McqQueue),
     Sdb(SdbQueue),
