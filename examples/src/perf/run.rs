@@ -15,13 +15,13 @@ use crate::job::{
 };
 use crate::progress::{Goal, Progress};
 use crate::report::{
-    ClockReport, DmaReport, JobReport, LatUs, RunReport, Stats, TotalReport, VerifyReport,
-    WorkloadReport,
+    ClockReport, DirStats, DmaReport, JobReport, LatOpts, LatUs, Percentile, RunReport, Second,
+    Stats, TotalReport, VerifyReport, WorkloadReport,
 };
 use crate::spec::{DeviceKind, DeviceSpec, SpecError};
 use crate::target::{OpenPlan, Target};
 use crate::uring::UringError;
-use crate::workload::Pattern;
+use crate::workload::{Distribution, Pattern};
 
 /// How often the run controller looks for SIGINT/SIGTERM while it waits.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -55,6 +55,43 @@ pub enum PerfError {
         jobs: usize,
         /// Queue pairs offered or granted.
         granted: usize,
+    },
+    /// `--offset`/`--size` do not fit a namespace or are not block-aligned.
+    #[error("{device} namespace {nsid}: the region at offset {offset} of {size} bytes {why} (the namespace has {ns_bytes} bytes in {lbads}-byte blocks)",
+        size = size.map_or_else(|| "to the end".to_string(), |s| s.to_string()))]
+    Region {
+        /// The device label.
+        device: String,
+        /// The namespace.
+        nsid: u32,
+        /// `--offset`, bytes.
+        offset: u64,
+        /// `--size`, bytes.
+        size: Option<u64>,
+        /// Namespace size, bytes.
+        ns_bytes: u64,
+        /// Logical block size.
+        lbads: u64,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// `-N` names a namespace the device does not have.
+    #[error("{device} has no namespace {nsid} (it has {have})")]
+    NoNamespace {
+        /// The device label.
+        device: String,
+        /// The namespace asked for.
+        nsid: u32,
+        /// The namespaces it has.
+        have: String,
+    },
+    /// The report or chart could not be written.
+    #[error("cannot write {}: {msg}", path.display())]
+    Output {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        msg: String,
     },
     /// A job failed to start or its queue broke.
     #[error("job {job}: {msg}")]
@@ -124,6 +161,54 @@ pub struct RunOpts {
     pub progress: bool,
     /// Set by SIGINT/SIGTERM: stop, drain and report what was measured.
     pub interrupt: Arc<AtomicBool>,
+    /// How random positions are spread.
+    pub distribution: Distribution,
+    /// Start of the region under test in each namespace, bytes.
+    pub offset: u64,
+    /// Size of the region under test, bytes (`None`: to the namespace's end).
+    pub size: Option<u64>,
+    /// Namespaces to use (`None`: all).
+    pub nsids: Option<Vec<u32>>,
+    /// I/Os per second over all jobs.
+    pub rate_iops: Option<u64>,
+    /// Total bytes to move (sets the per-job I/O count).
+    pub bytes: Option<u64>,
+    /// Percentiles and buckets to report.
+    pub lat: LatOpts,
+}
+
+/// The part `[first, first + blocks)` of a namespace the run may touch.
+pub fn region(
+    device: &str,
+    ns: crate::target::Namespace,
+    lbads: u64,
+    offset: u64,
+    size: Option<u64>,
+) -> Result<(u64, u64), PerfError> {
+    let ns_bytes = ns.blocks.saturating_mul(lbads);
+    let bad = |why| PerfError::Region {
+        device: device.to_string(),
+        nsid: ns.nsid,
+        offset,
+        size,
+        ns_bytes,
+        lbads,
+        why,
+    };
+    if offset % lbads != 0 || size.is_some_and(|s| s % lbads != 0) {
+        return Err(bad("is not a multiple of the logical block size"));
+    }
+    if size == Some(0) {
+        return Err(bad("is empty"));
+    }
+    let end = match size {
+        Some(s) => offset.checked_add(s).ok_or_else(|| bad("overflows"))?,
+        None => ns_bytes,
+    };
+    if offset >= ns_bytes || end > ns_bytes {
+        return Err(bad("does not fit in the namespace"));
+    }
+    Ok((offset / lbads, (end - offset) / lbads))
 }
 
 /// Plan, run and report one device.
@@ -170,7 +255,40 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         )));
     }
     let nlb = nlb as u32;
-    let namespaces = target.namespaces();
+    let mut namespaces = target.namespaces();
+    if let Some(want) = &o.nsids {
+        let have = namespaces
+            .iter()
+            .map(|n| n.nsid.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut picked = Vec::new();
+        for &id in want {
+            match namespaces.iter().find(|n| n.nsid == id) {
+                Some(n) => picked.push(*n),
+                None => {
+                    return Err(PerfError::NoNamespace {
+                        device: spec.label(),
+                        nsid: id,
+                        have,
+                    })
+                }
+            }
+        }
+        namespaces = picked;
+    }
+    // The region under test, per namespace: offset and size in blocks.
+    let mut regions = Vec::with_capacity(namespaces.len());
+    for ns in &mut namespaces {
+        let (first, blocks) = region(&spec.label(), *ns, lbads, o.offset, o.size)?;
+        regions.push(first);
+        ns.blocks = blocks;
+    }
+    let ios_limit = match o.bytes {
+        // Whole I/Os, spread over the jobs; the first jobs take the remainder.
+        Some(b) => Some(b.div_ceil(o.io_size).div_ceil(o.jobs as u64).max(1)),
+        None => o.ios,
+    };
     let mut notes = target.notes();
     if o.jobs < namespaces.len() {
         notes.push(format!(
@@ -184,6 +302,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     let mut specs = Vec::with_capacity(o.jobs);
     for i in 0..o.jobs {
         let ns = namespaces[i % namespaces.len()];
+        let base = regions[i % namespaces.len()];
         let peers = (o.jobs - 1 - i % namespaces.len()) / namespaces.len() + 1;
         let rank = (i / namespaces.len()) as u64;
         if ns.blocks < nlb as u64 {
@@ -207,10 +326,10 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             if capped < share && i == 0 {
                 notes.push(format!("--verify covers the first {capped} blocks of each job's range (state is kept per block)"));
             }
-            (rank * share, capped, 0)
+            (base + rank * share, capped, 0)
         } else {
             let positions = ns.blocks / nlb as u64;
-            (0, ns.blocks, rank * positions / peers as u64)
+            (base, ns.blocks, rank * positions / peers as u64)
         };
         specs.push(JobSpec {
             index: i,
@@ -223,12 +342,16 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             pattern: o.pattern,
             read_pct: pct,
             depth: o.depth,
-            ios_limit: o.ios,
+            ios_limit,
             seed: o.seed,
             verify: o.verify,
             histogram: o.histogram,
             dma: o.dma,
             dma_batch: o.dma_batch,
+            distribution: o.distribution,
+            rate_iops: o
+                .rate_iops
+                .map(|r| (r / o.jobs as u64 + u64::from((i as u64) < r % o.jobs as u64)).max(1)),
         });
     }
 
@@ -315,15 +438,17 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     shared.phase.store(PHASE_MEASURE, Ordering::Release);
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); o.jobs];
     let mut total_samples: Vec<f64> = Vec::new();
+    // End of each sampled second, seconds since t0.
+    let mut sample_t: Vec<f64> = Vec::new();
     let mut last_t = t0;
     let mut last_c = base.clone();
     let end = o.time.map(|t| t0 + t);
     let bar = Progress::new(
         tty,
         "run",
-        match (o.time, o.ios) {
+        match (o.time, ios_limit) {
             (Some(t), _) => Goal::Time(t),
-            (None, n) => Goal::Ios(n.unwrap_or(0).saturating_mul(o.jobs as u64)),
+            (None, _) => Goal::Ios(ios_limit.unwrap_or(0).saturating_mul(o.jobs as u64)),
         },
     );
     let base_sum: u64 = base.iter().sum();
@@ -337,14 +462,14 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             if now >= deadline {
                 break;
             }
-            if o.ios.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs {
+            if ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs {
                 break;
             }
             if o.interrupt.load(Ordering::Relaxed) {
                 break;
             }
             bar.update(now - t0, counts(&shared).iter().sum::<u64>() - base_sum);
-            let step = if o.ios.is_some() {
+            let step = if ios_limit.is_some() {
                 Duration::from_millis(5)
             } else {
                 SIGNAL_POLL
@@ -363,13 +488,16 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
                 sum += r;
             }
             total_samples.push(sum);
+            sample_t.push((now - t0).as_secs_f64());
+            // Jobs snapshot their histograms when they see the new tick.
+            shared.tick.fetch_add(1, Ordering::Relaxed);
             let d: u64 = c.iter().zip(&last_c).map(|(a, b)| a - b).sum();
             bar.rate(d, dt, o.io_size);
             last_t = now;
             last_c = c;
         }
         let done = shared.failed.load(Ordering::Acquire) > 0
-            || (o.ios.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs)
+            || (ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs)
             || end.is_some_and(|e| now >= e);
         if done {
             break;
@@ -421,6 +549,23 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     };
     let mut jobs = Vec::with_capacity(results.len());
     let mut merged: Option<Histogram<u64>> = o.histogram.then(job::new_histogram);
+    // Per direction over all jobs: ios, (sum, min, max) ns, histogram.
+    let mut dir_tot: [(u64, u64, u64, u64, Option<Histogram<u64>>); 2] = [
+        (0, 0, u64::MAX, 0, o.histogram.then(job::new_histogram)),
+        (0, 0, u64::MAX, 0, o.histogram.then(job::new_histogram)),
+    ];
+    let dir_stats =
+        |ios: u64, sum: u64, min: u64, max: u64, h: Option<&Histogram<u64>>, el: f64| {
+            (ios > 0).then(|| {
+                let iops = if el > 0.0 { ios as f64 / el } else { 0.0 };
+                DirStats {
+                    ios,
+                    iops,
+                    mib_s: moves_data.then(|| mib(iops * o.io_size as f64)),
+                    lat_us: LatUs::with(sum, min, max, ios, h, &o.lat),
+                }
+            })
+        };
     let mut tot = Stats::default();
     let (mut lat_sum, mut lat_min, mut lat_max) = (0u64, u64::MAX, 0u64);
     let (mut usr, mut sys, mut elapsed_sum) = (0.0f64, 0.0f64, 0.0f64);
@@ -430,10 +575,25 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         let el = r.elapsed.as_secs_f64();
         let iops = if el > 0.0 { r.ios as f64 / el } else { 0.0 };
         let (mn, mx, avg) = summarize(&samples[r.index], iops);
+        let (r_sum, r_min, r_max) = r.lat_ns();
+        let r_hist = r.hist();
+        let [rd, wr] = &r.dir;
+        let per_dir = |d: &job::DirResult| {
+            dir_stats(
+                d.ios,
+                d.lat_sum_ns,
+                d.lat_min_ns,
+                d.lat_max_ns,
+                d.hist.as_ref(),
+                el,
+            )
+        };
         let stats = Stats {
             ios: r.ios,
-            reads: r.reads,
-            writes: r.writes,
+            reads: rd.ios,
+            writes: wr.ios,
+            read: per_dir(rd),
+            write: per_dir(wr),
             iops,
             iops_min: mn,
             iops_max: mx,
@@ -452,29 +612,32 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             } else {
                 0.0
             },
-            lat_us: LatUs::from_ns(
-                r.lat_sum_ns,
-                r.lat_min_ns,
-                r.lat_max_ns,
-                r.ios,
-                r.hist.as_ref(),
-            ),
+            lat_us: LatUs::with(r_sum, r_min, r_max, r.ios, r_hist.as_ref(), &o.lat),
             elapsed_s: el,
         };
+        for (t, d) in dir_tot.iter_mut().zip(&r.dir) {
+            t.0 += d.ios;
+            t.1 = t.1.saturating_add(d.lat_sum_ns);
+            t.2 = t.2.min(d.lat_min_ns);
+            t.3 = t.3.max(d.lat_max_ns);
+            if let (Some(m), Some(h)) = (t.4.as_mut(), d.hist.as_ref()) {
+                let _ = m.add(h);
+            }
+        }
         tot.ios += r.ios;
-        tot.reads += r.reads;
-        tot.writes += r.writes;
+        tot.reads += rd.ios;
+        tot.writes += wr.ios;
         tot.iops += iops;
         tot.errors += r.errors;
         tot.verify_mismatches += r.verify_mismatches;
         tot.elapsed_s = tot.elapsed_s.max(el);
-        lat_sum += r.lat_sum_ns;
-        lat_min = lat_min.min(r.lat_min_ns);
-        lat_max = lat_max.max(r.lat_max_ns);
+        lat_sum = lat_sum.saturating_add(r_sum);
+        lat_min = lat_min.min(r_min);
+        lat_max = lat_max.max(r_max);
         usr += r.cpu_usr.as_secs_f64();
         sys += r.cpu_sys.as_secs_f64();
         elapsed_sum += el;
-        if let (Some(m), Some(h)) = (merged.as_mut(), r.hist.as_ref()) {
+        if let (Some(m), Some(h)) = (merged.as_mut(), r_hist.as_ref()) {
             let _ = m.add(h);
         }
         failures.extend(r.failures.iter().cloned());
@@ -505,7 +668,11 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     } else {
         0.0
     };
-    tot.lat_us = LatUs::from_ns(lat_sum, lat_min, lat_max, tot.ios, merged.as_ref());
+    tot.lat_us = LatUs::with(lat_sum, lat_min, lat_max, tot.ios, merged.as_ref(), &o.lat);
+    let [dr, dw] = &dir_tot;
+    tot.read = dir_stats(dr.0, dr.1, dr.2, dr.3, dr.4.as_ref(), tot.elapsed_s);
+    tot.write = dir_stats(dw.0, dw.1, dw.2, dw.3, dw.4.as_ref(), tot.elapsed_s);
+    let time_series = time_series(&results, &total_samples, &sample_t, o, moves_data);
     let cpu_ns_per_io = if tot.ios > 0 {
         (usr + sys) * 1e9 / tot.ios as f64
     } else {
@@ -551,6 +718,11 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
                 (m, _) => m.name().into(),
             },
             seed: o.seed,
+            distribution: o.distribution.name(),
+            offset: o.offset,
+            size: o.size,
+            rate_iops: o.rate_iops,
+            bytes: o.bytes,
         },
         jobs,
         total,
@@ -569,5 +741,97 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         repeat_iops: Vec::new(),
         interrupted,
         compare: None,
+        time_series,
     })
+}
+
+/// The per-second series: IOPS from the controller's samples, latency
+/// percentiles from the difference of the jobs' cumulative snapshots.
+fn time_series(
+    results: &[JobResult],
+    total: &[f64],
+    t: &[f64],
+    o: &RunOpts,
+    moves_data: bool,
+) -> Vec<Second> {
+    let mut prev: Vec<Option<&Histogram<u64>>> = vec![None; results.len()];
+    let mut out = Vec::with_capacity(total.len());
+    for (k, (&iops, &t_s)) in total.iter().zip(t).enumerate() {
+        let tick = k as u32 + 1;
+        let mut sec: Option<Histogram<u64>> = None;
+        for (j, r) in results.iter().enumerate() {
+            // The job's latest snapshot at or before this tick.
+            let Some((_, snap)) = r.snapshots.iter().rev().find(|(k, _)| *k <= tick) else {
+                continue;
+            };
+            let mut d = snap.clone();
+            if let Some(p) = prev[j] {
+                if d.subtract(p).is_err() {
+                    continue;
+                }
+            }
+            prev[j] = Some(snap);
+            match sec.as_mut() {
+                Some(s) => {
+                    let _ = s.add(&d);
+                }
+                None => sec = Some(d),
+            }
+        }
+        let lat_us = sec
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                o.lat
+                    .percentiles
+                    .iter()
+                    .map(|&p| Percentile {
+                        p,
+                        us: h.value_at_quantile(p / 100.0) as f64 / 1000.0,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Second {
+            t_s,
+            iops,
+            mib_s: moves_data.then(|| iops * o.io_size as f64 / (1u64 << 20) as f64),
+            lat_us,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Namespace;
+
+    /// Issue 16 item 11: the region is checked against the namespace and
+    /// given in blocks.
+    #[test]
+    fn regions_fit_the_namespace_or_are_typed_errors() {
+        let ns = Namespace {
+            nsid: 2,
+            blocks: 1000,
+        };
+        assert_eq!(region("fake", ns, 512, 0, None).unwrap(), (0, 1000));
+        assert_eq!(region("fake", ns, 512, 4096, Some(8192)).unwrap(), (8, 16));
+        assert_eq!(region("fake", ns, 512, 4096, None).unwrap(), (8, 992));
+        for (off, size, why) in [
+            (100, None, "multiple"),
+            (0, Some(100), "multiple"),
+            (512_000, None, "does not fit"),
+            (0, Some(512_512), "does not fit"),
+            (511_488, Some(1024), "does not fit"),
+            (512, Some(u64::MAX - 511), "overflows"),
+            (512, Some(0), "empty"),
+        ] {
+            match region("fake", ns, 512, off, size) {
+                Err(e @ PerfError::Region { nsid: 2, .. }) => {
+                    assert!(e.to_string().contains(why), "{e}")
+                }
+                other => panic!("{off} {size:?}: {other:?}"),
+            }
+        }
+    }
 }
