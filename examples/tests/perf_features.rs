@@ -266,3 +266,40 @@ fn perf_dma(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Issue 13 item 6: `devices` lists UFS host controllers beside NVMe ones,
+/// with the transport each speaks (a fake sysfs tree under `--root`).
+#[test]
+fn devices_lists_ufs_host_controllers() {
+    let base = temp("root");
+    for (bdf, class, dev) in [
+        ("0000:00:03.0", "0x010802", "0x0010"),
+        ("0000:00:04.0", "0x010901", "0x0013"),
+        ("0000:00:05.0", "0x020000", "0x1533"),
+    ] {
+        let d = base.join("sys/bus/pci/devices").join(bdf);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("vendor"), "0x1b36\n").unwrap();
+        std::fs::write(d.join("device"), format!("{dev}\n")).unwrap();
+        std::fs::write(d.join("class"), format!("{class}\n")).unwrap();
+    }
+    for d in ["proc", "dev"] {
+        std::fs::create_dir_all(base.join(d)).unwrap();
+    }
+    std::fs::write(base.join("proc/mounts"), "").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mcqio-perf"))
+        .args(["devices", "--root", base.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let line = |bdf: &str| {
+        text.lines()
+            .find(|l| l.starts_with(bdf))
+            .map(str::to_string)
+    };
+    assert!(line("0000:00:03.0").unwrap().contains("NVMe"), "{text}");
+    let ufs = line("0000:00:04.0").unwrap_or_else(|| panic!("UFS missing: {text}"));
+    assert!(ufs.contains("UFS") && ufs.contains("1b36:0013"), "{ufs}");
+    assert!(line("0000:00:05.0").is_none(), "{text}");
+}
