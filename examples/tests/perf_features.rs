@@ -303,3 +303,37 @@ fn devices_lists_ufs_host_controllers() {
     assert!(ufs.contains("UFS") && ufs.contains("1b36:0013"), "{ufs}");
     assert!(line("0000:00:05.0").is_none(), "{text}");
 }
+
+/// Issue 16 item 12: several devices in one run, a row per device,
+/// namespace and core; the total adds them up.
+#[test]
+fn several_devices_in_one_run() {
+    let v = json(&["-d", "fake,ns=2", "-d", "fake:null", "-j", "2", "-n", "300"]);
+    assert_eq!(v["device"], "fake,ns=2 + fake:null");
+    let rows: Vec<(String, u64)> = v["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            (
+                j["device"].as_str().unwrap().to_string(),
+                j["nsid"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [("fake".to_string(), 1), ("fake:null".to_string(), 1)]
+    );
+    assert_eq!(v["total"]["ios"], 600);
+    let (code, out, _) = perf(&["-d", "fake", "-d", "fake:null", "-j", "2", "-n", "100"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("fake ns1 from core 0") && out.contains("fake:null ns1 from core 1"),
+        "{out}"
+    );
+    usage_error(
+        &["-d", "fake", "-d", "fake:null", "-j", "1"],
+        "2 devices need at least 2 jobs",
+    );
+}

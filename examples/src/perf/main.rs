@@ -137,12 +137,14 @@ struct RunArgs {
         short = 'd',
         long,
         default_value = "fake",
+        action = clap::ArgAction::Append,
         value_parser = device,
         help = "Device: fake[,lbs=,lbads=,ns=,size=,corrupt=,error=,latency=,qpairs=,core=,sync=], fake:null, \
                 vfio:<BDF>[,qpairs=], uring:<path>[,size=,lbs=,lbads=,direct=], uring:null \
-                (lbs= in bytes, lbads= as NVMe's log2; default fake: 1 namespace of 64 MiB, 512 B blocks)"
+                (lbs= in bytes, lbads= as NVMe's log2; default fake: 1 namespace of 64 MiB, 512 B blocks). \
+                Repeat -d to run several devices at once: job i runs on device i mod N"
     )]
-    device: DeviceSpec,
+    device: Vec<DeviceSpec>,
     /// Access pattern
     #[arg(short = 'w', long = "rw", value_enum, default_value = "randread")]
     pattern: Pattern,
@@ -273,9 +275,10 @@ impl RunArgs {
             None if jobs <= ncpu => usable[..jobs].to_vec(),
             None => Vec::new(),
         };
-        let polled = [&Some(self.device.clone()), &self.compare]
-            .into_iter()
-            .flatten()
+        let polled = self
+            .device
+            .iter()
+            .chain(self.compare.as_ref())
             .any(|d| matches!(d.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. }));
         if polled && jobs > ncpu && !self.force {
             return Err(PerfError::Usage(format!(
@@ -428,7 +431,7 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
     let mut bases = Vec::new();
     let mut others = Vec::new();
     for _ in 0..args.repeat {
-        bases.push(run::run_device(&args.device, &o, clock)?);
+        bases.push(run::run_devices(&args.device, &o, clock)?);
         if interrupt.signal().is_some() {
             break;
         }

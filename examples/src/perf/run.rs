@@ -213,153 +213,65 @@ pub fn region(
 
 /// Plan, run and report one device.
 pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunReport, PerfError> {
-    if o.verify && !spec.stores_data() {
+    run_devices(std::slice::from_ref(spec), o, clock)
+}
+
+/// Plan, run and report several devices at once (`-d A -d B`): job `i`
+/// runs on device `i % devices.len()`, and within a device the jobs take
+/// its namespaces round-robin, so the table has a row per device,
+/// namespace and core, as spdk_nvme_perf prints.
+pub fn run_devices(
+    devices: &[DeviceSpec],
+    o: &RunOpts,
+    clock: Clock,
+) -> Result<RunReport, PerfError> {
+    let ndev = devices.len().max(1);
+    if o.jobs < devices.len() {
         return Err(PerfError::Usage(format!(
-            "--verify needs a device that stores data; `{}` moves none (use fake or uring:<file>)",
-            spec.label()
-        )));
-    }
-    if o.dma != DmaMode::Premapped
-        && !matches!(spec.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. })
-    {
-        return Err(PerfError::Usage(format!(
-            "--dma {} applies to mcqio devices (fake, vfio:<BDF>), not `{}`",
-            o.dma.name(),
-            spec.label()
+            "{} devices need at least {} jobs (job i runs on device i mod {}); use -j {}",
+            devices.len(),
+            devices.len(),
+            devices.len(),
+            devices.len()
         )));
     }
     let pct = o.pattern.read_pct(o.mix);
-    let plan = OpenPlan {
-        jobs: o.jobs,
-        depth: o.depth,
-        io_size: o.io_size,
-        writes: pct < 100 || o.verify,
-        job_cores: o.cpus.clone(),
-        seed: o.seed,
-    };
-    let target = Arc::new(Target::open(spec, &plan)?);
-    let lbads = target.lbads() as u64;
-    if o.io_size == 0 || o.io_size % lbads != 0 {
-        return Err(PerfError::Usage(format!(
-            "I/O size {} is not a multiple of {}'s {lbads}-byte logical block (try -o {})",
-            o.io_size,
-            spec.label(),
-            lbads.max(4096)
-        )));
-    }
-    let nlb = o.io_size / lbads;
-    if nlb > u32::MAX as u64 {
-        return Err(PerfError::Usage(format!(
-            "I/O size {} is too large",
-            o.io_size
-        )));
-    }
-    let nlb = nlb as u32;
-    let mut namespaces = target.namespaces();
-    if let Some(want) = &o.nsids {
-        let have = namespaces
-            .iter()
-            .map(|n| n.nsid.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut picked = Vec::new();
-        for &id in want {
-            match namespaces.iter().find(|n| n.nsid == id) {
-                Some(n) => picked.push(*n),
-                None => {
-                    return Err(PerfError::NoNamespace {
-                        device: spec.label(),
-                        nsid: id,
-                        have,
-                    })
-                }
-            }
-        }
-        namespaces = picked;
-    }
-    // The region under test, per namespace: offset and size in blocks.
-    let mut regions = Vec::with_capacity(namespaces.len());
-    for ns in &mut namespaces {
-        let (first, blocks) = region(&spec.label(), *ns, lbads, o.offset, o.size)?;
-        regions.push(first);
-        ns.blocks = blocks;
-    }
     let ios_limit = match o.bytes {
         // Whole I/Os, spread over the jobs; the first jobs take the remainder.
         Some(b) => Some(b.div_ceil(o.io_size).div_ceil(o.jobs as u64).max(1)),
         None => o.ios,
     };
-    let mut notes = target.notes();
-    if o.jobs < namespaces.len() {
-        notes.push(format!(
-            "{} namespaces but {} job(s): jobs take namespaces round-robin, so some stay idle (use -j {})",
-            namespaces.len(),
-            o.jobs,
-            namespaces.len()
-        ));
-    }
-    // Assign jobs to namespaces and ranges.
-    let mut specs = Vec::with_capacity(o.jobs);
-    for i in 0..o.jobs {
-        let ns = namespaces[i % namespaces.len()];
-        let base = regions[i % namespaces.len()];
-        let peers = (o.jobs - 1 - i % namespaces.len()) / namespaces.len() + 1;
-        let rank = (i / namespaces.len()) as u64;
-        if ns.blocks < nlb as u64 {
-            return Err(PerfError::Usage(format!(
-                "namespace {} has {} blocks, fewer than one {}-byte I/O",
-                ns.nsid, ns.blocks, o.io_size
-            )));
+    let mut notes = Vec::new();
+    let mut targets: Vec<Arc<Target>> = Vec::with_capacity(ndev);
+    let mut specs: Vec<JobSpec> = Vec::with_capacity(o.jobs);
+    // Per job: its device's index.
+    let mut job_dev = vec![0usize; o.jobs];
+    for (d, spec) in devices.iter().enumerate() {
+        let mine: Vec<usize> = (0..o.jobs).filter(|i| i % ndev == d).collect();
+        for &i in &mine {
+            job_dev[i] = d;
         }
-        let (first, blocks, seq_start) = if o.verify {
-            // Disjoint ranges so no two jobs race on a block's expected contents.
-            let share = (ns.blocks / peers as u64) / nlb as u64 * nlb as u64;
-            if share < nlb as u64 {
-                return Err(PerfError::Usage(format!(
-                    "--verify gives each job its own range, but namespace {} is too small for {peers} jobs of {}-byte I/Os",
-                    ns.nsid, o.io_size
-                )));
-            }
-            let capped = share
-                .min(VERIFY_MAX_BLOCKS / nlb as u64 * nlb as u64)
-                .max(nlb as u64);
-            if capped < share && i == 0 {
-                notes.push(format!("--verify covers the first {capped} blocks of each job's range (state is kept per block)"));
-            }
-            (base + rank * share, capped, 0)
-        } else {
-            let positions = ns.blocks / nlb as u64;
-            (base, ns.blocks, rank * positions / peers as u64)
-        };
-        specs.push(JobSpec {
-            index: i,
-            nsid: ns.nsid,
-            first_lba: first,
-            blocks,
-            nlb,
-            seq_start,
-            lbads: lbads as u32,
-            pattern: o.pattern,
-            read_pct: pct,
-            depth: o.depth,
-            ios_limit,
-            seed: o.seed,
-            verify: o.verify,
-            histogram: o.histogram,
-            dma: o.dma,
-            dma_batch: o.dma_batch,
-            distribution: o.distribution,
-            rate_iops: o
-                .rate_iops
-                .map(|r| (r / o.jobs as u64 + u64::from((i as u64) < r % o.jobs as u64)).max(1)),
-        });
+        let (target, dev_notes, dev_specs) = plan_device(spec, o, pct, ios_limit, &mine)?;
+        let label = spec.label();
+        notes.extend(dev_notes.into_iter().map(
+            |n| {
+                if ndev > 1 {
+                    format!("{label}: {n}")
+                } else {
+                    n
+                }
+            },
+        ));
+        specs.extend(dev_specs);
+        targets.push(target);
     }
-
+    specs.sort_by_key(|s| s.index);
+    let target_of = |i: usize| Arc::clone(&targets[job_dev[i]]);
     let shared = Arc::new(Shared::new(o.jobs));
     let (tx, rx) = mpsc::channel::<(usize, Result<(), String>)>();
     let mut handles = Vec::with_capacity(o.jobs);
     for spec in specs.iter().cloned() {
-        let target = Arc::clone(&target);
+        let target = target_of(spec.index);
         let shared = Arc::clone(&shared);
         let tx = tx.clone();
         let core = o.cpus.get(spec.index).copied();
@@ -431,7 +343,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         }
         bar.finish();
     }
-    let iommu_before = target.iommu_stats();
+    let iommu_before: Vec<_> = targets.iter().map(|t| t.iommu_stats()).collect();
     let proc_before = job::process_cpu();
     let t0 = Instant::now();
     let base = counts(&shared);
@@ -504,7 +416,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         }
     }
     shared.phase.store(PHASE_STOP, Ordering::Release);
-    let iommu_after = target.iommu_stats();
+    let iommu_after: Vec<_> = targets.iter().map(|t| t.iommu_stats()).collect();
     let proc_after = job::process_cpu();
     let proc_cpu = (proc_after.0 + proc_after.1).saturating_sub(proc_before.0 + proc_before.1);
     let wall = t0.elapsed().as_secs_f64();
@@ -536,7 +448,8 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
 
     // Build the report. `uring:null` (NOPs) moves no data and has no
     // namespace: it reports neither bandwidth nor a namespace.
-    let moves_data = !matches!(spec.kind, DeviceKind::UringNull);
+    let moves = |d: &DeviceSpec| !matches!(d.kind, DeviceKind::UringNull);
+    let moves_data = devices.iter().any(moves);
     let mib = |bytes_per_s: f64| bytes_per_s / (1u64 << 20) as f64;
     let summarize = |s: &[f64], fallback: f64| -> (f64, f64, f64) {
         if s.is_empty() {
@@ -599,7 +512,7 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             iops_max: mx,
             iops_avg: avg,
             iops_samples: samples[r.index].len(),
-            mib_s: moves_data.then(|| mib(iops * o.io_size as f64)),
+            mib_s: moves(&devices[job_dev[r.index]]).then(|| mib(iops * o.io_size as f64)),
             errors: r.errors,
             verify_mismatches: r.verify_mismatches,
             cpu_usr_pct: if el > 0.0 {
@@ -644,11 +557,12 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         verify.blocks_checked += r.verified_blocks;
         verify.mismatches += r.verify_mismatches;
         verify.prefill_blocks += r.prefill_blocks;
+        let dev = &devices[job_dev[r.index]];
         jobs.push(JobReport {
             job: r.index,
-            device: spec.label(),
+            device: dev.label(),
             core: o.cpus.get(r.index).copied(),
-            nsid: moves_data.then_some(r.nsid),
+            nsid: moves(dev).then_some(r.nsid),
             stats,
         });
     }
@@ -657,7 +571,8 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     tot.iops_max = mx;
     tot.iops_avg = avg;
     tot.iops_samples = total_samples.len();
-    tot.mib_s = moves_data.then(|| mib(tot.iops * o.io_size as f64));
+    // The jobs' bandwidth summed: a device that moves no data adds none.
+    tot.mib_s = moves_data.then(|| jobs.iter().filter_map(|j| j.stats.mib_s).sum());
     tot.cpu_usr_pct = if elapsed_sum > 0.0 {
         usr / elapsed_sum * 100.0
     } else {
@@ -689,20 +604,32 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         cycles_per_io: (clock.source() == ClockSource::Tsc)
             .then(|| cpu_ns_per_io * clock.ticks_per_sec() / 1e9),
     };
-    let dma = match (iommu_before, iommu_after) {
-        (Some(a), Some(b)) => Some(DmaReport {
-            mode: o.dma.name().into(),
-            maps: b.maps - a.maps,
-            unmapped_ranges: b.unmapped_ranges - a.unmapped_ranges,
-            unmap_calls: b.unmap_calls - a.unmap_calls,
-            invalidations: b.invalidations - a.invalidations,
-            mapped_bytes: b.mapped_bytes,
-        }),
-        _ => None,
-    };
+    // IOMMU counters summed over the devices that have an IOMMU.
+    let mut dma: Option<DmaReport> = None;
+    for (a, b) in iommu_before.iter().zip(&iommu_after) {
+        if let (Some(a), Some(b)) = (a, b) {
+            let d = dma.get_or_insert_with(|| DmaReport {
+                mode: o.dma.name().into(),
+                ..DmaReport::default()
+            });
+            d.maps += b.maps - a.maps;
+            d.unmapped_ranges += b.unmapped_ranges - a.unmapped_ranges;
+            d.unmap_calls += b.unmap_calls - a.unmap_calls;
+            d.invalidations += b.invalidations - a.invalidations;
+            d.mapped_bytes += b.mapped_bytes;
+        }
+    }
     Ok(RunReport {
-        device: spec.raw.clone(),
-        backend: target.describe(),
+        device: devices
+            .iter()
+            .map(|d| d.raw.clone())
+            .collect::<Vec<_>>()
+            .join(" + "),
+        backend: targets
+            .iter()
+            .map(|t| t.describe())
+            .collect::<Vec<_>>()
+            .join("; "),
         workload: WorkloadReport {
             pattern: o.pattern.name().into(),
             read_pct: pct,
@@ -743,6 +670,156 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         compare: None,
         time_series,
     })
+}
+
+/// Open one device for the jobs `mine` (global job numbers) and plan
+/// their namespaces and ranges: (target, notes, job specs).
+fn plan_device(
+    spec: &DeviceSpec,
+    o: &RunOpts,
+    pct: u8,
+    ios_limit: Option<u64>,
+    mine: &[usize],
+) -> Result<(Arc<Target>, Vec<String>, Vec<JobSpec>), PerfError> {
+    if o.verify && !spec.stores_data() {
+        return Err(PerfError::Usage(format!(
+            "--verify needs a device that stores data; `{}` moves none (use fake or uring:<file>)",
+            spec.label()
+        )));
+    }
+    if o.dma != DmaMode::Premapped
+        && !matches!(spec.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. })
+    {
+        return Err(PerfError::Usage(format!(
+            "--dma {} applies to mcqio devices (fake, vfio:<BDF>), not `{}`",
+            o.dma.name(),
+            spec.label()
+        )));
+    }
+    let jobs = mine.len();
+    let plan = OpenPlan {
+        jobs,
+        depth: o.depth,
+        io_size: o.io_size,
+        writes: pct < 100 || o.verify,
+        // Every job's core, not only this device's: a fake's device thread
+        // stays off all of them.
+        job_cores: o.cpus.clone(),
+        seed: o.seed,
+    };
+    let target = Arc::new(Target::open(spec, &plan)?);
+    let lbads = target.lbads() as u64;
+    if o.io_size == 0 || o.io_size % lbads != 0 {
+        return Err(PerfError::Usage(format!(
+            "I/O size {} is not a multiple of {}'s {lbads}-byte logical block (try -o {})",
+            o.io_size,
+            spec.label(),
+            lbads.max(4096)
+        )));
+    }
+    let nlb = o.io_size / lbads;
+    if nlb > u32::MAX as u64 {
+        return Err(PerfError::Usage(format!(
+            "I/O size {} is too large",
+            o.io_size
+        )));
+    }
+    let nlb = nlb as u32;
+    let mut namespaces = target.namespaces();
+    if let Some(want) = &o.nsids {
+        let have = namespaces
+            .iter()
+            .map(|n| n.nsid.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut picked = Vec::new();
+        for &id in want {
+            match namespaces.iter().find(|n| n.nsid == id) {
+                Some(n) => picked.push(*n),
+                None => {
+                    return Err(PerfError::NoNamespace {
+                        device: spec.label(),
+                        nsid: id,
+                        have,
+                    })
+                }
+            }
+        }
+        namespaces = picked;
+    }
+    // The region under test, per namespace: offset and size in blocks.
+    let mut regions = Vec::with_capacity(namespaces.len());
+    for ns in &mut namespaces {
+        let (first, blocks) = region(&spec.label(), *ns, lbads, o.offset, o.size)?;
+        regions.push(first);
+        ns.blocks = blocks;
+    }
+    let mut notes = target.notes();
+    if jobs < namespaces.len() {
+        notes.push(format!(
+            "{} namespaces but {} job(s): jobs take namespaces round-robin, so some stay idle (use -j {})",
+            namespaces.len(),
+            jobs,
+            namespaces.len() * o.jobs / jobs.max(1)
+        ));
+    }
+    // Assign jobs to namespaces and ranges (k: the job's number on this device).
+    let mut specs = Vec::with_capacity(jobs);
+    for (k, &i) in mine.iter().enumerate() {
+        let ns = namespaces[k % namespaces.len()];
+        let base = regions[k % namespaces.len()];
+        let peers = (jobs - 1 - k % namespaces.len()) / namespaces.len() + 1;
+        let rank = (k / namespaces.len()) as u64;
+        if ns.blocks < nlb as u64 {
+            return Err(PerfError::Usage(format!(
+                "namespace {} has {} blocks, fewer than one {}-byte I/O",
+                ns.nsid, ns.blocks, o.io_size
+            )));
+        }
+        let (first, blocks, seq_start) = if o.verify {
+            // Disjoint ranges so no two jobs race on a block's expected contents.
+            let share = (ns.blocks / peers as u64) / nlb as u64 * nlb as u64;
+            if share < nlb as u64 {
+                return Err(PerfError::Usage(format!(
+                    "--verify gives each job its own range, but namespace {} is too small for {peers} jobs of {}-byte I/Os",
+                    ns.nsid, o.io_size
+                )));
+            }
+            let capped = share
+                .min(VERIFY_MAX_BLOCKS / nlb as u64 * nlb as u64)
+                .max(nlb as u64);
+            if capped < share && k == 0 {
+                notes.push(format!("--verify covers the first {capped} blocks of each job's range (state is kept per block)"));
+            }
+            (base + rank * share, capped, 0)
+        } else {
+            let positions = ns.blocks / nlb as u64;
+            (base, ns.blocks, rank * positions / peers as u64)
+        };
+        specs.push(JobSpec {
+            index: i,
+            nsid: ns.nsid,
+            first_lba: first,
+            blocks,
+            nlb,
+            seq_start,
+            lbads: lbads as u32,
+            pattern: o.pattern,
+            read_pct: pct,
+            depth: o.depth,
+            ios_limit,
+            seed: o.seed,
+            verify: o.verify,
+            histogram: o.histogram,
+            dma: o.dma,
+            dma_batch: o.dma_batch,
+            distribution: o.distribution,
+            rate_iops: o
+                .rate_iops
+                .map(|r| (r / o.jobs as u64 + u64::from((i as u64) < r % o.jobs as u64)).max(1)),
+        });
+    }
+    Ok((target, notes, specs))
 }
 
 /// The per-second series: IOPS from the controller's samples, latency
