@@ -52,30 +52,20 @@ fn err<T>(msg: impl Into<String>) -> Result<T, SpecError> {
     Err(SpecError(msg.into()))
 }
 
-/// Parse a byte size: a plain number of bytes or a number with a binary
-/// suffix `k`/`m`/`g`/`t` (case-insensitive, optionally followed by `b` or
-/// `ib`): `512`, `4k`, `128K`, `1M`, `2GiB`.
+/// Parse a byte size with the `parse-size` crate in binary mode: a plain
+/// number of bytes or a number with a suffix `k`/`m`/`g`/`t` (case-insensitive,
+/// optionally followed by `b` or `ib`, all powers of 1024): `512`, `4k`,
+/// `128K`, `1M`, `2GiB`, `1.5M`. A result that is not a whole number of
+/// bytes, or does not fit 64 bits, is an error.
 pub fn parse_size(s: &str) -> Result<u64, SpecError> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let body = lower
-        .strip_suffix("ib")
-        .or_else(|| lower.strip_suffix('b'))
-        .unwrap_or(&lower);
-    let (digits, shift) = match body.chars().last() {
-        Some('k') => (&body[..body.len() - 1], 10),
-        Some('m') => (&body[..body.len() - 1], 20),
-        Some('g') => (&body[..body.len() - 1], 30),
-        Some('t') => (&body[..body.len() - 1], 40),
-        _ => (body, 0),
-    };
-    let n: u64 = digits.parse().map_err(|_| {
-        SpecError(format!(
-            "`{s}` is not a size: use bytes or a number with k/M/G/T (e.g. 4k, 128k, 1M)"
-        ))
-    })?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| SpecError(format!("size `{s}` overflows 64 bits")))
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s.trim())
+        .map_err(|e| {
+            SpecError(format!(
+                "`{s}` is not a size ({e}): use bytes or a number with k/M/G/T (e.g. 4k, 128k, 1M)"
+            ))
+        })
 }
 
 /// Parse a duration the same way everywhere (`-t`, `--warmup`,
@@ -520,6 +510,10 @@ mod tests {
         assert!(parse_size("4q").is_err());
         assert!(parse_size("-4k").is_err());
         assert!(parse_size("99999999999999t").is_err());
+        // Issue 16 item 23: the crate's extras, binary throughout.
+        assert_eq!(parse_size("1.5M").unwrap(), 3 << 19);
+        assert_eq!(parse_size("4 KiB").unwrap(), 4096);
+        assert_eq!(parse_size("1KB").unwrap(), 1024);
     }
 
     #[test]

@@ -273,7 +273,6 @@ struct Slot {
 /// is borrowed by `reap`.
 struct State<'a, const H: bool, const V: bool> {
     spec: &'a JobSpec,
-    clock: Clock,
     free: Vec<u32>,
     slots: Vec<Slot>,
     bufs: Vec<NonNull<u8>>,
@@ -328,7 +327,7 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
     }
 
     #[inline(always)]
-    fn complete(&mut self, slot: usize, status: IoStatus, now: u64) {
+    fn complete(&mut self, slot: usize, status: IoStatus, now: u64, clock: &Clock) {
         let s = self.slots[slot];
         let nlb = self.spec.nlb;
         self.inflight -= 1;
@@ -352,7 +351,7 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
             }
         }
         if self.counting {
-            let ns = self.clock.ticks_to_ns(now.wrapping_sub(s.t_submit));
+            let ns = clock.ticks_to_ns(now.wrapping_sub(s.t_submit));
             let d = s.op as usize;
             let r = &mut self.res;
             r.ios += 1;
@@ -445,6 +444,9 @@ pub fn run<Q: JobQueue>(
 struct Runner<'a, Q, const H: bool, const V: bool> {
     q: Q,
     st: State<'a, H, V>,
+    /// Apart from `st`, so a completion callback can read it while `st` is
+    /// borrowed mutably.
+    clock: Clock,
     /// Clock ticks between two I/O starts under `--rate-iops` (0: no limit).
     rate_ticks: u64,
     /// The tick at which the next rate-limited I/O may start.
@@ -464,7 +466,6 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         Runner {
             st: State {
                 spec,
-                clock,
                 // Reversed so slot 0 is used first (LIFO keeps hot buffers hot).
                 free: (0..depth as u32).rev().collect(),
                 slots: vec![first; depth],
@@ -478,6 +479,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 hist_n: [0; 2],
             },
             q,
+            clock,
             rate_ticks: 0,
             rate_next: 0,
         }
@@ -491,7 +493,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         }
         let st = &mut self.st;
         let nlb = st.spec.nlb;
-        let t = st.clock.now();
+        let t = self.clock.now();
         // I/Os this batch may start: the budget, and under a rate limit the
         // I/Os whose start time has come (one division per batch).
         let mut n = *budget;
@@ -593,12 +595,12 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         self.q.submit(self.st.inflight)?;
         let st = &mut self.st;
         let mut now = 0u64;
-        let clock = st.clock;
+        let clock = &self.clock;
         let n = self.q.reap(|slot, status| {
             if now == 0 {
                 now = clock.now();
             }
-            st.complete(slot, status, now);
+            st.complete(slot, status, now, clock);
         })?;
         st.flush_hist();
         Ok(n)
@@ -667,12 +669,12 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             spec.distribution,
         );
         if let Some(rate) = spec.rate_iops.filter(|&r| r > 0) {
-            self.rate_ticks = ((self.st.clock.ticks_per_sec() / rate as f64) as u64).max(1);
-            self.rate_next = self.st.clock.now();
+            self.rate_ticks = ((self.clock.ticks_per_sec() / rate as f64) as u64).max(1);
+            self.rate_next = self.clock.now();
         }
         let counter = &shared.completed[spec.index];
         let mut budget = u64::MAX;
-        let mut t_start = self.st.clock.now();
+        let mut t_start = self.clock.now();
         let mut cpu_start = thread_cpu();
         let mut measuring = false;
         let mut tick = shared.tick.load(Ordering::Relaxed);
@@ -691,7 +693,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                     self.st.res.reset_counts();
                     self.st.counting = true;
                     budget = spec.ios_limit.unwrap_or(u64::MAX);
-                    t_start = self.st.clock.now();
+                    t_start = self.clock.now();
                     cpu_start = thread_cpu();
                 } else if phase >= PHASE_STOP {
                     if H && measuring {
@@ -727,11 +729,11 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 std::hint::spin_loop();
             }
         }
-        let t_end = self.st.clock.now();
+        let t_end = self.clock.now();
         let cpu_end = thread_cpu();
         if measuring {
             self.st.res.elapsed =
-                Duration::from_nanos(self.st.clock.ticks_to_ns(t_end.wrapping_sub(t_start)));
+                Duration::from_nanos(self.clock.ticks_to_ns(t_end.wrapping_sub(t_start)));
             self.st.res.cpu_usr = cpu_end.0.saturating_sub(cpu_start.0);
             self.st.res.cpu_sys = cpu_end.1.saturating_sub(cpu_start.1);
         }
@@ -983,14 +985,14 @@ mod tests {
             Clock::instant(),
         );
         r.rate_ticks = 1_000_000_000;
-        r.rate_next = r.st.clock.now();
+        r.rate_next = r.clock.now();
         let mut gen = IoGen::new(Pattern::Randread, 100, 0, 64, 2, 0, 1);
         let mut budget = 10;
         r.fill(&mut gen, &mut budget).unwrap();
         r.fill(&mut gen, &mut budget).unwrap();
         assert_eq!((r.st.inflight, budget), (1, 9), "one I/O per second");
         // Its time comes: exactly one more may start.
-        r.rate_next = r.st.clock.now();
+        r.rate_next = r.clock.now();
         r.fill(&mut gen, &mut budget).unwrap();
         assert_eq!((r.st.inflight, budget), (2, 8));
         drop(shared);

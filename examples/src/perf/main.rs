@@ -431,12 +431,12 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
     let mut bases = Vec::new();
     let mut others = Vec::new();
     for _ in 0..args.repeat {
-        bases.push(run::run_devices(&args.device, &o, clock)?);
+        bases.push(run::run_devices(&args.device, &o, clock.clone())?);
         if interrupt.signal().is_some() {
             break;
         }
         if let Some(c) = &args.compare {
-            others.push(run::run_device(c, &o, clock)?);
+            others.push(run::run_device(c, &o, clock.clone())?);
         }
         if interrupt.signal().is_some() {
             break;

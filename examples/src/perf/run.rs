@@ -274,6 +274,7 @@ pub fn run_devices(
         let target = target_of(spec.index);
         let shared = Arc::clone(&shared);
         let tx = tx.clone();
+        let clock = clock.clone();
         let core = o.cpus.get(spec.index).copied();
         let job = spec.index;
         let h = std::thread::Builder::new()
