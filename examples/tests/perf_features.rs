@@ -152,6 +152,27 @@ fn size_based_runs_and_rate_limits() {
     assert_eq!(v["jobs"][0]["ios"], 128);
     assert_eq!(v["workload"]["bytes"], 1 << 20);
     usage_error(&["--bytes", "1M", "-n", "5"], "cannot be used with");
+    usage_error(&["--bytes", "0"], "moves nothing");
+    // Three jobs share 10 I/Os exactly: 4 + 3 + 3.
+    let v = json(&[
+        "--bytes",
+        "40k",
+        "-o",
+        "4k",
+        "-d",
+        "fake:null",
+        "-j",
+        "3",
+        "--force",
+    ]);
+    assert_eq!(v["total"]["ios"], 10);
+    let per_job: Vec<u64> = v["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["ios"].as_u64().unwrap())
+        .collect();
+    assert_eq!(per_job, [4, 3, 3]);
     let v = json(&["--rate-iops", "400", "-t", "1"]);
     let iops = v["total"]["iops"].as_f64().unwrap();
     // An upper bound only: a loaded machine can be slower, never faster.

@@ -12,6 +12,9 @@
 //! mcqio-perf -d fake:null -q 128 --compare uring:null
 //! mcqio-perf -d uring:/tmp/f,size=256M -w randrw -M 70 -L --json
 //! mcqio-perf -d fake,corrupt=0.001 --verify -w randrw   # exits 1, names the bad LBAs
+//! mcqio-perf -w randrw -M 70 --random-distribution zipf:1.2 --percentiles 50,99,99.9 -LL
+//! mcqio-perf -d fake,ns=2 -d fake:null -j 2 --rate-iops 10000 --bytes 1G --json --output r.json
+//! mcqio-perf -t 10 --plot run.svg                      # IOPS over time + latency distribution
 //! ```
 //!
 //! Set-up subcommands: `mcqio-perf devices`, `bind <BDF>`, `unbind <BDF>`,
@@ -91,6 +94,13 @@ fn nsid_list(s: &str) -> Result<NsidList, String> {
 
 fn size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
+}
+
+fn nonzero_size(s: &str) -> Result<u64, String> {
+    match size_arg(s)? {
+        0 => Err("0 bytes moves nothing; give a size such as 1M or 4G".into()),
+        n => Ok(n),
+    }
 }
 
 /// A CPU list (`0-3,6`).
@@ -211,7 +221,7 @@ struct RunArgs {
     rate_iops: Option<u64>,
     /// Move this many bytes in total and stop (size-based run; with -t:
     /// whichever comes first)
-    #[arg(long, value_parser = size_arg, conflicts_with = "ios")]
+    #[arg(long, value_parser = nonzero_size, conflicts_with = "ios")]
     bytes: Option<u64>,
     /// Write the report (table or --json) to FILE instead of stdout
     #[arg(long, value_name = "FILE")]

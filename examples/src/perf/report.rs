@@ -23,6 +23,14 @@
 //! latency). `mib_s` and `nsid` are `null` for `uring:null`, which moves no
 //! data and has no namespace.
 //!
+//! Every row (job or total) also has `read` and `write`: `{ios, iops, mib_s,
+//! lat_us}` of that direction alone, `null` when it had no I/Os (fio's
+//! split of a mixed workload). `lat_us.percentiles` is the `--percentiles`
+//! list as `[{p, us}]`; `lat_us.buckets` (with `-LL` or `--plot`) the
+//! histogram as `[{lo_us, hi_us, count, cumulative_pct}]` in power-of-two
+//! buckets. `time_series` has one entry per second of the measured phase:
+//! `{t_s, iops, mib_s, lat_us: [{p, us}]}` over all jobs.
+//!
 //! Percentiles are `null` unless a histogram was recorded (`-L` or `--json`).
 
 use std::fmt::Write as _;

@@ -236,9 +236,10 @@ pub fn run_devices(
         )));
     }
     let pct = o.pattern.read_pct(o.mix);
+    // Whether the run is count-bound, and (for progress) the largest count
+    // a job has; each job's own count is `job_ios`.
     let ios_limit = match o.bytes {
-        // Whole I/Os, spread over the jobs; the first jobs take the remainder.
-        Some(b) => Some(b.div_ceil(o.io_size).div_ceil(o.jobs as u64).max(1)),
+        Some(b) => Some(b.div_ceil(o.io_size).div_ceil(o.jobs as u64)),
         None => o.ios,
     };
     let mut notes = Vec::new();
@@ -251,7 +252,7 @@ pub fn run_devices(
         for &i in &mine {
             job_dev[i] = d;
         }
-        let (target, dev_notes, dev_specs) = plan_device(spec, o, pct, ios_limit, &mine)?;
+        let (target, dev_notes, dev_specs) = plan_device(spec, o, pct, &mine)?;
         let label = spec.label();
         notes.extend(dev_notes.into_iter().map(
             |n| {
@@ -464,7 +465,7 @@ pub fn run_devices(
     let mut jobs = Vec::with_capacity(results.len());
     let mut merged: Option<Histogram<u64>> = o.histogram.then(job::new_histogram);
     // Per direction over all jobs: ios, (sum, min, max) ns, histogram.
-    let mut dir_tot: [(u64, u64, u64, u64, Option<Histogram<u64>>); 2] = [
+    let mut dir_tot: [DirTotal; 2] = [
         (0, 0, u64::MAX, 0, o.histogram.then(job::new_histogram)),
         (0, 0, u64::MAX, 0, o.histogram.then(job::new_histogram)),
     ];
@@ -673,15 +674,33 @@ pub fn run_devices(
     })
 }
 
+/// The I/O count of job `i`: `-n`, or its share of `--bytes` in whole
+/// I/Os (the first jobs take the remainder, so the total is exact).
+fn job_ios(o: &RunOpts, i: usize) -> Option<u64> {
+    match o.bytes {
+        Some(b) => {
+            let total = b.div_ceil(o.io_size);
+            let jobs = o.jobs as u64;
+            Some(total / jobs + u64::from((i as u64) < total % jobs))
+        }
+        None => o.ios,
+    }
+}
+
+/// One direction over all jobs: I/Os, latency sum/min/max (ns), histogram.
+type DirTotal = (u64, u64, u64, u64, Option<Histogram<u64>>);
+
+/// An opened device with its notes and its jobs' specs.
+type PlannedDevice = (Arc<Target>, Vec<String>, Vec<JobSpec>);
+
 /// Open one device for the jobs `mine` (global job numbers) and plan
 /// their namespaces and ranges: (target, notes, job specs).
 fn plan_device(
     spec: &DeviceSpec,
     o: &RunOpts,
     pct: u8,
-    ios_limit: Option<u64>,
     mine: &[usize],
-) -> Result<(Arc<Target>, Vec<String>, Vec<JobSpec>), PerfError> {
+) -> Result<PlannedDevice, PerfError> {
     if o.verify && !spec.stores_data() {
         return Err(PerfError::Usage(format!(
             "--verify needs a device that stores data; `{}` moves none (use fake or uring:<file>)",
@@ -808,7 +827,7 @@ fn plan_device(
             pattern: o.pattern,
             read_pct: pct,
             depth: o.depth,
-            ios_limit,
+            ios_limit: job_ios(o, i),
             seed: o.seed,
             verify: o.verify,
             histogram: o.histogram,

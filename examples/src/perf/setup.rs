@@ -23,7 +23,7 @@ pub enum Command {
     /// Check everything a VFIO run needs; exit 0 only when a run would work
     Doctor(DoctorArgs),
     /// Map -> I/O -> unmap throughput of the DMA modes (premapped, strict, lazy/N)
-    DmaBench(crate::dmabench::DmaBenchArgs),
+    DmaBench(Box<crate::dmabench::DmaBenchArgs>),
 }
 
 /// Options every set-up command takes.

@@ -323,7 +323,7 @@ impl IoGen {
         dist: Distribution,
     ) -> Self {
         let positions = (blocks / nlb as u64).max(1);
-        let mut scatter = 0x9E37_79B9_7F4A_7C15u64 % positions | 1;
+        let mut scatter = (0x9E37_79B9_7F4A_7C15u64 % positions) | 1;
         while gcd(scatter, positions) != 1 {
             scatter += 2;
         }
