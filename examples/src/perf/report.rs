@@ -155,7 +155,8 @@ impl LatUs {
         Self::with(sum, min, max, n, hist, &LatOpts::default())
     }
 
-    /// [`LatUs::from_ns`] with the percentiles and buckets `o` asks for.
+    /// From a sum/min/max in ns over `n` samples and an optional histogram
+    /// in ns, with the percentiles and buckets `o` asks for.
     pub fn with(
         sum: u64,
         min: u64,
