@@ -851,28 +851,18 @@ fn time_series(
     o: &RunOpts,
     moves_data: bool,
 ) -> Vec<Second> {
-    let mut prev: Vec<Option<&Histogram<u64>>> = vec![None; results.len()];
     let mut out = Vec::with_capacity(total.len());
     for (k, (&iops, &t_s)) in total.iter().zip(t).enumerate() {
         let tick = k as u32 + 1;
+        // The jobs' latencies of this second (a job that saw a later tick
+        // first counts them there).
         let mut sec: Option<Histogram<u64>> = None;
-        for (j, r) in results.iter().enumerate() {
-            // The job's latest snapshot at or before this tick.
-            let Some((_, snap)) = r.snapshots.iter().rev().find(|(k, _)| *k <= tick) else {
-                continue;
-            };
-            let mut d = snap.clone();
-            if let Some(p) = prev[j] {
-                if d.subtract(p).is_err() {
-                    continue;
+        for r in results {
+            for (_, sparse) in r.snapshots.iter().filter(|(k, _)| *k == tick) {
+                let h = sec.get_or_insert_with(job::new_histogram);
+                for &(v, c) in sparse {
+                    h.saturating_record_n(v.max(1), c);
                 }
-            }
-            prev[j] = Some(snap);
-            match sec.as_mut() {
-                Some(s) => {
-                    let _ = s.add(&d);
-                }
-                None => sec = Some(d),
             }
         }
         let lat_us = sec
