@@ -138,15 +138,16 @@ impl std::str::FromStr for Distribution {
         };
         match kind.trim().to_ascii_lowercase().as_str() {
             "uniform" if arg.is_none() => Ok(Distribution::Uniform),
+            // fio's defaults when no parameter is given: zipf 1.1, pareto 0.2.
             "zipf" => {
-                let t = num(None)?;
+                let t = num(Some(1.1))?;
                 if t <= 0.0 || t == 1.0 {
                     return Err(format!("zipf:θ needs θ > 0 and θ ≠ 1 (got {t})"));
                 }
                 Ok(Distribution::Zipf(t))
             }
             "pareto" => {
-                let h = num(None)?;
+                let h = num(Some(0.2))?;
                 if h <= 0.0 || h >= 1.0 {
                     return Err(format!("pareto:h needs 0 < h < 1 (got {h})"));
                 }
@@ -504,8 +505,12 @@ mod tests {
             "normal".parse::<Distribution>(),
             Ok(Distribution::Normal(10.0))
         );
+        assert_eq!("zipf".parse::<Distribution>(), Ok(Distribution::Zipf(1.1)));
+        assert_eq!(
+            "pareto".parse::<Distribution>(),
+            Ok(Distribution::Pareto(0.2))
+        );
         for bad in [
-            "zipf",
             "zipf:1",
             "zipf:-1",
             "pareto:1.5",
