@@ -52,30 +52,20 @@ fn err<T>(msg: impl Into<String>) -> Result<T, SpecError> {
     Err(SpecError(msg.into()))
 }
 
-/// Parse a byte size: a plain number of bytes or a number with a binary
-/// suffix `k`/`m`/`g`/`t` (case-insensitive, optionally followed by `b` or
-/// `ib`): `512`, `4k`, `128K`, `1M`, `2GiB`.
+/// Parse a byte size with the `parse-size` crate in binary mode: a plain
+/// number of bytes or a number with a suffix `k`/`m`/`g`/`t` (case-insensitive,
+/// optionally followed by `b` or `ib`, all powers of 1024): `512`, `4k`,
+/// `128K`, `1M`, `2GiB`, `1.5M`. A result that is not a whole number of
+/// bytes, or does not fit 64 bits, is an error.
 pub fn parse_size(s: &str) -> Result<u64, SpecError> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let body = lower
-        .strip_suffix("ib")
-        .or_else(|| lower.strip_suffix('b'))
-        .unwrap_or(&lower);
-    let (digits, shift) = match body.chars().last() {
-        Some('k') => (&body[..body.len() - 1], 10),
-        Some('m') => (&body[..body.len() - 1], 20),
-        Some('g') => (&body[..body.len() - 1], 30),
-        Some('t') => (&body[..body.len() - 1], 40),
-        _ => (body, 0),
-    };
-    let n: u64 = digits.parse().map_err(|_| {
-        SpecError(format!(
-            "`{s}` is not a size: use bytes or a number with k/M/G/T (e.g. 4k, 128k, 1M)"
-        ))
-    })?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| SpecError(format!("size `{s}` overflows 64 bits")))
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s.trim())
+        .map_err(|e| {
+            SpecError(format!(
+                "`{s}` is not a size ({e}): use bytes or a number with k/M/G/T (e.g. 4k, 128k, 1M)"
+            ))
+        })
 }
 
 /// Parse a duration the same way everywhere (`-t`, `--warmup`,
@@ -295,6 +285,7 @@ impl DeviceSpec {
             }
             DeviceKind::Vfio { bdf } => {
                 self.check_keys(&[], who)?;
+                check_vfio_transport(&mcqio_vfio::SysRoots::default(), bdf)?;
                 let b = mcqio_vfio::VfioBackend::open(bdf)
                     .map_err(|e| SpecError(format!("{bdf}: {e}")))?;
                 Ok(Arc::new(b))
@@ -456,9 +447,53 @@ fn set_block_size(opts: &mut DeviceOpts, bytes: u32, opt: &str) -> Result<(), Sp
     }
 }
 
+/// Whether this build can drive the PCI function a `vfio:<BDF>` names:
+/// [`mcqio_vfio::sysfs::transport_of`] reads NVMe or UFS from its class code,
+/// and a UFS host controller is refused with a clear error, because the
+/// engine's UFS transport is not part of this build. An address sysfs does
+/// not know passes here: opening it reports that as before.
+pub fn check_vfio_transport(roots: &mcqio_vfio::SysRoots, bdf: &str) -> Result<(), SpecError> {
+    use mcqio_vfio::sysfs::{transport_of, Transport};
+    let Ok(addr) = mcqio_vfio::PciAddress::parse(bdf) else {
+        return Ok(());
+    };
+    match transport_of(roots, &addr) {
+        Ok(Some(Transport::Ufs)) => err(format!(
+            "vfio:{bdf} is a UFS host controller (PCI class 0x0109xx): the UFS transport is not \
+             available in this build; mcqio drives NVMe controllers (class 0x0108xx) here"
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 13 item 6: `vfio:` on a UFS host controller says which
+    /// transport it is and that this build has none for it.
+    #[test]
+    fn vfio_on_a_ufs_controller_is_a_clear_error() {
+        let base = std::env::temp_dir().join(format!("mcqio-devstr-ufs-{}", std::process::id()));
+        let roots = mcqio_vfio::SysRoots::under(&base);
+        for (bdf, class) in [("0000:00:04.0", "0x010901"), ("0000:00:03.0", "0x010802")] {
+            let d = roots.sys.join("bus/pci/devices").join(bdf);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("vendor"), "0x1b36\n").unwrap();
+            std::fs::write(d.join("device"), "0x0013\n").unwrap();
+            std::fs::write(d.join("class"), format!("{class}\n")).unwrap();
+        }
+        let e = check_vfio_transport(&roots, "0000:00:04.0").unwrap_err();
+        assert!(e.0.contains("UFS host controller"), "{e}");
+        assert!(
+            e.0.contains("UFS transport is not available in this build"),
+            "{e}"
+        );
+        assert_eq!(check_vfio_transport(&roots, "0000:00:03.0"), Ok(()));
+        assert_eq!(check_vfio_transport(&roots, "0000:00:09.0"), Ok(()));
+        assert_eq!(check_vfio_transport(&roots, "not-a-bdf"), Ok(()));
+        let _ = std::fs::remove_dir_all(&base);
+    }
 
     #[test]
     fn sizes() {
@@ -475,6 +510,10 @@ mod tests {
         assert!(parse_size("4q").is_err());
         assert!(parse_size("-4k").is_err());
         assert!(parse_size("99999999999999t").is_err());
+        // Issue 16 item 23: the crate's extras, binary throughout.
+        assert_eq!(parse_size("1.5M").unwrap(), 3 << 19);
+        assert_eq!(parse_size("4 KiB").unwrap(), 4096);
+        assert_eq!(parse_size("1KB").unwrap(), 1024);
     }
 
     #[test]

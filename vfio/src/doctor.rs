@@ -277,32 +277,31 @@ fn check_device(r: &SysRoots, bdf: &str) -> Vec<Check> {
         Ok(a) => a,
         Err(e) => {
             return vec![Check::new("device", CheckStatus::Fail, e.to_string())
-                .fix("mcqio-perf devices   (lists NVMe controllers and their addresses)")]
+                .fix("mcqio-perf devices   (lists NVMe and UFS controllers and their addresses)")]
         }
     };
     let c = match NvmeController::read(r, &addr) {
         Ok(c) => c,
         Err(e) => {
             return vec![Check::new("device", CheckStatus::Fail, e.to_string())
-                .fix("mcqio-perf devices   (lists NVMe controllers and their addresses)")]
+                .fix("mcqio-perf devices   (lists NVMe and UFS controllers and their addresses)")]
         }
     };
     let mut out = Vec::new();
     let p = &c.pci;
     let ids = format!("{:04x}:{:04x}, class {:06x}", p.vendor, p.device, p.class);
-    out.push(if p.is_nvme() {
-        Check::new(
+    out.push(match c.transport {
+        Some(t) => Check::new(
             "device",
             CheckStatus::Pass,
-            format!("{addr}: NVMe controller {ids}"),
-        )
-    } else {
-        Check::new(
+            format!("{addr}: {} {ids}", t.device_noun()),
+        ),
+        None => Check::new(
             "device",
             CheckStatus::Fail,
-            format!("{addr} is not an NVMe controller ({ids})"),
+            format!("{addr} is not an NVMe controller or a UFS host controller ({ids})"),
         )
-        .fix("mcqio-perf devices   (lists NVMe controllers)")
+        .fix("mcqio-perf devices   (lists NVMe and UFS controllers)"),
     });
 
     out.push(match p.driver.as_deref() {
@@ -598,6 +597,32 @@ mod tests {
         assert!(r
             .to_string()
             .ends_with("0000:00:03.0: ready: a run would work"));
+    }
+
+    /// Issue 13 item 6: a UFS host controller is a device doctor knows.
+    #[test]
+    fn a_ufs_host_controller_is_recognised() {
+        let fs = ready_tree();
+        fs.add(Dev::ufs("0000:00:04.0", Some("vfio-pci"), Some(4)));
+        fs.write("dev/vfio/4", "");
+        let r = run(&fs, "0000:00:04.0");
+        let d = r.get("device").unwrap();
+        assert_eq!(d.status, CheckStatus::Pass, "{r}");
+        assert!(
+            d.detail.contains("UFS host controller 1b36:0013"),
+            "{}",
+            d.detail
+        );
+        fs.add(Dev {
+            class: 0x010601,
+            ..Dev::ufs("0000:00:05.0", None, Some(5))
+        });
+        let r = run(&fs, "0000:00:05.0");
+        let d = r.get("device").unwrap();
+        assert_eq!(d.status, CheckStatus::Fail);
+        assert!(d
+            .detail
+            .contains("not an NVMe controller or a UFS host controller"));
     }
 
     #[test]

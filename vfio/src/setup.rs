@@ -1,6 +1,8 @@
-//! Listing NVMe controllers and moving them between the kernel's `nvme`
-//! driver and `vfio-pci`: the library side of `mcqio-perf devices`, `bind`
-//! and `unbind`.
+//! Listing NVMe controllers and UFS host controllers and moving them between
+//! the kernel's driver (`nvme`, `ufshcd-pci`) and `vfio-pci`: the library
+//! side of `mcqio-perf devices`, `bind` and `unbind`. Which of the two a PCI
+//! function is comes from its class code alone
+//! ([`crate::sysfs::transport_of`]).
 //!
 //! Binding uses the kernel's `driver_override` mechanism: write `vfio-pci` to
 //! the device's `driver_override`, unbind it from its current driver, and ask
@@ -22,7 +24,7 @@ use std::time::Duration;
 use crate::error::{GroupBlocker, Result, VfioError};
 use crate::sysfs::{
     group_blockers, group_members, is_vfio_driver, pci_devices, read_attr, PciAddress, PciDevice,
-    SysRoots, NVME_DRIVER, VFIO_PCI_DRIVER,
+    SysRoots, Transport, NVME_DRIVER, VFIO_PCI_DRIVER,
 };
 
 /// How long [`bind`]/[`unbind`] wait for the new driver to show up in sysfs
@@ -53,6 +55,9 @@ fn settle(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 pub struct NvmeController {
     /// The PCI function (address, ids, class, driver, IOMMU group).
     pub pci: PciDevice,
+    /// NVMe or UFS (from the class code); `None` for another device read
+    /// by address.
+    pub transport: Option<Transport>,
     /// NUMA node of the device, if the platform reports one.
     pub numa_node: Option<u32>,
     /// Other devices in the same IOMMU group.
@@ -107,6 +112,7 @@ impl NvmeController {
             }
         }
         Ok(Self {
+            transport: pci.transport(),
             pci,
             numa_node,
             group_peers,
@@ -118,14 +124,15 @@ impl NvmeController {
     }
 }
 
-/// Every NVMe controller (PCI class 0x0108xx), sorted by address.
+/// Every NVMe controller (PCI class 0x0108xx) and UFS host controller
+/// (0x0109xx), sorted by address.
 ///
 /// Works without root as far as sysfs and procfs let it (open handles of
 /// other users' processes are then invisible).
 pub fn devices(roots: &SysRoots) -> Result<Vec<NvmeController>> {
     pci_devices(roots)?
         .into_iter()
-        .filter(|d| d.is_nvme())
+        .filter(|d| d.transport().is_some())
         .map(|d| NvmeController::read(roots, &d.bdf))
         .collect()
 }
@@ -384,7 +391,7 @@ fn start_bind(
     let b = addr.to_string();
     let ctrl = NvmeController::read(roots, addr)?;
     let dev = &ctrl.pci;
-    if !dev.is_nvme() && !opts.force {
+    if ctrl.transport.is_none() && !opts.force {
         return Err(VfioError::NotNvme {
             bdf: b,
             class: dev.class,
@@ -513,7 +520,8 @@ fn lookup_uid(user: &str) -> Option<u32> {
     Some(unsafe { pwd.assume_init() }.pw_uid)
 }
 
-/// Give the controller at `bdf` back to the kernel's `nvme` driver.
+/// Give the controller at `bdf` back to the kernel's driver for its
+/// transport: `nvme`, or `ufshcd-pci` for a UFS host controller.
 ///
 /// Refuses ([`VfioError::InUse`]) while a process has its VFIO group open
 /// (the unbind would block until it closes), unless `force`. Idempotent.
@@ -532,17 +540,18 @@ fn start_unbind(
     let b = addr.to_string();
     let ctrl = NvmeController::read(roots, addr)?;
     let dev = &ctrl.pci;
-    let nvme_dir = roots.pci_driver_dir(NVME_DRIVER);
+    let kernel = kernel_driver(dev);
+    let nvme_dir = roots.pci_driver_dir(kernel);
     if !nvme_dir.exists() {
         return Err(VfioError::DriverMissing {
             bdf: b,
-            driver: NVME_DRIVER.into(),
-            module: "nvme".into(),
+            driver: kernel.into(),
+            module: kernel.replace('-', "_"),
             path: nvme_dir,
         });
     }
-    if dev.driver.as_deref() == Some(NVME_DRIVER) {
-        log::info!("{b}: already bound to nvme");
+    if dev.driver.as_deref() == Some(kernel) {
+        log::info!("{b}: already bound to {kernel}");
         return Ok((dev.driver.clone(), false, Vec::new()));
     }
     let mut forced_over = Vec::new();
@@ -571,13 +580,14 @@ fn finish_unbind(
     wait: Duration,
 ) -> Result<BindOutcome> {
     settle(wait, || {
-        PciDevice::read(roots, addr).is_ok_and(|d| d.driver.as_deref() == Some(NVME_DRIVER))
+        PciDevice::read(roots, addr).is_ok_and(|d| d.driver.as_deref() == Some(kernel_driver(&d)))
     });
     let dev = PciDevice::read(roots, addr)?;
-    if dev.driver.as_deref() != Some(NVME_DRIVER) {
+    let kernel = kernel_driver(&dev);
+    if dev.driver.as_deref() != Some(kernel) {
         return Err(VfioError::RebindFailed {
             bdf: addr.to_string(),
-            expected: NVME_DRIVER.into(),
+            expected: kernel.into(),
             actual: dev.driver,
         });
     }
@@ -592,6 +602,13 @@ fn finish_unbind(
         blockers: Vec::new(),
         forced_over,
     })
+}
+
+/// The kernel driver `unbind` hands a device back to (`nvme` for a
+/// device of another class bound with `--force`).
+fn kernel_driver(dev: &PciDevice) -> &'static str {
+    dev.transport()
+        .map_or(NVME_DRIVER, Transport::kernel_driver)
 }
 
 #[cfg(test)]
@@ -782,6 +799,53 @@ mod tests {
         assert!(matches!(e, VfioError::NoIommu { .. }), "{e}");
         let e = bind(&fs.roots, "0000:00:05.0", &BindOptions::default()).unwrap_err();
         assert!(matches!(e, VfioError::NoSuchDevice { .. }), "{e}");
+    }
+
+    /// Issue 13 item 6: UFS host controllers are listed with their
+    /// transport, bound to vfio-pci, and given back to `ufshcd-pci`.
+    #[test]
+    fn ufs_host_controllers_are_listed_bound_and_unbound() {
+        let fs = two_controllers();
+        fs.add(Dev::ufs("0000:00:05.0", Some("ufshcd-pci"), Some(5)));
+        let list = devices(&fs.roots).unwrap();
+        let t: Vec<(String, Option<Transport>)> = list
+            .iter()
+            .map(|c| (c.pci.bdf.to_string(), c.transport))
+            .collect();
+        assert_eq!(
+            t,
+            [
+                ("0000:00:03.0".to_string(), Some(Transport::Nvme)),
+                ("0000:00:05.0".to_string(), Some(Transport::Ufs)),
+                ("0000:01:00.0".to_string(), Some(Transport::Nvme)),
+            ]
+        );
+        let addr: PciAddress = "0000:00:05.0".parse().unwrap();
+        let state = start_bind(&fs.roots, &addr, &BindOptions::default()).unwrap();
+        assert_eq!(
+            fs.read("sys/bus/pci/drivers/ufshcd-pci/unbind"),
+            "0000:00:05.0"
+        );
+        kernel_rebinds(&fs, "0000:00:05.0", "vfio-pci");
+        fs.write("dev/vfio/5", "");
+        let out = finish_bind(
+            &fs.roots,
+            &addr,
+            &BindOptions::default(),
+            state,
+            Duration::ZERO,
+        )
+        .unwrap();
+        assert_eq!(out.previous_driver.as_deref(), Some("ufshcd-pci"));
+        // Back: the kernel's UFS driver, not nvme (which is not even loaded).
+        let state = start_unbind(&fs.roots, &addr, false).unwrap();
+        assert!(matches!(
+            finish_unbind(&fs.roots, &addr, state.clone(), Duration::ZERO),
+            Err(VfioError::RebindFailed { ref expected, .. }) if expected == "ufshcd-pci"
+        ));
+        kernel_rebinds(&fs, "0000:00:05.0", "ufshcd-pci");
+        let out = finish_unbind(&fs.roots, &addr, state, Duration::ZERO).unwrap();
+        assert_eq!(out.driver.as_deref(), Some("ufshcd-pci"));
     }
 
     #[test]

@@ -31,6 +31,69 @@ pub const VFIO_PCI_DRIVER: &str = "vfio-pci";
 pub const NVME_DRIVER: &str = "nvme";
 /// PCI class (base class + subclass) of NVMe controllers: mass storage / NVM.
 pub const NVME_CLASS: u32 = 0x0108;
+/// PCI class (base class + subclass) of UFS host controllers: mass storage /
+/// UFS (programming interface 0x01 is UFSHCI; QEMU's `ufs` is 1b36:0013,
+/// class 0x010901).
+pub const UFS_CLASS: u32 = 0x0109;
+/// The kernel's driver for UFS host controllers on PCI.
+pub const UFS_DRIVER: &str = "ufshcd-pci";
+
+/// The storage protocol a PCI function speaks, from its class code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// An NVMe controller (class 0x0108xx).
+    Nvme,
+    /// A UFS host controller (class 0x0109xx).
+    Ufs,
+}
+
+impl Transport {
+    /// The transport of a 24-bit PCI class code, if it is one mcqio knows.
+    pub fn from_class(class: u32) -> Option<Self> {
+        match class >> 8 {
+            NVME_CLASS => Some(Transport::Nvme),
+            UFS_CLASS => Some(Transport::Ufs),
+            _ => None,
+        }
+    }
+
+    /// `NVMe` or `UFS`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Nvme => "NVMe",
+            Transport::Ufs => "UFS",
+        }
+    }
+
+    /// What a device of this transport is called (`NVMe controller`).
+    pub fn device_noun(self) -> &'static str {
+        match self {
+            Transport::Nvme => "NVMe controller",
+            Transport::Ufs => "UFS host controller",
+        }
+    }
+
+    /// The kernel driver that owns such a device when VFIO does not.
+    pub fn kernel_driver(self) -> &'static str {
+        match self {
+            Transport::Nvme => NVME_DRIVER,
+            Transport::Ufs => UFS_DRIVER,
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The transport of the PCI function at `bdf` from its class code: the one
+/// place that decides whether a device is NVMe or UFS. `Ok(None)` for a
+/// function of any other class; [`VfioError::NoSuchDevice`] if sysfs has none.
+pub fn transport_of(roots: &SysRoots, bdf: &PciAddress) -> Result<Option<Transport>> {
+    Ok(PciDevice::read(roots, bdf)?.transport())
+}
 /// Drivers the kernel accepts in a VFIO group besides VFIO's own.
 const GROUP_FRIENDLY_DRIVERS: &[&str] = &["pci-stub"];
 /// PCI class of bridges (base class 0x06): the kernel ignores their driver
@@ -264,7 +327,12 @@ impl PciDevice {
 
     /// Whether this is an NVMe controller (class 0x0108xx).
     pub fn is_nvme(&self) -> bool {
-        self.class >> 8 == NVME_CLASS
+        self.transport() == Some(Transport::Nvme)
+    }
+
+    /// NVMe or UFS, from the class code; `None` for any other device.
+    pub fn transport(&self) -> Option<Transport> {
+        Transport::from_class(self.class)
     }
 
     /// Whether the device is bound to a VFIO driver.
@@ -395,6 +463,18 @@ pub(crate) mod fake {
                 class: 0x010802,
                 vendor: 0x1b36,
                 device: 0x0010,
+                driver,
+                group,
+            }
+        }
+
+        /// QEMU's UFS host controller (1b36:0013, class 0x010901).
+        pub fn ufs(bdf: &'a str, driver: Option<&'a str>, group: Option<u32>) -> Self {
+            Self {
+                bdf,
+                class: 0x010901,
+                vendor: 0x1b36,
+                device: 0x0013,
                 driver,
                 group,
             }
@@ -559,6 +639,29 @@ mod tests {
             }]
         );
         assert_eq!(pci_devices(&fs.roots).unwrap().len(), 3);
+    }
+
+    /// Issue 13 item 6: NVMe and UFS are told apart by class code only.
+    #[test]
+    fn transport_comes_from_the_class_code() {
+        let fs = FakeSys::new();
+        fs.add(Dev::nvme("0000:00:03.0", None, None));
+        fs.add(Dev::ufs("0000:00:04.0", Some("ufshcd-pci"), Some(4)));
+        fs.add(Dev {
+            class: 0x010601, // SATA AHCI: storage, but neither
+            ..Dev::nvme("0000:00:05.0", None, None)
+        });
+        let t = |b: &str| transport_of(&fs.roots, &PciAddress::parse(b).unwrap()).unwrap();
+        assert_eq!(t("0000:00:03.0"), Some(Transport::Nvme));
+        assert_eq!(t("0000:00:04.0"), Some(Transport::Ufs));
+        assert_eq!(t("0000:00:05.0"), None);
+        assert!(matches!(
+            transport_of(&fs.roots, &PciAddress::parse("0000:00:09.0").unwrap()),
+            Err(VfioError::NoSuchDevice { .. })
+        ));
+        assert_eq!(Transport::Ufs.kernel_driver(), "ufshcd-pci");
+        assert_eq!(Transport::from_class(0x010802), Some(Transport::Nvme));
+        assert_eq!(Transport::from_class(0x010901), Some(Transport::Ufs));
     }
 
     #[test]

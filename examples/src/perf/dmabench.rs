@@ -45,6 +45,9 @@ pub struct DmaBenchArgs {
     /// Print JSON instead of the table
     #[arg(long)]
     json: bool,
+    /// Also draw requests per second over threads, one line per mode, into an SVG file
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
 }
 
 /// One row as JSON.
@@ -129,6 +132,8 @@ pub fn run(a: &DmaBenchArgs) -> ExitCode {
         _ => None,
     };
     let mut json_rows = Vec::new();
+    // Per mode label: (threads, requests/s) for --plot.
+    let mut chart: Vec<crate::plot::Series> = Vec::new();
     for &t in &threads {
         let mut rows = Vec::with_capacity(modes.len());
         for &mode in &modes {
@@ -137,6 +142,13 @@ pub fn run(a: &DmaBenchArgs) -> ExitCode {
             match bench::run_map_unmap(&space, &spec) {
                 Ok(r) => rows.push(r),
                 Err(e) => return fail(format!("{} with {t} thread(s): {e}", mode.label())),
+            }
+        }
+        for r in &rows {
+            let pt = (r.threads as f64, r.rate());
+            match chart.iter_mut().find(|(l, _)| *l == r.label) {
+                Some((_, pts)) => pts.push(pt),
+                None => chart.push((r.label.clone(), vec![pt])),
             }
         }
         if a.json {
@@ -161,6 +173,18 @@ pub fn run(a: &DmaBenchArgs) -> ExitCode {
             );
             print!("{}", bench::format_table(&rows));
             println!();
+        }
+    }
+    if let Some(path) = &a.plot {
+        let title = format!(
+            "map -> I/O -> unmap on {} ({} B I/Os)",
+            a.device.label(),
+            a.io_size
+        );
+        if let Err(e) =
+            crate::plot::line_chart(path, &title, "threads", "requests per second", &chart)
+        {
+            return fail(format!("cannot write {}: {e}", path.display()));
         }
     }
     if a.json {

@@ -7,7 +7,13 @@
 //! Per batch the loop reads the clock once before filling free slots (the
 //! submit stamp for every I/O of the batch) and once when a poll finds
 //! completions (the completion stamp for every I/O it reaps). Per I/O it
-//! draws an LBA, pushes an SQE, and on completion adds one latency sample.
+//! draws an LBA, pushes an SQE, and on completion adds one latency sample
+//! to its direction's counters (an array index by read/write: the same
+//! work as one shared set of counters, issue 16 item 8).
+//!
+//! Per batch, not per I/O: the `--rate-iops` allowance (one division when a
+//! rate is set) and a look at the per-second tick, which at most once a
+//! second copies the latency histogram for the JSON time series.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -19,7 +25,7 @@ use hdrhistogram::Histogram;
 use crate::clock::Clock;
 use crate::queue::{IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::verify::{self, Mismatch, VerifyMap, UNKNOWN};
-use crate::workload::{IoGen, Op, Pattern};
+use crate::workload::{Distribution, IoGen, Op, Pattern};
 
 /// Jobs wait for the go signal.
 pub const PHASE_READY: u32 = 0;
@@ -54,6 +60,9 @@ pub struct Shared {
     pub finished: AtomicU32,
     /// Jobs that stopped on a queue error.
     pub failed: AtomicU32,
+    /// Seconds of the measured phase sampled so far: the controller bumps it
+    /// after each per-second sample, and jobs then snapshot their histograms.
+    pub tick: AtomicU32,
 }
 
 impl Shared {
@@ -66,6 +75,7 @@ impl Shared {
                 .collect(),
             finished: AtomicU32::new(0),
             failed: AtomicU32::new(0),
+            tick: AtomicU32::new(0),
         }
     }
 }
@@ -105,6 +115,10 @@ pub struct JobSpec {
     pub dma: crate::run::DmaMode,
     /// Lazy flush batch (`--dma-batch`).
     pub dma_batch: Option<usize>,
+    /// How random positions are spread.
+    pub distribution: Distribution,
+    /// I/Os per second this job may start (`--rate-iops` / jobs).
+    pub rate_iops: Option<u64>,
 }
 
 /// CPU time (user, system) of the calling thread.
@@ -138,12 +152,8 @@ pub struct JobResult {
     pub nsid: u32,
     /// I/Os completed (successfully or not) in the measured phase.
     pub ios: u64,
-    /// Reads among them.
-    pub reads: u64,
-    /// Writes among them.
-    pub writes: u64,
-    /// Bytes moved by them.
-    pub bytes: u64,
+    /// Reads (`dir[0]`, [`Op::Read`]) and writes (`dir[1]`) among them.
+    pub dir: [DirResult; 2],
     /// I/Os that failed (any phase, including prefill and drain).
     pub errors: u64,
     /// Reads whose data did not verify (any phase).
@@ -152,14 +162,13 @@ pub struct JobResult {
     pub verified_blocks: u64,
     /// The first failures, described.
     pub failures: Vec<String>,
-    /// Sum of latencies, ns.
-    pub lat_sum_ns: u64,
-    /// Smallest latency, ns.
-    pub lat_min_ns: u64,
-    /// Largest latency, ns.
-    pub lat_max_ns: u64,
-    /// Latency histogram, if requested.
-    pub hist: Option<Histogram<u64>>,
+    /// Latencies (both directions) completed since the previous snapshot,
+    /// one entry per controller tick the job saw: (tick, sparse histogram
+    /// as (value ns, count) pairs). Sparse, because a full histogram is a
+    /// few hundred KiB and a long run has one per second per job.
+    pub snapshots: Vec<(u32, Vec<(u64, u64)>)>,
+    /// The cumulative histogram at the last snapshot (to take differences).
+    last_snapshot: Option<Histogram<u64>>,
     /// Length of the measured phase.
     pub elapsed: Duration,
     /// User CPU time in the measured phase.
@@ -170,23 +179,59 @@ pub struct JobResult {
     pub prefill_blocks: u64,
 }
 
+/// What one direction (reads or writes) of a job measured.
+#[derive(Debug, Clone)]
+pub struct DirResult {
+    /// I/Os completed in the measured phase.
+    pub ios: u64,
+    /// Sum of latencies, ns.
+    pub lat_sum_ns: u64,
+    /// Smallest latency, ns.
+    pub lat_min_ns: u64,
+    /// Largest latency, ns.
+    pub lat_max_ns: u64,
+    /// Latency histogram, if requested.
+    pub hist: Option<Histogram<u64>>,
+}
+
+impl DirResult {
+    fn new(histogram: bool) -> Self {
+        DirResult {
+            ios: 0,
+            lat_sum_ns: 0,
+            lat_min_ns: u64::MAX,
+            lat_max_ns: 0,
+            hist: histogram.then(new_histogram),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.ios = 0;
+        self.lat_sum_ns = 0;
+        self.lat_min_ns = u64::MAX;
+        self.lat_max_ns = 0;
+        if let Some(h) = &mut self.hist {
+            h.reset();
+        }
+    }
+}
+
 impl JobResult {
     fn new(spec: &JobSpec) -> Self {
         JobResult {
             index: spec.index,
             nsid: spec.nsid,
             ios: 0,
-            reads: 0,
-            writes: 0,
-            bytes: 0,
+            dir: [
+                DirResult::new(spec.histogram),
+                DirResult::new(spec.histogram),
+            ],
             errors: 0,
             verify_mismatches: 0,
             verified_blocks: 0,
             failures: Vec::new(),
-            lat_sum_ns: 0,
-            lat_min_ns: u64::MAX,
-            lat_max_ns: 0,
-            hist: spec.histogram.then(new_histogram),
+            snapshots: Vec::new(),
+            last_snapshot: None,
             elapsed: Duration::ZERO,
             cpu_usr: Duration::ZERO,
             cpu_sys: Duration::ZERO,
@@ -196,15 +241,29 @@ impl JobResult {
 
     fn reset_counts(&mut self) {
         self.ios = 0;
-        self.reads = 0;
-        self.writes = 0;
-        self.bytes = 0;
-        self.lat_sum_ns = 0;
-        self.lat_min_ns = u64::MAX;
-        self.lat_max_ns = 0;
-        if let Some(h) = &mut self.hist {
-            h.reset();
+        self.dir.iter_mut().for_each(DirResult::reset);
+        self.snapshots.clear();
+        self.last_snapshot = None;
+    }
+
+    /// Reads and writes together: (sum, min, max) of latency in ns.
+    pub fn lat_ns(&self) -> (u64, u64, u64) {
+        let [r, w] = &self.dir;
+        (
+            r.lat_sum_ns.saturating_add(w.lat_sum_ns),
+            r.lat_min_ns.min(w.lat_min_ns),
+            r.lat_max_ns.max(w.lat_max_ns),
+        )
+    }
+
+    /// Reads and writes together: the merged histogram, if recorded.
+    pub fn hist(&self) -> Option<Histogram<u64>> {
+        let [r, w] = &self.dir;
+        let mut h = r.hist.clone()?;
+        if let Some(w) = &w.hist {
+            let _ = h.add(w);
         }
+        Some(h)
     }
 }
 
@@ -220,7 +279,6 @@ struct Slot {
 /// is borrowed by `reap`.
 struct State<'a, const H: bool, const V: bool> {
     spec: &'a JobSpec,
-    clock: Clock,
     free: Vec<u32>,
     slots: Vec<Slot>,
     bufs: Vec<NonNull<u8>>,
@@ -230,23 +288,50 @@ struct State<'a, const H: bool, const V: bool> {
     counting: bool,
     inflight: usize,
     completed_total: u64,
-    /// A run of equal latencies not yet added to the histogram: I/Os of one
-    /// submit batch reaped by one poll share both stamps, so they are
-    /// recorded with one `record_n` instead of one call each.
-    hist_ns: u64,
-    hist_n: u64,
+    /// Per direction, a run of equal latencies not yet added to the
+    /// histogram: I/Os of one submit batch reaped by one poll share both
+    /// stamps, so they are recorded with one `record_n` instead of one call
+    /// each.
+    hist_ns: [u64; 2],
+    hist_n: [u64; 2],
 }
 
 impl<const H: bool, const V: bool> State<'_, H, V> {
     /// Add the pending run of equal latencies to the histogram.
     #[inline]
     fn flush_hist(&mut self) {
-        if H && self.hist_n > 0 {
-            if let Some(h) = self.res.hist.as_mut() {
-                h.saturating_record_n(self.hist_ns.max(1), self.hist_n);
+        if H {
+            for d in 0..2 {
+                if self.hist_n[d] > 0 {
+                    if let Some(h) = self.res.dir[d].hist.as_mut() {
+                        h.saturating_record_n(self.hist_ns[d].max(1), self.hist_n[d]);
+                    }
+                    self.hist_n[d] = 0;
+                }
             }
-            self.hist_n = 0;
         }
+    }
+
+    /// Copy the cumulative histogram for the second that just ended (once a
+    /// second, on the controller's tick).
+    #[cold]
+    fn snapshot(&mut self, tick: u32) {
+        self.flush_hist();
+        let Some(cur) = self.res.hist() else {
+            return;
+        };
+        let mut delta = cur.clone();
+        if let Some(prev) = &self.res.last_snapshot {
+            if delta.subtract(prev).is_err() {
+                return;
+            }
+        }
+        let sparse = delta
+            .iter_recorded()
+            .map(|v| (v.value_iterated_to(), v.count_at_value()))
+            .collect();
+        self.res.snapshots.push((tick, sparse));
+        self.res.last_snapshot = Some(cur);
     }
 
     fn fail(&mut self, msg: impl FnOnce() -> String) {
@@ -260,7 +345,7 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
     }
 
     #[inline(always)]
-    fn complete(&mut self, slot: usize, status: IoStatus, now: u64) {
+    fn complete(&mut self, slot: usize, status: IoStatus, now: u64, clock: &Clock) {
         let s = self.slots[slot];
         let nlb = self.spec.nlb;
         self.inflight -= 1;
@@ -284,23 +369,26 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
             }
         }
         if self.counting {
-            let ns = self.clock.ticks_to_ns(now.wrapping_sub(s.t_submit));
+            let ns = clock.ticks_to_ns(now.wrapping_sub(s.t_submit));
+            let d = s.op as usize;
             let r = &mut self.res;
             r.ios += 1;
-            match s.op {
-                Op::Read => r.reads += 1,
-                Op::Write => r.writes += 1,
-            }
-            r.lat_sum_ns += ns;
-            r.lat_min_ns = r.lat_min_ns.min(ns);
-            r.lat_max_ns = r.lat_max_ns.max(ns);
+            let dir = &mut r.dir[d];
+            dir.ios += 1;
+            dir.lat_sum_ns += ns;
+            dir.lat_min_ns = dir.lat_min_ns.min(ns);
+            dir.lat_max_ns = dir.lat_max_ns.max(ns);
             if H {
-                if ns == self.hist_ns {
-                    self.hist_n += 1;
+                if ns == self.hist_ns[d] {
+                    self.hist_n[d] += 1;
                 } else {
-                    self.flush_hist();
-                    self.hist_ns = ns;
-                    self.hist_n = 1;
+                    if self.hist_n[d] > 0 {
+                        if let Some(h) = self.res.dir[d].hist.as_mut() {
+                            h.saturating_record_n(self.hist_ns[d].max(1), self.hist_n[d]);
+                        }
+                    }
+                    self.hist_ns[d] = ns;
+                    self.hist_n[d] = 1;
                 }
             }
         }
@@ -374,6 +462,13 @@ pub fn run<Q: JobQueue>(
 struct Runner<'a, Q, const H: bool, const V: bool> {
     q: Q,
     st: State<'a, H, V>,
+    /// Apart from `st`, so a completion callback can read it while `st` is
+    /// borrowed mutably.
+    clock: Clock,
+    /// Clock ticks between two I/O starts under `--rate-iops` (0: no limit).
+    rate_ticks: u64,
+    /// The tick at which the next rate-limited I/O may start.
+    rate_next: u64,
 }
 
 impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
@@ -389,7 +484,6 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         Runner {
             st: State {
                 spec,
-                clock,
                 // Reversed so slot 0 is used first (LIFO keeps hot buffers hot).
                 free: (0..depth as u32).rev().collect(),
                 slots: vec![first; depth],
@@ -399,10 +493,13 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 counting: false,
                 inflight: 0,
                 completed_total: 0,
-                hist_ns: 0,
-                hist_n: 0,
+                hist_ns: [0; 2],
+                hist_n: [0; 2],
             },
             q,
+            clock,
+            rate_ticks: 0,
+            rate_next: 0,
         }
     }
 
@@ -414,8 +511,40 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         }
         let st = &mut self.st;
         let nlb = st.spec.nlb;
-        let t = st.clock.now();
-        while *budget > 0 {
+        let t = self.clock.now();
+        // I/Os this batch may start: the budget, and under a rate limit the
+        // I/Os whose start time has come (one division per batch).
+        let mut n = *budget;
+        if self.rate_ticks > 0 {
+            if t < self.rate_next {
+                return Ok(());
+            }
+            // After a stall, catch up by at most one queue's worth.
+            let floor = t.saturating_sub(self.rate_ticks.saturating_mul(st.spec.depth as u64));
+            self.rate_next = self.rate_next.max(floor);
+            n = n.min((t - self.rate_next) / self.rate_ticks + 1);
+        }
+        let n0 = n;
+        let result = Self::fill_n(&mut self.q, st, gen, &mut n, t, nlb);
+        let issued = n0 - n;
+        *budget -= issued;
+        self.rate_next = self
+            .rate_next
+            .wrapping_add(issued.wrapping_mul(self.rate_ticks));
+        result
+    }
+
+    /// Start up to `n` I/Os stamped `t`, counting `n` down.
+    #[inline(always)]
+    fn fill_n(
+        q: &mut Q,
+        st: &mut State<'a, H, V>,
+        gen: &mut IoGen,
+        n: &mut u64,
+        t: u64,
+        nlb: u32,
+    ) -> Result<(), QueueError> {
+        while *n > 0 {
             let Some(slot) = st.free.pop() else { break };
             let op = gen.op();
             let slba = gen.lba();
@@ -444,7 +573,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                     }
                 }
             }
-            match self.q.push(slot as usize, IoReq { op, slba, nlb }) {
+            match q.push(slot as usize, IoReq { op, slba, nlb }) {
                 Ok(()) => {
                     st.slots[slot as usize] = Slot {
                         t_submit: t,
@@ -453,7 +582,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                         generation,
                     };
                     st.inflight += 1;
-                    *budget -= 1;
+                    *n -= 1;
                 }
                 Err(e) => {
                     if V {
@@ -484,12 +613,12 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         self.q.submit(self.st.inflight)?;
         let st = &mut self.st;
         let mut now = 0u64;
-        let clock = st.clock;
+        let clock = &self.clock;
         let n = self.q.reap(|slot, status| {
             if now == 0 {
                 now = clock.now();
             }
-            st.complete(slot, status, now);
+            st.complete(slot, status, now, clock);
         })?;
         st.flush_hist();
         Ok(n)
@@ -547,7 +676,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             return Ok(self.st.res);
         }
         let seed = spec.seed ^ (spec.index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let mut gen = IoGen::new(
+        let mut gen = IoGen::with_distribution(
             spec.pattern,
             spec.read_pct,
             spec.first_lba,
@@ -555,12 +684,18 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             spec.nlb,
             spec.seq_start,
             seed,
+            spec.distribution,
         );
+        if let Some(rate) = spec.rate_iops.filter(|&r| r > 0) {
+            self.rate_ticks = ((self.clock.ticks_per_sec() / rate as f64) as u64).max(1);
+            self.rate_next = self.clock.now();
+        }
         let counter = &shared.completed[spec.index];
         let mut budget = u64::MAX;
-        let mut t_start = self.st.clock.now();
+        let mut t_start = self.clock.now();
         let mut cpu_start = thread_cpu();
         let mut measuring = false;
+        let mut tick = shared.tick.load(Ordering::Relaxed);
         if phase == PHASE_MEASURE {
             measuring = true;
             self.st.counting = true;
@@ -572,14 +707,30 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 phase = p;
                 if phase == PHASE_MEASURE && !measuring {
                     measuring = true;
-                    self.st.hist_n = 0;
+                    self.st.hist_n = [0; 2];
                     self.st.res.reset_counts();
                     self.st.counting = true;
                     budget = spec.ios_limit.unwrap_or(u64::MAX);
-                    t_start = self.st.clock.now();
+                    t_start = self.clock.now();
                     cpu_start = thread_cpu();
                 } else if phase >= PHASE_STOP {
+                    if H && measuring {
+                        // Pairs with the controller's Release store of STOP,
+                        // made after its last tick: that tick is visible.
+                        std::sync::atomic::fence(Ordering::Acquire);
+                        let k = shared.tick.load(Ordering::Relaxed);
+                        if k != tick {
+                            self.st.snapshot(k);
+                        }
+                    }
                     break;
+                }
+            }
+            if H && measuring {
+                let k = shared.tick.load(Ordering::Relaxed);
+                if k != tick {
+                    tick = k;
+                    self.st.snapshot(k);
                 }
             }
             self.fill(&mut gen, &mut budget)?;
@@ -596,11 +747,11 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 std::hint::spin_loop();
             }
         }
-        let t_end = self.st.clock.now();
+        let t_end = self.clock.now();
         let cpu_end = thread_cpu();
         if measuring {
             self.st.res.elapsed =
-                Duration::from_nanos(self.st.clock.ticks_to_ns(t_end.wrapping_sub(t_start)));
+                Duration::from_nanos(self.clock.ticks_to_ns(t_end.wrapping_sub(t_start)));
             self.st.res.cpu_usr = cpu_end.0.saturating_sub(cpu_start.0);
             self.st.res.cpu_sys = cpu_end.1.saturating_sub(cpu_start.1);
         }
@@ -724,6 +875,8 @@ mod tests {
             histogram: true,
             dma: crate::run::DmaMode::Premapped,
             dma_batch: None,
+            distribution: Distribution::Uniform,
+            rate_iops: None,
         }
     }
 
@@ -765,14 +918,98 @@ mod tests {
         let s = spec(false, 1000);
         let r = go(MemQueue::new(8, 1024, 512), &s);
         assert_eq!(r.ios, 1000);
-        assert_eq!(r.reads + r.writes, 1000);
-        assert!(r.reads > 300 && r.writes > 300, "{} {}", r.reads, r.writes);
+        let [rd, wr] = &r.dir;
+        assert_eq!(rd.ios + wr.ios, 1000);
+        assert!(rd.ios > 300 && wr.ios > 300, "{} {}", rd.ios, wr.ios);
         assert_eq!(
-            r.hist.as_ref().unwrap().len(),
+            r.hist().unwrap().len(),
             1000,
             "batched records still count every I/O"
         );
-        assert!(r.lat_min_ns <= r.lat_max_ns);
+        let (_, min, max) = r.lat_ns();
+        assert!(min <= max);
+    }
+
+    /// Issue 16 item 8: reads and writes are counted and timed apart, each
+    /// with its own histogram.
+    #[test]
+    fn reads_and_writes_have_their_own_counters_and_histograms() {
+        let s = spec(false, 2000);
+        let r = go(MemQueue::new(8, 1024, 512), &s);
+        let [rd, wr] = &r.dir;
+        assert_eq!(rd.hist.as_ref().unwrap().len(), rd.ios);
+        assert_eq!(wr.hist.as_ref().unwrap().len(), wr.ios);
+        assert!(rd.ios > 0 && wr.ios > 0);
+        assert!(rd.lat_min_ns <= rd.lat_max_ns && wr.lat_min_ns <= wr.lat_max_ns);
+        let mut s = spec(false, 500);
+        s.read_pct = 100;
+        s.pattern = Pattern::Randread;
+        let r = go(MemQueue::new(8, 1024, 512), &s);
+        assert_eq!((r.dir[0].ios, r.dir[1].ios), (500, 0));
+        assert_eq!(r.dir[1].hist.as_ref().unwrap().len(), 0);
+    }
+
+    /// Issue 16 item 14: on each controller tick the job copies its
+    /// cumulative histogram, tagged with the tick.
+    #[test]
+    fn a_tick_snapshots_the_histogram() {
+        let mut s = spec(false, 1);
+        s.ios_limit = None;
+        let shared = std::sync::Arc::new(Shared::new(1));
+        shared.phase.store(PHASE_MEASURE, Ordering::Release);
+        let sh = std::sync::Arc::clone(&shared);
+        let h = std::thread::spawn(move || {
+            run(
+                MemQueue::new(8, 1024, 512),
+                &s,
+                &sh,
+                Clock::instant(),
+                |_| {},
+            )
+            .unwrap()
+        });
+        while shared.completed[0].load(Ordering::Relaxed) < 100 {
+            std::thread::yield_now();
+        }
+        shared.tick.store(1, Ordering::Relaxed);
+        let seen = shared.completed[0].load(Ordering::Relaxed);
+        while shared.completed[0].load(Ordering::Relaxed) < seen + 1000 {
+            std::thread::yield_now();
+        }
+        shared.phase.store(PHASE_STOP, Ordering::Release);
+        let r = h.join().unwrap();
+        assert_eq!(r.snapshots.len(), 1);
+        let (k, snap) = &r.snapshots[0];
+        assert_eq!(*k, 1);
+        let n: u64 = snap.iter().map(|(_, c)| c).sum();
+        assert!(n >= 100 && n < r.ios, "{n} {}", r.ios);
+    }
+
+    /// Issue 16 item 13: a rate limit spaces I/O starts by the clock: with
+    /// a clock that never advances, only the first I/O may start.
+    #[test]
+    fn rate_limit_holds_back_ios_until_their_time() {
+        let mut s = spec(false, 10);
+        s.rate_iops = Some(1);
+        let shared = Shared::new(1);
+        shared.phase.store(PHASE_MEASURE, Ordering::Release);
+        let mut r = Runner::<MemQueue, false, false>::new(
+            MemQueue::new(8, 1024, 512),
+            &s,
+            Clock::instant(),
+        );
+        r.rate_ticks = 1_000_000_000;
+        r.rate_next = r.clock.now();
+        let mut gen = IoGen::new(Pattern::Randread, 100, 0, 64, 2, 0, 1);
+        let mut budget = 10;
+        r.fill(&mut gen, &mut budget).unwrap();
+        r.fill(&mut gen, &mut budget).unwrap();
+        assert_eq!((r.st.inflight, budget), (1, 9), "one I/O per second");
+        // Its time comes: exactly one more may start.
+        r.rate_next = r.clock.now();
+        r.fill(&mut gen, &mut budget).unwrap();
+        assert_eq!((r.st.inflight, budget), (2, 8));
+        drop(shared);
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //! mcqio-perf -d fake:null -q 128 --compare uring:null
 //! mcqio-perf -d uring:/tmp/f,size=256M -w randrw -M 70 -L --json
 //! mcqio-perf -d fake,corrupt=0.001 --verify -w randrw   # exits 1, names the bad LBAs
+//! mcqio-perf -w randrw -M 70 --random-distribution zipf:1.2 --percentiles 50,99,99.9 -LL
+//! mcqio-perf -d fake,ns=2 -d fake:null -j 2 --rate-iops 10000 --bytes 1G --json --output r.json
+//! mcqio-perf -t 10 --plot run.svg                      # IOPS over time + latency distribution
 //! ```
 //!
 //! Set-up subcommands: `mcqio-perf devices`, `bind <BDF>`, `unbind <BDF>`,
@@ -29,6 +32,7 @@ mod clock;
 mod dmabench;
 mod job;
 mod nvme;
+mod plot;
 mod progress;
 mod queue;
 mod report;
@@ -49,9 +53,55 @@ use clap::{Args, Parser};
 use mcqio::queue::pair::MAX_DEPTH;
 
 use crate::report::CompareReport;
+use crate::report::LatOpts;
 use crate::run::{DmaMode, PerfError, RunOpts};
 use crate::spec::{parse_cpus, parse_duration, parse_size, DeviceKind, DeviceSpec};
-use crate::workload::Pattern;
+use crate::workload::{Distribution, Pattern};
+
+/// A percentile list (`50,99,99.9`).
+#[derive(Debug, Clone)]
+struct Percentiles(Vec<f64>);
+
+fn percentile_list(s: &str) -> Result<Percentiles, String> {
+    let mut v = Vec::new();
+    for part in s.split(',') {
+        let p: f64 = part
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{part}` is not a percentile"))?;
+        if !(p > 0.0 && p <= 100.0) {
+            return Err(format!("percentile {p} is outside (0, 100]"));
+        }
+        v.push(p);
+    }
+    Ok(Percentiles(v))
+}
+
+/// A namespace list (`1,2`, `1-3`).
+#[derive(Debug, Clone)]
+struct NsidList(Vec<u32>);
+
+fn nsid_list(s: &str) -> Result<NsidList, String> {
+    let ids = parse_cpus(s).map_err(|e| e.to_string().replace("CPU", "namespace"))?;
+    ids.into_iter()
+        .map(|i| match u32::try_from(i) {
+            Ok(0) | Err(_) => Err(format!("namespace {i} does not exist (NSIDs start at 1)")),
+            Ok(n) => Ok(n),
+        })
+        .collect::<Result<_, _>>()
+        .map(NsidList)
+}
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+fn nonzero_size(s: &str) -> Result<u64, String> {
+    match size_arg(s)? {
+        0 => Err("0 bytes moves nothing; give a size such as 1M or 4G".into()),
+        n => Ok(n),
+    }
+}
 
 /// A CPU list (`0-3,6`).
 #[derive(Debug, Clone)]
@@ -97,12 +147,14 @@ struct RunArgs {
         short = 'd',
         long,
         default_value = "fake",
+        action = clap::ArgAction::Append,
         value_parser = device,
         help = "Device: fake[,lbs=,lbads=,ns=,size=,corrupt=,error=,latency=,qpairs=,core=,sync=], fake:null, \
                 vfio:<BDF>[,qpairs=], uring:<path>[,size=,lbs=,lbads=,direct=], uring:null \
-                (lbs= in bytes, lbads= as NVMe's log2; default fake: 1 namespace of 64 MiB, 512 B blocks)"
+                (lbs= in bytes, lbads= as NVMe's log2; default fake: 1 namespace of 64 MiB, 512 B blocks). \
+                Repeat -d to run several devices at once: job i runs on device i mod N"
     )]
-    device: DeviceSpec,
+    device: Vec<DeviceSpec>,
     /// Access pattern
     #[arg(short = 'w', long = "rw", value_enum, default_value = "randread")]
     pattern: Pattern,
@@ -140,9 +192,43 @@ struct RunArgs {
     /// Write LBA/seed/generation tags and check every read
     #[arg(long)]
     verify: bool,
-    /// Print latency percentiles (50, 90, 99, 99.9, 99.99)
-    #[arg(short = 'L', long = "latency")]
-    latency: bool,
+    /// Print latency percentiles (-L; the list is --percentiles) and with
+    /// -LL also the latency histogram in power-of-two buckets
+    #[arg(short = 'L', long = "latency", action = clap::ArgAction::Count)]
+    latency: u8,
+    /// Latency percentiles to report, e.g. 50,99,99.9 [default: 50,90,99,99.9,99.99]
+    #[arg(long, value_parser = percentile_list)]
+    percentiles: Option<Percentiles>,
+    /// How random offsets are spread (fio's random_distribution): uniform,
+    /// zipf:θ, pareto:h, normal:σ% (σ as a percentage of the region)
+    #[arg(
+        long = "random-distribution",
+        alias = "random_distribution",
+        default_value = "uniform"
+    )]
+    distribution: Distribution,
+    /// Start of the region under test in each namespace (bytes, 4k, 1G)
+    #[arg(long, default_value = "0", value_parser = size_arg)]
+    offset: u64,
+    /// Size of the region under test in each namespace [default: to the end]
+    #[arg(long, visible_alias = "range", value_parser = size_arg)]
+    size: Option<u64>,
+    /// Namespaces to run on, e.g. 1,2 [default: all]
+    #[arg(short = 'N', long = "nsid", value_parser = nsid_list)]
+    nsids: Option<NsidList>,
+    /// Limit the I/O rate: I/Os per second over all jobs
+    #[arg(long = "rate-iops", value_parser = clap::value_parser!(u64).range(1..))]
+    rate_iops: Option<u64>,
+    /// Move this many bytes in total and stop (size-based run; with -t:
+    /// whichever comes first)
+    #[arg(long, value_parser = nonzero_size, conflicts_with = "ios")]
+    bytes: Option<u64>,
+    /// Write the report (table or --json) to FILE instead of stdout
+    #[arg(long, value_name = "FILE")]
+    output: Option<std::path::PathBuf>,
+    /// Draw IOPS over time and the latency distribution into an SVG file
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
     /// Print one JSON document instead of the table
     #[arg(long)]
     json: bool,
@@ -199,9 +285,10 @@ impl RunArgs {
             None if jobs <= ncpu => usable[..jobs].to_vec(),
             None => Vec::new(),
         };
-        let polled = [&Some(self.device.clone()), &self.compare]
-            .into_iter()
-            .flatten()
+        let polled = self
+            .device
+            .iter()
+            .chain(self.compare.as_ref())
             .any(|d| matches!(d.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. }));
         if polled && jobs > ncpu && !self.force {
             return Err(PerfError::Usage(format!(
@@ -240,7 +327,7 @@ impl RunArgs {
             depth: self.depth as usize,
             jobs,
             cpus,
-            time: match (self.time, self.ios) {
+            time: match (self.time, self.ios.or(self.bytes)) {
                 (Some(t), _) => Some(t),
                 (None, Some(_)) => None,
                 (None, None) => Some(DEFAULT_TIME),
@@ -249,12 +336,25 @@ impl RunArgs {
             warmup: self.warmup,
             verify: self.verify,
             // JSON always carries percentiles; the table shows them with -L.
-            histogram: self.latency || self.json,
+            histogram: self.latency > 0 || self.json || self.plot.is_some(),
             dma: self.dma,
             dma_batch: self.dma_batch.map(|b| b as usize),
             seed,
             progress: !self.quiet && !self.json,
             interrupt,
+            distribution: self.distribution,
+            offset: self.offset,
+            size: self.size,
+            nsids: self.nsids.as_ref().map(|n| n.0.clone()),
+            rate_iops: self.rate_iops,
+            bytes: self.bytes,
+            lat: LatOpts {
+                percentiles: self
+                    .percentiles
+                    .as_ref()
+                    .map_or_else(|| report::PERCENTILES.to_vec(), |p| p.0.clone()),
+                buckets: self.latency >= 2 || self.plot.is_some(),
+            },
         })
     }
 }
@@ -332,7 +432,7 @@ impl Interrupt {
 fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
     let interrupt = Interrupt::install()?;
     let o = args.opts(Arc::clone(&interrupt.flag))?;
-    if o.time.is_some_and(|t| t.is_zero()) && o.ios.is_none() {
+    if o.time.is_some_and(|t| t.is_zero()) && o.ios.is_none() && o.bytes.is_none() {
         return Err(PerfError::Usage(
             "-t 0 measures nothing; give a time or -n <count>".into(),
         ));
@@ -341,12 +441,12 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
     let mut bases = Vec::new();
     let mut others = Vec::new();
     for _ in 0..args.repeat {
-        bases.push(run::run_device(&args.device, &o, clock)?);
+        bases.push(run::run_devices(&args.device, &o, clock.clone())?);
         if interrupt.signal().is_some() {
             break;
         }
         if let Some(c) = &args.compare {
-            others.push(run::run_device(c, &o, clock)?);
+            others.push(run::run_device(c, &o, clock.clone())?);
         }
         if interrupt.signal().is_some() {
             break;
@@ -373,27 +473,42 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
         .filter(|r| r.failed())
         .cloned()
         .collect();
+    if let Some(path) = &args.plot {
+        let mut runs = vec![&base];
+        runs.extend(other.as_ref());
+        plot::perf_chart(path, &runs).map_err(|e| PerfError::Output {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?;
+    }
+    let mut doc = String::new();
     if args.json {
         // One shape for both: a compared run is the base run with `compare` set.
-        let doc = match other {
+        doc = match other {
             Some(other) => {
                 serde_json::to_string_pretty(&CompareReport::new(base.clone(), other).into_report())
             }
             None => serde_json::to_string_pretty(&base),
         }
         .expect("reports serialize");
-        println!("{doc}");
+        doc.push('\n');
     } else {
-        print!("{}", base.table(args.latency));
+        let lat = args.latency > 0;
+        doc.push_str(&base.table(lat));
         if let Some(other) = &other {
-            println!();
-            print!("{}", other.table(args.latency));
-            println!();
-            println!(
-                "{}",
-                CompareReport::new(base.clone(), other.clone()).ratio_text()
-            );
+            doc.push('\n');
+            doc.push_str(&other.table(lat));
+            doc.push('\n');
+            doc.push_str(&CompareReport::new(base.clone(), other.clone()).ratio_text());
+            doc.push('\n');
         }
+    }
+    match &args.output {
+        Some(path) => std::fs::write(path, &doc).map_err(|e| PerfError::Output {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?,
+        None => print!("{doc}"),
     }
     for r in &failed {
         print_failures(r);

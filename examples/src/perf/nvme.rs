@@ -162,6 +162,8 @@ impl NvmeTarget {
                     dma_budget: budget,
                     ..VfioOpenOptions::default()
                 };
+                crate::spec::check_vfio_transport(&mcqio_vfio::SysRoots::default(), bdf)
+                    .map_err(|e| e.to_string())?;
                 let b = VfioBackend::open_with(bdf, &opts).map_err(|e| e.to_string())?;
                 let d = format!("mcqio engine on {} (VFIO)", b.name());
                 (Arc::new(b) as Arc<dyn Backend>, None, d)

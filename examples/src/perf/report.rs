@@ -23,6 +23,14 @@
 //! latency). `mib_s` and `nsid` are `null` for `uring:null`, which moves no
 //! data and has no namespace.
 //!
+//! Every row (job or total) also has `read` and `write`: `{ios, iops, mib_s,
+//! lat_us}` of that direction alone, `null` when it had no I/Os (fio's
+//! split of a mixed workload). `lat_us.percentiles` is the `--percentiles`
+//! list as `[{p, us}]`; `lat_us.buckets` (with `-LL` or `--plot`) the
+//! histogram as `[{lo_us, hi_us, count, cumulative_pct}]` in power-of-two
+//! buckets. `time_series` has one entry per second of the measured phase:
+//! `{t_s, iops, mib_s, lat_us: [{p, us}]}` over all jobs.
+//!
 //! Percentiles are `null` unless a histogram was recorded (`-L` or `--json`).
 
 use std::fmt::Write as _;
@@ -49,14 +57,114 @@ pub struct LatUs {
     pub p99_9: Option<f64>,
     /// 99.99th percentile.
     pub p99_99: Option<f64>,
+    /// The `--percentiles` list (default [`PERCENTILES`]); empty without a
+    /// histogram.
+    #[serde(default)]
+    pub percentiles: Vec<Percentile>,
+    /// With `-LL`: the latency histogram in power-of-two buckets, as
+    /// spdk_nvme_perf's `-LL` prints it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buckets: Vec<Bucket>,
+}
+
+/// One percentile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Percentile {
+    /// The percentile (e.g. 99.9).
+    pub p: f64,
+    /// Its latency, µs.
+    pub us: f64,
+}
+
+/// One histogram bucket: latencies in `(lo_us, hi_us]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// Lower bound, µs (exclusive).
+    pub lo_us: f64,
+    /// Upper bound, µs (inclusive).
+    pub hi_us: f64,
+    /// I/Os in the bucket.
+    pub count: u64,
+    /// Percentage of I/Os at or below `hi_us`.
+    pub cumulative_pct: f64,
+}
+
+/// What latency summaries show besides avg/min/max.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatOpts {
+    /// Percentiles to report.
+    pub percentiles: Vec<f64>,
+    /// Report the bucketed histogram too.
+    pub buckets: bool,
+}
+
+impl Default for LatOpts {
+    fn default() -> Self {
+        LatOpts {
+            percentiles: PERCENTILES.to_vec(),
+            buckets: false,
+        }
+    }
 }
 
 /// The percentiles reported (as in spdk_nvme_perf's summary, trimmed).
 pub const PERCENTILES: [f64; 5] = [50.0, 90.0, 99.0, 99.9, 99.99];
 
+/// Power-of-two buckets from 1 µs up to the largest latency.
+pub fn buckets(h: &Histogram<u64>) -> Vec<Bucket> {
+    let total = h.len();
+    if total == 0 {
+        return Vec::new();
+    }
+    // counts[i]: latencies in (1000 * 2^(i-1), 1000 * 2^i] ns; [0]: up to 1 µs.
+    let mut counts: Vec<u64> = Vec::new();
+    for v in h.iter_recorded() {
+        let ns = h.highest_equivalent(v.value_iterated_to());
+        let mut i = 0usize;
+        let mut hi = 1000u64;
+        while hi < ns && i < 63 {
+            hi = hi.saturating_mul(2);
+            i += 1;
+        }
+        if counts.len() <= i {
+            counts.resize(i + 1, 0);
+        }
+        counts[i] += v.count_at_value();
+    }
+    let first = counts.iter().position(|&c| c > 0).unwrap_or(0);
+    let mut seen = 0u64;
+    let mut out = Vec::new();
+    for (i, &count) in counts.iter().enumerate().skip(first) {
+        seen += count;
+        let hi = 1000u64.saturating_mul(1u64 << i.min(40));
+        out.push(Bucket {
+            lo_us: if i == 0 { 0.0 } else { hi as f64 / 2000.0 },
+            hi_us: hi as f64 / 1000.0,
+            count,
+            cumulative_pct: seen as f64 / total as f64 * 100.0,
+        });
+    }
+    out
+}
+
 impl LatUs {
-    /// From a sum/min/max in ns over `n` samples and an optional histogram in ns.
+    /// From a sum/min/max in ns over `n` samples and an optional histogram
+    /// in ns, with the default percentiles.
+    #[cfg(test)]
     pub fn from_ns(sum: u64, min: u64, max: u64, n: u64, hist: Option<&Histogram<u64>>) -> Self {
+        Self::with(sum, min, max, n, hist, &LatOpts::default())
+    }
+
+    /// From a sum/min/max in ns over `n` samples and an optional histogram
+    /// in ns, with the percentiles and buckets `o` asks for.
+    pub fn with(
+        sum: u64,
+        min: u64,
+        max: u64,
+        n: u64,
+        hist: Option<&Histogram<u64>>,
+        o: &LatOpts,
+    ) -> Self {
         let us = |ns: u64| ns as f64 / 1000.0;
         let p = |q: f64| {
             hist.filter(|h| !h.is_empty())
@@ -75,11 +183,23 @@ impl LatUs {
             p99: p(PERCENTILES[2]),
             p99_9: p(PERCENTILES[3]),
             p99_99: p(PERCENTILES[4]),
+            percentiles: o
+                .percentiles
+                .iter()
+                .filter_map(|&q| p(q).map(|us| Percentile { p: q, us }))
+                .collect(),
+            buckets: match hist {
+                Some(h) if o.buckets => buckets(h),
+                _ => Vec::new(),
+            },
         }
     }
 
-    fn percentiles(&self) -> [(f64, Option<f64>); 5] {
-        [
+    fn percentiles(&self) -> Vec<(f64, Option<f64>)> {
+        if !self.percentiles.is_empty() {
+            return self.percentiles.iter().map(|p| (p.p, Some(p.us))).collect();
+        }
+        vec![
             (PERCENTILES[0], self.p50),
             (PERCENTILES[1], self.p90),
             (PERCENTILES[2], self.p99),
@@ -87,6 +207,32 @@ impl LatUs {
             (PERCENTILES[4], self.p99_99),
         ]
     }
+}
+
+/// One direction (reads or writes) of a mixed workload, as fio splits it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DirStats {
+    /// I/Os completed.
+    pub ios: u64,
+    /// I/Os per second.
+    pub iops: f64,
+    /// MiB per second; `null` for a device that moves no data.
+    pub mib_s: Option<f64>,
+    /// Latency of this direction.
+    pub lat_us: LatUs,
+}
+
+/// One second of the measured phase (the JSON `time_series`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Second {
+    /// End of the second, seconds since the measured phase began.
+    pub t_s: f64,
+    /// I/Os per second over it (all jobs).
+    pub iops: f64,
+    /// MiB per second; `null` for a device that moves no data.
+    pub mib_s: Option<f64>,
+    /// Latency percentiles of the I/Os completed in it (empty without a histogram).
+    pub lat_us: Vec<Percentile>,
 }
 
 /// Throughput and latency of one job or of the total.
@@ -122,6 +268,12 @@ pub struct Stats {
     pub lat_us: LatUs,
     /// Length of the measured phase, seconds (total: the longest job).
     pub elapsed_s: f64,
+    /// Reads alone; `null` when there were none.
+    #[serde(default)]
+    pub read: Option<DirStats>,
+    /// Writes alone; `null` when there were none.
+    #[serde(default)]
+    pub write: Option<DirStats>,
 }
 
 /// One row of the table.
@@ -180,6 +332,21 @@ pub struct WorkloadReport {
     pub dma: String,
     /// Seed of the LBA streams and tags.
     pub seed: u64,
+    /// How random positions are spread (fio's `random_distribution`).
+    #[serde(default)]
+    pub distribution: String,
+    /// Start of the region under test in each namespace, bytes.
+    #[serde(default)]
+    pub offset: u64,
+    /// Size of the region under test in each namespace, bytes (`null`: to the end).
+    #[serde(default)]
+    pub size: Option<u64>,
+    /// `--rate-iops` over all jobs.
+    #[serde(default)]
+    pub rate_iops: Option<u64>,
+    /// `--bytes`: total bytes to move.
+    #[serde(default)]
+    pub bytes: Option<u64>,
 }
 
 /// IOMMU counters over the run.
@@ -256,6 +423,10 @@ pub struct RunReport {
     /// a single run. The document's shape is the same either way.
     #[serde(default)]
     pub compare: Option<Comparison>,
+    /// One entry per second of the measured phase: IOPS, MiB/s and latency
+    /// percentiles over that second (all jobs together).
+    #[serde(default)]
+    pub time_series: Vec<Second>,
 }
 
 /// The `--compare` part of a report.
@@ -398,6 +569,27 @@ fn row(out: &mut String, name: &str, s: &Stats) {
     );
 }
 
+/// The `read`/`write` rows under a row of a mixed workload.
+fn dir_rows(out: &mut String, s: &Stats) {
+    if s.read.is_none() || s.write.is_none() {
+        return;
+    }
+    for (name, d) in [("  read", &s.read), ("  write", &s.write)] {
+        if let Some(d) = d {
+            let _ = writeln!(
+                out,
+                "{name:<44}: {:>12.2} {:>10} {:>10.2} {:>10.2} {:>10.2}",
+                d.iops,
+                d.mib_s
+                    .map_or_else(|| "-".to_string(), |m| format!("{m:.2}")),
+                d.lat_us.avg,
+                d.lat_us.min,
+                d.lat_us.max
+            );
+        }
+    }
+}
+
 impl RunReport {
     /// Whether anything failed (I/O errors or verification mismatches).
     pub fn failed(&self) -> bool {
@@ -454,10 +646,12 @@ impl RunReport {
                 },
                 &j.stats,
             );
+            dir_rows(&mut out, &j.stats);
         }
         let _ = writeln!(out, "{RULE}");
         let t = &self.total.stats;
         row(&mut out, "Total", t);
+        dir_rows(&mut out, t);
         let _ = writeln!(out);
         if t.iops_samples > 0 {
             let _ = writeln!(
@@ -514,6 +708,10 @@ impl RunReport {
                 }
             }
             rows.push(("Total".into(), &t.lat_us));
+            if let (Some(r), Some(w)) = (&t.read, &t.write) {
+                rows.push(("Total reads".into(), &r.lat_us));
+                rows.push(("Total writes".into(), &w.lat_us));
+            }
             for (name, l) in rows {
                 let _ = writeln!(out, "Summary latency data for {name}:");
                 for (p, v) in l.percentiles() {
@@ -524,6 +722,21 @@ impl RunReport {
                         None => {
                             let _ = writeln!(out, "  {p:>9.5}% : {:>12}", "n/a");
                         }
+                    }
+                }
+                if !l.buckets.is_empty() {
+                    let _ = writeln!(out, "Latency histogram for {name}:");
+                    let _ = writeln!(
+                        out,
+                        "  {:>25}   {:>10}  {:>12}",
+                        "Range in us", "Cumulative", "IO count"
+                    );
+                    for b in &l.buckets {
+                        let _ = writeln!(
+                            out,
+                            "  {:>11.3} - {:>11.3}:   {:>9.4}%  ({:>10})",
+                            b.lo_us, b.hi_us, b.cumulative_pct, b.count
+                        );
                     }
                 }
             }
@@ -558,6 +771,7 @@ mod tests {
                 p99: Some(4.0),
                 p99_9: Some(8.0),
                 p99_99: Some(9.0),
+                ..Default::default()
             },
             elapsed_s: 1.0,
             ..Default::default()
@@ -577,6 +791,11 @@ mod tests {
                 verify: false,
                 dma: "premapped".into(),
                 seed: 1,
+                distribution: "uniform".into(),
+                offset: 0,
+                size: None,
+                rate_iops: None,
+                bytes: None,
             },
             jobs: vec![JobReport {
                 job: 0,
@@ -603,6 +822,7 @@ mod tests {
             repeat_iops: vec![],
             interrupted: false,
             compare: None,
+            time_series: vec![],
         }
     }
 
@@ -625,6 +845,70 @@ mod tests {
         assert!(close(l.p99_99, 10.0), "{:?}", l.p99_99);
         let none = LatUs::from_ns(0, u64::MAX, 0, 0, None);
         assert_eq!((none.avg, none.min, none.p50), (0.0, 0.0, None));
+    }
+
+    /// Issue 16 item 9: a chosen percentile list, and power-of-two buckets
+    /// whose counts add up and whose cumulative share ends at 100 %.
+    #[test]
+    fn chosen_percentiles_and_buckets() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).unwrap();
+        for v in 1..=10_000u64 {
+            h.record(v).unwrap();
+        }
+        let o = LatOpts {
+            percentiles: vec![25.0, 99.5],
+            buckets: true,
+        };
+        let l = LatUs::with(1, 1, 10_000, 10_000, Some(&h), &o);
+        let ps: Vec<f64> = l.percentiles.iter().map(|p| p.p).collect();
+        assert_eq!(ps, vec![25.0, 99.5]);
+        assert!(
+            (l.percentiles[0].us - 2.5).abs() < 0.01,
+            "{:?}",
+            l.percentiles
+        );
+        assert!(
+            (l.percentiles[1].us - 9.95).abs() < 0.02,
+            "{:?}",
+            l.percentiles
+        );
+        // Buckets (0,1] (1,2] (2,4] (4,8] (8,16] µs.
+        let b = &l.buckets;
+        assert_eq!(b.len(), 5, "{b:?}");
+        assert_eq!(b.iter().map(|b| b.count).sum::<u64>(), 10_000);
+        assert_eq!((b[0].hi_us, b[1].hi_us, b[4].hi_us), (1.0, 2.0, 16.0));
+        assert!((b[0].cumulative_pct - 10.0).abs() < 0.1, "{b:?}");
+        assert_eq!(b[4].cumulative_pct, 100.0);
+        let t = {
+            let mut r = sample_run("fake", 1.0, 1.0);
+            r.total.stats.lat_us = l.clone();
+            r.table(true)
+        };
+        assert!(t.contains("99.50000%"), "{t}");
+        assert!(t.contains("Range in us"), "{t}");
+        assert!(!LatUs::with(1, 1, 1, 1, Some(&h), &LatOpts::default())
+            .percentiles
+            .is_empty());
+    }
+
+    /// Issue 16 item 8: a mixed workload's rows split into read and write.
+    #[test]
+    fn mixed_rows_split_by_direction() {
+        let mut r = sample_run("fake", 1000.0, 1.0);
+        let d = DirStats {
+            ios: 500,
+            iops: 500.0,
+            mib_s: Some(1.95),
+            lat_us: LatUs::default(),
+        };
+        r.total.stats.read = Some(d.clone());
+        r.total.stats.write = Some(DirStats { iops: 321.0, ..d });
+        let t = r.table(false);
+        assert!(t.contains("  read "), "{t}");
+        assert!(t.contains("  write ") && t.contains("321.00"), "{t}");
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["total"]["write"]["iops"], 321.0);
+        assert!(v["jobs"][0]["read"].is_null());
     }
 
     #[test]

@@ -15,13 +15,13 @@ use crate::job::{
 };
 use crate::progress::{Goal, Progress};
 use crate::report::{
-    ClockReport, DmaReport, JobReport, LatUs, RunReport, Stats, TotalReport, VerifyReport,
-    WorkloadReport,
+    ClockReport, DirStats, DmaReport, JobReport, LatOpts, LatUs, Percentile, RunReport, Second,
+    Stats, TotalReport, VerifyReport, WorkloadReport,
 };
 use crate::spec::{DeviceKind, DeviceSpec, SpecError};
 use crate::target::{OpenPlan, Target};
 use crate::uring::UringError;
-use crate::workload::Pattern;
+use crate::workload::{Distribution, Pattern};
 
 /// How often the run controller looks for SIGINT/SIGTERM while it waits.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -55,6 +55,43 @@ pub enum PerfError {
         jobs: usize,
         /// Queue pairs offered or granted.
         granted: usize,
+    },
+    /// `--offset`/`--size` do not fit a namespace or are not block-aligned.
+    #[error("{device} namespace {nsid}: the region at offset {offset} of {size} bytes {why} (the namespace has {ns_bytes} bytes in {lbads}-byte blocks)",
+        size = size.map_or_else(|| "to the end".to_string(), |s| s.to_string()))]
+    Region {
+        /// The device label.
+        device: String,
+        /// The namespace.
+        nsid: u32,
+        /// `--offset`, bytes.
+        offset: u64,
+        /// `--size`, bytes.
+        size: Option<u64>,
+        /// Namespace size, bytes.
+        ns_bytes: u64,
+        /// Logical block size.
+        lbads: u64,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// `-N` names a namespace the device does not have.
+    #[error("{device} has no namespace {nsid} (it has {have})")]
+    NoNamespace {
+        /// The device label.
+        device: String,
+        /// The namespace asked for.
+        nsid: u32,
+        /// The namespaces it has.
+        have: String,
+    },
+    /// The report or chart could not be written.
+    #[error("cannot write {}: {msg}", path.display())]
+    Output {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        msg: String,
     },
     /// A job failed to start or its queue broke.
     #[error("job {job}: {msg}")]
@@ -124,121 +161,121 @@ pub struct RunOpts {
     pub progress: bool,
     /// Set by SIGINT/SIGTERM: stop, drain and report what was measured.
     pub interrupt: Arc<AtomicBool>,
+    /// How random positions are spread.
+    pub distribution: Distribution,
+    /// Start of the region under test in each namespace, bytes.
+    pub offset: u64,
+    /// Size of the region under test, bytes (`None`: to the namespace's end).
+    pub size: Option<u64>,
+    /// Namespaces to use (`None`: all).
+    pub nsids: Option<Vec<u32>>,
+    /// I/Os per second over all jobs.
+    pub rate_iops: Option<u64>,
+    /// Total bytes to move (sets the per-job I/O count).
+    pub bytes: Option<u64>,
+    /// Percentiles and buckets to report.
+    pub lat: LatOpts,
+}
+
+/// The part `[first, first + blocks)` of a namespace the run may touch.
+pub fn region(
+    device: &str,
+    ns: crate::target::Namespace,
+    lbads: u64,
+    offset: u64,
+    size: Option<u64>,
+) -> Result<(u64, u64), PerfError> {
+    let ns_bytes = ns.blocks.saturating_mul(lbads);
+    let bad = |why| PerfError::Region {
+        device: device.to_string(),
+        nsid: ns.nsid,
+        offset,
+        size,
+        ns_bytes,
+        lbads,
+        why,
+    };
+    if offset % lbads != 0 || size.is_some_and(|s| s % lbads != 0) {
+        return Err(bad("is not a multiple of the logical block size"));
+    }
+    if size == Some(0) {
+        return Err(bad("is empty"));
+    }
+    let end = match size {
+        Some(s) => offset.checked_add(s).ok_or_else(|| bad("overflows"))?,
+        None => ns_bytes,
+    };
+    if offset >= ns_bytes || end > ns_bytes {
+        return Err(bad("does not fit in the namespace"));
+    }
+    Ok((offset / lbads, (end - offset) / lbads))
 }
 
 /// Plan, run and report one device.
 pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunReport, PerfError> {
-    if o.verify && !spec.stores_data() {
+    run_devices(std::slice::from_ref(spec), o, clock)
+}
+
+/// Plan, run and report several devices at once (`-d A -d B`): job `i`
+/// runs on device `i % devices.len()`, and within a device the jobs take
+/// its namespaces round-robin, so the table has a row per device,
+/// namespace and core, as spdk_nvme_perf prints.
+pub fn run_devices(
+    devices: &[DeviceSpec],
+    o: &RunOpts,
+    clock: Clock,
+) -> Result<RunReport, PerfError> {
+    let ndev = devices.len().max(1);
+    if o.jobs < devices.len() {
         return Err(PerfError::Usage(format!(
-            "--verify needs a device that stores data; `{}` moves none (use fake or uring:<file>)",
-            spec.label()
-        )));
-    }
-    if o.dma != DmaMode::Premapped
-        && !matches!(spec.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. })
-    {
-        return Err(PerfError::Usage(format!(
-            "--dma {} applies to mcqio devices (fake, vfio:<BDF>), not `{}`",
-            o.dma.name(),
-            spec.label()
+            "{} devices need at least {} jobs (job i runs on device i mod {}); use -j {}",
+            devices.len(),
+            devices.len(),
+            devices.len(),
+            devices.len()
         )));
     }
     let pct = o.pattern.read_pct(o.mix);
-    let plan = OpenPlan {
-        jobs: o.jobs,
-        depth: o.depth,
-        io_size: o.io_size,
-        writes: pct < 100 || o.verify,
-        job_cores: o.cpus.clone(),
-        seed: o.seed,
+    // Whether the run is count-bound, and (for progress) the largest count
+    // a job has; each job's own count is `job_ios`.
+    let ios_limit = match o.bytes {
+        Some(b) => Some(b.div_ceil(o.io_size).div_ceil(o.jobs as u64)),
+        None => o.ios,
     };
-    let target = Arc::new(Target::open(spec, &plan)?);
-    let lbads = target.lbads() as u64;
-    if o.io_size == 0 || o.io_size % lbads != 0 {
-        return Err(PerfError::Usage(format!(
-            "I/O size {} is not a multiple of {}'s {lbads}-byte logical block (try -o {})",
-            o.io_size,
-            spec.label(),
-            lbads.max(4096)
-        )));
-    }
-    let nlb = o.io_size / lbads;
-    if nlb > u32::MAX as u64 {
-        return Err(PerfError::Usage(format!(
-            "I/O size {} is too large",
-            o.io_size
-        )));
-    }
-    let nlb = nlb as u32;
-    let namespaces = target.namespaces();
-    let mut notes = target.notes();
-    if o.jobs < namespaces.len() {
-        notes.push(format!(
-            "{} namespaces but {} job(s): jobs take namespaces round-robin, so some stay idle (use -j {})",
-            namespaces.len(),
-            o.jobs,
-            namespaces.len()
-        ));
-    }
-    // Assign jobs to namespaces and ranges.
-    let mut specs = Vec::with_capacity(o.jobs);
-    for i in 0..o.jobs {
-        let ns = namespaces[i % namespaces.len()];
-        let peers = (o.jobs - 1 - i % namespaces.len()) / namespaces.len() + 1;
-        let rank = (i / namespaces.len()) as u64;
-        if ns.blocks < nlb as u64 {
-            return Err(PerfError::Usage(format!(
-                "namespace {} has {} blocks, fewer than one {}-byte I/O",
-                ns.nsid, ns.blocks, o.io_size
-            )));
+    let mut notes = Vec::new();
+    let mut targets: Vec<Arc<Target>> = Vec::with_capacity(ndev);
+    let mut specs: Vec<JobSpec> = Vec::with_capacity(o.jobs);
+    // Per job: its device's index.
+    let mut job_dev = vec![0usize; o.jobs];
+    for (d, spec) in devices.iter().enumerate() {
+        let mine: Vec<usize> = (0..o.jobs).filter(|i| i % ndev == d).collect();
+        for &i in &mine {
+            job_dev[i] = d;
         }
-        let (first, blocks, seq_start) = if o.verify {
-            // Disjoint ranges so no two jobs race on a block's expected contents.
-            let share = (ns.blocks / peers as u64) / nlb as u64 * nlb as u64;
-            if share < nlb as u64 {
-                return Err(PerfError::Usage(format!(
-                    "--verify gives each job its own range, but namespace {} is too small for {peers} jobs of {}-byte I/Os",
-                    ns.nsid, o.io_size
-                )));
-            }
-            let capped = share
-                .min(VERIFY_MAX_BLOCKS / nlb as u64 * nlb as u64)
-                .max(nlb as u64);
-            if capped < share && i == 0 {
-                notes.push(format!("--verify covers the first {capped} blocks of each job's range (state is kept per block)"));
-            }
-            (rank * share, capped, 0)
-        } else {
-            let positions = ns.blocks / nlb as u64;
-            (0, ns.blocks, rank * positions / peers as u64)
-        };
-        specs.push(JobSpec {
-            index: i,
-            nsid: ns.nsid,
-            first_lba: first,
-            blocks,
-            nlb,
-            seq_start,
-            lbads: lbads as u32,
-            pattern: o.pattern,
-            read_pct: pct,
-            depth: o.depth,
-            ios_limit: o.ios,
-            seed: o.seed,
-            verify: o.verify,
-            histogram: o.histogram,
-            dma: o.dma,
-            dma_batch: o.dma_batch,
-        });
+        let (target, dev_notes, dev_specs) = plan_device(spec, o, pct, &mine)?;
+        let label = spec.label();
+        notes.extend(dev_notes.into_iter().map(
+            |n| {
+                if ndev > 1 {
+                    format!("{label}: {n}")
+                } else {
+                    n
+                }
+            },
+        ));
+        specs.extend(dev_specs);
+        targets.push(target);
     }
-
+    specs.sort_by_key(|s| s.index);
+    let target_of = |i: usize| Arc::clone(&targets[job_dev[i]]);
     let shared = Arc::new(Shared::new(o.jobs));
     let (tx, rx) = mpsc::channel::<(usize, Result<(), String>)>();
     let mut handles = Vec::with_capacity(o.jobs);
     for spec in specs.iter().cloned() {
-        let target = Arc::clone(&target);
+        let target = target_of(spec.index);
         let shared = Arc::clone(&shared);
         let tx = tx.clone();
+        let clock = clock.clone();
         let core = o.cpus.get(spec.index).copied();
         let job = spec.index;
         let h = std::thread::Builder::new()
@@ -308,22 +345,24 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         }
         bar.finish();
     }
-    let iommu_before = target.iommu_stats();
+    let iommu_before: Vec<_> = targets.iter().map(|t| t.iommu_stats()).collect();
     let proc_before = job::process_cpu();
     let t0 = Instant::now();
     let base = counts(&shared);
     shared.phase.store(PHASE_MEASURE, Ordering::Release);
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); o.jobs];
     let mut total_samples: Vec<f64> = Vec::new();
+    // End of each sampled second, seconds since t0.
+    let mut sample_t: Vec<f64> = Vec::new();
     let mut last_t = t0;
     let mut last_c = base.clone();
     let end = o.time.map(|t| t0 + t);
     let bar = Progress::new(
         tty,
         "run",
-        match (o.time, o.ios) {
+        match (o.time, ios_limit) {
             (Some(t), _) => Goal::Time(t),
-            (None, n) => Goal::Ios(n.unwrap_or(0).saturating_mul(o.jobs as u64)),
+            (None, _) => Goal::Ios(ios_limit.unwrap_or(0).saturating_mul(o.jobs as u64)),
         },
     );
     let base_sum: u64 = base.iter().sum();
@@ -337,14 +376,14 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             if now >= deadline {
                 break;
             }
-            if o.ios.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs {
+            if ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs {
                 break;
             }
             if o.interrupt.load(Ordering::Relaxed) {
                 break;
             }
             bar.update(now - t0, counts(&shared).iter().sum::<u64>() - base_sum);
-            let step = if o.ios.is_some() {
+            let step = if ios_limit.is_some() {
                 Duration::from_millis(5)
             } else {
                 SIGNAL_POLL
@@ -363,20 +402,23 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
                 sum += r;
             }
             total_samples.push(sum);
+            sample_t.push((now - t0).as_secs_f64());
+            // Jobs snapshot their histograms when they see the new tick.
+            shared.tick.fetch_add(1, Ordering::Relaxed);
             let d: u64 = c.iter().zip(&last_c).map(|(a, b)| a - b).sum();
             bar.rate(d, dt, o.io_size);
             last_t = now;
             last_c = c;
         }
         let done = shared.failed.load(Ordering::Acquire) > 0
-            || (o.ios.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs)
+            || (ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs)
             || end.is_some_and(|e| now >= e);
         if done {
             break;
         }
     }
     shared.phase.store(PHASE_STOP, Ordering::Release);
-    let iommu_after = target.iommu_stats();
+    let iommu_after: Vec<_> = targets.iter().map(|t| t.iommu_stats()).collect();
     let proc_after = job::process_cpu();
     let proc_cpu = (proc_after.0 + proc_after.1).saturating_sub(proc_before.0 + proc_before.1);
     let wall = t0.elapsed().as_secs_f64();
@@ -408,7 +450,8 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
 
     // Build the report. `uring:null` (NOPs) moves no data and has no
     // namespace: it reports neither bandwidth nor a namespace.
-    let moves_data = !matches!(spec.kind, DeviceKind::UringNull);
+    let moves = |d: &DeviceSpec| !matches!(d.kind, DeviceKind::UringNull);
+    let moves_data = devices.iter().any(moves);
     let mib = |bytes_per_s: f64| bytes_per_s / (1u64 << 20) as f64;
     let summarize = |s: &[f64], fallback: f64| -> (f64, f64, f64) {
         if s.is_empty() {
@@ -421,6 +464,23 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     };
     let mut jobs = Vec::with_capacity(results.len());
     let mut merged: Option<Histogram<u64>> = o.histogram.then(job::new_histogram);
+    // Per direction over all jobs: ios, (sum, min, max) ns, histogram.
+    let mut dir_tot: [DirTotal; 2] = [
+        (0, 0, u64::MAX, 0, o.histogram.then(job::new_histogram)),
+        (0, 0, u64::MAX, 0, o.histogram.then(job::new_histogram)),
+    ];
+    let dir_stats =
+        |ios: u64, sum: u64, min: u64, max: u64, h: Option<&Histogram<u64>>, el: f64| {
+            (ios > 0).then(|| {
+                let iops = if el > 0.0 { ios as f64 / el } else { 0.0 };
+                DirStats {
+                    ios,
+                    iops,
+                    mib_s: moves_data.then(|| mib(iops * o.io_size as f64)),
+                    lat_us: LatUs::with(sum, min, max, ios, h, &o.lat),
+                }
+            })
+        };
     let mut tot = Stats::default();
     let (mut lat_sum, mut lat_min, mut lat_max) = (0u64, u64::MAX, 0u64);
     let (mut usr, mut sys, mut elapsed_sum) = (0.0f64, 0.0f64, 0.0f64);
@@ -430,16 +490,31 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         let el = r.elapsed.as_secs_f64();
         let iops = if el > 0.0 { r.ios as f64 / el } else { 0.0 };
         let (mn, mx, avg) = summarize(&samples[r.index], iops);
+        let (r_sum, r_min, r_max) = r.lat_ns();
+        let r_hist = r.hist();
+        let [rd, wr] = &r.dir;
+        let per_dir = |d: &job::DirResult| {
+            dir_stats(
+                d.ios,
+                d.lat_sum_ns,
+                d.lat_min_ns,
+                d.lat_max_ns,
+                d.hist.as_ref(),
+                el,
+            )
+        };
         let stats = Stats {
             ios: r.ios,
-            reads: r.reads,
-            writes: r.writes,
+            reads: rd.ios,
+            writes: wr.ios,
+            read: per_dir(rd),
+            write: per_dir(wr),
             iops,
             iops_min: mn,
             iops_max: mx,
             iops_avg: avg,
             iops_samples: samples[r.index].len(),
-            mib_s: moves_data.then(|| mib(iops * o.io_size as f64)),
+            mib_s: moves(&devices[job_dev[r.index]]).then(|| mib(iops * o.io_size as f64)),
             errors: r.errors,
             verify_mismatches: r.verify_mismatches,
             cpu_usr_pct: if el > 0.0 {
@@ -452,40 +527,44 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
             } else {
                 0.0
             },
-            lat_us: LatUs::from_ns(
-                r.lat_sum_ns,
-                r.lat_min_ns,
-                r.lat_max_ns,
-                r.ios,
-                r.hist.as_ref(),
-            ),
+            lat_us: LatUs::with(r_sum, r_min, r_max, r.ios, r_hist.as_ref(), &o.lat),
             elapsed_s: el,
         };
+        for (t, d) in dir_tot.iter_mut().zip(&r.dir) {
+            t.0 += d.ios;
+            t.1 = t.1.saturating_add(d.lat_sum_ns);
+            t.2 = t.2.min(d.lat_min_ns);
+            t.3 = t.3.max(d.lat_max_ns);
+            if let (Some(m), Some(h)) = (t.4.as_mut(), d.hist.as_ref()) {
+                let _ = m.add(h);
+            }
+        }
         tot.ios += r.ios;
-        tot.reads += r.reads;
-        tot.writes += r.writes;
+        tot.reads += rd.ios;
+        tot.writes += wr.ios;
         tot.iops += iops;
         tot.errors += r.errors;
         tot.verify_mismatches += r.verify_mismatches;
         tot.elapsed_s = tot.elapsed_s.max(el);
-        lat_sum += r.lat_sum_ns;
-        lat_min = lat_min.min(r.lat_min_ns);
-        lat_max = lat_max.max(r.lat_max_ns);
+        lat_sum = lat_sum.saturating_add(r_sum);
+        lat_min = lat_min.min(r_min);
+        lat_max = lat_max.max(r_max);
         usr += r.cpu_usr.as_secs_f64();
         sys += r.cpu_sys.as_secs_f64();
         elapsed_sum += el;
-        if let (Some(m), Some(h)) = (merged.as_mut(), r.hist.as_ref()) {
+        if let (Some(m), Some(h)) = (merged.as_mut(), r_hist.as_ref()) {
             let _ = m.add(h);
         }
         failures.extend(r.failures.iter().cloned());
         verify.blocks_checked += r.verified_blocks;
         verify.mismatches += r.verify_mismatches;
         verify.prefill_blocks += r.prefill_blocks;
+        let dev = &devices[job_dev[r.index]];
         jobs.push(JobReport {
             job: r.index,
-            device: spec.label(),
+            device: dev.label(),
             core: o.cpus.get(r.index).copied(),
-            nsid: moves_data.then_some(r.nsid),
+            nsid: moves(dev).then_some(r.nsid),
             stats,
         });
     }
@@ -494,7 +573,8 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     tot.iops_max = mx;
     tot.iops_avg = avg;
     tot.iops_samples = total_samples.len();
-    tot.mib_s = moves_data.then(|| mib(tot.iops * o.io_size as f64));
+    // The jobs' bandwidth summed: a device that moves no data adds none.
+    tot.mib_s = moves_data.then(|| jobs.iter().filter_map(|j| j.stats.mib_s).sum());
     tot.cpu_usr_pct = if elapsed_sum > 0.0 {
         usr / elapsed_sum * 100.0
     } else {
@@ -505,7 +585,11 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     } else {
         0.0
     };
-    tot.lat_us = LatUs::from_ns(lat_sum, lat_min, lat_max, tot.ios, merged.as_ref());
+    tot.lat_us = LatUs::with(lat_sum, lat_min, lat_max, tot.ios, merged.as_ref(), &o.lat);
+    let [dr, dw] = &dir_tot;
+    tot.read = dir_stats(dr.0, dr.1, dr.2, dr.3, dr.4.as_ref(), tot.elapsed_s);
+    tot.write = dir_stats(dw.0, dw.1, dw.2, dw.3, dw.4.as_ref(), tot.elapsed_s);
+    let time_series = time_series(&results, &total_samples, &sample_t, o, moves_data);
     let cpu_ns_per_io = if tot.ios > 0 {
         (usr + sys) * 1e9 / tot.ios as f64
     } else {
@@ -522,20 +606,32 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         cycles_per_io: (clock.source() == ClockSource::Tsc)
             .then(|| cpu_ns_per_io * clock.ticks_per_sec() / 1e9),
     };
-    let dma = match (iommu_before, iommu_after) {
-        (Some(a), Some(b)) => Some(DmaReport {
-            mode: o.dma.name().into(),
-            maps: b.maps - a.maps,
-            unmapped_ranges: b.unmapped_ranges - a.unmapped_ranges,
-            unmap_calls: b.unmap_calls - a.unmap_calls,
-            invalidations: b.invalidations - a.invalidations,
-            mapped_bytes: b.mapped_bytes,
-        }),
-        _ => None,
-    };
+    // IOMMU counters summed over the devices that have an IOMMU.
+    let mut dma: Option<DmaReport> = None;
+    for (a, b) in iommu_before.iter().zip(&iommu_after) {
+        if let (Some(a), Some(b)) = (a, b) {
+            let d = dma.get_or_insert_with(|| DmaReport {
+                mode: o.dma.name().into(),
+                ..DmaReport::default()
+            });
+            d.maps += b.maps - a.maps;
+            d.unmapped_ranges += b.unmapped_ranges - a.unmapped_ranges;
+            d.unmap_calls += b.unmap_calls - a.unmap_calls;
+            d.invalidations += b.invalidations - a.invalidations;
+            d.mapped_bytes += b.mapped_bytes;
+        }
+    }
     Ok(RunReport {
-        device: spec.raw.clone(),
-        backend: target.describe(),
+        device: devices
+            .iter()
+            .map(|d| d.raw.clone())
+            .collect::<Vec<_>>()
+            .join(" + "),
+        backend: targets
+            .iter()
+            .map(|t| t.describe())
+            .collect::<Vec<_>>()
+            .join("; "),
         workload: WorkloadReport {
             pattern: o.pattern.name().into(),
             read_pct: pct,
@@ -551,6 +647,11 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
                 (m, _) => m.name().into(),
             },
             seed: o.seed,
+            distribution: o.distribution.name(),
+            offset: o.offset,
+            size: o.size,
+            rate_iops: o.rate_iops,
+            bytes: o.bytes,
         },
         jobs,
         total,
@@ -569,5 +670,255 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
         repeat_iops: Vec::new(),
         interrupted,
         compare: None,
+        time_series,
     })
+}
+
+/// The I/O count of job `i`: `-n`, or its share of `--bytes` in whole
+/// I/Os (the first jobs take the remainder, so the total is exact).
+fn job_ios(o: &RunOpts, i: usize) -> Option<u64> {
+    match o.bytes {
+        Some(b) => {
+            let total = b.div_ceil(o.io_size);
+            let jobs = o.jobs as u64;
+            Some(total / jobs + u64::from((i as u64) < total % jobs))
+        }
+        None => o.ios,
+    }
+}
+
+/// One direction over all jobs: I/Os, latency sum/min/max (ns), histogram.
+type DirTotal = (u64, u64, u64, u64, Option<Histogram<u64>>);
+
+/// An opened device with its notes and its jobs' specs.
+type PlannedDevice = (Arc<Target>, Vec<String>, Vec<JobSpec>);
+
+/// Open one device for the jobs `mine` (global job numbers) and plan
+/// their namespaces and ranges: (target, notes, job specs).
+fn plan_device(
+    spec: &DeviceSpec,
+    o: &RunOpts,
+    pct: u8,
+    mine: &[usize],
+) -> Result<PlannedDevice, PerfError> {
+    if o.verify && !spec.stores_data() {
+        return Err(PerfError::Usage(format!(
+            "--verify needs a device that stores data; `{}` moves none (use fake or uring:<file>)",
+            spec.label()
+        )));
+    }
+    if o.dma != DmaMode::Premapped
+        && !matches!(spec.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. })
+    {
+        return Err(PerfError::Usage(format!(
+            "--dma {} applies to mcqio devices (fake, vfio:<BDF>), not `{}`",
+            o.dma.name(),
+            spec.label()
+        )));
+    }
+    let jobs = mine.len();
+    let plan = OpenPlan {
+        jobs,
+        depth: o.depth,
+        io_size: o.io_size,
+        writes: pct < 100 || o.verify,
+        // Every job's core, not only this device's: a fake's device thread
+        // stays off all of them.
+        job_cores: o.cpus.clone(),
+        seed: o.seed,
+    };
+    let target = Arc::new(Target::open(spec, &plan)?);
+    let lbads = target.lbads() as u64;
+    if o.io_size == 0 || o.io_size % lbads != 0 {
+        return Err(PerfError::Usage(format!(
+            "I/O size {} is not a multiple of {}'s {lbads}-byte logical block (try -o {})",
+            o.io_size,
+            spec.label(),
+            lbads.max(4096)
+        )));
+    }
+    let nlb = o.io_size / lbads;
+    if nlb > u32::MAX as u64 {
+        return Err(PerfError::Usage(format!(
+            "I/O size {} is too large",
+            o.io_size
+        )));
+    }
+    let nlb = nlb as u32;
+    let mut namespaces = target.namespaces();
+    if let Some(want) = &o.nsids {
+        let have = namespaces
+            .iter()
+            .map(|n| n.nsid.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut picked = Vec::new();
+        for &id in want {
+            match namespaces.iter().find(|n| n.nsid == id) {
+                Some(n) => picked.push(*n),
+                None => {
+                    return Err(PerfError::NoNamespace {
+                        device: spec.label(),
+                        nsid: id,
+                        have,
+                    })
+                }
+            }
+        }
+        namespaces = picked;
+    }
+    // The region under test, per namespace: offset and size in blocks.
+    let mut regions = Vec::with_capacity(namespaces.len());
+    for ns in &mut namespaces {
+        let (first, blocks) = region(&spec.label(), *ns, lbads, o.offset, o.size)?;
+        regions.push(first);
+        ns.blocks = blocks;
+    }
+    let mut notes = target.notes();
+    if jobs < namespaces.len() {
+        notes.push(format!(
+            "{} namespaces but {} job(s): jobs take namespaces round-robin, so some stay idle (use -j {})",
+            namespaces.len(),
+            jobs,
+            namespaces.len() * o.jobs / jobs.max(1)
+        ));
+    }
+    // Assign jobs to namespaces and ranges (k: the job's number on this device).
+    let mut specs = Vec::with_capacity(jobs);
+    for (k, &i) in mine.iter().enumerate() {
+        let ns = namespaces[k % namespaces.len()];
+        let base = regions[k % namespaces.len()];
+        let peers = (jobs - 1 - k % namespaces.len()) / namespaces.len() + 1;
+        let rank = (k / namespaces.len()) as u64;
+        if ns.blocks < nlb as u64 {
+            return Err(PerfError::Usage(format!(
+                "namespace {} has {} blocks, fewer than one {}-byte I/O",
+                ns.nsid, ns.blocks, o.io_size
+            )));
+        }
+        let (first, blocks, seq_start) = if o.verify {
+            // Disjoint ranges so no two jobs race on a block's expected contents.
+            let share = (ns.blocks / peers as u64) / nlb as u64 * nlb as u64;
+            if share < nlb as u64 {
+                return Err(PerfError::Usage(format!(
+                    "--verify gives each job its own range, but namespace {} is too small for {peers} jobs of {}-byte I/Os",
+                    ns.nsid, o.io_size
+                )));
+            }
+            let capped = share
+                .min(VERIFY_MAX_BLOCKS / nlb as u64 * nlb as u64)
+                .max(nlb as u64);
+            if capped < share && k == 0 {
+                notes.push(format!("--verify covers the first {capped} blocks of each job's range (state is kept per block)"));
+            }
+            (base + rank * share, capped, 0)
+        } else {
+            let positions = ns.blocks / nlb as u64;
+            (base, ns.blocks, rank * positions / peers as u64)
+        };
+        specs.push(JobSpec {
+            index: i,
+            nsid: ns.nsid,
+            first_lba: first,
+            blocks,
+            nlb,
+            seq_start,
+            lbads: lbads as u32,
+            pattern: o.pattern,
+            read_pct: pct,
+            depth: o.depth,
+            ios_limit: job_ios(o, i),
+            seed: o.seed,
+            verify: o.verify,
+            histogram: o.histogram,
+            dma: o.dma,
+            dma_batch: o.dma_batch,
+            distribution: o.distribution,
+            rate_iops: o
+                .rate_iops
+                .map(|r| (r / o.jobs as u64 + u64::from((i as u64) < r % o.jobs as u64)).max(1)),
+        });
+    }
+    Ok((target, notes, specs))
+}
+
+/// The per-second series: IOPS from the controller's samples, latency
+/// percentiles from the difference of the jobs' cumulative snapshots.
+fn time_series(
+    results: &[JobResult],
+    total: &[f64],
+    t: &[f64],
+    o: &RunOpts,
+    moves_data: bool,
+) -> Vec<Second> {
+    let mut out = Vec::with_capacity(total.len());
+    for (k, (&iops, &t_s)) in total.iter().zip(t).enumerate() {
+        let tick = k as u32 + 1;
+        // The jobs' latencies of this second (a job that saw a later tick
+        // first counts them there).
+        let mut sec: Option<Histogram<u64>> = None;
+        for r in results {
+            for (_, sparse) in r.snapshots.iter().filter(|(k, _)| *k == tick) {
+                let h = sec.get_or_insert_with(job::new_histogram);
+                for &(v, c) in sparse {
+                    h.saturating_record_n(v.max(1), c);
+                }
+            }
+        }
+        let lat_us = sec
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                o.lat
+                    .percentiles
+                    .iter()
+                    .map(|&p| Percentile {
+                        p,
+                        us: h.value_at_quantile(p / 100.0) as f64 / 1000.0,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Second {
+            t_s,
+            iops,
+            mib_s: moves_data.then(|| iops * o.io_size as f64 / (1u64 << 20) as f64),
+            lat_us,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::Namespace;
+
+    /// Issue 16 item 11: the region is checked against the namespace and
+    /// given in blocks.
+    #[test]
+    fn regions_fit_the_namespace_or_are_typed_errors() {
+        let ns = Namespace {
+            nsid: 2,
+            blocks: 1000,
+        };
+        assert_eq!(region("fake", ns, 512, 0, None).unwrap(), (0, 1000));
+        assert_eq!(region("fake", ns, 512, 4096, Some(8192)).unwrap(), (8, 16));
+        assert_eq!(region("fake", ns, 512, 4096, None).unwrap(), (8, 992));
+        for (off, size, why) in [
+            (100, None, "multiple"),
+            (0, Some(100), "multiple"),
+            (512_000, None, "does not fit"),
+            (0, Some(512_512), "does not fit"),
+            (511_488, Some(1024), "does not fit"),
+            (512, Some(u64::MAX - 511), "overflows"),
+            (512, Some(0), "empty"),
+        ] {
+            match region("fake", ns, 512, off, size) {
+                Err(e @ PerfError::Region { nsid: 2, .. }) => {
+                    assert!(e.to_string().contains(why), "{e}")
+                }
+                other => panic!("{off} {size:?}: {other:?}"),
+            }
+        }
+    }
 }

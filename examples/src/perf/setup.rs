@@ -14,16 +14,16 @@ use crate::spec::parse_size;
 /// Set-up and diagnosis commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List NVMe controllers: address, ids, driver, IOMMU group, viability, use
+    /// List NVMe and UFS controllers: address, kind, ids, driver, IOMMU group, viability, use
     Devices(DevicesArgs),
     /// Hand a controller to vfio-pci (refuses while the kernel uses it)
     Bind(BindArgs),
-    /// Give a controller back to the kernel's nvme driver
+    /// Give a controller back to the kernel's driver (nvme, or ufshcd-pci for UFS)
     Unbind(UnbindArgs),
     /// Check everything a VFIO run needs; exit 0 only when a run would work
     Doctor(DoctorArgs),
     /// Map -> I/O -> unmap throughput of the DMA modes (premapped, strict, lazy/N)
-    DmaBench(crate::dmabench::DmaBenchArgs),
+    DmaBench(Box<crate::dmabench::DmaBenchArgs>),
 }
 
 /// Options every set-up command takes.
@@ -123,49 +123,52 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
 /// Run a set-up command.
 pub fn run(cmd: &Command) -> ExitCode {
     match cmd {
-        Command::Devices(a) => match mcqio_vfio::devices(&a.roots.get()) {
-            Ok(list) if list.is_empty() => {
-                println!("no NVMe controllers (PCI class 0x0108) found");
-                ExitCode::SUCCESS
-            }
-            Ok(list) => {
-                println!(
-                    "{:<14} {:<10} {:<10} {:<6} {:<14} In use / namespaces",
-                    "Address", "ID", "Driver", "Group", "Group viable"
-                );
-                for c in &list {
-                    let p = &c.pci;
-                    let viable = match (p.iommu_group, c.blockers.is_empty()) {
-                        (None, _) => "no IOMMU".to_string(),
-                        (Some(_), true) => "yes".to_string(),
-                        (Some(_), false) => "no".to_string(),
-                    };
-                    let usage = if !c.in_use.is_empty() {
-                        c.in_use.join("; ")
-                    } else if !c.namespaces.is_empty() {
-                        format!("idle ({})", c.namespaces.join(", "))
-                    } else {
-                        "idle".to_string()
-                    };
-                    println!(
-                        "{:<14} {:04x}:{:04x}  {:<10} {:<6} {:<14} {}",
-                        p.bdf.to_string(),
-                        p.vendor,
-                        p.device,
-                        p.driver.as_deref().unwrap_or("none"),
-                        p.iommu_group
-                            .map_or_else(|| "-".to_string(), |g| g.to_string()),
-                        viable,
-                        usage
-                    );
-                    for b in &c.blockers {
-                        println!("{:<14} group blocked by {b}", "");
-                    }
+        Command::Devices(a) => {
+            match mcqio_vfio::devices(&a.roots.get()) {
+                Ok(list) if list.is_empty() => {
+                    println!("no NVMe controllers or UFS host controllers (PCI class 0x0108 / 0x0109) found");
+                    ExitCode::SUCCESS
                 }
-                ExitCode::SUCCESS
+                Ok(list) => {
+                    println!(
+                        "{:<14} {:<5} {:<10} {:<10} {:<6} {:<14} In use / namespaces",
+                        "Address", "Kind", "ID", "Driver", "Group", "Group viable"
+                    );
+                    for c in &list {
+                        let p = &c.pci;
+                        let viable = match (p.iommu_group, c.blockers.is_empty()) {
+                            (None, _) => "no IOMMU".to_string(),
+                            (Some(_), true) => "yes".to_string(),
+                            (Some(_), false) => "no".to_string(),
+                        };
+                        let usage = if !c.in_use.is_empty() {
+                            c.in_use.join("; ")
+                        } else if !c.namespaces.is_empty() {
+                            format!("idle ({})", c.namespaces.join(", "))
+                        } else {
+                            "idle".to_string()
+                        };
+                        println!(
+                            "{:<14} {:<5} {:04x}:{:04x}  {:<10} {:<6} {:<14} {}",
+                            p.bdf.to_string(),
+                            c.transport.map_or("?", |t| t.name()),
+                            p.vendor,
+                            p.device,
+                            p.driver.as_deref().unwrap_or("none"),
+                            p.iommu_group
+                                .map_or_else(|| "-".to_string(), |g| g.to_string()),
+                            viable,
+                            usage
+                        );
+                        for b in &c.blockers {
+                            println!("{:<14} group blocked by {b}", "");
+                        }
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
             }
-            Err(e) => fail(e),
-        },
+        }
         Command::Bind(a) => {
             let opts = BindOptions {
                 force: a.force,

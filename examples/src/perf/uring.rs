@@ -56,10 +56,15 @@ pub enum UringError {
 }
 
 /// Page-aligned anonymous memory for I/O buffers, unmapped on drop.
+///
+/// The mapping is `memmap2`'s; the kernel reads and writes it during I/O, so
+/// no Rust reference (`&[u8]`/`&mut [u8]`) is ever formed over it: the
+/// pointer is taken once, at creation, and only raw pointers are handed out.
 #[derive(Debug)]
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
-    len: usize,
+    /// Owns the mapping (unmapped when dropped). Never dereferenced.
+    _map: memmap2::MmapMut,
 }
 
 // SAFETY: the owner hands out only raw pointers; access through them is the
@@ -70,40 +75,22 @@ impl AlignedBuf {
     /// Map `len` bytes (rounded up to 4 KiB), populated and zeroed.
     pub fn new(len: usize) -> Result<Self, UringError> {
         let len = len.max(1).div_ceil(4096) * 4096;
-        // SAFETY: anonymous private mapping with a null hint; result checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(UringError::Buffers {
-                len,
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        Ok(AlignedBuf {
-            ptr: NonNull::new(p.cast()).expect("mmap never returns null here"),
+        let mut map = memmap2::MmapOptions::new()
+            .len(len)
+            .populate()
+            .map_anon()
+            .map_err(|source| UringError::Buffers { len, source })?;
+        // `as_mut_ptr` reads the mapping's address without forming a slice.
+        let ptr = NonNull::new(map.as_mut_ptr()).ok_or_else(|| UringError::Buffers {
             len,
-        })
+            source: std::io::Error::other("anonymous mapping at address 0"),
+        })?;
+        Ok(AlignedBuf { ptr, _map: map })
     }
 
     /// Start of the memory.
     pub fn ptr(&self) -> NonNull<u8> {
         self.ptr
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was created by `new` and is owned by `self`; the
-        // ring that may reference it is dropped before (field order in UringQueue).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
