@@ -565,6 +565,8 @@ pub fn run_devices(
             device: dev.label(),
             core: o.cpus.get(r.index).copied(),
             nsid: moves(dev).then_some(r.nsid),
+            lun: (moves(dev) && targets[job_dev[r.index]].is_ufs())
+                .then(|| r.nsid.saturating_sub(1)),
             stats,
         });
     }
@@ -711,7 +713,7 @@ fn plan_device(
         && !matches!(spec.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. })
     {
         return Err(PerfError::Usage(format!(
-            "--dma {} applies to mcqio devices (fake, vfio:<BDF>), not `{}`",
+            "--dma {} applies to mcqio NVMe devices (fake, vfio:<BDF>), not `{}`",
             o.dma.name(),
             spec.label()
         )));
@@ -726,6 +728,7 @@ fn plan_device(
         // stays off all of them.
         job_cores: o.cpus.clone(),
         seed: o.seed,
+        dma: o.dma,
     };
     let target = Arc::new(Target::open(spec, &plan)?);
     let lbads = target.lbads() as u64;
