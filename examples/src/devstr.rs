@@ -505,7 +505,11 @@ impl std::str::FromStr for DeviceSpec {
                     opts.mcq = Some(match v {
                         "on" | "1" | "true" | "yes" => true,
                         "off" | "0" | "false" | "no" => false,
-                        _ => return err(format!("mcq={v}: use on (MCQ) or off (legacy single doorbell)")),
+                        _ => {
+                            return err(format!(
+                                "mcq={v}: use on (MCQ) or off (legacy single doorbell)"
+                            ))
+                        }
                     })
                 }
                 "queues" | "lus" => {
@@ -587,7 +591,10 @@ mod tests {
         }
         assert_eq!(vfio_transport(&roots, "0000:00:04.0"), Some(Transport::Ufs));
         assert!(spec("vfio:0000:00:04.0").is_ufs(&roots));
-        assert_eq!(vfio_transport(&roots, "0000:00:03.0"), Some(Transport::Nvme));
+        assert_eq!(
+            vfio_transport(&roots, "0000:00:03.0"),
+            Some(Transport::Nvme)
+        );
         assert!(!spec("vfio:0000:00:03.0").is_ufs(&roots));
         assert_eq!(vfio_transport(&roots, "0000:00:09.0"), None);
         assert_eq!(vfio_transport(&roots, "not-a-bdf"), None);
@@ -623,7 +630,10 @@ mod tests {
             "fake-ufs,lbs=512",
             "fake,mcq=on",
         ] {
-            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad:?} should be rejected");
+            assert!(
+                bad.parse::<DeviceSpec>().is_err(),
+                "{bad:?} should be rejected"
+            );
         }
         assert_eq!(spec("vfio:0000:01:00.0,mcq=off").opts.mcq, Some(false));
     }

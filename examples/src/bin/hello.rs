@@ -83,7 +83,11 @@ fn run_ufs(backend: Arc<dyn Backend>) -> Result<(), Box<dyn std::error::Error>> 
         qp.poll(32, |c| {
             let mut first = [0u8; 1];
             match (c.result, c.buf) {
-                (Ok(()), Some(b)) if b.read_at(0, &mut first).is_ok() && first[0] == c.tag as u8 + 1 => ok += 1,
+                (Ok(()), Some(b))
+                    if b.read_at(0, &mut first).is_ok() && first[0] == c.tag as u8 + 1 =>
+                {
+                    ok += 1
+                }
                 (r, _) => bad = Some(format!("block {}: {r:?}, first byte {}", c.tag, first[0])),
             }
         })?;
@@ -91,7 +95,10 @@ fn run_ufs(backend: Arc<dyn Backend>) -> Result<(), Box<dyn std::error::Error>> 
     if let Some(e) = bad {
         return Err(format!("read-back differs: {e}").into());
     }
-    println!("async: {n} writes + {n} reads with tags: OK ({:?})", qp.stats());
+    println!(
+        "async: {n} writes + {n} reads with tags: OK ({:?})",
+        qp.stats()
+    );
     Ok(())
 }
 

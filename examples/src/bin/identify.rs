@@ -27,7 +27,10 @@ fn run_ufs(backend: Arc<dyn Backend>) -> Result<(), Box<dyn std::error::Error>> 
     let ctrl = UfsController::new(backend, UfsOptions::default())?;
     let d = ctrl.device_descriptor();
     let g = ctrl.geometry();
-    println!("device            {} (UFS host controller)", ctrl.backend().name());
+    println!(
+        "device            {} (UFS host controller)",
+        ctrl.backend().name()
+    );
     println!("UFS version       {:#06x}", d.spec_version);
     println!("manufacturer      {:#06x}", d.manufacturer);
     println!("LUs (bNumberLU)   {} (well-known: {})", d.lus, d.wlus);

@@ -37,9 +37,9 @@ mod progress;
 mod queue;
 mod report;
 mod run;
+mod seed;
 mod setup;
 mod spec;
-mod seed;
 mod target;
 mod ufs;
 mod uring;
@@ -288,16 +288,12 @@ impl RunArgs {
             None if jobs <= ncpu => usable[..jobs].to_vec(),
             None => Vec::new(),
         };
-        let polled = self
-            .device
-            .iter()
-            .chain(self.compare.as_ref())
-            .any(|d| {
-                matches!(
-                    d.kind,
-                    DeviceKind::Fake { .. } | DeviceKind::FakeUfs { .. } | DeviceKind::Vfio { .. }
-                )
-            });
+        let polled = self.device.iter().chain(self.compare.as_ref()).any(|d| {
+            matches!(
+                d.kind,
+                DeviceKind::Fake { .. } | DeviceKind::FakeUfs { .. } | DeviceKind::Vfio { .. }
+            )
+        });
         if polled && jobs > ncpu && !self.force {
             return Err(PerfError::Usage(format!(
                 "{jobs} jobs busy-poll but this process has {ncpu} CPU(s): jobs would share cores \

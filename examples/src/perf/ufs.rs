@@ -210,9 +210,7 @@ impl UfsTarget {
         );
         let lus = ctrl.logical_units();
         let Some(first) = lus.first() else {
-            return Err(UfsOpenError::Other(
-                "the device has no logical unit".into(),
-            ));
+            return Err(UfsOpenError::Other("the device has no logical unit".into()));
         };
         let lbads = first.block_len;
         if lus.iter().any(|l| l.block_len != lbads) {
@@ -643,7 +641,9 @@ mod tests {
     #[test]
     fn legacy_jobs_share_the_one_list_and_get_their_own_completions() {
         let spec: DeviceSpec = "fake-ufs,mcq=off,sync=1".parse().expect("spec");
-        let t = UfsTarget::open(&spec, &plan(2)).map_err(|e| format!("{e:?}")).expect("open");
+        let t = UfsTarget::open(&spec, &plan(2))
+            .map_err(|e| format!("{e:?}"))
+            .expect("open");
         assert_eq!(t.ctrl.mode(), UfsMode::Legacy);
         let mut a = t.shared_queue(1, 8, 4096).expect("shared").expect("a");
         let mut b = t.shared_queue(1, 8, 4096).expect("shared").expect("b");
@@ -653,7 +653,14 @@ mod tests {
             nlb: 1,
         };
         for s in 0..3 {
-            a.push(s, IoReq { slba: s as u64, ..req }).expect("a push");
+            a.push(
+                s,
+                IoReq {
+                    slba: s as u64,
+                    ..req
+                },
+            )
+            .expect("a push");
         }
         b.push(5, IoReq { slba: 9, ..req }).expect("b push");
         a.submit(3).expect("submit");
