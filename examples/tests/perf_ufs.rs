@@ -101,6 +101,13 @@ fn fake_ufs_null_table_has_lu_rows() {
     let (code, _, err) = perf(&["-d", "fake-ufs:null", "--verify", "-n", "10"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--verify"), "{err}");
+    // UFS buffers are premapped; the per-I/O mapping modes are NVMe's.
+    let (code, _, err) = perf(&["-d", "fake-ufs", "--dma", "strict", "-n", "10"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--dma strict") && err.contains("fake-ufs"),
+        "{err}"
+    );
 }
 
 #[test]

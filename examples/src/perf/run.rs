@@ -713,7 +713,7 @@ fn plan_device(
         && !matches!(spec.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. })
     {
         return Err(PerfError::Usage(format!(
-            "--dma {} applies to mcqio NVMe devices (fake, vfio:<BDF>), not `{}`",
+            "--dma {} applies to mcqio devices (fake, vfio:<BDF>), not `{}`",
             o.dma.name(),
             spec.label()
         )));
