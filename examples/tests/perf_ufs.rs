@@ -110,6 +110,38 @@ fn fake_ufs_null_table_has_lu_rows() {
     );
 }
 
+/// `-q 128` (the Done-when run) gets 128 slots per MCQ queue on the fake,
+/// as on NVMe; the legacy list has 32 and says so.
+#[test]
+fn deep_queues_on_fake_ufs() {
+    let (code, out, err) = perf(&[
+        "-d",
+        "fake-ufs:null,sync=1",
+        "-q",
+        "128",
+        "-n",
+        "500",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}\n{out}");
+    let v = json(&out);
+    assert!(
+        v["backend"].as_str().unwrap().contains("x 128 slots"),
+        "{}",
+        v["backend"]
+    );
+    let (code, _, err) = perf(&[
+        "-d",
+        "fake-ufs:null,mcq=off,sync=1",
+        "-q",
+        "128",
+        "-n",
+        "10",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("offers 32 slots"), "{err}");
+}
+
 #[test]
 fn compare_across_transports() {
     let (code, out, err) = perf(&[
