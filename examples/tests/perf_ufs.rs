@@ -253,3 +253,17 @@ fn hello_and_identify_on_fake_ufs() {
     assert!(out.contains("legacy single doorbell"), "{out}");
     assert!(out.contains("LU   1:"), "{out}");
 }
+
+/// Issue 13 item 7 (found by `seed mcq`): on the threaded fake in legacy
+/// mode, a host UTRLDBR read racing the device thread's move of freshly
+/// rung bits out of the doorbell mailbox saw them clear before the
+/// command ran, and the engine then read the host's OCS pre-fill (0xF).
+/// A race, so the run is long enough to hit it on the old code nearly
+/// always; it cannot fail on correct code.
+#[test]
+fn legacy_threaded_fake_completes_every_io() {
+    let (code, out, err) = perf(&["-d", "fake-ufs:null,mcq=off", "-t", "2", "--json"]);
+    assert_eq!(code, 0, "{err}\n{out}");
+    let v = json(&out);
+    assert_eq!(v["total"]["errors"], 0, "{}", v["failures"]);
+}
