@@ -9,7 +9,9 @@
 //! |---|---|
 //! | `fake` | in-process RAM-backed NVMe controller (the default) |
 //! | `fake:null` | the same controller with null namespaces (no data movement) |
-//! | `vfio:0000:01:00.0` | a real controller bound to vfio-pci |
+//! | `fake-ufs` | in-process RAM-backed UFS host controller (UFSHCI 4.0, MCQ) |
+//! | `fake-ufs:null` | the same with null logical units (no data movement) |
+//! | `vfio:0000:01:00.0` | a real NVMe or UFS controller bound to vfio-pci (the PCI class code says which) |
 //! | `uring:/path` | a file or block device through io_uring (`mcqio-perf` only) |
 //! | `uring:null` | io_uring NOPs: the kernel path with no device at all (`mcqio-perf` only) |
 //!
@@ -23,6 +25,12 @@
 //! `sync` (0/1: the fake runs inside the doorbell store, on the job's
 //! thread), `direct` (0/1: O_DIRECT for `uring:<path>`).
 //!
+//! `fake-ufs` takes `mcq` (`on`/`off`: MCQ or the legacy single-doorbell
+//! list), `queues` (MCQ hardware queues the fake offers, 1 to 32), `lus`
+//! (logical units, 1 to 32), `size` (bytes per LU), `latency`, `core` and
+//! `sync` as above; its blocks are 4 KiB. `vfio:` takes `qpairs` (NVMe) and
+//! `mcq` (UFS).
+//!
 //! Defaults of `fake` are the library's ([`FakeConfig::default`]): one RAM
 //! namespace of [`FAKE_SIZE`] bytes in [`FAKE_BLOCK_SIZE`]-byte blocks;
 //! `fake:null` namespaces advertise [`FAKE_NULL_SIZE`] bytes.
@@ -32,6 +40,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mcqio_fixtures::ufs::{FakeUfs, LuConfig, UfsConfig, BLOCK_SIZE as UFS_BLOCK_SIZE};
 use mcqio_fixtures::{FakeConfig, FakeController, NamespaceConfig};
 use mcqio_vfio::Backend;
 
@@ -134,6 +143,11 @@ pub enum DeviceKind {
         /// Null namespaces (reads return without touching buffers).
         null: bool,
     },
+    /// The in-process fake UFS host controller; `null` LUs move no data.
+    FakeUfs {
+        /// Null logical units (reads return without touching buffers).
+        null: bool,
+    },
     /// A real controller through VFIO.
     Vfio {
         /// PCI address, e.g. `0000:01:00.0`.
@@ -173,6 +187,13 @@ pub struct DeviceOpts {
     /// Run the fake synchronously inside the doorbell store (no device
     /// thread): deterministic, and all device work lands on the job's core.
     pub sync: Option<bool>,
+    /// UFS: use MCQ (`mcq=on`, the default when the controller has it) or
+    /// the legacy single-doorbell list (`mcq=off`).
+    pub mcq: Option<bool>,
+    /// `fake-ufs`: MCQ hardware queues the fake offers (`queues=`).
+    pub queues: Option<u8>,
+    /// `fake-ufs`: logical units (`lus=`).
+    pub lus: Option<u8>,
 }
 
 /// A parsed `--device` value.
@@ -197,7 +218,8 @@ impl fmt::Display for DeviceSpec {
 const FAKE_KEYS: &[&str] = &[
     "lbs", "lbads", "ns", "size", "corrupt", "error", "latency", "qpairs", "core", "sync",
 ];
-const VFIO_KEYS: &[&str] = &["qpairs"];
+const FAKE_UFS_KEYS: &[&str] = &["mcq", "queues", "lus", "size", "latency", "core", "sync"];
+const VFIO_KEYS: &[&str] = &["qpairs", "mcq"];
 const URING_NULL_KEYS: &[&str] = &[];
 const URING_FILE_KEYS: &[&str] = &["lbs", "lbads", "size", "direct"];
 
@@ -207,6 +229,8 @@ impl DeviceSpec {
         match &self.kind {
             DeviceKind::Fake { null: false } => "fake".into(),
             DeviceKind::Fake { null: true } => "fake:null".into(),
+            DeviceKind::FakeUfs { null: false } => "fake-ufs".into(),
+            DeviceKind::FakeUfs { null: true } => "fake-ufs:null".into(),
             DeviceKind::Vfio { bdf } => format!("vfio:{bdf}"),
             DeviceKind::UringNull => "uring:null".into(),
             DeviceKind::UringFile { path } => format!("uring:{}", path.display()),
@@ -267,12 +291,74 @@ impl DeviceSpec {
         Some(cfg)
     }
 
-    /// Open a `fake` or `vfio:` device as an engine backend, for the small
-    /// example programs (`hello`, `identify`). They read `lbs`, `lbads`,
-    /// `ns`, `size`, `latency`, `qpairs` and `sync`; other options and the
-    /// io_uring kinds are refused with a message naming `who`.
+    /// The fake UFS controller this spec describes: `lus` LUs (default 1)
+    /// of `size` bytes each (default [`FAKE_SIZE`], or [`FAKE_NULL_SIZE`]
+    /// advertised for `fake-ufs:null`) in 4 KiB blocks, MCQ advertised
+    /// unless `mcq=off`, `queues` MCQ queues (default: the library's), the
+    /// `latency` and `sync` options. `None` if the spec is not a `fake-ufs`.
+    /// Run-specific settings (queue depth, device thread core) are the
+    /// caller's to add.
+    pub fn fake_ufs_config(&self) -> Option<UfsConfig> {
+        let DeviceKind::FakeUfs { null } = self.kind else {
+            return None;
+        };
+        let o = &self.opts;
+        let base = UfsConfig::default();
+        let size = o
+            .size
+            .unwrap_or(if null { FAKE_NULL_SIZE } else { FAKE_SIZE })
+            .max(u64::from(UFS_BLOCK_SIZE));
+        let lu = if null {
+            LuConfig::null_bytes(size)
+        } else {
+            LuConfig::ram_bytes(size)
+        };
+        let mut cfg = UfsConfig {
+            lus: vec![lu; usize::from(o.lus.unwrap_or(1))],
+            mcq: o.mcq.unwrap_or(true),
+            latency: o.latency.unwrap_or(base.latency),
+            ..base
+        };
+        if let Some(q) = o.queues {
+            cfg.queues = q;
+        }
+        if o.sync == Some(true) {
+            cfg.exec = mcqio_fixtures::ExecMode::Sync;
+        }
+        Some(cfg)
+    }
+
+    /// Whether the device speaks UFS: `fake-ufs`, or a `vfio:` function
+    /// whose PCI class code (under `roots`) says UFS host controller. An
+    /// address sysfs does not know counts as NVMe (opening it reports why
+    /// it cannot be used).
+    pub fn is_ufs(&self, roots: &mcqio_vfio::SysRoots) -> bool {
+        match &self.kind {
+            DeviceKind::FakeUfs { .. } => true,
+            DeviceKind::Vfio { bdf } => {
+                vfio_transport(roots, bdf) == Some(mcqio_vfio::sysfs::Transport::Ufs)
+            }
+            _ => false,
+        }
+    }
+
+    /// Open a `fake`, `fake-ufs` or `vfio:` device as an engine backend, for
+    /// the small example programs (`hello`, `identify`). They read `lbs`,
+    /// `lbads`, `ns`, `size`, `latency`, `qpairs` and `sync` (and `mcq`,
+    /// `queues`, `lus` of `fake-ufs`); other options and the io_uring kinds
+    /// are refused with a message naming `who`. Whether to bring the
+    /// backend up as NVMe or UFS: [`DeviceSpec::is_ufs`].
     pub fn open_backend(&self, who: &str) -> Result<Arc<dyn Backend>, SpecError> {
         match &self.kind {
+            DeviceKind::FakeUfs { .. } => {
+                self.check_keys(&["mcq", "queues", "lus", "size", "latency", "sync"], who)?;
+                let cfg = self
+                    .fake_ufs_config()
+                    .expect("a fake-ufs spec has a fake UFS config");
+                let fake =
+                    FakeUfs::new(cfg).map_err(|e| SpecError(format!("fake UFS controller: {e}")))?;
+                Ok(fake)
+            }
             DeviceKind::Fake { .. } => {
                 self.check_keys(
                     &["lbs", "lbads", "ns", "size", "latency", "qpairs", "sync"],
@@ -284,14 +370,13 @@ impl DeviceSpec {
                 Ok(fake)
             }
             DeviceKind::Vfio { bdf } => {
-                self.check_keys(&[], who)?;
-                check_vfio_transport(&mcqio_vfio::SysRoots::default(), bdf)?;
+                self.check_keys(&["mcq"], who)?;
                 let b = mcqio_vfio::VfioBackend::open(bdf)
                     .map_err(|e| SpecError(format!("{bdf}: {e}")))?;
                 Ok(Arc::new(b))
             }
             _ => err(format!(
-                "{who} drives an NVMe controller: use fake[,options] or vfio:<BDF>, not `{}`",
+                "{who} drives an NVMe or UFS controller: use fake[,options], fake-ufs[,options] or vfio:<BDF>, not `{}`",
                 self.label()
             )),
         }
@@ -301,7 +386,9 @@ impl DeviceSpec {
     pub fn stores_data(&self) -> bool {
         !matches!(
             self.kind,
-            DeviceKind::Fake { null: true } | DeviceKind::UringNull
+            DeviceKind::Fake { null: true }
+                | DeviceKind::FakeUfs { null: true }
+                | DeviceKind::UringNull
         )
     }
 }
@@ -322,13 +409,16 @@ impl std::str::FromStr for DeviceSpec {
             ("fake", Some("null")) => (DeviceKind::Fake { null: true }, FAKE_KEYS),
             ("fake", Some("ram")) => (DeviceKind::Fake { null: false }, FAKE_KEYS),
             ("fake", Some(a)) => return err(format!("unknown fake variant `{a}`: use `fake` or `fake:null`")),
+            ("fake-ufs", None) | ("fake-ufs", Some("ram")) => (DeviceKind::FakeUfs { null: false }, FAKE_UFS_KEYS),
+            ("fake-ufs", Some("null")) => (DeviceKind::FakeUfs { null: true }, FAKE_UFS_KEYS),
+            ("fake-ufs", Some(a)) => return err(format!("unknown fake-ufs variant `{a}`: use `fake-ufs` or `fake-ufs:null`")),
             ("vfio", Some(bdf)) if !bdf.is_empty() => (DeviceKind::Vfio { bdf: bdf.into() }, VFIO_KEYS),
-            ("vfio", _) => return err("`vfio` needs a PCI address: vfio:0000:01:00.0 (list them with `mcqio-perf devices` or lspci -D -d ::0108)"),
+            ("vfio", _) => return err("`vfio` needs a PCI address: vfio:0000:01:00.0 (list them with `mcqio-perf devices` or lspci -D -d ::0108 for NVMe, ::0109 for UFS)"),
             ("uring", Some("null")) => (DeviceKind::UringNull, URING_NULL_KEYS),
             ("uring", Some(p)) if !p.is_empty() => (DeviceKind::UringFile { path: p.into() }, URING_FILE_KEYS),
             ("uring", _) => return err("`uring` needs a path or `null`: uring:/dev/nvme0n1, uring:/tmp/file, uring:null"),
-            ("", _) => return err("empty device spec: use fake, fake:null, vfio:<BDF>, uring:<path> or uring:null"),
-            (k, _) => return err(format!("unknown device kind `{k}`: use fake, fake:null, vfio:<BDF>, uring:<path> or uring:null")),
+            ("", _) => return err("empty device spec: use fake, fake:null, fake-ufs, fake-ufs:null, vfio:<BDF>, uring:<path> or uring:null"),
+            (k, _) => return err(format!("unknown device kind `{k}`: use fake, fake:null, fake-ufs, fake-ufs:null, vfio:<BDF>, uring:<path> or uring:null")),
         };
         let mut opts = DeviceOpts::default();
         let mut keys_given = Vec::new();
@@ -411,6 +501,28 @@ impl std::str::FromStr for DeviceSpec {
                     opts.qpairs = Some(n as u16);
                 }
                 "core" => opts.core = Some(num(v)? as usize),
+                "mcq" => {
+                    opts.mcq = Some(match v {
+                        "on" | "1" | "true" | "yes" => true,
+                        "off" | "0" | "false" | "no" => false,
+                        _ => {
+                            return err(format!(
+                                "mcq={v}: use on (MCQ) or off (legacy single doorbell)"
+                            ))
+                        }
+                    })
+                }
+                "queues" | "lus" => {
+                    let n = num(v)?;
+                    if !(1..=32).contains(&n) {
+                        return err(format!("{k}={v}: a UFS controller has 1 to 32"));
+                    }
+                    if k == "queues" {
+                        opts.queues = Some(n as u8);
+                    } else {
+                        opts.lus = Some(n as u8);
+                    }
+                }
                 "direct" | "sync" => {
                     let b = match v {
                         "1" | "true" | "yes" => true,
@@ -447,33 +559,27 @@ fn set_block_size(opts: &mut DeviceOpts, bytes: u32, opt: &str) -> Result<(), Sp
     }
 }
 
-/// Whether this build can drive the PCI function a `vfio:<BDF>` names:
-/// [`mcqio_vfio::sysfs::transport_of`] reads NVMe or UFS from its class code,
-/// and a UFS host controller is refused with a clear error, because the
-/// engine's UFS transport is not part of this build. An address sysfs does
-/// not know passes here: opening it reports that as before.
-pub fn check_vfio_transport(roots: &mcqio_vfio::SysRoots, bdf: &str) -> Result<(), SpecError> {
-    use mcqio_vfio::sysfs::{transport_of, Transport};
-    let Ok(addr) = mcqio_vfio::PciAddress::parse(bdf) else {
-        return Ok(());
-    };
-    match transport_of(roots, &addr) {
-        Ok(Some(Transport::Ufs)) => err(format!(
-            "vfio:{bdf} is a UFS host controller (PCI class 0x0109xx): the UFS transport is not \
-             available in this build; mcqio drives NVMe controllers (class 0x0108xx) here"
-        )),
-        _ => Ok(()),
-    }
+/// The transport of the PCI function a `vfio:<BDF>` names, from its class
+/// code ([`mcqio_vfio::sysfs::transport_of`]); `None` when the address is
+/// malformed, sysfs does not know it, or its class is neither NVMe nor UFS
+/// (opening it then reports why it cannot be used).
+pub fn vfio_transport(
+    roots: &mcqio_vfio::SysRoots,
+    bdf: &str,
+) -> Option<mcqio_vfio::sysfs::Transport> {
+    let addr = mcqio_vfio::PciAddress::parse(bdf).ok()?;
+    mcqio_vfio::sysfs::transport_of(roots, &addr).ok().flatten()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Issue 13 item 6: `vfio:` on a UFS host controller says which
-    /// transport it is and that this build has none for it.
+    /// Issue 13 items 6/7: `vfio:` tells a UFS host controller from an
+    /// NVMe controller by its class code, so it opens the UFS transport.
     #[test]
-    fn vfio_on_a_ufs_controller_is_a_clear_error() {
+    fn vfio_tells_ufs_from_nvme() {
+        use mcqio_vfio::sysfs::Transport;
         let base = std::env::temp_dir().join(format!("mcqio-devstr-ufs-{}", std::process::id()));
         let roots = mcqio_vfio::SysRoots::under(&base);
         for (bdf, class) in [("0000:00:04.0", "0x010901"), ("0000:00:03.0", "0x010802")] {
@@ -483,16 +589,53 @@ mod tests {
             std::fs::write(d.join("device"), "0x0013\n").unwrap();
             std::fs::write(d.join("class"), format!("{class}\n")).unwrap();
         }
-        let e = check_vfio_transport(&roots, "0000:00:04.0").unwrap_err();
-        assert!(e.0.contains("UFS host controller"), "{e}");
-        assert!(
-            e.0.contains("UFS transport is not available in this build"),
-            "{e}"
+        assert_eq!(vfio_transport(&roots, "0000:00:04.0"), Some(Transport::Ufs));
+        assert!(spec("vfio:0000:00:04.0").is_ufs(&roots));
+        assert_eq!(
+            vfio_transport(&roots, "0000:00:03.0"),
+            Some(Transport::Nvme)
         );
-        assert_eq!(check_vfio_transport(&roots, "0000:00:03.0"), Ok(()));
-        assert_eq!(check_vfio_transport(&roots, "0000:00:09.0"), Ok(()));
-        assert_eq!(check_vfio_transport(&roots, "not-a-bdf"), Ok(()));
+        assert!(!spec("vfio:0000:00:03.0").is_ufs(&roots));
+        assert_eq!(vfio_transport(&roots, "0000:00:09.0"), None);
+        assert_eq!(vfio_transport(&roots, "not-a-bdf"), None);
+        assert!(spec("fake-ufs").is_ufs(&roots));
+        assert!(!spec("fake").is_ufs(&roots));
         let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// Issue 13 item 7: `fake-ufs` and its options.
+    #[test]
+    fn fake_ufs_specs() {
+        let s = spec("fake-ufs,mcq=off,queues=4,lus=2,size=1M,latency=10us,sync=1");
+        assert_eq!(s.kind, DeviceKind::FakeUfs { null: false });
+        assert_eq!(s.label(), "fake-ufs");
+        let c = s.fake_ufs_config().unwrap();
+        assert!(!c.mcq);
+        assert_eq!(c.queues, 4);
+        assert_eq!(c.lus, vec![LuConfig::Ram { blocks: 256 }; 2]);
+        assert_eq!(c.latency, Duration::from_micros(10));
+        assert_eq!(c.exec, mcqio_fixtures::ExecMode::Sync);
+        let n = spec("fake-ufs:null");
+        assert_eq!(n.label(), "fake-ufs:null");
+        assert!(!n.stores_data());
+        assert!(spec("fake-ufs").stores_data());
+        assert!(spec("fake-ufs").fake_ufs_config().unwrap().mcq);
+        assert!(spec("fake").fake_ufs_config().is_none());
+        for bad in [
+            "fake-ufs:zero",
+            "fake-ufs,mcq=maybe",
+            "fake-ufs,queues=0",
+            "fake-ufs,queues=33",
+            "fake-ufs,lus=0",
+            "fake-ufs,lbs=512",
+            "fake,mcq=on",
+        ] {
+            assert!(
+                bad.parse::<DeviceSpec>().is_err(),
+                "{bad:?} should be rejected"
+            );
+        }
+        assert_eq!(spec("vfio:0000:01:00.0,mcq=off").opts.mcq, Some(false));
     }
 
     #[test]

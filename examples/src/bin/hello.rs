@@ -1,8 +1,9 @@
-//! Hello, NVMe: open a controller, write a block pattern, read it back, compare.
+//! Hello, NVMe (or UFS): open a controller, write a block pattern, read it back, compare.
 //!
 //! ```text
 //! hello [DEVICE]      DEVICE = fake[,lbs=,lbads=,ns=,size=,latency=,qpairs=,sync=] (default: fake)
-//!                     | vfio:<BDF>, e.g. vfio:0000:00:03.0 (the syntax and defaults of mcqio-perf -d)
+//!                     | fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,sync=]
+//!                     | vfio:<BDF>, e.g. vfio:0000:00:03.0, NVMe or UFS (the syntax and defaults of mcqio-perf -d)
 //! ```
 //!
 //! With `vfio:` the device must be bound to vfio-pci (`mcqio-perf doctor <BDF>`
@@ -11,17 +12,102 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use mcqio::ufs::{UfsController, UfsOptions};
 use mcqio::vfio::{Backend, DmaDir};
 use mcqio::{Controller, ControllerOptions, QpairOptions};
 use mcqio_examples::devstr::{DeviceSpec, SpecError};
 
-fn open(spec: &str) -> Result<Arc<dyn Backend>, String> {
+fn open(spec: &str) -> Result<(Arc<dyn Backend>, bool), String> {
     let spec: DeviceSpec = spec.parse().map_err(|e: SpecError| e.to_string())?;
-    spec.open_backend("hello").map_err(|e| e.to_string())
+    let ufs = spec.is_ufs(&mcqio::vfio::SysRoots::default());
+    let b = spec.open_backend("hello").map_err(|e| e.to_string())?;
+    Ok((b, ufs))
+}
+
+/// The same on a UFS host controller: LU 0, blocking then asynchronous.
+fn run_ufs(backend: Arc<dyn Backend>) -> Result<(), Box<dyn std::error::Error>> {
+    let ctrl = UfsController::new(backend, UfsOptions::default())?;
+    let lu = *ctrl
+        .logical_units()
+        .first()
+        .ok_or("the device has no logical unit")?;
+    println!(
+        "{}: UFS {:#06x}, {:?}, LU {}: {} blocks of {} B",
+        ctrl.backend().name(),
+        ctrl.device_descriptor().spec_version,
+        ctrl.mode(),
+        lu.lun,
+        lu.blocks,
+        lu.block_len
+    );
+    let mut qp = ctrl.create_qpair()?;
+    let bs = lu.block_len as usize;
+    let len = (1usize << 20).min((lu.blocks as usize).saturating_mul(bs)) / bs * bs;
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+    qp.write_blocking(lu.lun, 0, &data)?;
+    let mut back = vec![0u8; len];
+    qp.read_blocking(lu.lun, 0, &mut back)?;
+    if back != data {
+        return Err("read-back differs from what was written".into());
+    }
+    println!("blocking: wrote and read back {len} bytes: OK");
+
+    let n = 8.min(qp.depth()).min(lu.blocks as usize);
+    let bufs = ctrl.alloc_buf(n * bs, DmaDir::Bidirectional)?.chunks(bs)?;
+    for (i, mut b) in bufs.into_iter().enumerate() {
+        b.fill(i as u8 + 1);
+        qp.write(lu.lun, i as u64, 1, b, i as u64)
+            .map_err(|e| e.kind)?;
+    }
+    qp.submit(); // one doorbell for the batch
+    let mut returned = Vec::new();
+    let mut failed = None;
+    while returned.len() + usize::from(failed.is_some()) < n {
+        qp.poll(32, |c| match (c.result, c.buf) {
+            (Ok(()), Some(b)) => returned.push(b),
+            (Err(e), _) => failed = Some(e.to_string()),
+            (Ok(()), None) => failed = Some("a completion without its buffer".into()),
+        })?;
+    }
+    if let Some(e) = failed {
+        return Err(format!("write failed: {e}").into());
+    }
+    for (i, b) in returned.into_iter().enumerate() {
+        qp.read(lu.lun, i as u64, 1, b, i as u64)
+            .map_err(|e| e.kind)?;
+    }
+    qp.submit();
+    let mut ok = 0;
+    let mut bad = None;
+    while ok + usize::from(bad.is_some()) < n {
+        qp.poll(32, |c| {
+            let mut first = [0u8; 1];
+            match (c.result, c.buf) {
+                (Ok(()), Some(b))
+                    if b.read_at(0, &mut first).is_ok() && first[0] == c.tag as u8 + 1 =>
+                {
+                    ok += 1
+                }
+                (r, _) => bad = Some(format!("block {}: {r:?}, first byte {}", c.tag, first[0])),
+            }
+        })?;
+    }
+    if let Some(e) = bad {
+        return Err(format!("read-back differs: {e}").into());
+    }
+    println!(
+        "async: {n} writes + {n} reads with tags: OK ({:?})",
+        qp.stats()
+    );
+    Ok(())
 }
 
 fn run(spec: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let ctrl = Controller::new(open(spec)?, ControllerOptions::default())?;
+    let (backend, ufs) = open(spec)?;
+    if ufs {
+        return run_ufs(backend);
+    }
+    let ctrl = Controller::new(backend, ControllerOptions::default())?;
     let id = ctrl.identify();
     let ns = ctrl
         .namespaces()

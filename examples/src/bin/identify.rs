@@ -1,20 +1,64 @@
-//! Print what a controller and its namespaces report.
+//! Print what a controller and its namespaces (or a UFS device and its
+//! logical units) report.
 //!
 //! ```text
 //! identify [DEVICE]   DEVICE = fake[,lbs=,lbads=,ns=,size=,latency=,qpairs=,sync=] (default: fake)
-//!                     | vfio:<BDF> (the syntax and defaults of mcqio-perf -d)
+//!                     | fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,sync=]
+//!                     | vfio:<BDF>, NVMe or UFS (the syntax and defaults of mcqio-perf -d)
 //! ```
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use mcqio::ufs::{UfsController, UfsMode, UfsOptions};
 use mcqio::vfio::Backend;
 use mcqio::{Controller, ControllerOptions};
 use mcqio_examples::devstr::{DeviceSpec, SpecError};
 
-fn open(spec: &str) -> Result<Arc<dyn Backend>, String> {
+fn open(spec: &str) -> Result<(Arc<dyn Backend>, bool), String> {
     let spec: DeviceSpec = spec.parse().map_err(|e: SpecError| e.to_string())?;
-    spec.open_backend("identify").map_err(|e| e.to_string())
+    let ufs = spec.is_ufs(&mcqio::vfio::SysRoots::default());
+    let b = spec.open_backend("identify").map_err(|e| e.to_string())?;
+    Ok((b, ufs))
+}
+
+/// A UFS device: its descriptors, the transfer mode and the logical units.
+fn run_ufs(backend: Arc<dyn Backend>) -> Result<(), Box<dyn std::error::Error>> {
+    let ctrl = UfsController::new(backend, UfsOptions::default())?;
+    let d = ctrl.device_descriptor();
+    let g = ctrl.geometry();
+    println!(
+        "device            {} (UFS host controller)",
+        ctrl.backend().name()
+    );
+    println!("UFS version       {:#06x}", d.spec_version);
+    println!("manufacturer      {:#06x}", d.manufacturer);
+    println!("LUs (bNumberLU)   {} (well-known: {})", d.lus, d.wlus);
+    println!("bQueueDepth       {}", d.queue_depth);
+    println!(
+        "raw capacity      {} MiB ({} x 512 B)",
+        g.raw_capacity_512 >> 11,
+        g.raw_capacity_512
+    );
+    println!(
+        "max LUs           {}, segment {} x 512 B, min block {} x 512 B",
+        g.max_lus, g.segment_size_512, g.min_block_512
+    );
+    match ctrl.mode() {
+        UfsMode::Mcq { queues } => println!("transfer mode     MCQ, {queues} queue(s)"),
+        UfsMode::Legacy => println!("transfer mode     legacy single doorbell"),
+    }
+    println!("depth per queue   {}", ctrl.depth());
+    for lu in ctrl.logical_units() {
+        println!(
+            "  LU {:>3}: {:>12} blocks x {:>5} B = {:>8} MiB",
+            lu.lun,
+            lu.blocks,
+            lu.block_len,
+            (lu.blocks.saturating_mul(u64::from(lu.block_len))) >> 20
+        );
+    }
+    Ok(())
 }
 
 fn yes(b: bool) -> &'static str {
@@ -26,7 +70,11 @@ fn yes(b: bool) -> &'static str {
 }
 
 fn run(spec: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let ctrl = Controller::new(open(spec)?, ControllerOptions::default())?;
+    let (backend, ufs) = open(spec)?;
+    if ufs {
+        return run_ufs(backend);
+    }
+    let ctrl = Controller::new(backend, ControllerOptions::default())?;
     let id = ctrl.identify();
     let cap = ctrl.cap();
     println!("device            {}", ctrl.backend().name());

@@ -37,9 +37,11 @@ mod progress;
 mod queue;
 mod report;
 mod run;
+mod seed;
 mod setup;
 mod spec;
 mod target;
+mod ufs;
 mod uring;
 mod verify;
 mod workload;
@@ -150,7 +152,8 @@ struct RunArgs {
         action = clap::ArgAction::Append,
         value_parser = device,
         help = "Device: fake[,lbs=,lbads=,ns=,size=,corrupt=,error=,latency=,qpairs=,core=,sync=], fake:null, \
-                vfio:<BDF>[,qpairs=], uring:<path>[,size=,lbs=,lbads=,direct=], uring:null \
+                fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,core=,sync=], fake-ufs:null, \
+                vfio:<BDF>[,qpairs=,mcq=] (NVMe or UFS), uring:<path>[,size=,lbs=,lbads=,direct=], uring:null \
                 (lbs= in bytes, lbads= as NVMe's log2; default fake: 1 namespace of 64 MiB, 512 B blocks). \
                 Repeat -d to run several devices at once: job i runs on device i mod N"
     )]
@@ -285,11 +288,12 @@ impl RunArgs {
             None if jobs <= ncpu => usable[..jobs].to_vec(),
             None => Vec::new(),
         };
-        let polled = self
-            .device
-            .iter()
-            .chain(self.compare.as_ref())
-            .any(|d| matches!(d.kind, DeviceKind::Fake { .. } | DeviceKind::Vfio { .. }));
+        let polled = self.device.iter().chain(self.compare.as_ref()).any(|d| {
+            matches!(
+                d.kind,
+                DeviceKind::Fake { .. } | DeviceKind::FakeUfs { .. } | DeviceKind::Vfio { .. }
+            )
+        });
         if polled && jobs > ncpu && !self.force {
             return Err(PerfError::Usage(format!(
                 "{jobs} jobs busy-poll but this process has {ncpu} CPU(s): jobs would share cores \

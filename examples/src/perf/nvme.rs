@@ -162,8 +162,6 @@ impl NvmeTarget {
                     dma_budget: budget,
                     ..VfioOpenOptions::default()
                 };
-                crate::spec::check_vfio_transport(&mcqio_vfio::SysRoots::default(), bdf)
-                    .map_err(|e| e.to_string())?;
                 let b = VfioBackend::open_with(bdf, &opts).map_err(|e| e.to_string())?;
                 let d = format!("mcqio engine on {} (VFIO)", b.name());
                 (Arc::new(b) as Arc<dyn Backend>, None, d)
@@ -689,6 +687,7 @@ mod tests {
             writes: false,
             job_cores: Vec::new(),
             seed: 1,
+            dma: crate::run::DmaMode::Premapped,
         };
         let t = NvmeTarget::open(&spec, &plan).expect("fake target");
         let fake = t.fake.clone().expect("a fake");

@@ -285,11 +285,26 @@ pub struct JobReport {
     pub device: String,
     /// Core the job was pinned to.
     pub core: Option<usize>,
-    /// Namespace; `null` for a device without one (`uring:null`).
+    /// Namespace; `null` for a device without one (`uring:null`). On UFS
+    /// the logical unit's LUN + 1 (`-N` counts from 1 on every device).
     pub nsid: Option<u32>,
+    /// UFS: the logical unit (LUN) the job ran on; absent on other devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lun: Option<u32>,
     /// The numbers.
     #[serde(flatten)]
     pub stats: Stats,
+}
+
+impl JobReport {
+    /// What the job addressed, for rows: `ns1`, or `LU0` on UFS.
+    pub fn unit(&self) -> Option<String> {
+        match (self.lun, self.nsid) {
+            (Some(l), _) => Some(format!("LU{l}")),
+            (None, Some(ns)) => Some(format!("ns{ns}")),
+            (None, None) => None,
+        }
+    }
 }
 
 /// The Total row plus whole-run costs.
@@ -640,8 +655,8 @@ impl RunReport {
                 .map_or_else(|| "any core".to_string(), |c| format!("core {c}"));
             row(
                 &mut out,
-                &match j.nsid {
-                    Some(ns) => format!("{} ns{ns} from {core}", j.device),
+                &match j.unit() {
+                    Some(u) => format!("{} {u} from {core}", j.device),
                     None => format!("{} from {core}", j.device),
                 },
                 &j.stats,
@@ -699,8 +714,8 @@ impl RunReport {
             if self.jobs.len() > 1 {
                 for j in &self.jobs {
                     rows.push((
-                        match j.nsid {
-                            Some(ns) => format!("job {} ({} ns{ns})", j.job, j.device),
+                        match j.unit() {
+                            Some(u) => format!("job {} ({} {u})", j.job, j.device),
                             None => format!("job {} ({})", j.job, j.device),
                         },
                         &j.stats.lat_us,
@@ -802,6 +817,7 @@ mod tests {
                 device: device.into(),
                 core: Some(0),
                 nsid: Some(1),
+                lun: None,
                 stats: stats.clone(),
             }],
             total: TotalReport {

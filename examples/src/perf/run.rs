@@ -565,6 +565,8 @@ pub fn run_devices(
             device: dev.label(),
             core: o.cpus.get(r.index).copied(),
             nsid: moves(dev).then_some(r.nsid),
+            lun: (moves(dev) && targets[job_dev[r.index]].is_ufs())
+                .then(|| r.nsid.saturating_sub(1)),
             stats,
         });
     }
@@ -726,6 +728,7 @@ fn plan_device(
         // stays off all of them.
         job_cores: o.cpus.clone(),
         seed: o.seed,
+        dma: o.dma,
     };
     let target = Arc::new(Target::open(spec, &plan)?);
     let lbads = target.lbads() as u64;

@@ -24,6 +24,8 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Map -> I/O -> unmap throughput of the DMA modes (premapped, strict, lazy/N)
     DmaBench(Box<crate::dmabench::DmaBenchArgs>),
+    /// Rerun a seed table: `seed mcq` (UFS MCQ vs legacy single doorbell)
+    Seed(crate::seed::SeedArgs),
 }
 
 /// Options every set-up command takes.
@@ -190,6 +192,7 @@ pub fn run(cmd: &Command) -> ExitCode {
             Err(e) => fail(e),
         },
         Command::DmaBench(a) => crate::dmabench::run(a),
+        Command::Seed(a) => crate::seed::run(a),
         Command::Doctor(a) => {
             let mut opts = DoctorOptions {
                 roots: a.roots.get(),

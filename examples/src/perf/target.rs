@@ -12,6 +12,7 @@ use crate::queue::JobQueue;
 use crate::run::DmaMode;
 use crate::run::PerfError;
 use crate::spec::{DeviceKind, DeviceSpec};
+use crate::ufs::{UfsOpenError, UfsTarget};
 use crate::uring::UringTarget;
 
 /// A namespace the jobs can use.
@@ -38,6 +39,8 @@ pub struct OpenPlan {
     pub job_cores: Vec<usize>,
     /// The run's seed (also seeds the fake's fault injection).
     pub seed: u64,
+    /// The DMA buffer mode.
+    pub dma: DmaMode,
 }
 
 /// An open device.
@@ -45,8 +48,10 @@ pub struct OpenPlan {
 pub enum Target {
     /// `uring:null` or `uring:<path>`.
     Uring(Arc<UringTarget>),
-    /// `fake`, `fake:null` or `vfio:<BDF>`: the mcqio engine.
+    /// `fake`, `fake:null` or `vfio:<BDF>` on NVMe: the mcqio engine.
     Nvme(NvmeTarget),
+    /// `fake-ufs`, `fake-ufs:null` or `vfio:<BDF>` on UFS: the mcqio engine.
+    Ufs(UfsTarget),
 }
 
 impl Target {
@@ -61,6 +66,33 @@ impl Target {
                 spec.opts.direct,
                 plan.writes,
             )?))),
+            DeviceKind::FakeUfs { .. } | DeviceKind::Vfio { .. }
+                if spec.is_ufs(&mcqio_vfio::SysRoots::default()) =>
+            {
+                if plan.dma != DmaMode::Premapped {
+                    return Err(PerfError::Usage(format!(
+                        "--dma {} is not available on UFS (`{}`): use --dma premapped",
+                        plan.dma.name(),
+                        spec.label()
+                    )));
+                }
+                let jobs = plan.jobs.max(1);
+                match UfsTarget::open(spec, plan) {
+                    Ok(t) => Ok(Target::Ufs(t)),
+                    Err(UfsOpenError::Queues { granted }) => Err(PerfError::QueueCount {
+                        device: spec.label(),
+                        jobs,
+                        granted,
+                    }),
+                    Err(UfsOpenError::Other(e)) => {
+                        Err(PerfError::Device(format!("{}: {e}", spec.label())))
+                    }
+                }
+            }
+            DeviceKind::FakeUfs { .. } => Err(PerfError::Device(format!(
+                "{}: not a UFS device",
+                spec.label()
+            ))),
             DeviceKind::Fake { .. } | DeviceKind::Vfio { .. } => {
                 let jobs = plan.jobs.max(1);
                 if matches!(spec.kind, DeviceKind::Fake { .. }) {
@@ -94,6 +126,7 @@ impl Target {
         match self {
             Target::Uring(t) => t.lbads(),
             Target::Nvme(t) => t.lbads(),
+            Target::Ufs(t) => t.lbads(),
         }
     }
 
@@ -105,6 +138,7 @@ impl Target {
                 blocks: t.blocks(),
             }],
             Target::Nvme(t) => t.namespaces().to_vec(),
+            Target::Ufs(t) => t.namespaces().to_vec(),
         }
     }
 
@@ -113,6 +147,7 @@ impl Target {
         match self {
             Target::Uring(t) => t.describe(),
             Target::Nvme(t) => t.describe().to_string(),
+            Target::Ufs(t) => t.describe().to_string(),
         }
     }
 
@@ -121,6 +156,7 @@ impl Target {
         match self {
             Target::Uring(t) => t.notes().to_vec(),
             Target::Nvme(t) => t.notes(),
+            Target::Ufs(t) => t.notes(),
         }
     }
 
@@ -129,7 +165,13 @@ impl Target {
         match self {
             Target::Uring(_) => None,
             Target::Nvme(t) => Some(t.iommu_stats()),
+            Target::Ufs(t) => Some(t.iommu_stats()),
         }
+    }
+
+    /// Whether jobs address logical units (UFS) rather than namespaces.
+    pub fn is_ufs(&self) -> bool {
+        matches!(self, Target::Ufs(_))
     }
 
     /// Build this job's queue on the calling thread and run the job loop.
@@ -150,6 +192,16 @@ impl Target {
                 clock,
                 ready,
             ),
+            Target::Ufs(t) => match t.shared_queue(spec.nsid, spec.depth, buf_len) {
+                Some(q) => start(q, spec, shared, clock, ready),
+                None => start(
+                    t.queue(spec.nsid, spec.depth, buf_len),
+                    spec,
+                    shared,
+                    clock,
+                    ready,
+                ),
+            },
             Target::Nvme(t) => match spec.dma {
                 DmaMode::Premapped => start(
                     t.queue(spec.nsid, spec.depth, buf_len),

@@ -1,0 +1,684 @@
+//! UFS targets: the in-process fake UFS host controller (`fake-ufs`,
+//! `fake-ufs:null`) and a real one through VFIO (`vfio:<BDF>` whose class
+//! code says UFS), driven by the engine's [`UfsQueuePair`].
+//!
+//! A logical unit plays the namespace's role: LUN `n` is the run's
+//! namespace `n + 1` (`-N` counts from 1 for every device) and rows say
+//! `LU<n>`.
+//!
+//! Buffers are premapped as in [`crate::nvme`]: one DMA region per job,
+//! allocated and mapped once, cut into one [`SlotBuf`] per slot.
+//!
+//! In MCQ mode each job owns one hardware SQ/CQ pair. In legacy
+//! single-doorbell mode the controller has one transfer request list (32
+//! slots, one UTRLDBR doorbell) and the engine hands out one queue pair for
+//! it; with several jobs they share it behind a mutex here, as the hardware
+//! serialises them on the one doorbell. That lock (and the shared slots) is
+//! what MCQ removes, so the MCQ-vs-legacy comparison includes it. Its
+//! completions carry the job in the tag's upper half; one job's poll may
+//! reap another's, which waits in that job's list until it polls.
+
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use mcqio::ufs::{UfsController, UfsMode, UfsOptions, UfsQueuePair};
+use mcqio::{Completion, DmaBuf, IoBuf, IoSeg, SubmitErrorKind};
+use mcqio_fixtures::ufs::FakeUfs;
+use mcqio_fixtures::ExecMode;
+use mcqio_vfio::{
+    Backend, DmaDir, DmaSpace, IommuStats, Iova, OpenOptions as VfioOpenOptions, VfioBackend,
+};
+
+use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
+use crate::spec::{DeviceKind, DeviceSpec};
+use crate::target::{Namespace, OpenPlan};
+use crate::workload::Op;
+
+/// The most commands per queue the engine keeps outstanding on UFS.
+const MAX_UFS_DEPTH: usize = 256;
+
+/// A UFS controller driven by the engine.
+pub struct UfsTarget {
+    ctrl: Arc<UfsController>,
+    fake: Option<Arc<FakeUfs>>,
+    namespaces: Vec<Namespace>,
+    lbads: u32,
+    describe: String,
+    notes: Vec<String>,
+    /// Legacy mode with more than one job: the one list, shared.
+    shared: Option<Arc<Mutex<LegacyList>>>,
+}
+
+impl std::fmt::Debug for UfsTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UfsTarget")
+            .field("describe", &self.describe)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a UFS target cannot run the jobs asked for.
+#[derive(Debug)]
+pub enum UfsOpenError {
+    /// MCQ gave fewer queues than jobs.
+    Queues {
+        /// Queues set up.
+        granted: usize,
+    },
+    /// Anything else, with its message.
+    Other(String),
+}
+
+impl UfsTarget {
+    /// Open the device `spec` names (`fake-ufs…`, or `vfio:…` on a UFS
+    /// host controller).
+    pub fn open(spec: &DeviceSpec, plan: &OpenPlan) -> Result<Self, UfsOpenError> {
+        let jobs = plan.jobs.max(1);
+        let depth = plan.depth.clamp(1, MAX_UFS_DEPTH);
+        let mut notes = Vec::new();
+        let (backend, fake, what): (Arc<dyn Backend>, _, String) = match &spec.kind {
+            DeviceKind::FakeUfs { null } => {
+                let o = &spec.opts;
+                let base = spec
+                    .fake_ufs_config()
+                    .ok_or_else(|| UfsOpenError::Other("not a fake-ufs".into()))?;
+                let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let pin = o
+                    .core
+                    .or_else(|| (0..ncpu).rev().find(|c| !plan.job_cores.contains(c)));
+                let sync = o.sync == Some(true);
+                if pin.is_none() && !sync {
+                    notes.push(
+                        "every core runs a job: the fake's device thread shares a core with a job"
+                            .into(),
+                    );
+                }
+                if !sync {
+                    notes.push(
+                        "the fake's device thread busy-polls its own core, doing in software what a host controller does in hardware: \
+                         job-thread CPU is the host's cost, process CPU adds the device's"
+                            .into(),
+                    );
+                }
+                let lus = base.lus.len();
+                let lu_bytes = base.lus.first().map_or(0, |l| l.blocks() * 4096);
+                let cfg = mcqio_fixtures::ufs::UfsConfig {
+                    // One MCQ queue per job unless queues= says otherwise.
+                    queues: o.queues.unwrap_or(jobs.clamp(1, 32) as u8),
+                    // Room for the queue depth asked for (the engine takes
+                    // the smallest of MAC, bQueueDepth and its own limit).
+                    mac: depth.clamp(64, 512) as u16,
+                    queue_depth: depth.clamp(32, 255) as u8,
+                    exec: if sync {
+                        ExecMode::Sync
+                    } else {
+                        ExecMode::Threaded {
+                            workers: 1,
+                            pin_core: pin,
+                        }
+                    },
+                    seed: plan.seed,
+                    ..base
+                };
+                let fake = FakeUfs::new(cfg).map_err(|e| UfsOpenError::Other(e.to_string()))?;
+                let d = format!(
+                    "fake UFS host controller ({}, {lus} LU x {lu_bytes} B, 4096 B blocks, device thread on {})",
+                    if *null { "null LUs" } else { "RAM LUs" },
+                    match (sync, pin) {
+                        (true, _) => "none: synchronous in the doorbell store".to_string(),
+                        (false, Some(c)) => format!("core {c}"),
+                        (false, None) => "any core".to_string(),
+                    }
+                );
+                (fake.clone() as Arc<dyn Backend>, Some(fake), d)
+            }
+            DeviceKind::Vfio { bdf } => {
+                let io = plan.io_size.div_ceil(4096) * 4096;
+                let per_job = depth as u64 * (io + 4096) + (1 << 20);
+                let opts = VfioOpenOptions {
+                    dma_budget: jobs as u64 * per_job + (2 << 20),
+                    ..VfioOpenOptions::default()
+                };
+                let b = VfioBackend::open_with(bdf, &opts)
+                    .map_err(|e| UfsOpenError::Other(e.to_string()))?;
+                let d = format!("{} (VFIO, UFS)", b.name());
+                (Arc::new(b) as Arc<dyn Backend>, None, d)
+            }
+            _ => {
+                return Err(UfsOpenError::Other(format!(
+                    "{} is not a UFS device spec",
+                    spec.label()
+                )))
+            }
+        };
+        let opts = UfsOptions {
+            mcq: spec.opts.mcq.unwrap_or(true),
+            queues: jobs.min(32) as u16,
+            depth: depth as u16,
+            max_transfer: plan.io_size.clamp(4096, u64::from(u32::MAX)) as u32,
+            ..UfsOptions::default()
+        };
+        let ctrl =
+            UfsController::new(backend, opts).map_err(|e| UfsOpenError::Other(e.to_string()))?;
+        let mode = ctrl.mode();
+        let shared = match mode {
+            UfsMode::Mcq { queues } => {
+                if usize::from(queues) < jobs {
+                    return Err(UfsOpenError::Queues {
+                        granted: usize::from(queues),
+                    });
+                }
+                None
+            }
+            UfsMode::Legacy if jobs > 1 => {
+                notes.push(format!(
+                    "legacy single-doorbell mode: the {jobs} jobs share the one {}-slot transfer request list \
+                     and its UTRLDBR doorbell behind a lock in mcqio-perf, as the hardware serialises them on \
+                     one doorbell; that lock and the shared slots are what MCQ removes",
+                    ctrl.depth()
+                ));
+                let qp = ctrl
+                    .create_qpair::<SlotBuf>()
+                    .map_err(|e| UfsOpenError::Other(e.to_string()))?;
+                Some(Arc::new(Mutex::new(LegacyList {
+                    qp,
+                    pending: Vec::with_capacity(jobs),
+                    lost: false,
+                })))
+            }
+            UfsMode::Legacy => None,
+        };
+        let describe = format!(
+            "mcqio engine on the {what}, {}",
+            match mode {
+                UfsMode::Mcq { queues } => format!(
+                    "MCQ: {queues} SQ/CQ pair(s) x {} slots, one per job",
+                    ctrl.depth()
+                ),
+                UfsMode::Legacy => format!(
+                    "legacy single doorbell: one {}-slot list{}",
+                    ctrl.depth(),
+                    if jobs > 1 {
+                        format!(" shared by {jobs} jobs")
+                    } else {
+                        String::new()
+                    }
+                ),
+            }
+        );
+        let lus = ctrl.logical_units();
+        let Some(first) = lus.first() else {
+            return Err(UfsOpenError::Other("the device has no logical unit".into()));
+        };
+        let lbads = first.block_len;
+        if lus.iter().any(|l| l.block_len != lbads) {
+            notes.push("LUs have different block sizes; I/O sizes follow the first LU".into());
+        }
+        let namespaces = lus
+            .iter()
+            .map(|l| Namespace {
+                nsid: u32::from(l.lun) + 1,
+                blocks: l.blocks,
+            })
+            .collect();
+        Ok(UfsTarget {
+            ctrl,
+            fake,
+            namespaces,
+            lbads,
+            describe,
+            notes,
+            shared,
+        })
+    }
+
+    /// Logical block size.
+    pub fn lbads(&self) -> u32 {
+        self.lbads
+    }
+
+    /// Logical units as namespaces (`nsid` = LUN + 1).
+    pub fn namespaces(&self) -> &[Namespace] {
+        &self.namespaces
+    }
+
+    /// A one-line description.
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    /// Remarks for the report.
+    pub fn notes(&self) -> Vec<String> {
+        let mut n = self.notes.clone();
+        if let Some(f) = &self.fake {
+            let c = f.faults().counts();
+            let injected: u64 = c.values().sum();
+            if injected > 0 {
+                n.push(format!("the fake injected {injected} fault(s): {c:?}"));
+            }
+        }
+        n
+    }
+
+    /// The IOMMU counters of the controller's DMA space.
+    pub fn iommu_stats(&self) -> IommuStats {
+        self.ctrl.dma().iommu().counters().snapshot()
+    }
+
+    /// The job's premapped buffers: `depth` slots of `buf_len` bytes.
+    fn buffers(&self, depth: usize, buf_len: usize) -> Result<SlotBuffers, String> {
+        let region = DmaBuf::alloc(self.ctrl.dma(), depth * buf_len, DmaDir::Bidirectional)
+            .map_err(|e| {
+                format!(
+                    "cannot allocate {} bytes of DMA buffers: {e}",
+                    depth * buf_len
+                )
+            })?;
+        let space: *const DmaSpace = Arc::as_ptr(self.ctrl.dma());
+        let bufs = (0..depth)
+            .map(|i| SlotBuf {
+                iova: region.iova().add((i * buf_len) as u64),
+                len: buf_len,
+                space,
+            })
+            .collect();
+        let ptrs = (0..depth)
+            // SAFETY: i * buf_len < depth * buf_len <= the region's length.
+            .map(|i| unsafe { region.as_ptr().add(i * buf_len) })
+            .collect();
+        Ok(SlotBuffers {
+            bufs,
+            ptrs,
+            buf_len,
+            region: ManuallyDrop::new(region),
+        })
+    }
+
+    /// The job's queue: its own queue pair (MCQ, or legacy with one job),
+    /// for LU `nsid - 1`.
+    pub fn queue(&self, nsid: u32, depth: usize, buf_len: usize) -> Result<UfsJobQueue, String> {
+        let lun = lun_of(nsid)?;
+        let qp = self
+            .ctrl
+            .create_qpair::<SlotBuf>()
+            .map_err(|e| e.to_string())?;
+        let depth = depth.min(qp.depth()).max(1);
+        let mem = self.buffers(depth, buf_len)?;
+        Ok(UfsJobQueue {
+            qp: ManuallyDrop::new(qp),
+            lun,
+            device_may_access: false,
+            mem,
+        })
+    }
+
+    /// The job's share of the legacy list, if jobs share it.
+    pub fn shared_queue(
+        &self,
+        nsid: u32,
+        depth: usize,
+        buf_len: usize,
+    ) -> Option<Result<SharedJobQueue, String>> {
+        let list = self.shared.as_ref()?;
+        Some((|| {
+            let lun = lun_of(nsid)?;
+            let mut l = lock(list);
+            let depth = depth.min(l.qp.depth()).max(1);
+            let mem = self.buffers(depth, buf_len)?;
+            let id = l.pending.len();
+            l.pending.push(Vec::with_capacity(depth));
+            drop(l);
+            Ok(SharedJobQueue {
+                list: Arc::clone(list),
+                id,
+                lun,
+                inflight: 0,
+                mine: Vec::with_capacity(depth),
+                device_may_access: false,
+                mem,
+            })
+        })())
+    }
+}
+
+fn lun_of(nsid: u32) -> Result<u8, String> {
+    nsid.checked_sub(1)
+        .and_then(|l| u8::try_from(l).ok())
+        .ok_or_else(|| format!("namespace {nsid} is no UFS logical unit"))
+}
+
+fn lock(list: &Mutex<LegacyList>) -> MutexGuard<'_, LegacyList> {
+    // A job that panicked holding the lock left the list as consistent as
+    // any poll leaves it.
+    list.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One slot's slice of the job's DMA region (see [`crate::nvme`]'s type of
+/// the same name): two words and an identity pointer, so a submission copies
+/// no reference count. The region is freed only when every slice came back.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotBuf {
+    iova: Iova,
+    len: usize,
+    /// The DMA space the region is mapped in (compared, never dereferenced).
+    space: *const DmaSpace,
+}
+
+// SAFETY: a SlotBuf is two numbers and a pointer used only for identity
+// comparison; it grants no access to memory by itself.
+unsafe impl Send for SlotBuf {}
+
+// SAFETY: the slice [iova, iova + len) lies inside the job's DmaRegion,
+// mapped Bidirectional in `space` for the region's whole life, and the region
+// outlives every SlotBuf the device may still access — it is leaked when one
+// is not handed back; the job touches the memory only through raw pointers
+// while the slot is not in flight; the answers below never change.
+unsafe impl IoBuf for SlotBuf {
+    #[inline]
+    fn segment_count(&self) -> usize {
+        1
+    }
+    #[inline]
+    fn segment(&self, _i: usize) -> IoSeg {
+        IoSeg {
+            iova: self.iova,
+            len: self.len,
+        }
+    }
+    #[inline]
+    fn dir(&self) -> DmaDir {
+        DmaDir::Bidirectional
+    }
+    #[inline]
+    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
+        std::ptr::eq(self.space, space)
+    }
+    #[inline]
+    fn total_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// A job's premapped buffers.
+struct SlotBuffers {
+    bufs: Vec<SlotBuf>,
+    ptrs: Vec<NonNull<u8>>,
+    buf_len: usize,
+    region: ManuallyDrop<DmaBuf>,
+}
+
+impl SlotBuffers {
+    /// Free the region, or leak it when the device may still access it.
+    fn release(&mut self, lost: bool) {
+        if lost {
+            eprintln!(
+                "mcqio-perf: the device may still access this job's buffers; leaking {} bytes",
+                self.region.len()
+            );
+            return;
+        }
+        // SAFETY: called once, from the owner's Drop; every SlotBuf came
+        // back, so the device accesses none of the region any more.
+        unsafe { ManuallyDrop::drop(&mut self.region) };
+    }
+}
+
+#[inline]
+fn status_of<B>(c: &Completion<B>) -> IoStatus {
+    match c.result {
+        Ok(()) => IoStatus::Ok,
+        Err(e) => IoStatus::Failed(Failure::Host(e)),
+    }
+}
+
+#[inline]
+fn push_err(k: SubmitErrorKind) -> PushError {
+    match k {
+        SubmitErrorKind::QueueFull => PushError::Full,
+        k => PushError::Rejected(k.to_string()),
+    }
+}
+
+/// One job's own UFS queue pair and its premapped buffers.
+pub struct UfsJobQueue {
+    // Dropped by hand: the queue pair (holding in-flight SlotBufs) closes
+    // first, then the region is freed or leaked.
+    qp: ManuallyDrop<UfsQueuePair<SlotBuf>>,
+    lun: u8,
+    device_may_access: bool,
+    mem: SlotBuffers,
+}
+
+impl Drop for UfsJobQueue {
+    fn drop(&mut self) {
+        // SAFETY: taken exactly once, here, and never used again.
+        let qp = unsafe { ManuallyDrop::take(&mut self.qp) };
+        let mut lost = self.device_may_access;
+        // Every outstanding command ends exactly once in `close`; one
+        // without its buffer is still the device's.
+        let _ = qp.close(|c| lost |= c.buf.is_none());
+        self.mem.release(lost);
+    }
+}
+
+impl JobQueue for UfsJobQueue {
+    fn depth(&self) -> usize {
+        self.mem.bufs.len().min(self.qp.depth())
+    }
+
+    fn buffer_len(&self) -> usize {
+        self.mem.buf_len
+    }
+
+    #[inline]
+    fn buffer(&self, slot: usize) -> NonNull<u8> {
+        self.mem.ptrs[slot]
+    }
+
+    #[inline]
+    fn push(&mut self, slot: usize, req: IoReq) -> Result<(), PushError> {
+        let buf = self.mem.bufs[slot];
+        let r = match req.op {
+            Op::Read => self.qp.read(self.lun, req.slba, req.nlb, buf, slot as u64),
+            Op::Write => self.qp.write(self.lun, req.slba, req.nlb, buf, slot as u64),
+        };
+        r.map_err(|e| push_err(e.kind))
+    }
+
+    #[inline]
+    fn submit(&mut self, _inflight: usize) -> Result<(), QueueError> {
+        self.qp.submit();
+        Ok(())
+    }
+
+    #[inline]
+    fn reap<F: FnMut(usize, IoStatus)>(&mut self, mut done: F) -> Result<usize, QueueError> {
+        let lost = &mut self.device_may_access;
+        self.qp
+            .poll(usize::MAX, |c| {
+                *lost |= c.buf.is_none();
+                done(c.tag as usize, status_of(&c));
+            })
+            .map_err(|e| QueueError(e.to_string()))
+    }
+}
+
+/// The legacy list shared by several jobs.
+struct LegacyList {
+    qp: UfsQueuePair<SlotBuf>,
+    /// Per job: completions reaped but not yet handed to it (capacity: the
+    /// job's depth, so pushing never allocates).
+    pending: Vec<Vec<(usize, IoStatus)>>,
+    /// A completion came without its buffer.
+    lost: bool,
+}
+
+/// One job's share of the legacy list: its own buffers, the list's slots
+/// and doorbell taken under the list's lock.
+pub struct SharedJobQueue {
+    list: Arc<Mutex<LegacyList>>,
+    /// Index in `pending`; the upper half of every tag.
+    id: usize,
+    lun: u8,
+    inflight: usize,
+    /// This job's completions taken out of `pending` (same capacity).
+    mine: Vec<(usize, IoStatus)>,
+    device_may_access: bool,
+    mem: SlotBuffers,
+}
+
+impl SharedJobQueue {
+    /// Move every completion the list has into its job's pending list and
+    /// this job's into `mine`.
+    fn collect(&mut self) -> Result<(), QueueError> {
+        let mut g = lock(&self.list);
+        let LegacyList { qp, pending, lost } = &mut *g;
+        let r = qp.poll(usize::MAX, |c| {
+            *lost |= c.buf.is_none();
+            let job = (c.tag >> 32) as usize;
+            let slot = (c.tag & 0xffff_ffff) as usize;
+            if let Some(p) = pending.get_mut(job) {
+                p.push((slot, status_of(&c)));
+            }
+        });
+        self.device_may_access |= *lost;
+        std::mem::swap(&mut self.mine, &mut pending[self.id]);
+        drop(g);
+        r.map(|_| ()).map_err(|e| QueueError(e.to_string()))
+    }
+}
+
+impl Drop for SharedJobQueue {
+    fn drop(&mut self) {
+        // Wait a little for this job's commands still in flight (a job
+        // that stopped on an error); the list itself closes when the
+        // target drops.
+        let start = Instant::now();
+        while self.inflight > 0 && start.elapsed() < Duration::from_secs(2) {
+            if self.collect().is_err() {
+                break;
+            }
+            self.inflight = self.inflight.saturating_sub(self.mine.len());
+            self.mine.clear();
+        }
+        let lost = self.device_may_access || self.inflight > 0;
+        self.mem.release(lost);
+    }
+}
+
+impl JobQueue for SharedJobQueue {
+    fn depth(&self) -> usize {
+        self.mem.bufs.len()
+    }
+
+    fn buffer_len(&self) -> usize {
+        self.mem.buf_len
+    }
+
+    #[inline]
+    fn buffer(&self, slot: usize) -> NonNull<u8> {
+        self.mem.ptrs[slot]
+    }
+
+    #[inline]
+    fn push(&mut self, slot: usize, req: IoReq) -> Result<(), PushError> {
+        let buf = self.mem.bufs[slot];
+        let tag = (self.id as u64) << 32 | slot as u64;
+        let mut g = lock(&self.list);
+        let r = match req.op {
+            Op::Read => g.qp.read(self.lun, req.slba, req.nlb, buf, tag),
+            Op::Write => g.qp.write(self.lun, req.slba, req.nlb, buf, tag),
+        };
+        drop(g);
+        match r {
+            Ok(()) => {
+                self.inflight += 1;
+                Ok(())
+            }
+            Err(e) => Err(push_err(e.kind)),
+        }
+    }
+
+    #[inline]
+    fn submit(&mut self, _inflight: usize) -> Result<(), QueueError> {
+        lock(&self.list).qp.submit();
+        Ok(())
+    }
+
+    #[inline]
+    fn reap<F: FnMut(usize, IoStatus)>(&mut self, mut done: F) -> Result<usize, QueueError> {
+        self.collect()?;
+        let n = self.mine.len();
+        self.inflight = self.inflight.saturating_sub(n);
+        for &(slot, status) in &self.mine {
+            done(slot, status);
+        }
+        self.mine.clear();
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(jobs: usize) -> OpenPlan {
+        OpenPlan {
+            jobs,
+            depth: 8,
+            io_size: 4096,
+            writes: true,
+            job_cores: Vec::new(),
+            seed: 1,
+            dma: crate::run::DmaMode::Premapped,
+        }
+    }
+
+    /// Issue 13 item 7: legacy mode hands out one queue pair, so two jobs
+    /// share it; each gets back exactly its own completions.
+    #[test]
+    fn legacy_jobs_share_the_one_list_and_get_their_own_completions() {
+        let spec: DeviceSpec = "fake-ufs,mcq=off,sync=1".parse().expect("spec");
+        let t = UfsTarget::open(&spec, &plan(2))
+            .map_err(|e| format!("{e:?}"))
+            .expect("open");
+        assert_eq!(t.ctrl.mode(), UfsMode::Legacy);
+        let mut a = t.shared_queue(1, 8, 4096).expect("shared").expect("a");
+        let mut b = t.shared_queue(1, 8, 4096).expect("shared").expect("b");
+        let req = IoReq {
+            op: Op::Write,
+            slba: 0,
+            nlb: 1,
+        };
+        for s in 0..3 {
+            a.push(
+                s,
+                IoReq {
+                    slba: s as u64,
+                    ..req
+                },
+            )
+            .expect("a push");
+        }
+        b.push(5, IoReq { slba: 9, ..req }).expect("b push");
+        a.submit(3).expect("submit");
+        b.submit(1).expect("submit");
+        let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+        let start = Instant::now();
+        while (got_a.len() < 3 || got_b.is_empty()) && start.elapsed() < Duration::from_secs(5) {
+            // b polls first: it reaps a's completions too and keeps them for a.
+            b.reap(|s, st| got_b.push((s, st))).expect("b reap");
+            a.reap(|s, st| got_a.push((s, st))).expect("a reap");
+        }
+        got_a.sort_by_key(|x| x.0);
+        assert_eq!(
+            got_a,
+            vec![(0, IoStatus::Ok), (1, IoStatus::Ok), (2, IoStatus::Ok)]
+        );
+        assert_eq!(got_b, vec![(5, IoStatus::Ok)]);
+        // The MCQ mode gives each job its own queue pair instead.
+        assert!(t.queue(1, 8, 4096).is_err(), "legacy has one queue pair");
+    }
+}
