@@ -1,21 +1,12 @@
 //! Runs the `app_buffers` example (issue 16 item 18): application buffers
 //! through the engine's strict and lazy DMA modes on the fake controller.
 
-use std::process::Command;
+mod support;
 
 /// Runs the example, under `MCQIO_TEST_RUNNER` if set (see perf_cli.rs).
 fn app_buffers(args: &[&str]) -> (i32, String, String) {
     let bin = env!("CARGO_BIN_EXE_app_buffers");
-    let runner = std::env::var("MCQIO_TEST_RUNNER").unwrap_or_default();
-    let mut runner = runner.split_whitespace();
-    let mut cmd = match runner.next() {
-        Some(emulator) => {
-            let mut c = Command::new(emulator);
-            c.args(runner).arg(bin);
-            c
-        }
-        None => Command::new(bin),
-    };
+    let mut cmd = support::command(bin);
     let out = cmd.args(args).output().expect("app_buffers runs");
     (
         out.status.code().unwrap_or(-1),

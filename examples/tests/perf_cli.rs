@@ -1,7 +1,7 @@
 //! Runs the built `mcqio-perf` binary end to end (short runs, JSON checked
 //! for the documented fields).
 
-use std::process::Command;
+mod support;
 
 use serde_json::Value;
 
@@ -10,33 +10,13 @@ use serde_json::Value;
 /// emulator command line there (`qemu-aarch64 -L /usr/aarch64-linux-gnu`).
 fn perf(args: &[&str]) -> (i32, String, String) {
     let bin = env!("CARGO_BIN_EXE_mcqio-perf");
-    let runner = std::env::var("MCQIO_TEST_RUNNER").unwrap_or_default();
-    let mut runner = runner.split_whitespace();
-    let mut cmd = match runner.next() {
-        Some(emulator) => {
-            let mut c = Command::new(emulator);
-            c.args(runner).arg(bin);
-            c
-        }
-        None => Command::new(bin),
-    };
+    let mut cmd = support::command(bin);
     let out = cmd.args(args).output().expect("mcqio-perf runs");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-/// Whether to skip the io_uring half of a test: `MCQIO_TEST_NO_URING` is set
-/// where io_uring cannot work (by `.ci/aarch64`: qemu-user does not emulate
-/// the io_uring syscalls). Says so on stderr, so a skip is never silent.
-fn skip_uring(test: &str) -> bool {
-    let skip = std::env::var_os("MCQIO_TEST_NO_URING").is_some();
-    if skip {
-        eprintln!("{test}: io_uring part skipped (MCQIO_TEST_NO_URING is set)");
-    }
-    skip
 }
 
 fn check_run(v: &Value) {
@@ -81,7 +61,7 @@ fn check_run(v: &Value) {
 
 #[test]
 fn uring_null_json() {
-    if skip_uring("uring_null_json") {
+    if support::skip_uring("uring_null_json") {
         return;
     }
     let (code, out, err) = perf(&["-d", "uring:null", "-n", "20000", "-q", "8", "--json"]);
@@ -94,7 +74,7 @@ fn uring_null_json() {
 
 #[test]
 fn uring_file_verify_and_compare() {
-    if skip_uring("uring_file_verify_and_compare") {
+    if support::skip_uring("uring_file_verify_and_compare") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("mcqio-perf-test-{}", std::process::id()));
@@ -141,7 +121,7 @@ fn uring_file_verify_and_compare() {
 
 #[test]
 fn compare_json_shape() {
-    if skip_uring("compare_json_shape") {
+    if support::skip_uring("compare_json_shape") {
         return;
     }
     let (code, out, err) = perf(&[
@@ -165,7 +145,7 @@ fn compare_json_shape() {
 
 #[test]
 fn table_output_and_bad_input() {
-    if !skip_uring("table_output_and_bad_input") {
+    if !support::skip_uring("table_output_and_bad_input") {
         let (code, out, err) = perf(&["-d", "uring:null", "-n", "1000", "-L"]);
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("Device Information"), "{out}");

@@ -1,23 +1,14 @@
 //! The fio / spdk_nvme_perf features of issue 16 items 8-15, end to end on
 //! the built `mcqio-perf` (short runs on the in-process fake).
 
-use std::process::Command;
+mod support;
 
 use serde_json::Value;
 
 /// Runs `mcqio-perf` (under `MCQIO_TEST_RUNNER` when cross-built, as in perf_cli).
 fn perf(args: &[&str]) -> (i32, String, String) {
     let bin = env!("CARGO_BIN_EXE_mcqio-perf");
-    let runner = std::env::var("MCQIO_TEST_RUNNER").unwrap_or_default();
-    let mut runner = runner.split_whitespace();
-    let mut cmd = match runner.next() {
-        Some(emulator) => {
-            let mut c = Command::new(emulator);
-            c.args(runner).arg(bin);
-            c
-        }
-        None => Command::new(bin),
-    };
+    let mut cmd = support::command(bin);
     let out = cmd
         .args(args)
         .arg("--quiet")
@@ -276,7 +267,7 @@ fn plot_writes_an_svg_with_the_series() {
 }
 
 fn perf_dma(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mcqio-perf"))
+    let out = support::command(env!("CARGO_BIN_EXE_mcqio-perf"))
         .arg("dma-bench")
         .args(args)
         .output()
@@ -308,7 +299,7 @@ fn devices_lists_ufs_host_controllers() {
         std::fs::create_dir_all(base.join(d)).unwrap();
     }
     std::fs::write(base.join("proc/mounts"), "").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_mcqio-perf"))
+    let out = support::command(env!("CARGO_BIN_EXE_mcqio-perf"))
         .args(["devices", "--root", base.to_str().unwrap()])
         .output()
         .unwrap();

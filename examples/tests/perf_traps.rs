@@ -3,8 +3,10 @@
 //! ignores what it was told. Every child process runs under a timeout so a
 //! regression shows as a failure, not a stuck test run.
 
+mod support;
+
 use std::io::Read;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -51,7 +53,7 @@ fn wait(mut child: Child, limit: Duration) -> Out {
 }
 
 fn spawn(bin: &str, args: &[&str]) -> Child {
-    Command::new(bin)
+    support::command(bin)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -101,6 +103,9 @@ fn temp_path(name: &str) -> std::path::PathBuf {
 /// Many NOP jobs on few cores: the run ends on time, every time.
 #[test]
 fn many_uring_jobs_finish() {
+    if support::skip_uring("many_uring_jobs_finish") {
+        return;
+    }
     let o = perf(&[
         "-d",
         "uring:null",
@@ -147,6 +152,9 @@ fn too_many_jobs_for_the_fakes_queues_is_a_queue_count_error() {
 
 #[test]
 fn cpus_outside_the_machine_are_an_error() {
+    if support::skip_uring("cpus_outside_the_machine_are_an_error") {
+        return;
+    }
     let o = perf(&["-d", "uring:null", "--cpus", "4000", "-t", "1", "--quiet"]);
     usage_error(&o, "CPU 4000 is not available");
 }
@@ -274,6 +282,9 @@ fn queue_depth_limit_is_the_engines() {
 
 #[test]
 fn times_take_units() {
+    if support::skip_uring("times_take_units") {
+        return;
+    }
     let v = json(&perf(&[
         "-d",
         "uring:null",
@@ -308,6 +319,9 @@ fn time_and_count_are_both_exit_conditions() {
 
 #[test]
 fn rwmixread_with_a_pure_workload_is_refused() {
+    if support::skip_uring("rwmixread_with_a_pure_workload_is_refused") {
+        return;
+    }
     let o = perf(&["-w", "randread", "-M", "50", "-n", "10"]);
     usage_error(&o, "-M 50");
     let o = perf(&["-d", "uring:null", "-w", "randrw", "-M", "50", "-n", "100"]);
@@ -316,6 +330,9 @@ fn rwmixread_with_a_pure_workload_is_refused() {
 
 #[test]
 fn the_nop_baseline_has_no_bandwidth_and_no_namespace() {
+    if support::skip_uring("the_nop_baseline_has_no_bandwidth_and_no_namespace") {
+        return;
+    }
     let v = json(&perf(&["-d", "uring:null", "-n", "1000", "--json"]));
     assert!(v["total"]["mib_s"].is_null(), "{}", v["total"]);
     assert!(v["jobs"][0]["nsid"].is_null(), "{}", v["jobs"][0]);
@@ -325,6 +342,9 @@ fn the_nop_baseline_has_no_bandwidth_and_no_namespace() {
 
 #[test]
 fn compare_json_has_the_single_run_shape() {
+    if support::skip_uring("compare_json_has_the_single_run_shape") {
+        return;
+    }
     let single = json(&perf(&["-d", "uring:null", "-n", "1000", "--json"]));
     let both = json(&perf(&[
         "-d",
@@ -366,6 +386,9 @@ fn doctor_does_not_advise_running_itself() {
 
 #[test]
 fn uring_refuses_a_directory() {
+    if support::skip_uring("uring_refuses_a_directory") {
+        return;
+    }
     let dir = std::env::temp_dir();
     let spec = format!("uring:{}", dir.display());
     let o = perf(&["-d", &spec, "-t", "1", "--quiet"]);
@@ -374,6 +397,9 @@ fn uring_refuses_a_directory() {
 
 #[test]
 fn uring_does_not_create_a_file_unless_asked() {
+    if support::skip_uring("uring_does_not_create_a_file_unless_asked") {
+        return;
+    }
     let path = temp_path("typo-does-not-exist.img");
     let _ = std::fs::remove_file(&path);
     let spec = format!("uring:{}", path.display());
@@ -384,6 +410,9 @@ fn uring_does_not_create_a_file_unless_asked() {
 
 #[test]
 fn uring_lays_out_a_file_it_creates() {
+    if support::skip_uring("uring_lays_out_a_file_it_creates") {
+        return;
+    }
     use std::os::unix::fs::MetadataExt;
     let path = temp_path("laid-out.img");
     let _ = std::fs::remove_file(&path);

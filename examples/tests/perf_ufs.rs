@@ -2,6 +2,8 @@
 //! binary on the fake UFS host controller (short runs; only shapes and
 //! exact counts are checked, never speeds).
 
+mod support;
+
 use std::process::Command;
 
 use serde_json::Value;
@@ -12,16 +14,7 @@ fn bin(name: &str) -> Command {
         "hello" => env!("CARGO_BIN_EXE_hello"),
         _ => env!("CARGO_BIN_EXE_identify"),
     };
-    let runner = std::env::var("MCQIO_TEST_RUNNER").unwrap_or_default();
-    let mut runner = runner.split_whitespace();
-    match runner.next() {
-        Some(emulator) => {
-            let mut c = Command::new(emulator);
-            c.args(runner).arg(path);
-            c
-        }
-        None => Command::new(path),
-    }
+    support::command(path)
 }
 
 fn run(name: &str, args: &[&str]) -> (i32, String, String) {
