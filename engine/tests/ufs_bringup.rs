@@ -166,3 +166,36 @@ fn a_reused_queue_continues_where_the_controller_stands() {
     qp.write_blocking(0, 99, &pattern(99, 4096)).unwrap();
     assert_eq!(fake.stats().commands, before + 1);
 }
+
+/// Issue 13 item 8 (found on QEMU 10.0.2's UFS model): QEMU has no unit
+/// descriptor for an LU that does not exist and fails that query with OCS
+/// INVALID_CMD_TABLE_ATTR. Bring-up used to read every index up to
+/// bMaxNumberLU and died on the first absent one.
+#[test]
+fn qemu_absent_unit_descriptors_do_not_fail_bring_up() {
+    for mcq in [true, false] {
+        let cfg = UfsConfig {
+            qemu_query_quirks: true,
+            ..sync_cfg(mcq)
+        };
+        let (_fake, ctrl) = up(cfg, opts(2));
+        let lus = ctrl.logical_units();
+        assert_eq!(lus.len(), 1, "mcq {mcq}");
+        assert_eq!((lus[0].lun, lus[0].blocks), (0, 4096));
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        qp.write_blocking(0, 7, &pattern(9, 4096)).unwrap();
+    }
+    // Two LUs: the scan finds both and still stops before absent indexes.
+    let cfg = UfsConfig {
+        qemu_query_quirks: true,
+        lus: vec![LuConfig::Ram { blocks: 4096 }, LuConfig::Ram { blocks: 2048 }],
+        ..sync_cfg(true)
+    };
+    let (_fake, ctrl) = up(cfg, opts(2));
+    let got: Vec<_> = ctrl
+        .logical_units()
+        .iter()
+        .map(|l| (l.lun, l.blocks))
+        .collect();
+    assert_eq!(got, vec![(0, 4096), (1, 2048)]);
+}

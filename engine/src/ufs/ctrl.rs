@@ -40,6 +40,10 @@ use super::spec::status::{command_result, UfsError};
 use super::spec::upiu::{self, flag_idn, trans, CommandUpiu, QueryUpiu, ResponseUpiu};
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
 
+/// Query response code "invalid index" (a descriptor index that does not
+/// exist).
+const QUERY_INVALID_INDEX: u8 = 0xFC;
+
 /// Options for [`UfsController::new`].
 #[derive(Clone, Debug)]
 pub struct UfsOptions {
@@ -292,7 +296,24 @@ impl UfsController {
         let geometry = GeometryDesc::parse(&dc.read_desc(&r, t, desc::idn::GEOMETRY, 0)?)?;
         let mut units = Vec::new();
         for i in 0..geometry.max_lus {
-            let d = dc.read_desc(&r, t, desc::idn::UNIT, i)?;
+            // bNumberLU counts the enabled LUs: past the last one there is
+            // nothing to find (and QEMU has no descriptor to read).
+            if units.len() >= usize::from(device.lus) {
+                break;
+            }
+            let d = match dc.read_desc(&r, t, desc::idn::UNIT, i) {
+                Ok(d) => d,
+                // No unit descriptor at this index. UFS 4.0 devices return
+                // one with bLUEnable = 0 for an absent LU; QEMU (10.0)
+                // answers INVALID_INDEX instead and also fails the request
+                // with OCS INVALID_CMD_TABLE_ATTR. Either way: no LU here.
+                Err(UfsCtrlError::Query { code, .. }) if code == QUERY_INVALID_INDEX => continue,
+                Err(UfsCtrlError::DevCmd {
+                    err: UfsError::Transport(ocs),
+                    ..
+                }) if ocs == Ocs::INVALID_CMD_TABLE_ATTR => continue,
+                Err(e) => return Err(e),
+            };
             // A disabled LU's descriptor holds no usable geometry: look at
             // bLUEnable (byte 3) before asking the rest to make sense.
             if d.get(3) != Some(&1) {
