@@ -175,7 +175,7 @@ fn a_reused_queue_continues_where_the_controller_stands() {
 fn qemu_absent_unit_descriptors_do_not_fail_bring_up() {
     for mcq in [true, false] {
         let cfg = UfsConfig {
-            qemu_query_quirks: true,
+            qemu_quirks: true,
             ..sync_cfg(mcq)
         };
         let (_fake, ctrl) = up(cfg, opts(2));
@@ -187,7 +187,7 @@ fn qemu_absent_unit_descriptors_do_not_fail_bring_up() {
     }
     // Two LUs: the scan finds both and still stops before absent indexes.
     let cfg = UfsConfig {
-        qemu_query_quirks: true,
+        qemu_quirks: true,
         lus: vec![LuConfig::Ram { blocks: 4096 }, LuConfig::Ram { blocks: 2048 }],
         ..sync_cfg(true)
     };
@@ -198,4 +198,35 @@ fn qemu_absent_unit_descriptors_do_not_fail_bring_up() {
         .map(|l| (l.lun, l.blocks))
         .collect();
     assert_eq!(got, vec![(0, 4096), (1, 2048)]);
+}
+
+/// Issue 13 item 8 (found on QEMU 10.0.2's UFS model): QEMU sets the
+/// RESPONSE UPIU's response field to "target failure" whenever the SCSI
+/// status is not GOOD, so the power-on UNIT ATTENTION of the first TEST UNIT
+/// READY looked like a target failure and the first bring-up after power-on
+/// failed. The SCSI status and sense decide; and a CHECK CONDITION on I/O
+/// still arrives as the SCSI error it is.
+#[test]
+fn qemu_target_failure_with_check_condition_is_a_scsi_status() {
+    use mcqio::ufs::UfsError;
+    use mcqio::IoError;
+    use mcqio_fixtures::ufs::{Sense, UfsFault};
+    for mcq in [true, false] {
+        let cfg = UfsConfig {
+            qemu_quirks: true,
+            ..sync_cfg(mcq)
+        };
+        let (fake, ctrl) = up(cfg, opts(1));
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        qp.write_blocking(0, 3, &pattern(5, 4096)).unwrap();
+        fake.faults()
+            .inject_next(None, None, UfsFault::CheckCondition(Sense::new(0x3, 0x11, 0x00)));
+        let mut back = vec![0u8; 4096];
+        match qp.read_blocking(0, 3, &mut back) {
+            Err(Error::Io(IoError::Ufs(UfsError::Scsi { sense: Some(_), .. }))) => {}
+            other => panic!("mcq {mcq}: expected a SCSI error with sense, got {other:?}"),
+        }
+        qp.read_blocking(0, 3, &mut back).unwrap();
+        assert_eq!(back, pattern(5, 4096));
+    }
 }
