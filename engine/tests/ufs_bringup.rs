@@ -188,7 +188,10 @@ fn qemu_absent_unit_descriptors_do_not_fail_bring_up() {
     // Two LUs: the scan finds both and still stops before absent indexes.
     let cfg = UfsConfig {
         qemu_quirks: true,
-        lus: vec![LuConfig::Ram { blocks: 4096 }, LuConfig::Ram { blocks: 2048 }],
+        lus: vec![
+            LuConfig::Ram { blocks: 4096 },
+            LuConfig::Ram { blocks: 2048 },
+        ],
         ..sync_cfg(true)
     };
     let (_fake, ctrl) = up(cfg, opts(2));
@@ -219,8 +222,11 @@ fn qemu_target_failure_with_check_condition_is_a_scsi_status() {
         let (fake, ctrl) = up(cfg, opts(1));
         let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
         qp.write_blocking(0, 3, &pattern(5, 4096)).unwrap();
-        fake.faults()
-            .inject_next(None, None, UfsFault::CheckCondition(Sense::new(0x3, 0x11, 0x00)));
+        fake.faults().inject_next(
+            None,
+            None,
+            UfsFault::CheckCondition(Sense::new(0x3, 0x11, 0x00)),
+        );
         let mut back = vec![0u8; 4096];
         match qp.read_blocking(0, 3, &mut back) {
             Err(Error::Io(IoError::Ufs(UfsError::Scsi { sense: Some(_), .. }))) => {}
@@ -229,4 +235,45 @@ fn qemu_target_failure_with_check_condition_is_a_scsi_status() {
         qp.read_blocking(0, 3, &mut back).unwrap();
         assert_eq!(back, pattern(5, 4096));
     }
+}
+
+/// Issue 13 item 8 (found on QEMU 10.0.2's UFS model): QEMU keeps a
+/// queue's SQHP/SQTP/CQHP/CQTP across a host controller reset and a
+/// re-enable, so a second process's bring-up started its rings at 0 while
+/// the controller stood elsewhere: it fetched zeroed slots (a DMA read at
+/// IOVA 0), posted completions nobody sent, and under load lost commands.
+#[test]
+fn qemu_queue_pointers_that_survive_a_reset_are_adopted() {
+    use mcqio::ufs::UfsController;
+    let cfg = UfsConfig {
+        qemu_quirks: true,
+        queues: 2,
+        ..sync_cfg(true)
+    };
+    let (fake, ctrl) = up(cfg, opts(2));
+    {
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        // 5 commands: the rings stop at slot 5, not 0.
+        for i in 0..5u64 {
+            qp.write_blocking(0, i, &pattern(i, 4096)).unwrap();
+        }
+    }
+    drop(ctrl);
+    let backend: std::sync::Arc<dyn mcqio::vfio::Backend> = fake.clone();
+    let ctrl = UfsController::new(backend, opts(2)).unwrap();
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    // Enough commands to wrap the 33-slot rings twice.
+    for i in 0..70u64 {
+        let lba = 100 + i % 7;
+        qp.write_blocking(0, lba, &pattern(i, 4096)).unwrap();
+        let mut back = vec![0u8; 4096];
+        qp.read_blocking(0, lba, &mut back).unwrap();
+        assert_eq!(back, pattern(i, 4096), "command {i}");
+    }
+    let s = qp.stats();
+    assert_eq!(s.stale_completions, 0, "{s:?}");
+    // The controller fetched no slot the engine had not written (each
+    // would be an error completion for UCD address 0).
+    assert_eq!(fake.stats().errors, 0, "{:?}", fake.stats());
+    assert_eq!((s.submitted, s.completed), (140, 140), "{s:?}");
 }

@@ -635,6 +635,34 @@ fn setup_mcq(
                 what: "SQ",
             });
         }
+        // Where the controller's pointers stand. UFSHCI starts an enabled
+        // queue at 0, but QEMU (10.0) keeps SQHP/SQTP/CQHP/CQTP across a
+        // host controller reset and a re-enable: a ring that started at 0
+        // there makes it fetch slots nobody wrote. Start where it stands
+        // (nothing may be pending in the SQ); drop leftover CQ entries.
+        let slot = |what: &'static str, v: u32| -> UfsResult<u32> {
+            if v % 32 != 0 || v / 32 >= u32::from(entries) {
+                return Err(UfsCtrlError::BadValue {
+                    what,
+                    value: u64::from(v),
+                    why: "not a slot of the ring just enabled",
+                });
+            }
+            Ok(v / 32)
+        };
+        let sq_head = slot("SQHP after enable", r.read(sqdao + sq_op::SQHP)?)?;
+        let sq_tail = slot("SQTP after enable", r.read(sqdao + sq_op::SQTP)?)?;
+        let cq_tail = slot("CQTP after enable", r.read(cqdao + cq_op::CQTP)?)?;
+        if sq_head != sq_tail {
+            return Err(UfsCtrlError::BadValue {
+                what: "SQHP after enable",
+                value: u64::from(sq_head) * 32,
+                why: "differs from SQTP: the new SQ would start with entries pending",
+            });
+        }
+        if slot("CQHP after enable", r.read(cqdao + cq_op::CQHP)?)? != cq_tail {
+            r.write(cqdao + cq_op::CQHP, cq_tail * 32);
+        }
         let op = |o: usize| {
             // SAFETY: every offset was checked above to be 4-byte aligned
             // with the whole block inside the BAR mapped at `bar`, which the
@@ -656,8 +684,8 @@ fn setup_mcq(
             sq,
             cq,
             regs,
-            sq_tail: 0,
-            cq_head: 0,
+            sq_tail,
+            cq_head: cq_tail,
         });
     }
     Ok((n as u16, rings))
