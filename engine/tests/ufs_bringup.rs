@@ -277,3 +277,41 @@ fn qemu_queue_pointers_that_survive_a_reset_are_adopted() {
     assert_eq!(fake.stats().errors, 0, "{:?}", fake.stats());
     assert_eq!((s.submitted, s.completed), (140, 140), "{s:?}");
 }
+
+/// Issue 13 item 8 (found on QEMU 10.0.2's UFS model, after Linux's
+/// ufshcd-pci had the controller): QEMU's HCE reset leaves the MCQ queues
+/// enabled on their old ring addresses, and programming the new addresses
+/// into an enabled queue does not move it. Bring-up must disable a queue
+/// that is still enabled before it programs it; otherwise the controller
+/// fetches from the previous owner's rings and every command is lost.
+#[test]
+fn qemu_queues_left_enabled_by_the_previous_owner_are_reprogrammed() {
+    use mcqio::ufs::UfsController;
+    use mcqio::vfio::{Backend, DmaDir};
+    let cfg = UfsConfig {
+        qemu_quirks: true,
+        queues: 2,
+        ..sync_cfg(true)
+    };
+    let (fake, ctrl) = up(cfg, opts(2));
+    {
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        qp.write_blocking(0, 1, &pattern(1, 4096)).unwrap();
+    }
+    drop(ctrl);
+    // Whatever comes next lands at other IOVAs than the old rings.
+    let hold = fake.dma().alloc(1 << 20, DmaDir::Bidirectional).unwrap();
+    let backend: std::sync::Arc<dyn Backend> = fake.clone();
+    let ctrl = UfsController::new(backend, opts(2)).unwrap();
+    let mut qps: Vec<_> = (0..2)
+        .map(|_| ctrl.create_qpair::<DmaBuf>().unwrap())
+        .collect();
+    for (i, qp) in qps.iter_mut().enumerate() {
+        let lba = 10 + i as u64;
+        qp.write_blocking(0, lba, &pattern(lba, 4096)).unwrap();
+        let mut back = vec![0u8; 4096];
+        qp.read_blocking(0, lba, &mut back).unwrap();
+        assert_eq!(back, pattern(lba, 4096));
+    }
+    drop(hold);
+}

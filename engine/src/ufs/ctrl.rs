@@ -256,6 +256,15 @@ impl UfsController {
                 Ok(r.read(regs::HCE)? & regs::HCE_ENABLE == 0)
             })?;
         }
+        // A previous owner may have left MCQ mode selected; QEMU (10.0)
+        // keeps it across the HCE reset, and device management below
+        // travels on the legacy list.
+        if cap.mcq()
+            && bar_len >= regs::MEM_CFG + 4
+            && r.read(regs::MEM_CFG)? & regs::MEM_CFG_MCQ_MODE != 0
+        {
+            r.write(regs::MEM_CFG, 0);
+        }
         r.write(regs::HCE, regs::HCE_ENABLE);
         wait_until(t, "set HCE and HCS.UCRDY", || {
             Ok(r.read(regs::HCE)? & regs::HCE_ENABLE != 0 && Hcs(r.read(regs::HCS)?).uic_ready())
@@ -586,6 +595,21 @@ fn setup_mcq(
     )?;
     let n = u32::from(requested).min(maxq).min(32);
     let entries = depth + 1;
+    // QEMU (10.0) keeps queues enabled, on the previous owner's rings,
+    // across the HCE reset, and programming an enabled queue does not move
+    // it: disable whatever is still enabled (each SQ before its CQ).
+    for i in 0..maxq.min(32) {
+        let q = QueueConfig::new(mcap, i);
+        if QueueAttr(r.read(q.reg(qcfg::SQATTR))?).is_enabled() {
+            r.write(q.reg(qcfg::SQATTR), 0);
+        }
+    }
+    for i in 0..maxq.min(32) {
+        let q = QueueConfig::new(mcap, i);
+        if QueueAttr(r.read(q.reg(qcfg::CQATTR))?).is_enabled() {
+            r.write(q.reg(qcfg::CQATTR), 0);
+        }
+    }
     let mut rings = Vec::with_capacity(n as usize);
     for i in 0..n {
         let q = QueueConfig::new(mcap, i);

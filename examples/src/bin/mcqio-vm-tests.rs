@@ -69,6 +69,10 @@ enum Cmd {
     /// UFS: show that the IOMMU stops the controller writing to a buffer
     /// after it was unmapped (the device reports success; the data decides).
     UfsDmaAfterUnmap(UfsDevArgs),
+    /// UFS: write the cross-check pattern to a byte range of LU 0.
+    UfsWritePattern(UfsPatternArgs),
+    /// UFS: read a byte range of LU 0 and compare it with the cross-check pattern.
+    UfsCheckPattern(UfsPatternArgs),
 }
 
 /// Which controller to test.
@@ -161,6 +165,14 @@ struct UfsRwArgs {
     /// Seed for LBAs, sizes and data (default: from the clock).
     #[arg(long)]
     seed: Option<u64>,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct UfsPatternArgs {
+    #[command(flatten)]
+    dev: UfsDevArgs,
+    #[command(flatten)]
+    region: PatternArgs,
 }
 
 /// A pattern region: which seed, where on the namespace, how long.
@@ -1477,7 +1489,9 @@ mod ufs {
             }
             Arc::new(b)
         } else {
-            return Err(format!("unknown device {dev:?}: use vfio:<BDF> or fake-ufs"));
+            return Err(format!(
+                "unknown device {dev:?}: use vfio:<BDF> or fake-ufs"
+            ));
         };
         let mut opts = UfsOptions {
             mcq: !a.legacy,
@@ -1739,7 +1753,14 @@ mod ufs {
         let plans: Vec<Vec<Extent>> = (0..threads)
             .map(|i| {
                 let mut rng = SmallRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9e37_79b9));
-                make_extents(&mut rng, i as u64 * span, span, per_thread, a.min_io, max_io)
+                make_extents(
+                    &mut rng,
+                    i as u64 * span,
+                    span,
+                    per_thread,
+                    a.min_io,
+                    max_io,
+                )
             })
             .collect::<Result<_, _>>()?;
         let t0 = Instant::now();
@@ -1772,7 +1793,9 @@ mod ufs {
         queues.sort_unstable();
         queues.dedup();
         if matches!(ctrl.mode(), UfsMode::Mcq { .. }) && queues.len() != threads {
-            return Err(format!("{threads} threads shared hardware queues: {queues:?}"));
+            return Err(format!(
+                "{threads} threads shared hardware queues: {queues:?}"
+            ));
         }
         println!(
             "ufs-rw: OK: {ios} commands, {} MiB written and read back identical in {secs:.2} s ({} hardware queue(s))",
@@ -1780,6 +1803,88 @@ mod ufs {
             queues.len()
         );
         Ok(())
+    }
+
+    /// Check that `[offset, offset+len)` is block-aligned and inside LU 0.
+    fn check_range(ctrl: &UfsController, offset: u64, len: u64) -> Result<u32, Failure> {
+        let (shift, size) = lu0(ctrl)?;
+        let mask = (1u64 << shift) - 1;
+        if len == 0 || offset & mask != 0 || len & mask != 0 {
+            return Err(format!(
+                "offset {offset} and length {len} must be non-zero multiples of the {}-byte block size",
+                1u64 << shift
+            ));
+        }
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(format!(
+                "range {offset}+{len} is past the end of LU {LUN} ({size} bytes)"
+            ));
+        }
+        Ok(shift)
+    }
+
+    const CHUNK: u64 = 1 << 20;
+
+    pub fn write_pattern(a: &UfsPatternArgs) -> Result<(), Failure> {
+        let ctrl = open(&a.dev, Some(1))?;
+        let p = a.region;
+        let shift = check_range(&ctrl, p.offset, p.len)?;
+        let mut qp: UfsQueuePair = ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
+        let mut buf = vec![0u8; CHUNK as usize];
+        let mut done = 0;
+        while done < p.len {
+            let n = (p.len - done).min(CHUNK) as usize;
+            let at = p.offset + done;
+            pattern::fill(p.seed, at, &mut buf[..n]);
+            qp.write_blocking(LUN, at >> shift, &buf[..n])
+                .map_err(ctx("write"))?;
+            done += n as u64;
+        }
+        qp.flush_blocking(LUN).map_err(ctx("flush"))?;
+        println!(
+            "wrote {} bytes of pattern seed {} at offset {} (LBA {}) of LU {LUN} through {} ({:?}), flushed",
+            p.len,
+            p.seed,
+            p.offset,
+            p.offset >> shift,
+            ctrl.backend().name(),
+            ctrl.mode()
+        );
+        qp.close(|_| {}).map_err(ctx("closing the queue pair"))
+    }
+
+    pub fn check_pattern(a: &UfsPatternArgs) -> Result<(), Failure> {
+        let ctrl = open(&a.dev, Some(1))?;
+        let p = a.region;
+        let shift = check_range(&ctrl, p.offset, p.len)?;
+        let mut qp: UfsQueuePair = ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
+        let mut buf = vec![POISON; CHUNK as usize];
+        let mut done = 0;
+        while done < p.len {
+            let n = (p.len - done).min(CHUNK) as usize;
+            let at = p.offset + done;
+            buf[..n].fill(POISON);
+            qp.read_blocking(LUN, at >> shift, &mut buf[..n])
+                .map_err(ctx("read"))?;
+            if let Some((off, want, found)) = pattern::first_mismatch(p.seed, at, &buf[..n]) {
+                return Err(format!(
+                    "pattern seed {} differs at byte offset {off} (LBA {}): expected {want:#018x}, found {found:#018x}",
+                    p.seed,
+                    off >> shift
+                ));
+            }
+            done += n as u64;
+        }
+        println!(
+            "read {} bytes at offset {} (LBA {}) of LU {LUN} through {} ({:?}): identical to pattern seed {}",
+            p.len,
+            p.offset,
+            p.offset >> shift,
+            ctrl.backend().name(),
+            ctrl.mode(),
+            p.seed
+        );
+        qp.close(|_| {}).map_err(ctx("closing the queue pair"))
     }
 
     pub fn dma_after_unmap(a: &UfsDevArgs) -> Result<(), Failure> {
@@ -1882,6 +1987,8 @@ fn main() -> ExitCode {
         Cmd::UfsBringup(a) => ufs::bringup(a),
         Cmd::UfsRw(a) => ufs::rw(a),
         Cmd::UfsDmaAfterUnmap(a) => ufs::dma_after_unmap(a),
+        Cmd::UfsWritePattern(a) => ufs::write_pattern(a),
+        Cmd::UfsCheckPattern(a) => ufs::check_pattern(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
