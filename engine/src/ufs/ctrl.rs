@@ -3,7 +3,8 @@
 //!
 //! Bring-up, in order (every wait bounded by [`UfsOptions::init_timeout`]):
 //!
-//! 1. HCE: disable if enabled, enable, wait for HCS.UCRDY.
+//! 1. HCE: disable if enabled, clear a MEM_CFG MCQ mode a previous owner
+//!    left selected, enable, wait for HCS.UCRDY.
 //! 2. DME_LINKSTARTUP through the UIC command registers; the result code
 //!    (UCMDARG2 bits 7:0) must be 0 and HCS.DP set; retried a bounded number
 //!    of times.
@@ -15,9 +16,16 @@
 //!    unit descriptor.
 //! 4. MCQ when CAP.MCQS is set and [`UfsOptions::mcq`] allows it: the number
 //!    of queues from MCQCAP.MAXQ (the configuration array it implies must
-//!    lie inside the BAR) and [`UfsOptions::queues`]; each queue's rings
-//!    programmed, CQ enabled before SQ, the DAO/ISAO offsets **read back**
-//!    and checked to lie inside the BAR; MCQ_CFG.MAC; MEM_CFG MCQ mode.
+//!    lie inside the BAR) and [`UfsOptions::queues`]; queues a previous
+//!    owner left enabled are disabled first; each queue's rings programmed,
+//!    CQ enabled before SQ, the DAO/ISAO offsets **read back** and checked
+//!    to lie inside the BAR, the rings started where the controller's
+//!    head/tail pointers stand; MCQ_CFG.MAC; MEM_CFG MCQ mode.
+//!
+//! QEMU's UFS model (10.0) needs several of these: it keeps queues, their
+//! pointers and MCQ mode across the HCE reset, has no unit descriptor for
+//! an absent LU, and reports "target failure" next to every CHECK
+//! CONDITION (see `fixtures/vm/README.md`).
 //!    Otherwise the legacy list stays, serving one queue pair.
 //!
 //! Every value the device reports is checked into a [`UfsCtrlError`].
