@@ -166,3 +166,152 @@ fn a_reused_queue_continues_where_the_controller_stands() {
     qp.write_blocking(0, 99, &pattern(99, 4096)).unwrap();
     assert_eq!(fake.stats().commands, before + 1);
 }
+
+/// Issue 13 item 8 (found on QEMU 10.0.2's UFS model): QEMU has no unit
+/// descriptor for an LU that does not exist and fails that query with OCS
+/// INVALID_CMD_TABLE_ATTR. Bring-up used to read every index up to
+/// bMaxNumberLU and died on the first absent one.
+#[test]
+fn qemu_absent_unit_descriptors_do_not_fail_bring_up() {
+    for mcq in [true, false] {
+        let cfg = UfsConfig {
+            qemu_quirks: true,
+            ..sync_cfg(mcq)
+        };
+        let (_fake, ctrl) = up(cfg, opts(2));
+        let lus = ctrl.logical_units();
+        assert_eq!(lus.len(), 1, "mcq {mcq}");
+        assert_eq!((lus[0].lun, lus[0].blocks), (0, 4096));
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        qp.write_blocking(0, 7, &pattern(9, 4096)).unwrap();
+    }
+    // Two LUs: the scan finds both and still stops before absent indexes.
+    let cfg = UfsConfig {
+        qemu_quirks: true,
+        lus: vec![
+            LuConfig::Ram { blocks: 4096 },
+            LuConfig::Ram { blocks: 2048 },
+        ],
+        ..sync_cfg(true)
+    };
+    let (_fake, ctrl) = up(cfg, opts(2));
+    let got: Vec<_> = ctrl
+        .logical_units()
+        .iter()
+        .map(|l| (l.lun, l.blocks))
+        .collect();
+    assert_eq!(got, vec![(0, 4096), (1, 2048)]);
+}
+
+/// Issue 13 item 8 (found on QEMU 10.0.2's UFS model): QEMU sets the
+/// RESPONSE UPIU's response field to "target failure" whenever the SCSI
+/// status is not GOOD, so the power-on UNIT ATTENTION of the first TEST UNIT
+/// READY looked like a target failure and the first bring-up after power-on
+/// failed. The SCSI status and sense decide; and a CHECK CONDITION on I/O
+/// still arrives as the SCSI error it is.
+#[test]
+fn qemu_target_failure_with_check_condition_is_a_scsi_status() {
+    use mcqio::ufs::UfsError;
+    use mcqio::IoError;
+    use mcqio_fixtures::ufs::{Sense, UfsFault};
+    for mcq in [true, false] {
+        let cfg = UfsConfig {
+            qemu_quirks: true,
+            ..sync_cfg(mcq)
+        };
+        let (fake, ctrl) = up(cfg, opts(1));
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        qp.write_blocking(0, 3, &pattern(5, 4096)).unwrap();
+        fake.faults().inject_next(
+            None,
+            None,
+            UfsFault::CheckCondition(Sense::new(0x3, 0x11, 0x00)),
+        );
+        let mut back = vec![0u8; 4096];
+        match qp.read_blocking(0, 3, &mut back) {
+            Err(Error::Io(IoError::Ufs(UfsError::Scsi { sense: Some(_), .. }))) => {}
+            other => panic!("mcq {mcq}: expected a SCSI error with sense, got {other:?}"),
+        }
+        qp.read_blocking(0, 3, &mut back).unwrap();
+        assert_eq!(back, pattern(5, 4096));
+    }
+}
+
+/// Issue 13 item 8 (found on QEMU 10.0.2's UFS model): QEMU keeps a
+/// queue's SQHP/SQTP/CQHP/CQTP across a host controller reset and a
+/// re-enable, so a second process's bring-up started its rings at 0 while
+/// the controller stood elsewhere: it fetched zeroed slots (a DMA read at
+/// IOVA 0), posted completions nobody sent, and under load lost commands.
+#[test]
+fn qemu_queue_pointers_that_survive_a_reset_are_adopted() {
+    use mcqio::ufs::UfsController;
+    let cfg = UfsConfig {
+        qemu_quirks: true,
+        queues: 2,
+        ..sync_cfg(true)
+    };
+    let (fake, ctrl) = up(cfg, opts(2));
+    {
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        // 5 commands: the rings stop at slot 5, not 0.
+        for i in 0..5u64 {
+            qp.write_blocking(0, i, &pattern(i, 4096)).unwrap();
+        }
+    }
+    drop(ctrl);
+    let backend: std::sync::Arc<dyn mcqio::vfio::Backend> = fake.clone();
+    let ctrl = UfsController::new(backend, opts(2)).unwrap();
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    // Enough commands to wrap the 33-slot rings twice.
+    for i in 0..70u64 {
+        let lba = 100 + i % 7;
+        qp.write_blocking(0, lba, &pattern(i, 4096)).unwrap();
+        let mut back = vec![0u8; 4096];
+        qp.read_blocking(0, lba, &mut back).unwrap();
+        assert_eq!(back, pattern(i, 4096), "command {i}");
+    }
+    let s = qp.stats();
+    assert_eq!(s.stale_completions, 0, "{s:?}");
+    // The controller fetched no slot the engine had not written (each
+    // would be an error completion for UCD address 0).
+    assert_eq!(fake.stats().errors, 0, "{:?}", fake.stats());
+    assert_eq!((s.submitted, s.completed), (140, 140), "{s:?}");
+}
+
+/// Issue 13 item 8 (found on QEMU 10.0.2's UFS model, after Linux's
+/// ufshcd-pci had the controller): QEMU's HCE reset leaves the MCQ queues
+/// enabled on their old ring addresses, and programming the new addresses
+/// into an enabled queue does not move it. Bring-up must disable a queue
+/// that is still enabled before it programs it; otherwise the controller
+/// fetches from the previous owner's rings and every command is lost.
+#[test]
+fn qemu_queues_left_enabled_by_the_previous_owner_are_reprogrammed() {
+    use mcqio::ufs::UfsController;
+    use mcqio::vfio::{Backend, DmaDir};
+    let cfg = UfsConfig {
+        qemu_quirks: true,
+        queues: 2,
+        ..sync_cfg(true)
+    };
+    let (fake, ctrl) = up(cfg, opts(2));
+    {
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        qp.write_blocking(0, 1, &pattern(1, 4096)).unwrap();
+    }
+    drop(ctrl);
+    // Whatever comes next lands at other IOVAs than the old rings.
+    let hold = fake.dma().alloc(1 << 20, DmaDir::Bidirectional).unwrap();
+    let backend: std::sync::Arc<dyn Backend> = fake.clone();
+    let ctrl = UfsController::new(backend, opts(2)).unwrap();
+    let mut qps: Vec<_> = (0..2)
+        .map(|_| ctrl.create_qpair::<DmaBuf>().unwrap())
+        .collect();
+    for (i, qp) in qps.iter_mut().enumerate() {
+        let lba = 10 + i as u64;
+        qp.write_blocking(0, lba, &pattern(lba, 4096)).unwrap();
+        let mut back = vec![0u8; 4096];
+        qp.read_blocking(0, lba, &mut back).unwrap();
+        assert_eq!(back, pattern(lba, 4096));
+    }
+    drop(hold);
+}

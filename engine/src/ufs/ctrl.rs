@@ -3,7 +3,8 @@
 //!
 //! Bring-up, in order (every wait bounded by [`UfsOptions::init_timeout`]):
 //!
-//! 1. HCE: disable if enabled, enable, wait for HCS.UCRDY.
+//! 1. HCE: disable if enabled, clear a MEM_CFG MCQ mode a previous owner
+//!    left selected, enable, wait for HCS.UCRDY.
 //! 2. DME_LINKSTARTUP through the UIC command registers; the result code
 //!    (UCMDARG2 bits 7:0) must be 0 and HCS.DP set; retried a bounded number
 //!    of times.
@@ -15,9 +16,16 @@
 //!    unit descriptor.
 //! 4. MCQ when CAP.MCQS is set and [`UfsOptions::mcq`] allows it: the number
 //!    of queues from MCQCAP.MAXQ (the configuration array it implies must
-//!    lie inside the BAR) and [`UfsOptions::queues`]; each queue's rings
-//!    programmed, CQ enabled before SQ, the DAO/ISAO offsets **read back**
-//!    and checked to lie inside the BAR; MCQ_CFG.MAC; MEM_CFG MCQ mode.
+//!    lie inside the BAR) and [`UfsOptions::queues`]; queues a previous
+//!    owner left enabled are disabled first; each queue's rings programmed,
+//!    CQ enabled before SQ, the DAO/ISAO offsets **read back** and checked
+//!    to lie inside the BAR, the rings started where the controller's
+//!    head/tail pointers stand; MCQ_CFG.MAC; MEM_CFG MCQ mode.
+//!
+//! QEMU's UFS model (10.0) needs several of these: it keeps queues, their
+//! pointers and MCQ mode across the HCE reset, has no unit descriptor for
+//! an absent LU, and reports "target failure" next to every CHECK
+//! CONDITION (see `fixtures/vm/README.md`).
 //!    Otherwise the legacy list stays, serving one queue pair.
 //!
 //! Every value the device reports is checked into a [`UfsCtrlError`].
@@ -39,6 +47,10 @@ use super::spec::scsi::{self, Capacity};
 use super::spec::status::{command_result, UfsError};
 use super::spec::upiu::{self, flag_idn, trans, CommandUpiu, QueryUpiu, ResponseUpiu};
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
+
+/// Query response code "invalid index" (a descriptor index that does not
+/// exist).
+const QUERY_INVALID_INDEX: u8 = 0xFC;
 
 /// Options for [`UfsController::new`].
 #[derive(Clone, Debug)]
@@ -252,6 +264,15 @@ impl UfsController {
                 Ok(r.read(regs::HCE)? & regs::HCE_ENABLE == 0)
             })?;
         }
+        // A previous owner may have left MCQ mode selected; QEMU (10.0)
+        // keeps it across the HCE reset, and device management below
+        // travels on the legacy list.
+        if cap.mcq()
+            && bar_len >= regs::MEM_CFG + 4
+            && r.read(regs::MEM_CFG)? & regs::MEM_CFG_MCQ_MODE != 0
+        {
+            r.write(regs::MEM_CFG, 0);
+        }
         r.write(regs::HCE, regs::HCE_ENABLE);
         wait_until(t, "set HCE and HCS.UCRDY", || {
             Ok(r.read(regs::HCE)? & regs::HCE_ENABLE != 0 && Hcs(r.read(regs::HCS)?).uic_ready())
@@ -292,7 +313,24 @@ impl UfsController {
         let geometry = GeometryDesc::parse(&dc.read_desc(&r, t, desc::idn::GEOMETRY, 0)?)?;
         let mut units = Vec::new();
         for i in 0..geometry.max_lus {
-            let d = dc.read_desc(&r, t, desc::idn::UNIT, i)?;
+            // bNumberLU counts the enabled LUs: past the last one there is
+            // nothing to find (and QEMU has no descriptor to read).
+            if units.len() >= usize::from(device.lus) {
+                break;
+            }
+            let d = match dc.read_desc(&r, t, desc::idn::UNIT, i) {
+                Ok(d) => d,
+                // No unit descriptor at this index. UFS 4.0 devices return
+                // one with bLUEnable = 0 for an absent LU; QEMU (10.0)
+                // answers INVALID_INDEX instead and also fails the request
+                // with OCS INVALID_CMD_TABLE_ATTR. Either way: no LU here.
+                Err(UfsCtrlError::Query { code, .. }) if code == QUERY_INVALID_INDEX => continue,
+                Err(UfsCtrlError::DevCmd {
+                    err: UfsError::Transport(ocs),
+                    ..
+                }) if ocs == Ocs::INVALID_CMD_TABLE_ATTR => continue,
+                Err(e) => return Err(e),
+            };
             // A disabled LU's descriptor holds no usable geometry: look at
             // bLUEnable (byte 3) before asking the rest to make sense.
             if d.get(3) != Some(&1) {
@@ -565,6 +603,21 @@ fn setup_mcq(
     )?;
     let n = u32::from(requested).min(maxq).min(32);
     let entries = depth + 1;
+    // QEMU (10.0) keeps queues enabled, on the previous owner's rings,
+    // across the HCE reset, and programming an enabled queue does not move
+    // it: disable whatever is still enabled (each SQ before its CQ).
+    for i in 0..maxq.min(32) {
+        let q = QueueConfig::new(mcap, i);
+        if QueueAttr(r.read(q.reg(qcfg::SQATTR))?).is_enabled() {
+            r.write(q.reg(qcfg::SQATTR), 0);
+        }
+    }
+    for i in 0..maxq.min(32) {
+        let q = QueueConfig::new(mcap, i);
+        if QueueAttr(r.read(q.reg(qcfg::CQATTR))?).is_enabled() {
+            r.write(q.reg(qcfg::CQATTR), 0);
+        }
+    }
     let mut rings = Vec::with_capacity(n as usize);
     for i in 0..n {
         let q = QueueConfig::new(mcap, i);
@@ -614,6 +667,34 @@ fn setup_mcq(
                 what: "SQ",
             });
         }
+        // Where the controller's pointers stand. UFSHCI starts an enabled
+        // queue at 0, but QEMU (10.0) keeps SQHP/SQTP/CQHP/CQTP across a
+        // host controller reset and a re-enable: a ring that started at 0
+        // there makes it fetch slots nobody wrote. Start where it stands
+        // (nothing may be pending in the SQ); drop leftover CQ entries.
+        let slot = |what: &'static str, v: u32| -> UfsResult<u32> {
+            if v % 32 != 0 || v / 32 >= u32::from(entries) {
+                return Err(UfsCtrlError::BadValue {
+                    what,
+                    value: u64::from(v),
+                    why: "not a slot of the ring just enabled",
+                });
+            }
+            Ok(v / 32)
+        };
+        let sq_head = slot("SQHP after enable", r.read(sqdao + sq_op::SQHP)?)?;
+        let sq_tail = slot("SQTP after enable", r.read(sqdao + sq_op::SQTP)?)?;
+        let cq_tail = slot("CQTP after enable", r.read(cqdao + cq_op::CQTP)?)?;
+        if sq_head != sq_tail {
+            return Err(UfsCtrlError::BadValue {
+                what: "SQHP after enable",
+                value: u64::from(sq_head) * 32,
+                why: "differs from SQTP: the new SQ would start with entries pending",
+            });
+        }
+        if slot("CQHP after enable", r.read(cqdao + cq_op::CQHP)?)? != cq_tail {
+            r.write(cqdao + cq_op::CQHP, cq_tail * 32);
+        }
         let op = |o: usize| {
             // SAFETY: every offset was checked above to be 4-byte aligned
             // with the whole block inside the BAR mapped at `bar`, which the
@@ -635,8 +716,8 @@ fn setup_mcq(
             sq,
             cq,
             regs,
-            sq_tail: 0,
-            cq_head: 0,
+            sq_tail,
+            cq_head: cq_tail,
         });
     }
     Ok((n as u16, rings))

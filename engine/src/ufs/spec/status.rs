@@ -58,10 +58,13 @@ pub fn command_result(ocs: Ocs, rsp: &ResponseUpiu, tag: u8) -> Result<(), UfsEr
             task_tag: h.task_tag,
         });
     }
-    if h.response != 0 {
+    let status = ScsiStatus(h.status);
+    // A non-GOOD SCSI status explains itself (QEMU 10 sets the response
+    // field to "target failure" next to every CHECK CONDITION, even the
+    // power-on UNIT ATTENTION); "target failure" alone is the target's word.
+    if h.response != 0 && status == ScsiStatus::GOOD {
         return Err(UfsError::TargetFailure(h.response));
     }
-    let status = ScsiStatus(h.status);
     if status == ScsiStatus::GOOD {
         return Ok(());
     }
