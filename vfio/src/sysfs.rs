@@ -35,8 +35,10 @@ pub const NVME_CLASS: u32 = 0x0108;
 /// UFS (programming interface 0x01 is UFSHCI; QEMU's `ufs` is 1b36:0013,
 /// class 0x010901).
 pub const UFS_CLASS: u32 = 0x0109;
-/// The kernel's driver for UFS host controllers on PCI.
-pub const UFS_DRIVER: &str = "ufshcd-pci";
+/// The kernel's PCI driver for UFS host controllers, as sysfs names it
+/// (`/sys/bus/pci/drivers/ufshcd`): module `ufshcd-pci` registers its
+/// `pci_driver` under the name "ufshcd".
+pub const UFS_DRIVER: &str = "ufshcd";
 
 /// The storage protocol a PCI function speaks, from its class code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -646,7 +648,7 @@ mod tests {
     fn transport_comes_from_the_class_code() {
         let fs = FakeSys::new();
         fs.add(Dev::nvme("0000:00:03.0", None, None));
-        fs.add(Dev::ufs("0000:00:04.0", Some("ufshcd-pci"), Some(4)));
+        fs.add(Dev::ufs("0000:00:04.0", Some("ufshcd"), Some(4)));
         fs.add(Dev {
             class: 0x010601, // SATA AHCI: storage, but neither
             ..Dev::nvme("0000:00:05.0", None, None)
@@ -659,7 +661,7 @@ mod tests {
             transport_of(&fs.roots, &PciAddress::parse("0000:00:09.0").unwrap()),
             Err(VfioError::NoSuchDevice { .. })
         ));
-        assert_eq!(Transport::Ufs.kernel_driver(), "ufshcd-pci");
+        assert_eq!(Transport::Ufs.kernel_driver(), "ufshcd");
         assert_eq!(Transport::from_class(0x010802), Some(Transport::Nvme));
         assert_eq!(Transport::from_class(0x010901), Some(Transport::Ufs));
     }

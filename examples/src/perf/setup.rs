@@ -18,7 +18,7 @@ pub enum Command {
     Devices(DevicesArgs),
     /// Hand a controller to vfio-pci (refuses while the kernel uses it)
     Bind(BindArgs),
-    /// Give a controller back to the kernel's driver (nvme, or ufshcd-pci for UFS)
+    /// Give a controller back to the kernel's driver (nvme, or ufshcd (module ufshcd-pci) for UFS)
     Unbind(UnbindArgs),
     /// Check everything a VFIO run needs; exit 0 only when a run would work
     Doctor(DoctorArgs),
