@@ -40,9 +40,14 @@ enum SeedCommand {
 /// `seed mcq`.
 #[derive(Debug, Args)]
 pub struct McqArgs {
-    /// A UFS device: fake-ufs[,options], fake-ufs:null or vfio:<BDF> (the
-    /// mode option mcq= is set per row)
-    #[arg(short = 'd', long, default_value = "fake-ufs:null", value_parser = device)]
+    /// The UFS device (`--help` text in `help`).
+    #[arg(
+        short = 'd',
+        long,
+        default_value = "fake-ufs:null",
+        value_parser = device,
+        help = "A UFS device: fake-ufs[,options], fake-ufs:null or vfio:<BDF> (the mode option mcq= is set per row)"
+    )]
     device: DeviceSpec,
     /// Measured time per row (8 rows): seconds or with a unit
     #[arg(short = 't', long = "time", default_value = "2", value_parser = duration)]
