@@ -46,7 +46,7 @@ struct mcqio_fio_options {
 	unsigned int shadow_doorbells;
 	unsigned long long io_timeout_us;
 	unsigned long long fake_size;
-	unsigned int fake_lbads;
+	unsigned int fake_lbs;
 	unsigned int fake_namespaces;
 	char *fake_exec;
 	unsigned long long fake_latency_us;
@@ -87,8 +87,8 @@ static struct fio_option options[] = {
 	},
 	MCQIO_OPT("fake_size", FIO_OPT_STR_VAL, fake_size,
 		  "Bytes per namespace of the fake controller (RAM)", "64m"),
-	MCQIO_OPT("fake_lbads", FIO_OPT_INT, fake_lbads,
-		  "Logical block size of the fake controller", "4096"),
+	MCQIO_OPT("fake_lbs", FIO_OPT_INT, fake_lbs,
+		  "Logical block size of the fake controller, in bytes (a power of two, 512..65536)", "4096"),
 	MCQIO_OPT("fake_namespaces", FIO_OPT_INT, fake_namespaces,
 		  "Namespaces of the fake controller (select one with ,ns=N in --filename)", "1"),
 	MCQIO_OPT("fake_exec", FIO_OPT_STR_STORE, fake_exec,
@@ -122,7 +122,7 @@ static void mcqio_config(const struct mcqio_fio_options *o, struct mcqio_fio_con
 	c->shadow_doorbells = o->shadow_doorbells;
 	c->io_timeout_ms = o->io_timeout_us ? (o->io_timeout_us + 999) / 1000 : 0;
 	c->fake_size = o->fake_size;
-	c->fake_lbads = o->fake_lbads;
+	c->fake_lbs = o->fake_lbs;
 	c->fake_namespaces = o->fake_namespaces;
 	c->fake_exec = o->fake_exec;
 	c->fake_latency_ns = o->fake_latency_us * 1000;

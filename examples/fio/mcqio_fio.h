@@ -30,7 +30,7 @@ struct mcqio_fio_config {
 	uint32_t shadow_doorbells;/* 0 or 1 */
 	uint64_t io_timeout_ms;   /* 0: no per-command timeout */
 	uint64_t fake_size;       /* bytes per fake namespace */
-	uint32_t fake_lbads;      /* fake block size */
+	uint32_t fake_lbs;      /* fake block size */
 	uint32_t fake_namespaces; /* fake namespace count */
 	const char *fake_exec;    /* "thread" (default) or "sync" */
 	uint64_t fake_latency_ns; /* fake per-command latency */

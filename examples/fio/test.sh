@@ -166,9 +166,9 @@ pin_fio=() pin_perf=()
 if [ "$ncpu" -ge 2 ]; then
 	pin_fio=(--cpus_allowed=0 --fake_core=1)
 	pin_perf=(--cpus 0)
-	dev=fake,size=64M,lbads=4096,core=1
+	dev=fake,size=64M,lbs=4k,core=1
 else
-	dev=fake,size=64M,lbads=4096
+	dev=fake,size=64M,lbs=4k
 fi
 (cd "$root" && cargo build --release --bin mcqio-perf -q)
 cmp_fio() { # cmp_fio [fio options...]: prints the job's read IOPS

@@ -77,10 +77,10 @@ impl Device {
         };
         let (backend, fake): (Arc<dyn Backend>, _) = match kind {
             DeviceKind::FakeNvme => {
-                let size = o.fake_size / u64::from(o.fake_lbads) * u64::from(o.fake_lbads);
+                let size = o.fake_size / u64::from(o.fake_lbs) * u64::from(o.fake_lbs);
                 let cfg = FakeConfig {
                     namespaces: (0..o.fake_namespaces)
-                        .map(|_| NamespaceConfig::ram(size, o.fake_lbads))
+                        .map(|_| NamespaceConfig::ram(size, o.fake_lbs))
                         .collect(),
                     io_queue_pairs: o.qpairs,
                     mqes: 4095,

@@ -28,8 +28,8 @@ pub struct Config {
     pub io_timeout_ms: u64,
     /// `fake_size`.
     pub fake_size: u64,
-    /// `fake_lbads`.
-    pub fake_lbads: u32,
+    /// `fake_lbs`.
+    pub fake_lbs: u32,
     /// `fake_namespaces`.
     pub fake_namespaces: u32,
     /// `fake_exec`.
@@ -117,15 +117,15 @@ unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
         .ok()
         .filter(|q| (1..u16::MAX).contains(q))
         .ok_or_else(|| bad("qpairs", c.qpairs.to_string(), "use 1 to 65534"))?;
-    if !c.fake_lbads.is_power_of_two() || !(512..=65536).contains(&c.fake_lbads) {
+    if !c.fake_lbs.is_power_of_two() || !(512..=65536).contains(&c.fake_lbs) {
         return Err(bad(
-            "fake_lbads",
-            c.fake_lbads.to_string(),
+            "fake_lbs",
+            c.fake_lbs.to_string(),
             "use a power of two from 512 to 65536",
         )
         .into());
     }
-    if c.fake_size < u64::from(c.fake_lbads) {
+    if c.fake_size < u64::from(c.fake_lbs) {
         return Err(bad(
             "fake_size",
             c.fake_size.to_string(),
@@ -155,7 +155,7 @@ unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
         shadow_doorbells: c.shadow_doorbells != 0,
         io_timeout: positive(c.io_timeout_ms).map(Duration::from_millis),
         fake_size: c.fake_size,
-        fake_lbads: c.fake_lbads,
+        fake_lbs: c.fake_lbs,
         fake_namespaces: c.fake_namespaces,
         fake_exec: spec::parse_fake_exec(exec)?,
         fake_latency: Duration::from_nanos(c.fake_latency_ns),

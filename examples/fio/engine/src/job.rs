@@ -432,7 +432,7 @@ mod tests {
             shadow_doorbells: false,
             io_timeout: None,
             fake_size: 1 << 20,
-            fake_lbads: 512,
+            fake_lbs: 512,
             fake_namespaces: 2,
             fake_exec: FakeExec::Sync,
             fake_latency: Duration::ZERO,
@@ -562,7 +562,7 @@ mod tests {
         let (b, _) = Job::setup(&["fake,ns=2"], &opts(), 4096).unwrap();
         assert!(Arc::ptr_eq(&a.dev, &b.dev));
         let other = DeviceOptions {
-            fake_lbads: 4096,
+            fake_lbs: 4096,
             ..opts()
         };
         assert!(matches!(

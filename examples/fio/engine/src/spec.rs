@@ -190,7 +190,7 @@ pub struct DeviceOptions {
     /// Bytes per fake namespace.
     pub fake_size: u64,
     /// The fake's logical block size.
-    pub fake_lbads: u32,
+    pub fake_lbs: u32,
     /// Namespaces of the fake.
     pub fake_namespaces: u32,
     /// Thread or synchronous fake.
