@@ -275,14 +275,7 @@ impl NvmeTarget {
                     depth * buf_len
                 )
             })?;
-        let space: *const DmaSpace = Arc::as_ptr(self.ctrl.dma());
-        let bufs = (0..depth)
-            .map(|i| SlotBuf {
-                iova: region.iova().add((i * buf_len) as u64),
-                len: buf_len,
-                space,
-            })
-            .collect();
+        let bufs = SlotBuf::slices(region.iova(), self.ctrl.dma(), depth, buf_len);
         let ptrs = (0..depth)
             // SAFETY: i * buf_len < depth * buf_len <= the region's length.
             .map(|i| unsafe { region.as_ptr().add(i * buf_len) })
@@ -309,16 +302,32 @@ impl NvmeTarget {
 /// means the device may still access that slice, and then the region is
 /// leaked, never unmapped or reused.
 #[derive(Clone, Copy, Debug)]
-struct SlotBuf {
+pub(crate) struct SlotBuf {
     iova: Iova,
     len: usize,
-    /// The DMA space the region is mapped in (compared, never dereferenced).
-    space: *const DmaSpace,
+    /// [`DmaSpace::id`] of the space the region is mapped in: an id, not the
+    /// space's address, which a later space could reuse (issue 12 item 4).
+    space_id: u64,
 }
 
-// SAFETY: a SlotBuf is two numbers and a pointer used only for identity
-// comparison; it grants no access to memory by itself.
-unsafe impl Send for SlotBuf {}
+impl SlotBuf {
+    /// `depth` slices of `buf_len` bytes each, back to back from `start`,
+    /// mapped in `space` (the NVMe and the UFS job queues share this).
+    pub(crate) fn slices(
+        start: Iova,
+        space: &DmaSpace,
+        depth: usize,
+        buf_len: usize,
+    ) -> Vec<SlotBuf> {
+        (0..depth)
+            .map(|i| SlotBuf {
+                iova: start.add((i * buf_len) as u64),
+                len: buf_len,
+                space_id: space.id(),
+            })
+            .collect()
+    }
+}
 
 // SAFETY: the slice [iova, iova + len) lies inside the job's DmaRegion,
 // mapped Bidirectional in `space` for the region's whole life, and the region
@@ -344,7 +353,7 @@ unsafe impl IoBuf for SlotBuf {
     }
     #[inline]
     fn is_mapped_in(&self, space: &DmaSpace) -> bool {
-        std::ptr::eq(self.space, space)
+        self.space_id == space.id()
     }
     #[inline]
     fn total_len(&self) -> usize {

@@ -24,13 +24,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use mcqio::ufs::{UfsController, UfsMode, UfsOptions, UfsQueuePair};
-use mcqio::{Completion, DmaBuf, IoBuf, IoSeg, SubmitErrorKind};
+use mcqio::{Completion, DmaBuf, SubmitErrorKind};
 use mcqio_fixtures::ufs::FakeUfs;
 use mcqio_fixtures::ExecMode;
-use mcqio_vfio::{
-    Backend, DmaDir, DmaSpace, IommuStats, Iova, OpenOptions as VfioOpenOptions, VfioBackend,
-};
+use mcqio_vfio::{Backend, DmaDir, IommuStats, OpenOptions as VfioOpenOptions, VfioBackend};
 
+use crate::nvme::SlotBuf;
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::spec::{DeviceKind, DeviceSpec};
 use crate::target::{Namespace, OpenPlan};
@@ -276,14 +275,7 @@ impl UfsTarget {
                     depth * buf_len
                 )
             })?;
-        let space: *const DmaSpace = Arc::as_ptr(self.ctrl.dma());
-        let bufs = (0..depth)
-            .map(|i| SlotBuf {
-                iova: region.iova().add((i * buf_len) as u64),
-                len: buf_len,
-                space,
-            })
-            .collect();
+        let bufs = SlotBuf::slices(region.iova(), self.ctrl.dma(), depth, buf_len);
         let ptrs = (0..depth)
             // SAFETY: i * buf_len < depth * buf_len <= the region's length.
             .map(|i| unsafe { region.as_ptr().add(i * buf_len) })
@@ -353,52 +345,6 @@ fn lock(list: &Mutex<LegacyList>) -> MutexGuard<'_, LegacyList> {
     // A job that panicked holding the lock left the list as consistent as
     // any poll leaves it.
     list.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// One slot's slice of the job's DMA region (see [`crate::nvme`]'s type of
-/// the same name): two words and an identity pointer, so a submission copies
-/// no reference count. The region is freed only when every slice came back.
-#[derive(Clone, Copy, Debug)]
-pub struct SlotBuf {
-    iova: Iova,
-    len: usize,
-    /// The DMA space the region is mapped in (compared, never dereferenced).
-    space: *const DmaSpace,
-}
-
-// SAFETY: a SlotBuf is two numbers and a pointer used only for identity
-// comparison; it grants no access to memory by itself.
-unsafe impl Send for SlotBuf {}
-
-// SAFETY: the slice [iova, iova + len) lies inside the job's DmaRegion,
-// mapped Bidirectional in `space` for the region's whole life, and the region
-// outlives every SlotBuf the device may still access — it is leaked when one
-// is not handed back; the job touches the memory only through raw pointers
-// while the slot is not in flight; the answers below never change.
-unsafe impl IoBuf for SlotBuf {
-    #[inline]
-    fn segment_count(&self) -> usize {
-        1
-    }
-    #[inline]
-    fn segment(&self, _i: usize) -> IoSeg {
-        IoSeg {
-            iova: self.iova,
-            len: self.len,
-        }
-    }
-    #[inline]
-    fn dir(&self) -> DmaDir {
-        DmaDir::Bidirectional
-    }
-    #[inline]
-    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
-        std::ptr::eq(self.space, space)
-    }
-    #[inline]
-    fn total_len(&self) -> usize {
-        self.len
-    }
 }
 
 /// A job's premapped buffers.
