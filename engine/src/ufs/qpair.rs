@@ -1021,13 +1021,15 @@ impl UfsQueuePair<DmaBuf> {
             }
         }
         let c = out.expect("loop ends with a completion");
-        let buf = c.buf.expect("data commands hand their buffer back");
-        match c.result {
-            Ok(()) => Ok(buf),
-            Err(e) => {
-                self.bounce = Some(buf);
+        match (c.result, c.buf) {
+            (Ok(()), Some(buf)) => Ok(buf),
+            (Err(e), buf) => {
+                // No buffer: the device may still own it and it was leaked;
+                // a new bounce buffer is allocated on next use.
+                self.bounce = buf;
                 Err(Error::Io(e))
             }
+            (Ok(()), None) => Err(Error::Io(IoError::ControllerFailed)),
         }
     }
 
