@@ -81,7 +81,7 @@
 //!
 //! ## What a completion's CID can and cannot prove
 //!
-//! A CID is `slot | generation` (see [`queue`]). mcqio detects and drops a
+//! A CID is `slot | generation` (see [`nvme::queue`]). mcqio detects and drops a
 //! CQE whose CID names a free slot, a busy slot with another generation (a
 //! late or duplicated completion of an earlier command in that slot, or a
 //! bit flip in the generation bits), or another submission queue (SQ ID
@@ -137,31 +137,36 @@
 //! Lower-level hooks remain: [`QueuePair::check_timeouts`] (list old
 //! commands), [`QueuePair::abort_command`], [`QueuePair::check_health`].
 //!
-//! - [`spec`]: wire formats (registers, SQE/CQE, command builders, identify, status).
-//! - [`ctrl`]: [`Controller`] bring-up, admin queue, shutdown.
-//! - [`queue`]: [`QueuePair`]: rings, doorbells, trackers (CID = slot | generation).
-//! - [`io`]: the I/O API: [`DmaBuf`], the [`IoBuf`] trait, [`Completion`], typed errors.
-//! - [`mapped`]: [`MappedQueuePair`]: application buffers mapped per I/O (strict and lazy DMA modes).
-//! - [`mcq`]: one queue pair per core on pinned threads.
+//! The tree shows the architecture: one core, two transports.
+//!
+//! - [`core`]: written once for both transports: tags with generations
+//!   (`core::tracker`), the I/O API ([`DmaBuf`], the [`IoBuf`] trait,
+//!   [`Completion`], typed errors; [`core::io`]), application buffers mapped
+//!   per I/O ([`MappedQueuePair`], strict and lazy DMA modes;
+//!   [`core::mapped`]), one queue pair per core ([`run_per_core`];
+//!   [`core::per_core`]).
+//! - [`nvme`]: the NVMe transport: wire formats ([`nvme::spec`]),
+//!   [`Controller`] bring-up and admin queue ([`nvme::ctrl`]), [`QueuePair`]
+//!   with its rings, doorbells and PRP lists ([`nvme::queue`]).
 //! - [`ufs`]: the UFS transport (UFSHCI 4.0 MCQ and legacy single doorbell): bring-up, queue pairs, UPIU/SCSI wire formats.
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
-pub mod ctrl;
-pub mod io;
-pub mod mapped;
-pub mod mcq;
-pub mod queue;
-pub mod spec;
+pub mod core;
+pub mod nvme;
 pub mod ufs;
 
-pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace, TimeoutPolicy};
-pub use io::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind};
-pub use mapped::{MappedQueuePair, MappedSubmitError, MappedSubmitErrorKind, MappingMode};
-pub use mcq::run_per_core;
-pub use queue::{Outstanding, QpairOptions, QpairStats, QueuePair};
-pub use spec::NvmeStatus;
+pub use self::core::io::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind};
+pub use self::core::mapped::{
+    MappedQueuePair, MappedSubmitError, MappedSubmitErrorKind, MappingMode,
+};
+pub use self::core::per_core::run_per_core;
+pub use nvme::ctrl::TimeoutPolicy;
+pub use nvme::{
+    AsyncEvent, Controller, ControllerOptions, Namespace, NvmeStatus, Outstanding, QpairOptions,
+    QpairStats, QueuePair,
+};
 pub use ufs::{UfsController, UfsCtrlError, UfsError, UfsOptions, UfsQueuePair};
 
 pub use mcqio_vfio as vfio;
@@ -234,7 +239,7 @@ pub enum Error {
     },
     /// The identify data is unusable.
     #[error(transparent)]
-    Identify(#[from] spec::identify::IdentifyError),
+    Identify(#[from] nvme::spec::identify::IdentifyError),
     /// More queue pairs (threads) were requested than the controller granted.
     #[error("{requested} queue pairs requested but the controller granted only {granted} I/O queues; use at most {granted} threads (queues are never shared silently)")]
     NotEnoughQueues {

@@ -292,7 +292,7 @@ fn duplicate_cqe_is_detected_not_delivered() {
             .unwrap();
         fake.faults().inject_next(
             Some(qp.qid()),
-            Some(mcqio::spec::opcodes::nvm::WRITE),
+            Some(mcqio::nvme::spec::opcodes::nvm::WRITE),
             Fault::DuplicateCqe,
         );
         let b = buf(&ctrl, 4096);
@@ -468,7 +468,7 @@ fn timed_out_command_can_be_aborted() {
 #[test]
 fn oversized_dma_buf_is_refused_before_allocating() {
     let (_fake, ctrl) = open(FakeConfig::sync());
-    let too_big = mcqio::io::DMA_BUF_MAX_REGION + 1;
+    let too_big = mcqio::core::io::DMA_BUF_MAX_REGION + 1;
     assert!(mcqio::DmaBuf::alloc(ctrl.dma(), too_big, DmaDir::Bidirectional).is_err());
     assert!(ctrl.alloc_buf(too_big, DmaDir::Bidirectional).is_err());
 }

@@ -12,8 +12,8 @@ mod common;
 use std::sync::{Mutex, OnceLock};
 
 use common::*;
-use mcqio::spec::identify::IDENTIFY_LEN;
-use mcqio::spec::{IdentifyController, IdentifyNamespace, NvmeStatus};
+use mcqio::nvme::spec::identify::IDENTIFY_LEN;
+use mcqio::nvme::spec::{IdentifyController, IdentifyNamespace, NvmeStatus};
 use mcqio::{Controller, QpairOptions, QueuePair, SubmitErrorKind};
 use mcqio_fixtures::{ExecMode, FakeController};
 use mcqio_vfio::DmaDir;

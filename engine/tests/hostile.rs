@@ -189,7 +189,7 @@ fn run(seed: u64) -> Result<(), Error> {
         let _ = qp.write_blocking(id, 1, &v);
     }
     let _ = ctrl.admin_read(
-        mcqio::spec::sqe::Command::sqe(&mcqio::spec::sqe::Identify::controller()),
+        mcqio::nvme::spec::sqe::Command::sqe(&mcqio::nvme::spec::sqe::Identify::controller()),
         "Identify",
     );
     let _ = ctrl.async_events();

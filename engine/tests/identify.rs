@@ -98,13 +98,19 @@ fn shutdown_and_queue_deletion_on_drop() {
     drop(qp);
     assert_eq!(ctrl.free_io_queues(), 8, "queue id returned after deletion");
     let stats = fake.stats();
-    assert_eq!(stats.admin(mcqio::spec::opcodes::admin::DELETE_IO_SQ), 1);
-    assert_eq!(stats.admin(mcqio::spec::opcodes::admin::DELETE_IO_CQ), 1);
+    assert_eq!(
+        stats.admin(mcqio::nvme::spec::opcodes::admin::DELETE_IO_SQ),
+        1
+    );
+    assert_eq!(
+        stats.admin(mcqio::nvme::spec::opcodes::admin::DELETE_IO_CQ),
+        1
+    );
     drop(ctrl);
-    let cc = mcqio::spec::regs::Cc(fake.cc());
+    let cc = mcqio::nvme::spec::regs::Cc(fake.cc());
     assert_eq!(
         cc.0 >> 14 & 0b11,
-        mcqio::spec::regs::Cc::SHN_NORMAL,
+        mcqio::nvme::spec::regs::Cc::SHN_NORMAL,
         "CC.SHN = normal at drop"
     );
 }
@@ -147,11 +153,11 @@ fn asynchronous_events_reach_the_application() {
         let (fake, ctrl) = open(config(mode, 5));
         assert_eq!(ctrl.async_event_requests_posted(), 1);
         assert!(ctrl.async_events().is_empty());
-        fake.raise_async_event(mcqio::ctrl::event_type::NOTICE, 0x00, 0x04);
+        fake.raise_async_event(mcqio::nvme::ctrl::event_type::NOTICE, 0x00, 0x04);
         // Events arrive whenever the admin queue is looked at: here while a
         // queue pair is created (an admin command is waited on) ...
         let qp = ctrl.create_qpair(Default::default()).unwrap();
-        fake.raise_async_event(mcqio::ctrl::event_type::SMART_HEALTH, 0x01, 0x02);
+        fake.raise_async_event(mcqio::nvme::ctrl::event_type::SMART_HEALTH, 0x01, 0x02);
         // ... or by asking.
         let mut evs = Vec::new();
         for _ in 0..100_000 {

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use mcqio::spec::sqe::Command;
+use mcqio::nvme::spec::sqe::Command;
 use mcqio::{
     Completion, ControllerOptions, DmaBuf, Error, IoError, QpairOptions, QueuePair,
     SubmitErrorKind, TimeoutPolicy,
@@ -258,7 +258,7 @@ fn reset_aborts_every_queue_once_and_queues_recover() {
             works(qp, base + 50, base as u8 + 1);
         }
         // Events still reach the application after the reset.
-        fake.raise_async_event(mcqio::ctrl::event_type::NOTICE, 0, 0x04);
+        fake.raise_async_event(mcqio::nvme::ctrl::event_type::NOTICE, 0, 0x04);
         let start = Instant::now();
         let mut evs = Vec::new();
         while evs.is_empty() {
@@ -266,7 +266,7 @@ fn reset_aborts_every_queue_once_and_queues_recover() {
             assert!(start.elapsed() < HANG, "the event never arrived");
             std::thread::yield_now();
         }
-        assert_eq!(evs[0].event_type, mcqio::ctrl::event_type::NOTICE);
+        assert_eq!(evs[0].event_type, mcqio::nvme::ctrl::event_type::NOTICE);
         assert_eq!(evs[0].log_page, 0x04);
         // Queue ids and teardown are intact.
         a.close(|_| panic!("nothing outstanding")).unwrap();
@@ -303,7 +303,7 @@ fn admin_timeout_resets_the_controller() {
             .inject_next(Some(0), None, Fault::DropCompletion);
         let e = ctrl
             .admin_read(
-                mcqio::spec::sqe::Identify::controller().sqe(),
+                mcqio::nvme::spec::sqe::Identify::controller().sqe(),
                 "Identify Controller",
             )
             .unwrap_err();
@@ -376,7 +376,10 @@ fn failure_case(mode: ExecMode, fail: impl Fn(&mcqio_fixtures::FakeController), 
     assert!(expect_err(&ctrl.health().unwrap_err()));
     assert!(expect_err(
         &ctrl
-            .admin_read(mcqio::spec::sqe::Identify::controller().sqe(), "Identify")
+            .admin_read(
+                mcqio::nvme::spec::sqe::Identify::controller().sqe(),
+                "Identify"
+            )
             .unwrap_err()
     ));
     // The other queue pair (idle) learns it at its next poll.

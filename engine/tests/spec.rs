@@ -1,10 +1,10 @@
 //! Wire-format tests: layouts, command encodings, status and identify parsing.
 
-use mcqio::spec::identify::{IdentifyController, IdentifyError, IdentifyNamespace};
-use mcqio::spec::opcodes::{admin, nvm};
-use mcqio::spec::regs::{self, Aqa, Cap, Cc, Csts};
-use mcqio::spec::sqe::*;
-use mcqio::spec::{Cqe, NvmeStatus, Sqe};
+use mcqio::nvme::spec::identify::{IdentifyController, IdentifyError, IdentifyNamespace};
+use mcqio::nvme::spec::opcodes::{admin, nvm};
+use mcqio::nvme::spec::regs::{self, Aqa, Cap, Cc, Csts};
+use mcqio::nvme::spec::sqe::*;
+use mcqio::nvme::spec::{Cqe, NvmeStatus, Sqe};
 use proptest::prelude::*;
 use std::mem::{offset_of, size_of};
 

@@ -7,9 +7,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mcqio::spec::identify::IdentifyError;
-use mcqio::spec::opcodes::admin as op;
-use mcqio::spec::sqe::{Command, GetLogPage, Identify};
+use mcqio::nvme::spec::identify::IdentifyError;
+use mcqio::nvme::spec::opcodes::admin as op;
+use mcqio::nvme::spec::sqe::{Command, GetLogPage, Identify};
 use mcqio::{Controller, ControllerOptions, Error, IoError, QpairOptions, TimeoutPolicy};
 use mcqio_fixtures::hostile::STALE_CID;
 use mcqio_fixtures::{
@@ -192,7 +192,7 @@ fn admin_read_builds_a_prp_list_and_rejects_what_it_cannot_describe() {
     );
     let e = ctrl
         .admin_read(
-            mcqio::spec::sqe::Sqe::with_opcode(op::GET_FEATURES),
+            mcqio::nvme::spec::sqe::Sqe::with_opcode(op::GET_FEATURES),
             "Get Features",
         )
         .unwrap_err();

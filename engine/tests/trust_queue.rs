@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use mcqio::spec::opcodes::admin;
+use mcqio::nvme::spec::opcodes::admin;
 use mcqio::{
     Completion, Controller, ControllerOptions, DmaBuf, Error, IoError, QpairOptions, QueuePair,
     TimeoutPolicy,

@@ -11,8 +11,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mcqio::spec::opcodes::admin;
-use mcqio::spec::{Cqe, Sqe};
+use mcqio::nvme::spec::opcodes::admin;
+use mcqio::nvme::spec::{Cqe, Sqe};
 use mcqio::vfio::{
     Backend, DmaDir, DmaSpace, DoorbellHook, HugePages, Iommu, IommuCounters, IommuError, Iova,
     IovaRange, Mmio,
@@ -194,7 +194,7 @@ impl Mmio for Loopback {
     }
     fn write32(&self, off: usize, v: u32) {
         self.set(off, v);
-        if off == mcqio::spec::regs::CC {
+        if off == mcqio::nvme::spec::regs::CC {
             let mut csts = v & 1; // RDY follows EN
             if (v >> 14) & 3 != 0 {
                 csts |= 2 << 2; // shutdown complete
@@ -217,7 +217,7 @@ impl Mmio for Loopback {
                     phase: 1,
                 };
             }
-            self.set(mcqio::spec::regs::CSTS, csts);
+            self.set(mcqio::nvme::spec::regs::CSTS, csts);
         }
     }
     fn base(&self) -> NonNull<u8> {

@@ -75,7 +75,7 @@
 //!   flush, unmap, submit, poll, close, blocking helpers).
 //!
 //! Transport-independent pieces reused from the NVMe side: tag tracking
-//! with generations (`crate::queue::tracker`), [`crate::IoBuf`],
+//! with generations (`crate::core::tracker`), [`crate::IoBuf`],
 //! [`crate::Completion`], [`crate::SubmitError`].
 //!
 //! The wire formats, each in the file named after the spec's own noun:

@@ -14,7 +14,7 @@
 //!
 //! What is UFS-specific here: the command descriptors (`ucd.rs`), the
 //! UTRD, the SCSI CDBs and the decoding of OCS and SCSI status. The
-//! tracking of tags (slot + generation, `crate::queue::tracker`) and the
+//! tracking of tags (slot + generation, `crate::core::tracker`) and the
 //! completion delivery rules are the engine's, shared with NVMe.
 
 use std::cell::Cell;
@@ -35,8 +35,8 @@ use super::spec::upiu::trans;
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
 use super::split::{Routed, Splits};
 use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
-use crate::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::queue::tracker::Trackers;
+use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
+use crate::core::tracker::Trackers;
 use crate::{Error, Result};
 
 /// Tag used by the blocking API.

@@ -1,6 +1,6 @@
 //! Reads and writes above the per-command limit: one submission, several
 //! child commands, one completion — the same contract as NVMe's split
-//! (`crate::queue::pair`): children of at most the limit, in LBA order,
+//! (`crate::nvme::queue::pair`): children of at most the limit, in LBA order,
 //! each with its own tracker slot and PRDT over its byte range of the one
 //! buffer; the caller's tag and buffer stay with a *parent*; the parent
 //! completes once, when its last child is finished, with the first error
@@ -12,7 +12,7 @@
 //! the queue depth, and every parent has at least one child in flight, so
 //! a free parent exists whenever enough slots do.
 
-use crate::io::IoError;
+use crate::core::io::IoError;
 
 struct Parent<B> {
     tag: u64,

@@ -12,7 +12,7 @@ use mcqio_vfio::DmaRegion;
 use super::spec::scsi::Cdb;
 use super::spec::upiu::{trans, CommandUpiu, ResponseUpiu};
 use super::spec::utrd::{PrdtEntry, Ucd};
-use crate::io::{IoBuf, SubmitErrorKind};
+use crate::core::io::{IoBuf, SubmitErrorKind};
 
 /// Most PRDT entries per command (each up to 256 KiB).
 pub const MAX_PRDT_ENTRIES: usize = 256;

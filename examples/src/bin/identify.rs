@@ -89,7 +89,7 @@ fn run(spec: &str) -> Result<(), Box<dyn std::error::Error>> {
     println!("max queue entries {}", cap.max_queue_entries());
     println!(
         "doorbell stride   {} B",
-        mcqio::spec::regs::doorbell_stride(cap.dstrd())
+        mcqio::nvme::spec::regs::doorbell_stride(cap.dstrd())
     );
     println!("ready timeout     {} ms", cap.timeout_ms());
     match id.max_transfer_bytes(12) {

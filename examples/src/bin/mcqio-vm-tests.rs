@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use mcqio::spec::sqe::Command as _;
+use mcqio::nvme::spec::sqe::Command as _;
 use mcqio::vfio::{
     AppBuffer, Backend, DmaDir, DmaMapper, DmaMode, IoBuffer, Mapped, MapperConfig, PoolConfig,
     QueueMapper, Returned, VfioBackend,
@@ -1042,7 +1042,7 @@ fn commands(a: &DevArgs) -> Result<(), Failure> {
     let (shift, size) = ns1(&ctrl)?;
     let raw = ctrl
         .admin_read(
-            mcqio::spec::sqe::Identify::namespace(NSID).sqe(),
+            mcqio::nvme::spec::sqe::Identify::namespace(NSID).sqe(),
             "Identify Namespace",
         )
         .map_err(ctx("Identify Namespace"))?

@@ -52,7 +52,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser};
-use mcqio::queue::pair::MAX_DEPTH;
+use mcqio::nvme::queue::pair::MAX_DEPTH;
 
 use crate::report::CompareReport;
 use crate::report::LatOpts;

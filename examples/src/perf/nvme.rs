@@ -116,7 +116,7 @@ impl NvmeTarget {
                 let cfg = FakeConfig {
                     mqes: plan
                         .depth
-                        .clamp(1023, mcqio::queue::pair::MAX_DEPTH as usize)
+                        .clamp(1023, mcqio::nvme::queue::pair::MAX_DEPTH as usize)
                         as u16,
                     ..cfg
                 };
@@ -251,7 +251,7 @@ impl NvmeTarget {
         let children = (io as u64).div_ceil(self.ctrl.max_transfer().max(1)).max(1);
         let most = (self.ctrl.cap().max_queue_entries() as usize)
             .saturating_sub(1)
-            .min(usize::from(mcqio::queue::pair::MAX_DEPTH));
+            .min(usize::from(mcqio::nvme::queue::pair::MAX_DEPTH));
         depth
             .saturating_mul(children as usize)
             .min(most)
@@ -716,7 +716,7 @@ mod tests {
         assert_eq!(fake.faults().pending(), 0, "the command was fetched");
         fake.faults().inject_next(
             Some(0),
-            Some(mcqio::spec::opcodes::admin::DELETE_IO_SQ),
+            Some(mcqio::nvme::spec::opcodes::admin::DELETE_IO_SQ),
             Fault::Status {
                 sct: 1,
                 sc: 0x01,

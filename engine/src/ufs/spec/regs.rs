@@ -1,6 +1,6 @@
 //! UFSHCI 4.0 host-controller registers (BAR0), little-endian, 32-bit.
 //!
-//! As for NVMe (`crate::spec::regs`), a register is read once into a
+//! As for NVMe (`crate::nvme::spec::regs`), a register is read once into a
 //! newtype and decoded through named accessors; writes are built from named
 //! constants. The MCQ registers come in three groups:
 //!

@@ -16,17 +16,17 @@ use self::split::Splits;
 use super::cq::CompQueue;
 use super::doorbell::Doorbell;
 use super::sq::SubQueue;
-use super::tracker::{tstate, Trackers};
 use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
-use crate::ctrl::{state, Controller, TimeoutPolicy};
-use crate::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::spec::regs;
-use crate::spec::sqe::{
+use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
+use crate::core::tracker::{tstate, Trackers};
+use crate::nvme::ctrl::{state, Controller, TimeoutPolicy};
+use crate::nvme::spec::regs;
+use crate::nvme::spec::sqe::{
     Abort, Command, DatasetManagement, DsmRange, Flush, Read, Write, WriteZeroes, DSM_MAX_RANGES,
     MAX_NLB,
 };
-use crate::spec::status::{generic, sct};
-use crate::spec::{Cqe, NvmeStatus, Sqe};
+use crate::nvme::spec::status::{generic, sct};
+use crate::nvme::spec::{Cqe, NvmeStatus, Sqe};
 use crate::{Error, Result};
 
 /// The largest queue depth (outstanding commands per queue pair).
@@ -81,7 +81,7 @@ pub struct QpairOptions {
     /// How buffers get their device addresses: premapped [`DmaBuf`]s
     /// ([`Controller::create_qpair`], the default) or application buffers
     /// mapped per I/O in strict or lazy mode
-    /// ([`Controller::create_mapped_qpair`]); see [`crate::mapped`].
+    /// ([`Controller::create_mapped_qpair`]); see [`crate::core::mapped`].
     pub mapping: crate::MappingMode,
 }
 
@@ -155,7 +155,7 @@ struct NsGeom {
 
 /// One I/O submission queue and its completion queue.
 ///
-/// `Send` but not `Sync`: create one per thread (see [`crate::mcq`]) and
+/// `Send` but not `Sync`: create one per thread (see [`crate::core::per_core`]) and
 /// keep it there. No locks, atomics, allocations or system calls are made on
 /// the I/O path ([`read`](Self::read), [`write`](Self::write), ...,
 /// [`submit`](Self::submit), [`poll`](Self::poll)).
@@ -196,7 +196,7 @@ struct NsGeom {
 ///
 /// Timeouts ([`QpairOptions::io_timeout`]), controller resets and
 /// controller failures are handled inside [`poll`](Self::poll): see
-/// [`TimeoutPolicy`] and [the controller docs](crate::ctrl#reset-and-failure).
+/// [`TimeoutPolicy`] and [the controller docs](crate::nvme::ctrl#reset-and-failure).
 /// After a reset the queue pair re-creates its queues by itself; commands
 /// that were outstanding complete with [`IoError::AbortedByReset`].
 pub struct QueuePair<B: IoBuf = DmaBuf> {
@@ -973,7 +973,7 @@ impl<B: IoBuf> QueuePair<B> {
                 max: MAX_NLB as u64,
             });
         }
-        if self.oncs & crate::spec::identify::oncs::WRITE_ZEROES == 0 {
+        if self.oncs & crate::nvme::spec::identify::oncs::WRITE_ZEROES == 0 {
             return err(SubmitErrorKind::Unsupported("Write Zeroes (ONCS bit 3)"));
         }
         self.submit_no_data(WriteZeroes::new(nsid, slba, nlb).sqe(), tag)
@@ -1006,7 +1006,7 @@ impl<B: IoBuf> QueuePair<B> {
                 return err(k);
             }
         }
-        if self.oncs & crate::spec::identify::oncs::DATASET_MANAGEMENT == 0 {
+        if self.oncs & crate::nvme::spec::identify::oncs::DATASET_MANAGEMENT == 0 {
             return err(SubmitErrorKind::Unsupported(
                 "Dataset Management (ONCS bit 2)",
             ));

@@ -2,7 +2,7 @@
 //!
 //! - `sq`: the submission ring and its tail doorbell (batched: one store per flush).
 //! - `cq`: the completion ring, phase-bit polling, one head doorbell per poll.
-//! - `tracker`: per-slot command state; CID = slot | generation.
+//! - tags (CID = slot | generation) are the shared core's `crate::core::tracker`.
 //! - [`pair`]: [`QueuePair`], the public per-thread I/O object.
 //! - `split.rs` (a child module of `pair`, for the queue's internals):
 //!   transfers above the per-command limit as child commands that complete
@@ -12,7 +12,6 @@ pub(crate) mod cq;
 pub(crate) mod doorbell;
 pub mod pair;
 pub(crate) mod sq;
-pub(crate) mod tracker;
 
 pub use pair::{Outstanding, QpairOptions, QpairStats, QueuePair};
 

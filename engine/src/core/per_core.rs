@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use crate::ctrl::Controller;
-use crate::io::DmaBuf;
-use crate::queue::{QpairOptions, QueuePair};
+use crate::core::io::DmaBuf;
+use crate::nvme::ctrl::Controller;
+use crate::nvme::queue::{QpairOptions, QueuePair};
 use crate::{Error, Result};
 
 /// Run `f(index, &mut queue_pair)` on `threads` pinned threads, one queue

@@ -5,8 +5,8 @@ use std::ptr::NonNull;
 use mcqio_vfio::{barrier, DmaRegion};
 
 use super::doorbell::Doorbell;
-use crate::spec::cqe::STATUS_OFFSET;
-use crate::spec::Cqe;
+use crate::nvme::spec::cqe::STATUS_OFFSET;
+use crate::nvme::spec::Cqe;
 
 /// A completion queue: ring memory, local head and phase, head doorbell.
 pub(crate) struct CompQueue {

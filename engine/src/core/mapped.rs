@@ -63,9 +63,9 @@ use mcqio_vfio::{
     MapperStats, QueueMapper, Returned, PAGE_SIZE,
 };
 
-use crate::ctrl::Controller;
-use crate::io::{Completion, IoError, SubmitErrorKind};
-use crate::queue::{QpairOptions, QpairStats, QueuePair};
+use crate::core::io::{Completion, IoError, SubmitErrorKind};
+use crate::nvme::ctrl::Controller;
+use crate::nvme::queue::{QpairOptions, QpairStats, QueuePair};
 use crate::{Error, Result};
 
 /// How a queue pair gets device addresses for its buffers

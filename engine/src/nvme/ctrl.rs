@@ -82,20 +82,20 @@ use std::time::{Duration, Instant};
 
 use mcqio_vfio::{Backend, DmaDir, DmaRegion, DmaSpace, DoorbellHook, Mmio};
 
-use crate::io::IoBuf;
-use crate::queue::cq::CompQueue;
-use crate::queue::doorbell::{Doorbell, Shadow};
-use crate::queue::sq::SubQueue;
-use crate::queue::{QpairOptions, QueuePair, PAGE_SIZE};
-use crate::spec::identify::{IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
-use crate::spec::opcodes::admin as admin_op;
-use crate::spec::regs::{self, Aqa, Cap, Cc, Csts, Version};
-use crate::spec::sqe::{
+use crate::core::io::IoBuf;
+use crate::nvme::queue::cq::CompQueue;
+use crate::nvme::queue::doorbell::{Doorbell, Shadow};
+use crate::nvme::queue::sq::SubQueue;
+use crate::nvme::queue::{QpairOptions, QueuePair, PAGE_SIZE};
+use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
+use crate::nvme::spec::opcodes::admin as admin_op;
+use crate::nvme::spec::regs::{self, Aqa, Cap, Cc, Csts, Version};
+use crate::nvme::spec::sqe::{
     AsyncEventRequest, Command, CreateIoCq, CreateIoSq, DeleteIoCq, DeleteIoSq,
     DoorbellBufferConfig, Identify, SetFeatures,
 };
-use crate::spec::status::{generic, sct};
-use crate::spec::{Cqe, NvmeStatus, Sqe};
+use crate::nvme::spec::status::{generic, sct};
+use crate::nvme::spec::{Cqe, NvmeStatus, Sqe};
 use crate::{DmaBuf, Error, Result};
 
 /// Options for [`Controller::new`].
@@ -1374,7 +1374,7 @@ impl Controller {
 
     /// Create a queue pair for application buffers
     /// ([`AppBuffer`](mcqio_vfio::AppBuffer)) mapped per I/O in the strict
-    /// or lazy mode `opts.mapping` names; see [`crate::mapped`].
+    /// or lazy mode `opts.mapping` names; see [`crate::core::mapped`].
     pub fn create_mapped_qpair(
         self: &Arc<Self>,
         opts: QpairOptions,

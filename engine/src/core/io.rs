@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use mcqio_vfio::{DmaDir, DmaError, DmaRegion, DmaSpace, Iova};
 
-use crate::spec::NvmeStatus;
+use crate::nvme::spec::NvmeStatus;
 
 /// One IOVA-contiguous piece of an I/O buffer.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

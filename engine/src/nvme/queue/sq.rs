@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use mcqio_vfio::{barrier, DmaRegion};
 
 use super::doorbell::Doorbell;
-use crate::spec::Sqe;
+use crate::nvme::spec::Sqe;
 
 /// A submission queue: ring memory, local tail, and the tail doorbell.
 pub(crate) struct SubQueue {
