@@ -6,13 +6,22 @@
 //!
 //! - `tracker`: command slots with generations (a stale or duplicate
 //!   completion never reaches a command in flight) and their ages.
+//! - `deliver`: exactly-once delivery when the device stops answering
+//!   (end every outstanding command, leak a buffer the device may own).
 //! - [`io`]: the I/O API: [`DmaBuf`](io::DmaBuf), the [`IoBuf`](io::IoBuf)
 //!   trait, [`IoSeg`](io::IoSeg), [`Completion`](io::Completion),
 //!   [`IoError`](io::IoError), [`SubmitError`](io::SubmitError).
+//! - `split`: the parent table of transfers above the per-command limit,
+//!   split into child commands that complete once.
 //! - [`mapped`]: application buffers mapped per I/O (strict and lazy DMA modes).
 //! - [`per_core`]: one queue pair per core on pinned threads.
+//! - [`timeout`]: the [`TimeoutPolicy`](timeout::TimeoutPolicy), the coarse
+//!   clock, and the scan that finds expired commands.
 
+pub(crate) mod deliver;
 pub mod io;
 pub mod mapped;
 pub mod per_core;
+pub(crate) mod split;
+pub mod timeout;
 pub(crate) mod tracker;

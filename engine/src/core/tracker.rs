@@ -45,6 +45,8 @@ const CID_RESERVED: u16 = 0xFFFF;
 pub(crate) struct Trackers<B> {
     slots: Box<[Slot<B>]>,
     free: Vec<u16>,
+    /// Slots in service: all of them, less the retired ones.
+    capacity: usize,
     slot_bits: u32,
     slot_mask: u16,
     /// Stale or duplicate CQEs seen.
@@ -70,6 +72,7 @@ impl<B> Trackers<B> {
         // Pop order: slot 0 first.
         let free = (0..depth).rev().collect();
         Trackers {
+            capacity: usize::from(depth),
             slots,
             free,
             slot_bits,
@@ -78,14 +81,22 @@ impl<B> Trackers<B> {
         }
     }
 
+    /// Slots in service (the queue's depth, less retired slots).
     #[inline]
     pub fn depth(&self) -> usize {
+        self.capacity
+    }
+
+    /// Slots allocated, for scans over every slot (retired ones are never
+    /// busy).
+    #[inline]
+    pub fn slots(&self) -> usize {
         self.slots.len()
     }
 
     #[inline]
     pub fn outstanding(&self) -> usize {
-        self.slots.len() - self.free.len()
+        self.capacity - self.free.len()
     }
 
     #[inline]
@@ -155,6 +166,38 @@ impl<B> Trackers<B> {
         let out = (s.tag, s.buf.take());
         self.free.push(slot);
         out
+    }
+
+    /// End the command in busy `slot` without returning the slot to
+    /// service: the device may still hold the command (and write what the
+    /// slot indexes, such as a command descriptor), so the slot is never
+    /// reused. Its generation advances, so a late completion is stale.
+    /// Hands back tag and buffer (the caller must not give the buffer back
+    /// to the application).
+    pub fn retire(&mut self, slot: u16) -> (u64, Option<B>) {
+        let out = self.complete(slot);
+        // `complete` pushed it last onto the free list.
+        let popped = self.free.pop();
+        debug_assert_eq!(popped, Some(slot));
+        self.capacity -= 1;
+        out
+    }
+
+    /// Return every retired slot to service (the device dropped every
+    /// command: controller reset). For the UFS host-controller reset path
+    /// that the timeout hook escalates to (`UfsController::reset_for_timeout`).
+    #[allow(dead_code)]
+    pub fn unretire_all(&mut self) {
+        if self.capacity == self.slots.len() {
+            return;
+        }
+        for i in 0..self.slots.len() {
+            let s = &self.slots[i];
+            if !s.busy && !self.free.contains(&(i as u16)) {
+                self.free.push(i as u16);
+            }
+        }
+        self.capacity = self.slots.len();
     }
 
     /// Iterate over busy slots: (slot, cid, tag, submitted_ms).
@@ -367,6 +410,26 @@ mod tests {
         seen.sort();
         assert_eq!(seen, vec![0, 1, 2, 3, 4]);
         assert_eq!(t.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_retired_slot_is_never_handed_out_until_unretired() {
+        let mut t: Trackers<u8> = Trackers::new(2);
+        let a = t.alloc().unwrap();
+        let cid = t.slot(a).cid;
+        t.arm(a, 1, Some(1), 0);
+        assert_eq!(t.retire(a), (1, Some(1)));
+        assert_eq!(t.lookup(cid), None, "a late completion is stale");
+        assert_eq!((t.depth(), t.outstanding()), (1, 0));
+        let b = t.alloc().unwrap();
+        assert_ne!(b, a);
+        assert!(t.alloc().is_none());
+        t.unreserve(b);
+        t.unretire_all();
+        assert_eq!((t.depth(), t.outstanding()), (2, 0));
+        let mut got = vec![t.alloc().unwrap(), t.alloc().unwrap()];
+        got.sort();
+        assert_eq!(got, vec![0, 1]);
     }
 
     #[test]

@@ -147,28 +147,7 @@ impl Default for ControllerOptions {
     }
 }
 
-/// What happens when a command exceeds its timeout.
-///
-/// A timed-out command's buffer is never handed back while the device may
-/// still access it: the command completes only once the device is provably
-/// done with it — its own completion arrived (after a successful Abort it
-/// carries [`crate::IoError::TimedOut`]), or the controller was reset
-/// ([`crate::IoError::AbortedByReset`]).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub enum TimeoutPolicy {
-    /// Count and log it ([`crate::QpairStats::timeouts`]); the command stays
-    /// outstanding until the device completes it or the queue is closed or
-    /// reset. Use [`QueuePair::check_timeouts`] to list such commands.
-    ReportOnly,
-    /// Send an Abort for it. If the controller aborts it, its completion
-    /// arrives as [`crate::IoError::TimedOut`]. If the Abort is refused or
-    /// fails, or the aborted command still does not complete within another
-    /// timeout, reset the controller.
-    #[default]
-    Abort,
-    /// Reset the controller at once.
-    Reset,
-}
+pub use crate::core::timeout::TimeoutPolicy;
 
 /// Controller state word: reset epoch in the high bits, failure in the low
 /// two. A new epoch means the controller was disabled since: it dropped

@@ -67,8 +67,6 @@
 //! - `mcq.rs`: one MCQ SQ/CQ pair: byte-offset heads and tails, CQTP polling
 //!   (no phase bit), batched SQTP / CQHP stores.
 //! - `sdb.rs`: the legacy list: 32 UTRD slots, UTRLDBR bitmap, UTRLCNR.
-//! - `split.rs`: reads and writes above the per-command limit as child
-//!   commands that complete once (transport-independent).
 //! - `ucd.rs`: each queue pair's own slice of command descriptors: COMMAND
 //!   UPIU, PRDT from the buffer's segments, RESPONSE decoding.
 //! - [`qpair`]: [`UfsQueuePair`], the per-thread I/O object (read, write,
@@ -103,11 +101,10 @@ mod mcq;
 pub mod qpair;
 mod sdb;
 pub mod spec;
-mod split;
 mod ucd;
 
 pub use ctrl::{LogicalUnit, UfsController, UfsMode, UfsOptions};
 pub use error::{UfsCtrlError, UfsResult};
-pub use qpair::{UfsQpairStats, UfsQueuePair};
+pub use qpair::{UfsQpairOptions, UfsQpairStats, UfsQueuePair};
 pub use spec::status::UfsError;
 pub use ucd::MAX_PRDT_ENTRIES;

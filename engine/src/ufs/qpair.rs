@@ -6,7 +6,7 @@
 //! [`poll`](UfsQueuePair::poll) reaps.
 //!
 //! A read or write above the per-command limit is split into child commands
-//! (`split.rs`) and still completes once, with its buffer after every child
+//! (the shared `core/split.rs`) and still completes once, with its buffer after every child
 //! finished.
 //!
 //! The transport (an MCQ queue pair or the legacy list) is an enum resolved
@@ -21,7 +21,7 @@ use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mcqio_vfio::{DmaDir, DmaSpace};
 
@@ -33,9 +33,11 @@ use super::spec::scsi;
 use super::spec::status::{command_result, UfsError};
 use super::spec::upiu::trans;
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
-use super::split::{Routed, Splits};
 use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
+use crate::core::deliver::{self, drain_all};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
+use crate::core::split::{Routed, Splits};
+use crate::core::timeout::{Action, TimeoutPolicy, Timeouts, IDLE_CLOCK_INTERVAL};
 use crate::core::tracker::Trackers;
 use crate::{Error, Result};
 
@@ -78,6 +80,36 @@ impl Transport {
     }
 }
 
+/// Options of one [`UfsQueuePair`]
+/// ([`UfsController::create_qpair_with`]).
+#[derive(Clone, Debug)]
+pub struct UfsQpairOptions {
+    /// Per-command timeout (`None`: never time out), as for NVMe's
+    /// [`crate::QpairOptions::io_timeout`]: detected while polling, on the
+    /// queue's coarse clock; a command is acted on about 1 to 1.25 timeouts
+    /// after its submission. A command whose completion the controller
+    /// already posted is never taken for timed out (the scan runs only
+    /// after a poll that reaped everything posted).
+    pub io_timeout: Option<Duration>,
+    /// What a timeout does ([`TimeoutPolicy`]): `ReportOnly` counts it
+    /// ([`UfsQpairStats::timeouts`]); `Abort` withdraws the command (MCQ:
+    /// SQ stop and cleanup by nexus; legacy: UTRLCLR) and, once the
+    /// controller gave it up, completes it as [`IoError::TimedOut`] with
+    /// its buffer — a refused or unanswered abort escalates to `Reset`;
+    /// `Reset` asks for a host controller reset (see [`UfsQueuePair`]).
+    pub timeout_policy: TimeoutPolicy,
+}
+
+impl Default for UfsQpairOptions {
+    /// The NVMe defaults: 30 s, [`TimeoutPolicy::Abort`].
+    fn default() -> Self {
+        UfsQpairOptions {
+            io_timeout: Some(Duration::from_secs(30)),
+            timeout_policy: TimeoutPolicy::Abort,
+        }
+    }
+}
+
 /// Counters of a [`UfsQueuePair`].
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct UfsQpairStats {
@@ -99,9 +131,31 @@ pub struct UfsQpairStats {
     pub completion_reads_skipped: u64,
     /// CQTP values outside the ring (ignored).
     pub bad_tails: u64,
+    /// Commands found past [`UfsQpairOptions::io_timeout`] (once each).
+    pub timeouts: u64,
+    /// Aborts (MCQ cleanups, UTRLCLR withdrawals) sent for them.
+    pub aborts_sent: u64,
+    /// Commands completed as [`IoError::TimedOut`].
+    pub timed_out: u64,
+    /// Host controller resets the timeout policy asked for.
+    pub resets_requested: u64,
 }
 
 /// One UFS queue pair, owned by one thread (`Send`, not `Sync`).
+///
+/// # Timeouts and the controller-reset hook
+///
+/// [`UfsQpairOptions::io_timeout`] and [`TimeoutPolicy`] work as for NVMe
+/// (the policy, the clock and the scan are the shared core's,
+/// `core/timeout.rs`). Where NVMe resets the controller, UFS escalates
+/// through one hook, `UfsController::reset_for_timeout` (in this file),
+/// meant to run the host controller reset. **Until that hook is wired** it
+/// reports that no reset happened, and a command that needs one is ended
+/// the safe way the code uses for a device that may still hold it: once,
+/// as [`IoError::TimedOut`], **without its buffer** (leaked, counted in
+/// [`UfsController::leaked_bytes`]); its slot and command descriptor are
+/// retired (never reused: [`depth`](Self::depth) shrinks by one) and the
+/// queue's memory is leaked when the queue pair is dropped.
 pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     ctrl: Arc<UfsController>,
     // Dropped by hand: returned to the controller, or leaked while the
@@ -109,8 +163,9 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     transport: ManuallyDrop<Transport>,
     ucds: ManuallyDrop<UcdSlice>,
     trackers: Trackers<B>,
-    /// Reads and writes above `max_xfer` as child commands.
-    splits: Splits<B>,
+    /// Reads and writes above `max_xfer` as child commands; per child being
+    /// built: slot, PRDT entries, LBA, blocks.
+    splits: Splits<B, (u16, u16, u64, u32)>,
     /// Task tag of slot 0 (tags are `tag_base + slot`, unique across queue
     /// pairs while the total depth is at most 256).
     tag_base: u8,
@@ -120,6 +175,8 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     submitted: u64,
     completed: u64,
     empty_polls: u32,
+    /// Timeout policy, coarse clock and scan schedule (the shared core's).
+    timeouts: Timeouts,
     /// The controller failed; the error polls report.
     failed: Option<u8>,
     /// Queue memory the device may still access: leak it on drop.
@@ -130,10 +187,19 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
 }
 
 impl UfsController {
-    /// Create a queue pair: in MCQ mode one of the hardware queues set up at
-    /// bring-up, in legacy mode the one list. [`Error::NoFreeQueue`] when
-    /// every queue is taken by a live queue pair.
+    /// Create a queue pair with the default [`UfsQpairOptions`]: in MCQ
+    /// mode one of the hardware queues set up at bring-up, in legacy mode
+    /// the one list. [`Error::NoFreeQueue`] when every queue is taken by a
+    /// live queue pair.
     pub fn create_qpair<B: IoBuf>(self: &Arc<Self>) -> Result<UfsQueuePair<B>> {
+        self.create_qpair_with(UfsQpairOptions::default())
+    }
+
+    /// Create a queue pair with `opts` (see [`create_qpair`](Self::create_qpair)).
+    pub fn create_qpair_with<B: IoBuf>(
+        self: &Arc<Self>,
+        opts: UfsQpairOptions,
+    ) -> Result<UfsQueuePair<B>> {
         let depth = self.depth();
         let mut pool = self.lock_pool();
         let hook = self.backend().doorbell_hook();
@@ -208,12 +274,27 @@ impl UfsController {
             submitted: 0,
             completed: 0,
             empty_polls: 0,
+            timeouts: Timeouts::new(opts.io_timeout, opts.timeout_policy),
             failed: None,
             leak: false,
             closed: false,
             bounce: None,
             _not_sync: PhantomData,
         })
+    }
+
+    /// The timeout policy's escalation hook: reset the host controller
+    /// because a command did not complete and could not be withdrawn
+    /// (policy [`TimeoutPolicy::Reset`], or an abort that was refused or
+    /// not answered). Returns whether a reset happened — it then ends every
+    /// command in flight, on every queue pair, the way any reset does.
+    ///
+    /// Not wired yet: returns `false`, and the queue pair ends the command
+    /// without its buffer (see [`UfsQueuePair`]). Wire it to the host
+    /// controller reset (`UfsController::reset`) once that exists.
+    #[cold]
+    pub(crate) fn reset_for_timeout(&self) -> bool {
+        false
     }
 
     /// Return a queue's memory to the pool (nothing outstanding on it).
@@ -275,6 +356,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
             submitted: self.submitted,
             completed: self.completed,
             stale_completions: self.trackers.stale,
+            timeouts: self.timeouts.stats.timeouts,
+            aborts_sent: self.timeouts.stats.aborts_sent,
+            timed_out: self.timeouts.stats.timed_out,
+            resets_requested: self.timeouts.stats.resets_requested,
             ..Default::default()
         };
         match &*self.transport {
@@ -293,9 +378,11 @@ impl<B: IoBuf> UfsQueuePair<B> {
         s
     }
 
+    /// Every command passes here first, so this is also where an idle
+    /// queue reads the clock (`Timeouts::stamp_if_idle`).
     #[inline]
     fn check_range(
-        &self,
+        &mut self,
         lun: u8,
         lba: u64,
         blocks: u32,
@@ -303,6 +390,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // Only this pair's own flag (no load through the controller per
         // I/O): a failure another pair found is picked up by the next poll,
         // which then ends whatever was submitted meanwhile.
+        self.timeouts.stamp_if_idle(self.trackers.outstanding());
         if self.failed.is_some() {
             return Err(SubmitErrorKind::ControllerFailed);
         }
@@ -411,7 +499,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
         };
         self.transport
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
-        self.trackers.arm(slot, tag, Some(buf), 0);
+        self.trackers
+            .arm(slot, tag, Some(buf), self.timeouts.now_ms);
         self.submitted += 1;
         Ok(())
     }
@@ -523,7 +612,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             );
             self.transport
                 .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
-            self.trackers.arm(slot, tag, None, 0);
+            self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
             self.splits.link(slot, parent);
             self.submitted += 1;
         }
@@ -556,7 +645,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             .write_command(slot, lun, task_tag, cdb, bytes, false);
         self.transport
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
-        self.trackers.arm(slot, tag, None, 0);
+        self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
         self.submitted += 1;
         Ok(())
     }
@@ -622,6 +711,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             ucds,
             tag_base,
             completed,
+            timeouts,
             ..
         } = self;
         let tag_base = *tag_base;
@@ -630,7 +720,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // a doorbell bit we set cleared), so a malformed response is this
         // command's error, not a stale entry.
         let mut deliver = |slot: u16, ocs: Ocs, definitive: bool| {
-            if usize::from(slot) >= trackers.depth() || !trackers.slot(slot).busy {
+            if usize::from(slot) >= trackers.slots() || !trackers.slot(slot).busy {
                 trackers.stale += 1;
                 return;
             }
@@ -649,7 +739,16 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 trackers.stale += 1;
                 return;
             } else {
-                command_result(ocs, &ucds_ref.response(slot), task_tag).map_err(IoError::Ufs)
+                match command_result(ocs, &ucds_ref.response(slot), task_tag) {
+                    Ok(()) => Ok(()),
+                    // Given up at our request because it timed out.
+                    Err(UfsError::Transport(Ocs::ABORTED))
+                        if timeouts.was_aborted(trackers, slot) =>
+                    {
+                        Err(IoError::TimedOut)
+                    }
+                    Err(e) => Err(IoError::Ufs(e)),
+                }
             };
             let (tag, buf) = trackers.complete(slot);
             if splits.active() {
@@ -699,10 +798,90 @@ impl<B: IoBuf> UfsQueuePair<B> {
                     return Err(health_error(h));
                 }
             }
+            if self.empty_polls % IDLE_CLOCK_INTERVAL == 0 {
+                self.timeouts.tick();
+            }
         } else {
             self.empty_polls = 0;
+            if n != 0 {
+                self.timeouts.tick();
+            }
+        }
+        // Only after a poll that reaped everything the controller had
+        // posted (fewer than `max`): a command whose completion waits in
+        // the CQ is not a timeout.
+        if self.timeouts.scan_due() && n < max && !bad {
+            self.scan_timeouts(&mut f);
         }
         Ok(n)
+    }
+
+    /// Act on commands past their timeout (see [`TimeoutPolicy`]): the
+    /// core finds them and decides, the UFS abort machinery acts. Cold.
+    #[cold]
+    #[inline(never)]
+    fn scan_timeouts(&mut self, f: &mut impl FnMut(Completion<B>)) {
+        self.timeouts.begin_scan();
+        let mut from = 0;
+        while let Some(e) = self.timeouts.next_expired(&self.trackers, from, |_| false) {
+            from = e.slot + 1;
+            match e.action {
+                Action::Report => {
+                    log::warn!(
+                        "UFS queue pair (tag base {}): command tag {} has no completion after {} ms",
+                        self.tag_base,
+                        e.tag,
+                        e.age_ms
+                    );
+                    self.timeouts.reported(&mut self.trackers, &e);
+                }
+                Action::Abort => {
+                    let accepted = self.withdraw(e.slot).unwrap_or(false);
+                    self.timeouts.abort_sent(&mut self.trackers, &e, accepted);
+                }
+                Action::Reset => self.reset_for_timeout(e.slot, f),
+            }
+            if self.failed.is_some() {
+                return;
+            }
+        }
+    }
+
+    /// A command needs a host controller reset (policy `Reset`, or an abort
+    /// that was refused or not answered). Escalates through
+    /// `UfsController::reset_for_timeout`; while that hook is not wired,
+    /// ends the command once as [`IoError::TimedOut`] without its buffer
+    /// and retires its slot (see [`UfsQueuePair`]).
+    #[cold]
+    fn reset_for_timeout(&mut self, slot: u16, f: &mut impl FnMut(Completion<B>)) {
+        self.timeouts.stats.resets_requested += 1;
+        if self.ctrl.reset_for_timeout() {
+            // The reset ends every command in flight (the next poll sees it).
+            return;
+        }
+        // The device may still hold the command: never hand back its
+        // buffer, never reuse its slot or command descriptor, and leak the
+        // queue's memory at drop.
+        self.leak = true;
+        self.splits.poison(slot);
+        let (tag, buf) = self.trackers.retire(slot);
+        let mut leaked = deliver::leak(buf);
+        let routed = self.splits.finish(slot, Err(IoError::TimedOut));
+        leaked += self.splits.take_leaked();
+        self.ctrl.add_leaked(leaked);
+        let (tag, result) = match routed {
+            Routed::NotChild => (tag, Err(IoError::TimedOut)),
+            Routed::Pending => return,
+            Routed::Done(tag, result, _) => (tag, result),
+        };
+        self.timeouts.stats.timed_out += 1;
+        self.completed += 1;
+        f(Completion {
+            tag,
+            result,
+            buf: None,
+            dw0: 0,
+        });
     }
 
     /// The controller failed or disappeared: it no longer accesses any
@@ -719,37 +898,34 @@ impl<B: IoBuf> UfsQueuePair<B> {
 
     /// End every command in flight with `err` (the device no longer owns
     /// them, or `keep_bufs` is false and their buffers are leaked), children
-    /// of a split through their parent. Returns the bytes leaked.
+    /// of a split through their parent (the shared `core::deliver`).
+    /// Returns the bytes leaked.
     #[cold]
     fn end_all(&mut self, err: IoError, keep_bufs: bool, f: &mut impl FnMut(Completion<B>)) -> u64 {
-        let slots: Vec<u16> = self.trackers.busy().map(|(slot, ..)| slot).collect();
         let mut leaked = 0u64;
-        for slot in slots {
-            // Freed before `f` sees it: a panicking callback loses nothing.
-            let (tag, buf) = self.trackers.complete(slot);
-            let (tag, result, buf) = match self.splits.finish(slot, Err(err)) {
-                Routed::NotChild => (tag, Err(err), buf),
-                Routed::Pending => continue,
-                Routed::Done(t, r, b) => (t, r, b),
-            };
-            let buf = if keep_bufs {
-                buf
-            } else {
-                if let Some(b) = buf {
-                    leaked += b.total_len() as u64;
-                    std::mem::forget(b);
-                }
-                None
-            };
-            self.completed += 1;
-            f(Completion {
-                tag,
-                result,
-                buf,
-                dw0: 0,
-            });
-        }
-        leaked
+        let completed = &mut self.completed;
+        drain_all(
+            &mut self.trackers,
+            &mut self.splits,
+            usize::MAX,
+            |tag, buf, first| {
+                let buf = if keep_bufs {
+                    buf
+                } else {
+                    leaked += deliver::leak(buf);
+                    None
+                };
+                // Counted before the callback runs: it may panic.
+                *completed += 1;
+                f(Completion {
+                    tag,
+                    result: Err(first.unwrap_or(err)),
+                    buf,
+                    dw0: 0,
+                });
+            },
+        );
+        leaked + self.splits.take_leaked()
     }
 
     /// Finish the queue pair: wait (up to `UfsOptions::close_timeout`) for
@@ -890,6 +1066,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let Some((slot, ..)) = self.trackers.busy().find(|&(_, _, t, _)| t == tag) else {
             return Ok(false);
         };
+        self.withdraw(slot)
+    }
+
+    /// Ask the controller to give up the command in busy `slot` (the
+    /// doorbell already rung): MCQ cleanup by nexus, or UTRLCLR. It then
+    /// completes through `poll` with OCS ABORTED. `Ok(false)`: refused.
+    #[cold]
+    fn withdraw(&mut self, slot: u16) -> Result<bool> {
         let limit = self.ctrl.options().init_timeout;
         match &mut *self.transport {
             Transport::Sdb(q) => Ok(q.withdraw(1 << slot)),
@@ -931,7 +1115,7 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
         if self.leak {
             // The controller may still write these: never free or reuse them.
             self.ctrl
-                .add_leaked((self.trackers.depth() * UCD_SIZE) as u64);
+                .add_leaked((self.trackers.slots() * UCD_SIZE) as u64);
             std::mem::forget(u);
             std::mem::forget(t);
         } else {

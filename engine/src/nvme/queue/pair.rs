@@ -17,8 +17,10 @@ use super::cq::CompQueue;
 use super::doorbell::Doorbell;
 use super::sq::SubQueue;
 use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
+use crate::core::deliver::{self, drain_all};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::core::tracker::{tstate, Trackers};
+use crate::core::timeout::{Action, Timeouts, IDLE_CLOCK_INTERVAL};
+use crate::core::tracker::Trackers;
 use crate::nvme::ctrl::{state, Controller, TimeoutPolicy};
 use crate::nvme::spec::regs;
 use crate::nvme::spec::sqe::{
@@ -40,10 +42,6 @@ const BLOCKING_TAG: u64 = u64::MAX;
 const STREAM_MIN_OUTSTANDING: usize = 4;
 /// Empty polls (with commands outstanding) between CSTS health checks.
 const HEALTH_CHECK_INTERVAL: u32 = 4096;
-/// Empty polls (with commands outstanding) between reads of the coarse
-/// clock, so timeouts are seen on a queue that waits for completions (a
-/// non-empty poll always reads it). A power of two dividing the above.
-const IDLE_CLOCK_INTERVAL: u32 = 64;
 /// Most PRP list pages reserved per command slot: 64 pages chain
 /// `64 * 511 + 1` entries, enough for 127 MiB per command. A larger
 /// per-command limit (`ControllerOptions::max_transfer` on a controller
@@ -222,14 +220,9 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     failed: Option<Error0>,
     /// Controller state word this queue's rings belong to.
     seen_state: u64,
-    /// Timeout in ms (0: none), scan spacing, last scan time.
-    io_timeout_ms: u32,
-    scan_interval_ms: u32,
-    last_scan_ms: u32,
-    policy: TimeoutPolicy,
+    /// Timeout policy, coarse clock and scan schedule (the shared core's).
+    timeouts: Timeouts,
     rstats: RecoveryStats,
-    now_ms: u32,
-    epoch: Instant,
     idle_polls: u32,
     submitted: u64,
     completed: u64,
@@ -291,10 +284,6 @@ enum Error0 {
 /// Counters of the cold recovery paths.
 #[derive(Copy, Clone, Debug, Default)]
 struct RecoveryStats {
-    timeouts: u64,
-    aborts_sent: u64,
-    timed_out: u64,
-    resets_requested: u64,
     aborted_by_reset: u64,
     failed_by_controller: u64,
     recoveries: u64,
@@ -499,9 +488,6 @@ impl<B: IoBuf> QueuePair<B> {
                 )
             })
             .collect();
-        let io_timeout_ms = opts
-            .io_timeout
-            .map_or(0, |t| t.as_millis().clamp(1, (u32::MAX / 2) as u128) as u32);
         let max_per_poll = match opts.max_completions_per_poll {
             0 => opts.depth as usize,
             n => n,
@@ -523,13 +509,8 @@ impl<B: IoBuf> QueuePair<B> {
             qid,
             failed: None,
             seen_state,
-            io_timeout_ms,
-            scan_interval_ms: (io_timeout_ms / 4).max(1),
-            last_scan_ms: 0,
-            policy: opts.timeout_policy,
+            timeouts: Timeouts::new(opts.io_timeout, opts.timeout_policy),
             rstats: RecoveryStats::default(),
-            now_ms: 0,
-            epoch: Instant::now(),
             idle_polls: 0,
             submitted: 0,
             completed: 0,
@@ -590,10 +571,10 @@ impl<B: IoBuf> QueuePair<B> {
             sq_doorbell_skipped: self.sq.db.mmio_skipped,
             cq_doorbell_writes: self.cq.db.mmio_writes,
             cq_doorbell_skipped: self.cq.db.mmio_skipped,
-            timeouts: self.rstats.timeouts,
-            aborts_sent: self.rstats.aborts_sent,
-            timed_out: self.rstats.timed_out,
-            resets_requested: self.rstats.resets_requested,
+            timeouts: self.timeouts.stats.timeouts,
+            aborts_sent: self.timeouts.stats.aborts_sent,
+            timed_out: self.timeouts.stats.timed_out,
+            resets_requested: self.timeouts.stats.resets_requested,
             aborted_by_reset: self.rstats.aborted_by_reset,
             failed_by_controller: self.rstats.failed_by_controller,
             recoveries: self.rstats.recoveries,
@@ -643,24 +624,11 @@ impl<B: IoBuf> QueuePair<B> {
         }
     }
 
-    /// A command about to be armed on an idle queue: read the clock, so
-    /// that it (and the rest of its batch) is stamped with its own
-    /// submission time. Commands are stamped with the coarse clock of the
-    /// queue, which polling refreshes; nobody polls an idle queue, so after
-    /// an idle gap the last reading is arbitrarily old and the command would
-    /// look timed out at once. One compare per command; the clock read only
-    /// on the idle-to-busy transition.
+    /// A command about to be armed: on an idle queue, read the clock (see
+    /// `Timeouts::stamp_if_idle`).
     #[inline(always)]
     fn stamp_if_idle(&mut self) {
-        if self.trackers.outstanding() == 0 {
-            self.refresh_clock();
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn refresh_clock(&mut self) {
-        self.now_ms = self.epoch.elapsed().as_millis() as u32;
+        self.timeouts.stamp_if_idle(self.trackers.outstanding());
     }
 
     /// Read `nlb` blocks from `slba` of namespace `nsid` into `buf`.
@@ -777,7 +745,8 @@ impl<B: IoBuf> QueuePair<B> {
         let stream = self.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
         self.sq
             .push_with(sqe.with_cid(cid).with_prp(prp1, prp2), stream);
-        self.trackers.arm(slot, tag, Some(buf), self.now_ms);
+        self.trackers
+            .arm(slot, tag, Some(buf), self.timeouts.now_ms);
         self.submitted += 1;
         Ok(())
     }
@@ -938,7 +907,7 @@ impl<B: IoBuf> QueuePair<B> {
         let cid = self.trackers.slot(slot).cid;
         let stream = self.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
         self.sq.push_with(sqe.with_cid(cid), stream);
-        self.trackers.arm(slot, tag, None, self.now_ms);
+        self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
         self.submitted += 1;
         Ok(())
     }
@@ -1035,7 +1004,7 @@ impl<B: IoBuf> QueuePair<B> {
             .with_cid(cid)
             .with_prp(w.list_iova, 0);
         self.sq.push(sqe);
-        self.trackers.arm(slot, tag, None, self.now_ms);
+        self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
         self.submitted += 1;
         Ok(())
     }
@@ -1109,7 +1078,7 @@ impl<B: IoBuf> QueuePair<B> {
         if seen == 0 && self.trackers.outstanding() > 0 {
             self.idle_polls += 1;
             if self.idle_polls % IDLE_CLOCK_INTERVAL == 0 {
-                self.now_ms = self.epoch.elapsed().as_millis() as u32;
+                self.timeouts.tick();
             }
             if self.idle_polls % HEALTH_CHECK_INTERVAL == 0 {
                 if let Err(e) = self.check_health() {
@@ -1119,11 +1088,9 @@ impl<B: IoBuf> QueuePair<B> {
             }
         } else {
             self.idle_polls = 0;
-            self.now_ms = self.epoch.elapsed().as_millis() as u32;
+            self.timeouts.tick();
         }
-        if self.io_timeout_ms != 0
-            && self.now_ms.wrapping_sub(self.last_scan_ms) >= self.scan_interval_ms
-        {
+        if self.timeouts.scan_due() {
             delivered += self.scan_timeouts(&mut f, max - delivered)?;
         }
         Ok(delivered)
@@ -1200,8 +1167,7 @@ impl<B: IoBuf> QueuePair<B> {
     #[cold]
     fn error_of(&mut self, slot: u16, cqe: &Cqe) -> IoError {
         let st = cqe.nvme_status();
-        if self.trackers.slot(slot).tstate == tstate::ABORTING && st == ABORT_REQUESTED {
-            self.rstats.timed_out += 1;
+        if st == ABORT_REQUESTED && self.timeouts.was_aborted(&self.trackers, slot) {
             IoError::TimedOut
         } else {
             IoError::Nvme(st)
@@ -1389,9 +1355,7 @@ impl<B: IoBuf> QueuePair<B> {
         f: &mut F,
         budget: usize,
     ) -> Result<usize> {
-        self.last_scan_ms = self.now_ms;
-        let now = self.now_ms;
-        let limit = self.io_timeout_ms;
+        self.timeouts.begin_scan();
         let mut reset = false;
         // A command whose completion is already posted in the CQ (not yet
         // consumed: a slow consumer, or `poll` with a small `max`) was
@@ -1403,58 +1367,51 @@ impl<B: IoBuf> QueuePair<B> {
                 posted[slot as usize / 64] |= 1 << (slot % 64);
             }
         });
-        for slot in 0..self.trackers.depth() as u16 {
-            let s = self.trackers.slot(slot);
-            if !s.busy || self.posted[slot as usize / 64] & (1 << (slot % 64)) != 0 {
-                continue;
-            }
-            let (cid, tag, st, at) = (s.cid, s.tag, s.tstate, s.submitted_ms);
-            let age = now.wrapping_sub(at);
-            match st {
-                tstate::NONE if age >= limit => {
-                    self.rstats.timeouts += 1;
-                    match self.policy {
-                        TimeoutPolicy::ReportOnly => {
+        let mut from = 0;
+        while let Some(e) = {
+            let posted = &self.posted;
+            self.timeouts.next_expired(&self.trackers, from, |slot| {
+                posted[slot as usize / 64] & (1 << (slot % 64)) != 0
+            })
+        } {
+            from = e.slot + 1;
+            match e.action {
+                Action::Report => {
+                    log::warn!(
+                        "queue {}: command cid {:#06x} tag {} has no completion after {} ms",
+                        self.qid,
+                        e.cid,
+                        e.tag,
+                        e.age_ms
+                    );
+                    self.timeouts.reported(&mut self.trackers, &e);
+                }
+                Action::Reset => reset = true,
+                Action::Abort => {
+                    let r = self
+                        .ctrl
+                        .admin_cmd(Abort::new(self.qid, e.cid).sqe(), "Abort");
+                    // Dword 0 bit 0 clear: the controller aborted it.
+                    let accepted = match r {
+                        Ok(c) => c.dw0 & 1 == 0,
+                        Err(err) => {
                             log::warn!(
-                                "queue {}: command cid {cid:#06x} tag {tag} has no completion after {age} ms",
-                                self.qid
+                                "queue {}: Abort of cid {:#06x} failed: {err}",
+                                self.qid,
+                                e.cid
                             );
-                            self.trackers.set_tstate(slot, tstate::REPORTED, at);
+                            false
                         }
-                        TimeoutPolicy::Reset => reset = true,
-                        TimeoutPolicy::Abort => {
-                            self.rstats.aborts_sent += 1;
-                            let r = self
-                                .ctrl
-                                .admin_cmd(Abort::new(self.qid, cid).sqe(), "Abort");
-                            // Dword 0 bit 0 clear: the controller aborted it.
-                            let next = match r {
-                                Ok(c) if c.dw0 & 1 == 0 => tstate::ABORTING,
-                                Ok(_) => tstate::ABORT_REFUSED,
-                                Err(e) => {
-                                    log::warn!(
-                                        "queue {}: Abort of cid {cid:#06x} failed: {e}",
-                                        self.qid
-                                    );
-                                    tstate::ABORT_REFUSED
-                                }
-                            };
-                            self.trackers.set_tstate(slot, next, now);
-                            if self.ctrl.state() != self.seen_state {
-                                break;
-                            }
-                        }
+                    };
+                    self.timeouts.abort_sent(&mut self.trackers, &e, accepted);
+                    if self.ctrl.state() != self.seen_state {
+                        break;
                     }
                 }
-                // Aborted, but its completion did not come either.
-                tstate::ABORTING if age >= limit => reset = true,
-                // Not aborted, and (polls since) it did not complete.
-                tstate::ABORT_REFUSED if age >= self.scan_interval_ms => reset = true,
-                _ => {}
             }
         }
         if reset && self.ctrl.state() == self.seen_state {
-            self.rstats.resets_requested += 1;
+            self.timeouts.stats.resets_requested += 1;
             if let Err(e) = self.ctrl.reset_if(self.seen_state) {
                 log::error!(
                     "queue {}: controller reset after a timeout failed: {e}",
@@ -1491,9 +1448,9 @@ impl<B: IoBuf> QueuePair<B> {
     /// acts by itself inside [`poll`](Self::poll)). Ages use the queue's
     /// coarse clock, refreshed here.
     pub fn check_timeouts(&mut self, timeout: Duration, mut f: impl FnMut(Outstanding)) -> usize {
-        self.now_ms = self.epoch.elapsed().as_millis() as u32;
+        self.timeouts.tick();
         let limit = timeout.as_millis().min(u32::MAX as u128) as u32;
-        let now = self.now_ms;
+        let now = self.timeouts.now_ms;
         let mut n = 0;
         for (_, cid, tag, at) in self.trackers.busy() {
             let age = now.wrapping_sub(at);
@@ -1662,54 +1619,11 @@ impl<B: IoBuf> QueuePair<B> {
     }
 }
 
-/// Finish up to `budget` commands in flight (the device no longer owns
-/// them, or they are being leaked), in slot order, giving `f` each one's
-/// tag and buffer once; returns how many were given. A split transfer is
-/// given once, when its last child is drained, with the first error a child
-/// reported before (which takes precedence over the error the caller gives
-/// for the drain); a child drained before its last sibling does not count
-/// against `budget`. A free function over the two tables so callers can
-/// keep borrowing the queue pair's other fields in `f`.
-fn drain_all<B>(
-    trackers: &mut Trackers<B>,
-    splits: &mut Splits<B>,
-    budget: usize,
-    mut f: impl FnMut(u64, Option<B>, Option<IoError>),
-) -> usize {
-    if !splits.active() {
-        return trackers.drain_up_to(budget, |tag, buf| f(tag, buf, None));
-    }
-    let mut n = 0;
-    for slot in 0..trackers.depth() as u16 {
-        if n == budget {
-            break;
-        }
-        if !trackers.slot(slot).busy {
-            continue;
-        }
-        let (tag, buf) = trackers.complete(slot);
-        match splits.parent_of(slot) {
-            None => {
-                n += 1;
-                f(tag, buf, None)
-            }
-            Some(p) => {
-                // `Ok` records no error: the caller's one applies.
-                if let Some((tag, buf, r)) = splits.child_done(slot, p, Ok(())) {
-                    n += 1;
-                    f(tag, buf, r.err());
-                }
-            }
-        }
-    }
-    n
-}
-
 /// Leak a buffer the device may still access (counted at the controller).
 fn leak<B: IoBuf>(ctrl: &Controller, buf: Option<B>) {
-    if let Some(b) = buf {
-        ctrl.note_leak(b.total_len() as u64);
-        std::mem::forget(b);
+    let n = deliver::leak(buf);
+    if n != 0 {
+        ctrl.note_leak(n);
     }
 }
 

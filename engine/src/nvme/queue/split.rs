@@ -28,90 +28,9 @@
 
 use super::*;
 
-/// One split transfer in flight.
-struct Parent<B> {
-    tag: u64,
-    buf: Option<B>,
-    /// Children not finished yet.
-    pending: u32,
-    /// The first error a child reported.
-    err: Option<IoError>,
-}
-
-/// Parents of split transfers and the link from each child's tracker slot.
-pub(super) struct Splits<B> {
-    parents: Box<[Parent<B>]>,
-    free: Vec<u16>,
-    /// Per tracker slot: 1 + the index of its parent, 0 for a command that
-    /// is not a child.
-    child_of: Box<[u16]>,
-    /// Slot, PRP1 and PRP2 of each child of the submission being built.
-    scratch: Vec<(u16, u64, u64)>,
-    /// Parents in flight: the completion path looks at `child_of` only when
-    /// this is not zero.
-    live: usize,
-}
-
-impl<B> Splits<B> {
-    pub(super) fn new(depth: u16) -> Self {
-        Splits {
-            parents: (0..depth)
-                .map(|_| Parent {
-                    tag: 0,
-                    buf: None,
-                    pending: 0,
-                    err: None,
-                })
-                .collect(),
-            free: (0..depth).rev().collect(),
-            child_of: vec![0; depth as usize].into_boxed_slice(),
-            scratch: Vec::with_capacity(depth as usize),
-            live: 0,
-        }
-    }
-
-    /// Whether a split transfer is in flight.
-    #[inline]
-    pub(super) fn active(&self) -> bool {
-        self.live != 0
-    }
-
-    /// The parent of the command in tracker slot `slot`, if it is a child.
-    #[inline(always)]
-    pub(super) fn parent_of(&self, slot: u16) -> Option<u16> {
-        if self.live == 0 {
-            return None;
-        }
-        match self.child_of.get(slot as usize) {
-            Some(&p) if p != 0 => Some(p - 1),
-            _ => None,
-        }
-    }
-
-    /// Record that the child in `slot` of parent `p` finished with
-    /// `result`. Returns the parent's completion (tag, buffer, result) once
-    /// its last child is finished.
-    pub(super) fn child_done(
-        &mut self,
-        slot: u16,
-        p: u16,
-        result: Result<(), IoError>,
-    ) -> Option<(u64, Option<B>, Result<(), IoError>)> {
-        self.child_of[slot as usize] = 0;
-        let e = &mut self.parents[p as usize];
-        if let Err(err) = result {
-            e.err.get_or_insert(err);
-        }
-        e.pending -= 1;
-        if e.pending != 0 {
-            return None;
-        }
-        let out = (e.tag, e.buf.take(), e.err.take().map_or(Ok(()), Err));
-        self.free.push(p);
-        self.live -= 1;
-        Some(out)
-    }
-}
+/// The shared parent table, with NVMe's record per child being built:
+/// slot, PRP1, PRP2.
+pub(super) type Splits<B> = crate::core::split::Splits<B, (u16, u64, u64)>;
 
 /// The SQE of one child: the parent's command (opcode, flags, namespace)
 /// over `nlb` blocks from `slba`.
@@ -204,24 +123,21 @@ impl<B: IoBuf> QueuePair<B> {
             self.splits.scratch = scratch;
             return Err(SubmitError { kind, buf });
         }
-        let Some(p) = self.splits.free.pop() else {
-            // Unreachable: every parent in flight holds at least one of the
-            // `depth` slots, and `children` slots were free.
-            for &(slot, _, _) in scratch.iter().rev() {
-                self.trackers.unreserve(slot);
+        let p = match self.splits.start(tag, buf, children as u32) {
+            Ok(p) => p,
+            Err(buf) => {
+                // Unreachable: every parent in flight holds at least one of
+                // the `depth` slots, and `children` slots were free.
+                for &(slot, _, _) in scratch.iter().rev() {
+                    self.trackers.unreserve(slot);
+                }
+                self.splits.scratch = scratch;
+                return Err(SubmitError {
+                    kind: SubmitErrorKind::QueueFull,
+                    buf,
+                });
             }
-            self.splits.scratch = scratch;
-            return Err(SubmitError {
-                kind: SubmitErrorKind::QueueFull,
-                buf,
-            });
         };
-        self.splits.live += 1;
-        let parent = &mut self.splits.parents[p as usize];
-        parent.tag = tag;
-        parent.buf = Some(buf);
-        parent.pending = children as u32;
-        parent.err = None;
         for (i, &(slot, prp1, prp2)) in scratch.iter().enumerate() {
             let i = i as u64;
             let len = child_bytes.min(bytes - i * child_bytes);
@@ -230,8 +146,8 @@ impl<B: IoBuf> QueuePair<B> {
             let stream = self.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
             self.sq
                 .push_with(child.with_cid(cid).with_prp(prp1, prp2), stream);
-            self.splits.child_of[slot as usize] = p + 1;
-            self.trackers.arm(slot, tag, None, self.now_ms);
+            self.splits.link(slot, p);
+            self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
         }
         self.submitted += children;
         self.splits.scratch = scratch;

@@ -1,0 +1,304 @@
+//! Command timeouts, written once for both transports: the policy, the
+//! queue's coarse clock, and the scan that finds expired commands.
+//!
+//! There is no timer thread. Each queue pair keeps a coarse clock (ms since
+//! its creation) that polling refreshes — on every poll that completes
+//! something, every `IDLE_CLOCK_INTERVAL` empty polls while commands are
+//! outstanding, and when a command arrives on an idle queue — and stamps
+//! each command with it when it is armed (`core::tracker`). Once
+//! a quarter of the timeout has passed since the last scan, the queue pair
+//! walks its busy slots with `Timeouts::next_expired`; the core decides
+//! what each expired command needs (`Action`) from the policy and the
+//! slot's timeout state, and the transport carries it out (NVMe: an Abort
+//! admin command or a controller reset; UFS: MCQ cleanup by nexus or
+//! UTRLCLR, or a host controller reset) and reports back
+//! (`Timeouts::abort_sent`, `Timeouts::reported`).
+//!
+//! A command whose completion is already posted (waiting in the CQ for a
+//! slow consumer) was answered in time: the transport tells the scan which
+//! slots those are, and they are skipped.
+
+use std::time::{Duration, Instant};
+
+use super::tracker::{tstate, Trackers};
+
+/// Empty polls (with commands outstanding) between reads of the coarse
+/// clock, so timeouts are seen on a queue that waits for completions (a
+/// non-empty poll always reads it). A power of two.
+pub(crate) const IDLE_CLOCK_INTERVAL: u32 = 64;
+
+/// What happens when a command exceeds its timeout.
+///
+/// A timed-out command's buffer is never handed back while the device may
+/// still access it: the command completes only once the device is provably
+/// done with it — its own completion arrived (after a successful abort it
+/// carries [`crate::IoError::TimedOut`]), or the controller was reset
+/// ([`crate::IoError::AbortedByReset`]).
+///
+/// The same policy serves both transports: NVMe sends an Abort admin
+/// command and resets the controller (CC.EN); UFS withdraws the command
+/// (MCQ: SQ stop and cleanup by nexus; legacy: UTRLCLR) and escalates to a
+/// host controller reset (see [`crate::ufs::UfsQueuePair`]).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum TimeoutPolicy {
+    /// Count and log it ([`crate::QpairStats::timeouts`],
+    /// [`crate::ufs::UfsQpairStats::timeouts`]); the command stays
+    /// outstanding until the device completes it or the queue is closed or
+    /// reset. Use [`crate::QueuePair::check_timeouts`] to list such commands.
+    ReportOnly,
+    /// Abort it. If the controller gives it up, its completion arrives as
+    /// [`crate::IoError::TimedOut`]. If the abort is refused or fails, or
+    /// the aborted command still does not complete within another timeout,
+    /// reset the controller.
+    #[default]
+    Abort,
+    /// Reset the controller at once.
+    Reset,
+}
+
+/// What an expired command needs, decided by [`Timeouts::next_expired`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Log it and leave it ([`TimeoutPolicy::ReportOnly`]); then
+    /// [`Timeouts::reported`].
+    Report,
+    /// Ask the device to give it up; then [`Timeouts::abort_sent`].
+    Abort,
+    /// Reset the controller: the policy says so, an abort was refused, or
+    /// an aborted command still did not complete.
+    Reset,
+}
+
+/// One command the scan found past its time.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Expired {
+    pub slot: u16,
+    pub cid: u16,
+    pub tag: u64,
+    pub age_ms: u32,
+    pub action: Action,
+}
+
+/// Counters of the timeout machinery.
+#[derive(Copy, Clone, Debug, Default)]
+pub(crate) struct TimeoutStats {
+    /// Commands found past their timeout (once each).
+    pub timeouts: u64,
+    /// Aborts sent for them.
+    pub aborts_sent: u64,
+    /// Commands completed as [`crate::IoError::TimedOut`].
+    pub timed_out: u64,
+    /// Controller resets asked for by the policy.
+    pub resets_requested: u64,
+}
+
+/// A queue pair's timeout state: the policy, the coarse clock, the scan
+/// schedule.
+#[derive(Debug)]
+pub(crate) struct Timeouts {
+    pub policy: TimeoutPolicy,
+    /// Timeout in ms (0: none).
+    timeout_ms: u32,
+    scan_interval_ms: u32,
+    last_scan_ms: u32,
+    /// The coarse clock's last reading (ms since `epoch`); commands are
+    /// stamped with it.
+    pub now_ms: u32,
+    epoch: Instant,
+    pub stats: TimeoutStats,
+}
+
+impl Timeouts {
+    pub fn new(timeout: Option<Duration>, policy: TimeoutPolicy) -> Self {
+        // Ages are compared with wrapping arithmetic: keep the bound below
+        // half the clock's range.
+        let timeout_ms =
+            timeout.map_or(0, |t| t.as_millis().clamp(1, (u32::MAX / 2) as u128) as u32);
+        Timeouts {
+            policy,
+            timeout_ms,
+            scan_interval_ms: (timeout_ms / 4).max(1),
+            last_scan_ms: 0,
+            now_ms: 0,
+            epoch: Instant::now(),
+            stats: TimeoutStats::default(),
+        }
+    }
+
+    /// Read the coarse clock.
+    #[inline]
+    pub fn tick(&mut self) {
+        self.now_ms = self.epoch.elapsed().as_millis() as u32;
+    }
+
+    /// A command is about to be armed on a queue with `outstanding`
+    /// commands: on an idle queue, read the clock so that it (and the rest
+    /// of its batch) is stamped with its own submission time — nobody polls
+    /// an idle queue, so the last reading may be arbitrarily old. One
+    /// compare per command; the clock read only on the idle-to-busy
+    /// transition.
+    #[inline(always)]
+    pub fn stamp_if_idle(&mut self, outstanding: usize) {
+        if outstanding == 0 {
+            self.tick_cold();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn tick_cold(&mut self) {
+        self.tick();
+    }
+
+    /// Whether a scan is due (a timeout is set and a quarter of it passed
+    /// since the last scan).
+    #[inline(always)]
+    pub fn scan_due(&self) -> bool {
+        self.timeout_ms != 0 && self.now_ms.wrapping_sub(self.last_scan_ms) >= self.scan_interval_ms
+    }
+
+    /// Start a scan: call [`next_expired`](Self::next_expired) from slot 0.
+    pub fn begin_scan(&mut self) {
+        self.last_scan_ms = self.now_ms;
+    }
+
+    /// The first busy slot at or after `from` that needs an action, skipping
+    /// slots whose completion is already `posted`. A command found past its
+    /// timeout for the first time is counted.
+    pub fn next_expired<B>(
+        &mut self,
+        trackers: &Trackers<B>,
+        from: u16,
+        posted: impl Fn(u16) -> bool,
+    ) -> Option<Expired> {
+        let limit = self.timeout_ms;
+        for slot in from..trackers.slots() as u16 {
+            let s = trackers.slot(slot);
+            if !s.busy || posted(slot) {
+                continue;
+            }
+            let age_ms = self.now_ms.wrapping_sub(s.submitted_ms);
+            let action = match s.tstate {
+                tstate::NONE if age_ms >= limit => {
+                    self.stats.timeouts += 1;
+                    match self.policy {
+                        TimeoutPolicy::ReportOnly => Action::Report,
+                        TimeoutPolicy::Abort => Action::Abort,
+                        TimeoutPolicy::Reset => Action::Reset,
+                    }
+                }
+                // Aborted, but its completion did not come either.
+                tstate::ABORTING if age_ms >= limit => Action::Reset,
+                // Not aborted, and (polls since) it did not complete.
+                tstate::ABORT_REFUSED if age_ms >= self.scan_interval_ms => Action::Reset,
+                _ => continue,
+            };
+            return Some(Expired {
+                slot,
+                cid: s.cid,
+                tag: s.tag,
+                age_ms,
+                action,
+            });
+        }
+        None
+    }
+
+    /// `e` was reported ([`Action::Report`]): leave it alone from now on.
+    pub fn reported<B>(&mut self, trackers: &mut Trackers<B>, e: &Expired) {
+        let at = trackers.slot(e.slot).submitted_ms;
+        trackers.set_tstate(e.slot, tstate::REPORTED, at);
+    }
+
+    /// An abort of `e` was sent; `accepted`: the device said it gives the
+    /// command up (its completion is due), otherwise the controller is
+    /// reset unless it completes soon.
+    pub fn abort_sent<B>(&mut self, trackers: &mut Trackers<B>, e: &Expired, accepted: bool) {
+        self.stats.aborts_sent += 1;
+        let next = if accepted {
+            tstate::ABORTING
+        } else {
+            tstate::ABORT_REFUSED
+        };
+        trackers.set_tstate(e.slot, next, self.now_ms);
+    }
+
+    /// Whether the command just completed in `slot` was aborted by us for a
+    /// timeout (its abort status then means [`crate::IoError::TimedOut`]);
+    /// counts it if so. Call on the error path only, after `complete` (the
+    /// slot keeps its timeout state until it is armed again).
+    #[inline]
+    pub fn was_aborted<B>(&mut self, trackers: &Trackers<B>, slot: u16) -> bool {
+        if trackers.slot(slot).tstate == tstate::ABORTING {
+            self.stats.timed_out += 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn armed(depth: u16, n: u16, at: u32) -> Trackers<()> {
+        let mut t = Trackers::new(depth);
+        for _ in 0..n {
+            let s = t.alloc().unwrap();
+            t.arm(s, u64::from(s), None, at);
+        }
+        t
+    }
+
+    #[test]
+    fn scan_finds_only_expired_unposted_commands_and_counts_each_once() {
+        let mut to = Timeouts::new(Some(Duration::from_millis(100)), TimeoutPolicy::ReportOnly);
+        let mut t = armed(8, 4, 0);
+        to.now_ms = 99;
+        assert!(to.next_expired(&t, 0, |_| false).is_none());
+        to.now_ms = 100;
+        let mut found = vec![];
+        let mut from = 0;
+        while let Some(e) = to.next_expired(&t, from, |s| s == 2) {
+            assert_eq!(e.action, Action::Report);
+            from = e.slot + 1;
+            found.push(e.slot);
+            to.reported(&mut t, &e);
+        }
+        assert_eq!(found, vec![0, 1, 3], "slot 2's completion is posted");
+        assert_eq!(to.stats.timeouts, 3);
+        assert!(
+            to.next_expired(&t, 0, |s| s == 2).is_none(),
+            "reported once"
+        );
+    }
+
+    #[test]
+    fn abort_escalates_to_reset() {
+        let mut to = Timeouts::new(Some(Duration::from_millis(100)), TimeoutPolicy::Abort);
+        let mut t = armed(4, 2, 0);
+        to.now_ms = 150;
+        let a = to.next_expired(&t, 0, |_| false).unwrap();
+        assert_eq!(a.action, Action::Abort);
+        to.abort_sent(&mut t, &a, true);
+        let b = to.next_expired(&t, a.slot + 1, |_| false).unwrap();
+        assert_eq!(b.action, Action::Abort);
+        to.abort_sent(&mut t, &b, false);
+        // Refused: reset after a scan interval; accepted: after a timeout.
+        to.now_ms = 150 + 25;
+        let e = to.next_expired(&t, 0, |_| false).unwrap();
+        assert_eq!((e.slot, e.action), (b.slot, Action::Reset));
+        to.now_ms = 250;
+        let e = to.next_expired(&t, 0, |_| false).unwrap();
+        assert_eq!((e.slot, e.action), (a.slot, Action::Reset));
+        assert_eq!(to.stats.aborts_sent, 2);
+    }
+
+    #[test]
+    fn no_timeout_never_scans() {
+        let mut to = Timeouts::new(None, TimeoutPolicy::Abort);
+        to.now_ms = u32::MAX / 2;
+        assert!(!to.scan_due());
+    }
+}

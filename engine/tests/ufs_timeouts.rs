@@ -1,0 +1,234 @@
+//! The shared timeout policy on UFS queue pairs (issue 13 item 1):
+//! `ReportOnly` counts, `Abort` withdraws the command through the UFS abort
+//! machinery (MCQ cleanup by nexus, legacy UTRLCLR) and completes it as
+//! `IoError::TimedOut` only once the controller gave it up, `Reset`
+//! escalates through the controller-reset hook. Every command still ends
+//! exactly once, and a buffer the device may still own is never handed back.
+
+mod ufs_common;
+use ufs_common::*;
+
+use std::time::{Duration, Instant};
+
+use mcqio::ufs::{UfsController, UfsQpairOptions, UfsQueuePair};
+use mcqio::vfio::DmaDir;
+use mcqio::{Completion, DmaBuf, IoError, TimeoutPolicy};
+use mcqio_fixtures::ufs::UfsFault;
+
+const READ10: u8 = 0x28;
+const TIMEOUT: Duration = Duration::from_millis(20);
+
+fn qpair(ctrl: &std::sync::Arc<UfsController>, policy: TimeoutPolicy) -> UfsQueuePair<DmaBuf> {
+    ctrl.create_qpair_with::<DmaBuf>(UfsQpairOptions {
+        io_timeout: Some(TIMEOUT),
+        timeout_policy: policy,
+    })
+    .unwrap()
+}
+
+fn read(ctrl: &UfsController, qp: &mut UfsQueuePair<DmaBuf>, lba: u64, tag: u64) {
+    let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+    qp.read(0, lba, 1, b, tag).unwrap();
+}
+
+/// Poll until `done(qp, completions)` holds (bounded by a generous limit:
+/// no timing assertion, only a guard against a hang).
+fn poll_until(
+    qp: &mut UfsQueuePair<DmaBuf>,
+    out: &mut Vec<Completion<DmaBuf>>,
+    mut done: impl FnMut(&UfsQueuePair<DmaBuf>, &[Completion<DmaBuf>]) -> bool,
+) {
+    qp.submit();
+    let start = Instant::now();
+    while !done(qp, out) {
+        qp.poll(64, |c| out.push(c)).expect("poll");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "condition not reached; {} completions, stats {:?}",
+            out.len(),
+            qp.stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn no_more(qp: &mut UfsQueuePair<DmaBuf>) {
+    for _ in 0..5 {
+        qp.poll(64, |c| panic!("completed twice: tag {}", c.tag))
+            .unwrap();
+    }
+}
+
+fn still_works(qp: &mut UfsQueuePair<DmaBuf>) {
+    let data = pattern(11, 4096);
+    qp.write_blocking(0, 20, &data).unwrap();
+    let mut back = vec![0u8; 4096];
+    qp.read_blocking(0, 20, &mut back).unwrap();
+    assert_eq!(back, data);
+}
+
+#[test]
+fn report_only_counts_a_dropped_completion_and_leaves_the_command_alone() {
+    for mcq in [true, false] {
+        let (f, ctrl) = up(sync_cfg(mcq), opts(1));
+        let mut qp = qpair(&ctrl, TimeoutPolicy::ReportOnly);
+        f.faults()
+            .inject_next(None, Some(READ10), UfsFault::DropCompletion);
+        read(&ctrl, &mut qp, 0, 1);
+        read(&ctrl, &mut qp, 1, 2);
+        let mut done = Vec::new();
+        poll_until(&mut qp, &mut done, |qp, _| qp.stats().timeouts >= 1);
+        assert_eq!(qp.stats().timeouts, 1, "mcq={mcq}: counted once");
+        assert_eq!(done.len(), 1, "mcq={mcq}: only the answered command ended");
+        assert_eq!(done[0].tag, 2);
+        assert_eq!(qp.outstanding(), 1, "mcq={mcq}: the held command stays");
+        // Further scans do not count it again.
+        let t = Instant::now();
+        while t.elapsed() < 3 * TIMEOUT {
+            qp.poll(64, |c| panic!("ReportOnly ended tag {}", c.tag))
+                .unwrap();
+        }
+        assert_eq!(qp.stats().timeouts, 1, "mcq={mcq}");
+        // Close withdraws it as before.
+        let mut rest = Vec::new();
+        qp.close(|c| rest.push(c)).unwrap();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].tag, 1);
+        assert_eq!(rest[0].result, Err(IoError::Aborted));
+        assert!(rest[0].buf.is_some());
+        assert_eq!(ctrl.leaked_bytes(), 0);
+    }
+}
+
+#[test]
+fn abort_policy_ends_a_dropped_command_once_as_timed_out_with_its_buffer() {
+    for mcq in [true, false] {
+        let (f, ctrl) = up(sync_cfg(mcq), opts(1));
+        let mut qp = qpair(&ctrl, TimeoutPolicy::Abort);
+        f.faults()
+            .inject_next(None, Some(READ10), UfsFault::DropCompletion);
+        read(&ctrl, &mut qp, 0, 1);
+        read(&ctrl, &mut qp, 1, 2);
+        let mut done = Vec::new();
+        poll_until(&mut qp, &mut done, |_, out| out.len() >= 2);
+        done.sort_by_key(|c| c.tag);
+        assert_eq!(done[0].tag, 1);
+        assert_eq!(done[0].result, Err(IoError::TimedOut), "mcq={mcq}");
+        assert!(
+            done[0].buf.is_some(),
+            "mcq={mcq}: the controller gave it up, so its buffer comes back"
+        );
+        assert_eq!(done[1].tag, 2);
+        assert!(done[1].result.is_ok());
+        let s = qp.stats();
+        assert_eq!(
+            (s.timeouts, s.aborts_sent, s.timed_out),
+            (1, 1, 1),
+            "mcq={mcq}"
+        );
+        assert_eq!(s.resets_requested, 0);
+        no_more(&mut qp);
+        assert_eq!(qp.outstanding(), 0);
+        still_works(&mut qp);
+        assert_eq!(ctrl.leaked_bytes(), 0);
+    }
+}
+
+#[test]
+fn abort_policy_leaves_a_late_but_answered_command_alone() {
+    // A command whose completion the device already posted is not timed
+    // out, even if the application reaps it late (a small `max`).
+    for mcq in [true, false] {
+        let (_f, ctrl) = up(sync_cfg(mcq), opts(1));
+        let mut qp = qpair(&ctrl, TimeoutPolicy::Abort);
+        for i in 0..4 {
+            read(&ctrl, &mut qp, i, i);
+        }
+        qp.submit();
+        // The fake completes at the doorbell; nobody reaps for a while.
+        std::thread::sleep(3 * TIMEOUT);
+        let mut done = Vec::new();
+        while done.len() < 4 {
+            qp.poll(1, |c| done.push(c)).unwrap();
+        }
+        assert!(done.iter().all(|c| c.result.is_ok()), "mcq={mcq}");
+        let s = qp.stats();
+        assert_eq!((s.timeouts, s.aborts_sent), (0, 0), "mcq={mcq}");
+    }
+}
+
+#[test]
+fn abort_policy_times_out_a_delayed_command_in_the_device() {
+    let (f, ctrl) = up(sync_cfg(true), opts(1));
+    let mut qp = qpair(&ctrl, TimeoutPolicy::Abort);
+    f.faults().inject_next(
+        None,
+        Some(READ10),
+        UfsFault::Delay(Duration::from_secs(3600)),
+    );
+    read(&ctrl, &mut qp, 0, 1);
+    let mut done = Vec::new();
+    poll_until(&mut qp, &mut done, |_, out| !out.is_empty());
+    assert_eq!(done[0].result, Err(IoError::TimedOut));
+    assert!(done[0].buf.is_some());
+    no_more(&mut qp);
+    still_works(&mut qp);
+}
+
+#[test]
+fn reset_policy_ends_a_dropped_command_once_without_handing_back_its_buffer() {
+    // Until the controller-reset hook is wired (`UfsController::reset`, see
+    // `UfsQueuePair`'s docs), `Reset` cannot make the device give the
+    // command up: it ends once as `TimedOut` with its buffer leaked, and
+    // its slot (command descriptor) is never reused.
+    for mcq in [true, false] {
+        let (f, ctrl) = up(sync_cfg(mcq), opts(1));
+        let mut qp = qpair(&ctrl, TimeoutPolicy::Reset);
+        let depth = qp.depth();
+        f.faults()
+            .inject_next(None, Some(READ10), UfsFault::DropCompletion);
+        read(&ctrl, &mut qp, 0, 1);
+        read(&ctrl, &mut qp, 1, 2);
+        let mut done = Vec::new();
+        poll_until(&mut qp, &mut done, |_, out| out.len() >= 2);
+        done.sort_by_key(|c| c.tag);
+        assert_eq!(done[0].tag, 1);
+        assert_eq!(done[0].result, Err(IoError::TimedOut), "mcq={mcq}");
+        assert!(
+            done[0].buf.is_none(),
+            "mcq={mcq}: the device still holds it: never hand the buffer back"
+        );
+        assert!(done[1].result.is_ok());
+        assert_eq!(ctrl.leaked_bytes(), 4096, "mcq={mcq}");
+        let s = qp.stats();
+        assert_eq!((s.timeouts, s.resets_requested), (1, 1), "mcq={mcq}");
+        no_more(&mut qp);
+        assert_eq!(qp.outstanding(), 0);
+        assert_eq!(qp.depth(), depth - 1, "mcq={mcq}: the held slot is retired");
+        still_works(&mut qp);
+    }
+}
+
+#[test]
+fn no_timeout_by_default_option_none() {
+    let (f, ctrl) = up(sync_cfg(true), opts(1));
+    let mut qp = ctrl
+        .create_qpair_with::<DmaBuf>(UfsQpairOptions {
+            io_timeout: None,
+            timeout_policy: TimeoutPolicy::Abort,
+        })
+        .unwrap();
+    f.faults()
+        .inject_next(None, Some(READ10), UfsFault::DropCompletion);
+    read(&ctrl, &mut qp, 0, 1);
+    qp.submit();
+    let t = Instant::now();
+    while t.elapsed() < 3 * TIMEOUT {
+        qp.poll(64, |c| {
+            panic!("no timeout configured, yet tag {} ended", c.tag)
+        })
+        .unwrap();
+    }
+    assert_eq!(qp.stats().timeouts, 0);
+    assert_eq!(qp.outstanding(), 1);
+}
