@@ -6,6 +6,9 @@
 //!
 //! - `tracker`: command slots with generations (a stale or duplicate
 //!   completion never reaches a command in flight) and their ages.
+//! - [`block`]: the [`BlockQueue`](block::BlockQueue) trait both transports'
+//!   queue pairs implement (read, write, flush, deallocate, submit, poll,
+//!   close), and the blocking helpers written once on it.
 //! - `deliver`: exactly-once delivery when the device stops answering
 //!   (end every outstanding command, leak a buffer the device may own).
 //! - [`io`]: the I/O API: [`DmaBuf`](io::DmaBuf), the [`IoBuf`](io::IoBuf)
@@ -18,6 +21,7 @@
 //! - [`timeout`]: the [`TimeoutPolicy`](timeout::TimeoutPolicy), the coarse
 //!   clock, and the scan that finds expired commands.
 
+pub mod block;
 pub(crate) mod deliver;
 pub mod io;
 pub mod mapped;

@@ -1,18 +1,63 @@
-//! One queue pair per core: the MCQ model.
+//! One queue pair per core: the MCQ model, for both transports.
 //!
 //! [`run_per_core`] creates `threads` queue pairs up front, then runs the
 //! closure once per queue pair on its own thread, pinned to core
 //! `i % cores`. Queues are never shared: asking for more threads than the
 //! controller granted I/O queues fails with [`Error::NotEnoughQueues`]
 //! before any thread starts, and if some granted queues are already in use
-//! by other queue pairs, with [`Error::NoFreeQueue`].
+//! by other queue pairs, with [`Error::NoFreeQueue`]. Any controller that
+//! hands out queue pairs ([`PerCore`]: NVMe's [`Controller`], UFS's
+//! [`UfsController`]) works.
 
 use std::sync::Arc;
 
 use crate::core::io::DmaBuf;
 use crate::nvme::ctrl::Controller;
 use crate::nvme::queue::{QpairOptions, QueuePair};
+use crate::ufs::{UfsController, UfsMode, UfsQpairOptions, UfsQueuePair};
 use crate::{Error, Result};
+
+/// A controller that hands out one queue pair per thread.
+pub trait PerCore {
+    /// The queue pair (of [`DmaBuf`]s) it creates.
+    type Qpair: Send;
+    /// Options for each queue pair.
+    type Options: Clone;
+    /// How many queue pairs it granted (at most one per thread).
+    fn granted_queues(&self) -> usize;
+    /// Create one queue pair.
+    fn create_for_core(&self, opts: &Self::Options) -> Result<Self::Qpair>;
+}
+
+impl PerCore for Arc<Controller> {
+    type Qpair = QueuePair<DmaBuf>;
+    type Options = QpairOptions;
+
+    fn granted_queues(&self) -> usize {
+        self.granted_io_queues()
+    }
+
+    fn create_for_core(&self, opts: &QpairOptions) -> Result<QueuePair<DmaBuf>> {
+        self.create_qpair(opts.clone())
+    }
+}
+
+impl PerCore for Arc<UfsController> {
+    type Qpair = UfsQueuePair<DmaBuf>;
+    type Options = UfsQpairOptions;
+
+    /// MCQ: the hardware queues set up at bring-up; legacy: the one list.
+    fn granted_queues(&self) -> usize {
+        match self.mode() {
+            UfsMode::Mcq { queues } => usize::from(queues),
+            UfsMode::Legacy => 1,
+        }
+    }
+
+    fn create_for_core(&self, opts: &UfsQpairOptions) -> Result<UfsQueuePair<DmaBuf>> {
+        self.create_qpair_with(opts.clone())
+    }
+}
 
 /// Run `f(index, &mut queue_pair)` on `threads` pinned threads, one queue
 /// pair each, and return the results in index order.
@@ -45,17 +90,13 @@ use crate::{Error, Result};
 /// # Ok(())
 /// # }
 /// ```
-pub fn run_per_core<R, F>(
-    ctrl: &Arc<Controller>,
-    threads: usize,
-    opts: QpairOptions,
-    f: F,
-) -> Result<Vec<R>>
+pub fn run_per_core<C, R, F>(ctrl: &C, threads: usize, opts: C::Options, f: F) -> Result<Vec<R>>
 where
+    C: PerCore,
     R: Send,
-    F: Fn(usize, &mut QueuePair<DmaBuf>) -> R + Sync,
+    F: Fn(usize, &mut C::Qpair) -> R + Sync,
 {
-    let granted = ctrl.granted_io_queues();
+    let granted = ctrl.granted_queues();
     if threads > granted {
         return Err(Error::NotEnoughQueues {
             requested: threads,
@@ -64,7 +105,7 @@ where
     }
     let mut qps = Vec::with_capacity(threads);
     for _ in 0..threads {
-        qps.push(ctrl.create_qpair(opts.clone())?);
+        qps.push(ctrl.create_for_core(&opts)?);
     }
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     let f = &f;

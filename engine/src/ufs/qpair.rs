@@ -34,6 +34,7 @@ use super::spec::status::{command_result, UfsError};
 use super::spec::upiu::trans;
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
 use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
+use crate::core::block::{self, BlockQueue, Blocking};
 use crate::core::deliver::{self, drain_all};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::split::{Routed, Splits};
@@ -41,8 +42,6 @@ use crate::core::timeout::{Action, TimeoutPolicy, Timeouts, IDLE_CLOCK_INTERVAL}
 use crate::core::tracker::Trackers;
 use crate::{Error, Result};
 
-/// Tag used by the blocking API.
-const BLOCKING_TAG: u64 = u64::MAX;
 /// Empty polls (with commands outstanding) between IS health checks.
 const HEALTH_CHECK_INTERVAL: u32 = 1024;
 
@@ -1137,127 +1136,128 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// SYNCHRONIZE CACHE of LU `lun`, and wait. Needs an idle queue pair
     /// ([`Error::QueueBusy`] otherwise).
     pub fn flush_blocking(&mut self, lun: u8) -> Result<()> {
-        if self.outstanding() != 0 {
-            return Err(Error::QueueBusy {
-                outstanding: self.outstanding(),
-            });
-        }
-        self.flush(lun, BLOCKING_TAG)
-            .map_err(|e| Error::Submit(e.kind))?;
-        self.submit();
-        let limit = self.ctrl.options().blocking_timeout;
-        let start = Instant::now();
-        let mut out = None;
-        while out.is_none() {
-            let n = self.poll(1, |c| out = Some(c.result))?;
-            if n == 0 && out.is_none() {
-                if start.elapsed() > limit {
-                    return Err(Error::Io(IoError::TimedOut));
-                }
-                std::thread::yield_now();
-            }
-        }
-        Ok(out.expect("loop ends with a completion")?)
+        block::flush_blocking(self, lun)
     }
 }
 
 impl UfsQueuePair<DmaBuf> {
-    fn blocking_prepare(&mut self, lun: u8, len: usize) -> Result<(LuGeom, usize)> {
-        if self.outstanding() != 0 {
-            return Err(Error::QueueBusy {
-                outstanding: self.outstanding(),
-            });
-        }
-        let Some(Some(g)) = self.lus.get(usize::from(lun)).copied() else {
-            return Err(Error::Submit(SubmitErrorKind::UnknownNamespace {
-                nsid: u32::from(lun),
-            }));
-        };
-        if len == 0 {
-            return Err(Error::Submit(SubmitErrorKind::ZeroLength));
-        }
-        let block = 1usize << g.shift;
-        if len % block != 0 {
-            return Err(Error::Submit(SubmitErrorKind::BufferTooSmall {
-                needed: len.div_ceil(block) as u64 * block as u64,
-                available: len as u64,
-            }));
-        }
-        let chunk = ((self.max_xfer as usize) / block * block).min(len);
-        if self.bounce.as_ref().is_none_or(|b| b.len() < chunk) {
-            self.bounce = Some(DmaBuf::alloc(&self.space, chunk, DmaDir::Bidirectional)?);
-        }
-        Ok((g, chunk))
-    }
-
-    fn wait_blocking(&mut self) -> Result<DmaBuf> {
-        self.submit();
-        let limit = self.ctrl.options().blocking_timeout;
-        let start = Instant::now();
-        let mut out = None;
-        while out.is_none() {
-            let n = self.poll(1, |c| out = Some(c))?;
-            if n == 0 && out.is_none() {
-                if start.elapsed() > limit {
-                    return Err(Error::Io(IoError::TimedOut));
-                }
-                std::thread::yield_now();
-            }
-        }
-        let c = out.expect("loop ends with a completion");
-        match (c.result, c.buf) {
-            (Ok(()), Some(buf)) => Ok(buf),
-            (Err(e), buf) => {
-                // No buffer: the device may still own it and it was leaked;
-                // a new bounce buffer is allocated on next use.
-                self.bounce = buf;
-                Err(Error::Io(e))
-            }
-            (Ok(()), None) => Err(Error::Io(IoError::ControllerFailed)),
-        }
-    }
-
     /// Read `dst.len()` bytes (whole blocks) from `lba` of LU `lun` and wait.
     /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
     pub fn read_blocking(&mut self, lun: u8, lba: u64, dst: &mut [u8]) -> Result<()> {
-        let (g, chunk) = self.blocking_prepare(lun, dst.len())?;
-        let mut lba = lba;
-        for part in dst.chunks_mut(chunk) {
-            let blocks = (part.len() >> g.shift) as u32;
-            // The bounce buffer may be longer than the part: the PRDT covers
-            // only the bytes the command moves.
-            let buf = self.bounce.take().expect("prepared");
-            self.read(lun, lba, blocks, buf, BLOCKING_TAG)
-                .map_err(|e| {
-                    self.bounce = Some(e.buf);
-                    Error::Submit(e.kind)
-                })?;
-            let buf = self.wait_blocking()?;
-            buf.read_at(0, part)?;
-            self.bounce = Some(buf);
-            lba += u64::from(blocks);
-        }
-        Ok(())
+        block::read_blocking(self, lun, lba, dst)
     }
 
     /// Write `src` (whole blocks) at `lba` of LU `lun` and wait.
     /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
     pub fn write_blocking(&mut self, lun: u8, lba: u64, src: &[u8]) -> Result<()> {
-        let (g, chunk) = self.blocking_prepare(lun, src.len())?;
-        let mut lba = lba;
-        for part in src.chunks(chunk) {
-            let blocks = (part.len() >> g.shift) as u32;
-            let mut buf = self.bounce.take().expect("prepared");
-            buf.write_at(0, part)?;
-            self.write(lun, lba, blocks, buf, BLOCKING_TAG)
-                .map_err(|e| {
-                    self.bounce = Some(e.buf);
-                    Error::Submit(e.kind)
-                })?;
-            let buf = self.wait_blocking()?;
-            self.bounce = Some(buf);
-            lba += u64::from(blocks);
+        block::write_blocking(self, lun, lba, src)
+    }
+}
+
+/// The block operations shared with the NVMe transport: each is the
+/// inherent method of the same name (no extra work per I/O). A UFS LUN is
+/// the address; deallocate is UNMAP.
+impl<B: IoBuf> BlockQueue for UfsQueuePair<B> {
+    type Addr = u8;
+    type Buf = B;
+
+    #[inline]
+    fn read(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        UfsQueuePair::read(self, lun, lba, blocks, buf, tag)
+    }
+
+    #[inline]
+    fn write(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        UfsQueuePair::write(self, lun, lba, blocks, buf, tag)
+    }
+
+    fn flush(&mut self, lun: u8, tag: u64) -> std::result::Result<(), SubmitError<()>> {
+        UfsQueuePair::flush(self, lun, tag)
+    }
+
+    fn deallocate(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<()>> {
+        UfsQueuePair::unmap(self, lun, lba, blocks, tag)
+    }
+
+    #[inline]
+    fn submit(&mut self) -> bool {
+        UfsQueuePair::submit(self)
+    }
+
+    #[inline]
+    fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, f: F) -> Result<usize> {
+        UfsQueuePair::poll(self, max, f)
+    }
+
+    #[inline]
+    fn depth(&self) -> usize {
+        UfsQueuePair::depth(self)
+    }
+
+    #[inline]
+    fn outstanding(&self) -> usize {
+        UfsQueuePair::outstanding(self)
+    }
+
+    #[inline]
+    fn is_full(&self) -> bool {
+        UfsQueuePair::is_full(self)
+    }
+
+    fn max_transfer(&self) -> u64 {
+        self.max_xfer
+    }
+
+    fn block_shift(&self, lun: u8) -> Option<u32> {
+        self.lus
+            .get(usize::from(lun))
+            .copied()
+            .flatten()
+            .map(|g| g.shift)
+    }
+
+    fn close<F: FnMut(Completion<B>)>(self, f: F) -> Result<()> {
+        UfsQueuePair::close(self, f)
+    }
+}
+
+impl<B: IoBuf> Blocking for UfsQueuePair<B> {
+    fn bounce(&mut self) -> &mut Option<DmaBuf> {
+        &mut self.bounce
+    }
+
+    fn space(&self) -> &Arc<DmaSpace> {
+        &self.space
+    }
+
+    fn blocking_timeout(&self) -> Duration {
+        self.ctrl.options().blocking_timeout
+    }
+
+    fn unknown(lun: u8) -> SubmitErrorKind {
+        // A UFS LUN is the namespace of this engine's vocabulary.
+        SubmitErrorKind::UnknownNamespace {
+            nsid: u32::from(lun),
         }
-        Ok(())
     }
 }

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace};
 
@@ -17,6 +17,7 @@ use super::cq::CompQueue;
 use super::doorbell::Doorbell;
 use super::sq::SubQueue;
 use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
+use crate::core::block::{self, BlockQueue, Blocking};
 use crate::core::deliver::{self, drain_all};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::timeout::{Action, Timeouts, IDLE_CLOCK_INTERVAL};
@@ -35,8 +36,6 @@ use crate::{Error, Result};
 pub const MAX_DEPTH: u16 = 4096;
 /// PRP entries per list page.
 const PRP_PER_PAGE: usize = (PAGE_SIZE / 8) as usize;
-/// Tag used by the blocking API.
-const BLOCKING_TAG: u64 = u64::MAX;
 /// Outstanding commands (this one included) above which SQEs are written
 /// with streaming stores (see `SubQueue::push`).
 const STREAM_MIN_OUTSTANDING: usize = 4;
@@ -1723,12 +1722,129 @@ impl<B: IoBuf> Drop for QueuePair<B> {
 /// through one DMA buffer the queue pair keeps (allocated on first use) and
 /// splits requests larger than the per-command limit.
 impl QueuePair<DmaBuf> {
+    /// Read `dst.len()` bytes (a multiple of the block size) from `slba`.
+    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    pub fn read_blocking(&mut self, nsid: u32, slba: u64, dst: &mut [u8]) -> Result<()> {
+        block::read_blocking(self, nsid, slba, dst)
+    }
+
+    /// Write `src` (a multiple of the block size) at `slba`.
+    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    pub fn write_blocking(&mut self, nsid: u32, slba: u64, src: &[u8]) -> Result<()> {
+        block::write_blocking(self, nsid, slba, src)
+    }
+
+    /// Flush namespace `nsid` and wait.
+    pub fn flush_blocking(&mut self, nsid: u32) -> Result<()> {
+        block::flush_blocking(self, nsid)
+    }
+}
+
+/// The block operations shared with the UFS transport: each is the
+/// inherent method of the same name (no extra work per I/O).
+impl<B: IoBuf> BlockQueue for QueuePair<B> {
+    type Addr = u32;
+    type Buf = B;
+
+    #[inline]
+    fn read(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+    ) -> Result<(), SubmitError<B>> {
+        QueuePair::read(self, nsid, lba, blocks, buf, tag)
+    }
+
+    #[inline]
+    fn write(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+    ) -> Result<(), SubmitError<B>> {
+        QueuePair::write(self, nsid, lba, blocks, buf, tag)
+    }
+
+    fn flush(&mut self, nsid: u32, tag: u64) -> Result<(), SubmitError<()>> {
+        QueuePair::flush(self, nsid, tag)
+    }
+
+    fn deallocate(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        blocks: u32,
+        tag: u64,
+    ) -> Result<(), SubmitError<()>> {
+        QueuePair::deallocate(self, nsid, &[(lba, blocks)], tag)
+    }
+
+    #[inline]
+    fn submit(&mut self) -> bool {
+        QueuePair::submit(self)
+    }
+
+    #[inline]
+    fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, f: F) -> Result<usize> {
+        QueuePair::poll(self, max, f)
+    }
+
+    #[inline]
+    fn depth(&self) -> usize {
+        QueuePair::depth(self)
+    }
+
+    #[inline]
+    fn outstanding(&self) -> usize {
+        QueuePair::outstanding(self)
+    }
+
+    #[inline]
+    fn is_full(&self) -> bool {
+        QueuePair::is_full(self)
+    }
+
+    fn max_transfer(&self) -> u64 {
+        QueuePair::max_transfer(self)
+    }
+
+    fn block_shift(&self, nsid: u32) -> Option<u32> {
+        self.geom(nsid).map(|g| g.lba_shift)
+    }
+
+    fn close<F: FnMut(Completion<B>)>(self, f: F) -> Result<()> {
+        QueuePair::close(self, f)
+    }
+}
+
+impl<B: IoBuf> Blocking for QueuePair<B> {
+    fn bounce(&mut self) -> &mut Option<DmaBuf> {
+        &mut self.bounce
+    }
+
+    fn space(&self) -> &Arc<DmaSpace> {
+        &self.space
+    }
+
+    fn blocking_timeout(&self) -> Duration {
+        self.blocking_timeout
+    }
+
+    fn command_limit(&self, shift: u32) -> u64 {
+        self.max_xfer.min(u64::from(MAX_NLB) << shift)
+    }
+
     /// Blocking calls first catch up with a reset or failure (nothing is
     /// outstanding, so nothing is lost) so they never submit into a queue
     /// the controller already dropped.
     fn blocking_sync(&mut self) -> Result<()> {
         if self.ctrl.state() != self.seen_state {
-            self.on_state_change(&mut |c: Completion<DmaBuf>| drop(c), true, usize::MAX)?;
+            self.on_state_change(&mut |c: Completion<B>| drop(c), true, usize::MAX)?;
         }
         match self.failed {
             Some(e) => Err(failed_error(e, self.qid)),
@@ -1736,149 +1852,8 @@ impl QueuePair<DmaBuf> {
         }
     }
 
-    fn blocking_prepare(&mut self, nsid: u32, len: usize) -> Result<(NsGeom, u64)> {
-        let out = self.trackers.outstanding();
-        if out != 0 {
-            return Err(Error::QueueBusy { outstanding: out });
-        }
-        self.blocking_sync()?;
-        let g = self
-            .geom(nsid)
-            .ok_or(Error::Submit(SubmitErrorKind::UnknownNamespace { nsid }))?;
-        if len == 0 {
-            return Err(Error::Submit(SubmitErrorKind::ZeroLength));
-        }
-        let lba = 1u64 << g.lba_shift;
-        if len as u64 & (lba - 1) != 0 {
-            return Err(Error::Submit(SubmitErrorKind::BufferTooSmall {
-                needed: (len as u64).div_ceil(lba) * lba,
-                available: len as u64,
-            }));
-        }
-        let out = self.trackers.outstanding();
-        if out != 0 {
-            return Err(Error::QueueBusy { outstanding: out });
-        }
-        let max = self.max_xfer.min((MAX_NLB as u64) << g.lba_shift);
-        let chunk = max & !(lba - 1);
-        if chunk == 0 {
-            // One block is more than a command may move: nothing to split.
-            return Err(Error::Submit(SubmitErrorKind::TransferTooLarge {
-                bytes: lba,
-                max,
-            }));
-        }
-        if self
-            .bounce
-            .as_ref()
-            .is_none_or(|b| (b.len() as u64) < chunk.min(len as u64))
-        {
-            self.bounce = None;
-            self.bounce = Some(DmaBuf::alloc(
-                &self.space,
-                chunk.min(len as u64) as usize,
-                DmaDir::Bidirectional,
-            )?);
-        }
-        Ok((g, chunk))
-    }
-
-    fn wait_blocking(&mut self) -> Result<DmaBuf> {
-        self.submit();
-        let deadline = Instant::now() + self.blocking_timeout;
-        let mut spins = 0u32;
-        loop {
-            let mut done = None;
-            self.poll(1, |c| done = Some(c))?;
-            if let Some(c) = done {
-                return match (c.result, c.buf) {
-                    (Ok(()), Some(buf)) => Ok(buf),
-                    (Err(e), buf) => {
-                        // No buffer: the controller failed and it was
-                        // leaked; a new one is allocated on next use.
-                        self.bounce = buf;
-                        Err(Error::Io(e))
-                    }
-                    (Ok(()), None) => Err(Error::Io(IoError::ControllerFailed)),
-                };
-            }
-            spins = spins.wrapping_add(1);
-            if spins % 64 == 0 {
-                if Instant::now() >= deadline {
-                    // The bounce buffer stays with the command until it
-                    // completes or the queue is closed.
-                    return Err(Error::Io(IoError::TimedOut));
-                }
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-    }
-
-    /// Read `dst.len()` bytes (a multiple of the block size) from `slba`.
-    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
-    pub fn read_blocking(&mut self, nsid: u32, slba: u64, dst: &mut [u8]) -> Result<()> {
-        let (g, chunk) = self.blocking_prepare(nsid, dst.len())?;
-        let mut lba = slba;
-        for part in dst.chunks_mut(chunk as usize) {
-            let nlb = (part.len() >> g.lba_shift) as u32;
-            let buf = self.bounce.take().expect("prepared");
-            self.read(nsid, lba, nlb, buf, BLOCKING_TAG).map_err(|e| {
-                let k = e.kind;
-                self.bounce = Some(e.buf);
-                Error::Submit(k)
-            })?;
-            let buf = self.wait_blocking()?;
-            buf.read_at(0, part)?;
-            self.bounce = Some(buf);
-            lba += nlb as u64;
-        }
-        Ok(())
-    }
-
-    /// Write `src` (a multiple of the block size) at `slba`.
-    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
-    pub fn write_blocking(&mut self, nsid: u32, slba: u64, src: &[u8]) -> Result<()> {
-        let (g, chunk) = self.blocking_prepare(nsid, src.len())?;
-        let mut lba = slba;
-        for part in src.chunks(chunk as usize) {
-            let nlb = (part.len() >> g.lba_shift) as u32;
-            let mut buf = self.bounce.take().expect("prepared");
-            buf.write_at(0, part)?;
-            self.write(nsid, lba, nlb, buf, BLOCKING_TAG).map_err(|e| {
-                let k = e.kind;
-                self.bounce = Some(e.buf);
-                Error::Submit(k)
-            })?;
-            let buf = self.wait_blocking()?;
-            self.bounce = Some(buf);
-            lba += nlb as u64;
-        }
-        Ok(())
-    }
-
-    /// Flush namespace `nsid` and wait.
-    pub fn flush_blocking(&mut self, nsid: u32) -> Result<()> {
-        let out = self.trackers.outstanding();
-        if out != 0 {
-            return Err(Error::QueueBusy { outstanding: out });
-        }
-        self.blocking_sync()?;
-        self.flush(nsid, BLOCKING_TAG)?;
-        self.submit();
-        let deadline = Instant::now() + self.blocking_timeout;
-        loop {
-            let mut res = None;
-            self.poll(1, |c| res = Some(c.result))?;
-            if let Some(r) = res {
-                return r.map_err(Error::Io);
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Io(IoError::TimedOut));
-            }
-            std::thread::yield_now();
-        }
+    fn unknown(nsid: u32) -> SubmitErrorKind {
+        SubmitErrorKind::UnknownNamespace { nsid }
     }
 }
 

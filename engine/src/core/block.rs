@@ -1,0 +1,312 @@
+//! [`BlockQueue`]: the block operations every transport's queue pair
+//! offers, and what is built on them once: the blocking helpers.
+//!
+//! NVMe's [`QueuePair`](crate::QueuePair) and UFS's
+//! [`UfsQueuePair`](crate::ufs::UfsQueuePair) both implement it, so code
+//! written against `Q: BlockQueue` — [`run_per_core`](super::per_core::run_per_core),
+//! [`MappedQueuePair`](super::mapped::MappedQueuePair), the blocking
+//! helpers here, an application's job loop — runs on either transport. The
+//! trait is resolved statically (generics): nothing is dispatched
+//! dynamically per I/O, and each method is the queue pair's own inherent
+//! method (`#[inline]`), so going through the trait costs nothing.
+//!
+//! ```
+//! use mcqio::core::block::BlockQueue;
+//! use mcqio::{Completion, IoBuf};
+//!
+//! /// Submit `bufs` as reads of one block each and wait for all of them,
+//! /// on any transport.
+//! fn read_all<Q: BlockQueue>(qp: &mut Q, at: Q::Addr, bufs: Vec<Q::Buf>) -> usize {
+//!     let mut ok = 0;
+//!     let n = bufs.len();
+//!     for (i, b) in bufs.into_iter().enumerate() {
+//!         qp.read(at, i as u64, 1, b, i as u64).map_err(|e| e.kind).unwrap();
+//!     }
+//!     qp.submit();
+//!     let mut done = 0;
+//!     while done < n {
+//!         done += qp
+//!             .poll(32, |c: Completion<Q::Buf>| ok += c.result.is_ok() as usize)
+//!             .unwrap();
+//!     }
+//!     ok
+//! }
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # use std::sync::Arc;
+//! # use mcqio::vfio::{Backend, DmaDir};
+//! // NVMe: the address is a namespace id.
+//! let backend: Arc<dyn Backend> = mcqio_fixtures::FakeController::new(Default::default())?;
+//! let ctrl = mcqio::Controller::new(backend, Default::default())?;
+//! let mut qp = ctrl.create_qpair(Default::default())?;
+//! let bufs = (0..4).map(|_| ctrl.alloc_buf(512, DmaDir::Bidirectional)).collect::<Result<_, _>>()?;
+//! assert_eq!(read_all(&mut qp, 1u32, bufs), 4);
+//! // UFS: the address is a logical unit.
+//! let cfg = mcqio_fixtures::ufs::UfsConfig::default();
+//! let backend: Arc<dyn Backend> = mcqio_fixtures::ufs::FakeUfs::new(cfg)?;
+//! let ctrl = mcqio::UfsController::new(backend, Default::default())?;
+//! let mut qp = ctrl.create_qpair::<mcqio::DmaBuf>()?;
+//! let bufs = (0..4).map(|_| ctrl.alloc_buf(4096, DmaDir::Bidirectional)).collect::<Result<_, _>>()?;
+//! assert_eq!(read_all(&mut qp, 0u8, bufs), 4);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mcqio_vfio::{DmaDir, DmaSpace};
+
+use super::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
+use crate::{Error, Result};
+
+/// The block operations of a queue pair, the same on every transport.
+///
+/// Semantics (both transports): a submission moves its buffer in and the
+/// buffer comes back in exactly one [`Completion`] from
+/// [`poll`](Self::poll) or [`close`](Self::close), or at once in the
+/// [`SubmitError`] of a refused submission; [`submit`](Self::submit) rings
+/// one doorbell per batch. Buffers may be vectored (`Vec<B>` is an
+/// [`IoBuf`]): each segment becomes PRP entries (NVMe) or PRDT entries
+/// (UFS).
+pub trait BlockQueue {
+    /// Where a command goes: an NVMe namespace id (`u32`), a UFS logical
+    /// unit number (`u8`).
+    type Addr: Copy;
+    /// The buffers this queue pair moves.
+    type Buf: IoBuf;
+
+    /// Read `blocks` logical blocks from `lba` of `at` into `buf`.
+    fn read(
+        &mut self,
+        at: Self::Addr,
+        lba: u64,
+        blocks: u32,
+        buf: Self::Buf,
+        tag: u64,
+    ) -> Result<(), SubmitError<Self::Buf>>;
+
+    /// Write `blocks` logical blocks at `lba` of `at` from `buf`.
+    fn write(
+        &mut self,
+        at: Self::Addr,
+        lba: u64,
+        blocks: u32,
+        buf: Self::Buf,
+        tag: u64,
+    ) -> Result<(), SubmitError<Self::Buf>>;
+
+    /// Flush the volatile write cache of `at` (NVMe Flush, SCSI
+    /// SYNCHRONIZE CACHE).
+    fn flush(&mut self, at: Self::Addr, tag: u64) -> Result<(), SubmitError<()>>;
+
+    /// Deallocate `blocks` blocks from `lba` of `at` (NVMe Dataset
+    /// Management deallocate, SCSI UNMAP). No buffer.
+    fn deallocate(
+        &mut self,
+        at: Self::Addr,
+        lba: u64,
+        blocks: u32,
+        tag: u64,
+    ) -> Result<(), SubmitError<()>>;
+
+    /// Ring the doorbell once for everything queued since the last ring.
+    /// Returns whether a doorbell was written.
+    fn submit(&mut self) -> bool;
+
+    /// Deliver up to `max` completions to `f`; returns how many.
+    fn poll<F: FnMut(Completion<Self::Buf>)>(&mut self, max: usize, f: F) -> Result<usize>;
+
+    /// Commands that may be outstanding at once.
+    fn depth(&self) -> usize;
+
+    /// Commands submitted and not yet completed.
+    fn outstanding(&self) -> usize;
+
+    /// Whether a submission now would fail with `QueueFull`.
+    fn is_full(&self) -> bool {
+        self.outstanding() >= self.depth()
+    }
+
+    /// Largest transfer per command in bytes (larger ones are split).
+    fn max_transfer(&self) -> u64;
+
+    /// log2 of the block size of `at`, `None` if there is no such
+    /// namespace or logical unit.
+    fn block_shift(&self, at: Self::Addr) -> Option<u32>;
+
+    /// Finish the queue pair: every command still in flight ends exactly
+    /// once through `f`.
+    fn close<F: FnMut(Completion<Self::Buf>)>(self, f: F) -> Result<()>
+    where
+        Self: Sized;
+}
+
+/// Tag of the commands the blocking helpers submit.
+pub(crate) const BLOCKING_TAG: u64 = u64::MAX;
+
+/// What the blocking helpers need beyond [`BlockQueue`]: the queue pair's
+/// bounce buffer (used when it moves [`DmaBuf`]s) and limits. Implemented
+/// by both transports' queue pairs.
+pub(crate) trait Blocking: BlockQueue {
+    /// The queue pair's bounce buffer (kept between calls).
+    fn bounce(&mut self) -> &mut Option<DmaBuf>;
+    /// Where bounce buffers are allocated.
+    fn space(&self) -> &Arc<DmaSpace>;
+    /// How long a blocking call waits for its completion.
+    fn blocking_timeout(&self) -> Duration;
+    /// Most bytes one command may move with blocks of `1 << shift` bytes.
+    fn command_limit(&self, shift: u32) -> u64 {
+        let _ = shift;
+        self.max_transfer()
+    }
+    /// Catch up with a controller reset or failure before submitting (an
+    /// idle queue loses nothing by it).
+    fn blocking_sync(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// An unknown namespace / logical unit, as the transport names it.
+    fn unknown(at: Self::Addr) -> SubmitErrorKind;
+}
+
+fn idle<Q: Blocking>(q: &mut Q) -> Result<()> {
+    let out = q.outstanding();
+    if out != 0 {
+        return Err(Error::QueueBusy { outstanding: out });
+    }
+    q.blocking_sync()
+}
+
+/// Check a blocking transfer of `len` bytes to `at` and size the bounce
+/// buffer; returns the block shift and the bytes per command.
+fn prepare<Q: Blocking<Buf = DmaBuf>>(q: &mut Q, at: Q::Addr, len: usize) -> Result<(u32, u64)> {
+    idle(q)?;
+    let shift = q.block_shift(at).ok_or(Error::Submit(Q::unknown(at)))?;
+    if len == 0 {
+        return Err(Error::Submit(SubmitErrorKind::ZeroLength));
+    }
+    let block = 1u64 << shift;
+    if len as u64 & (block - 1) != 0 {
+        return Err(Error::Submit(SubmitErrorKind::BufferTooSmall {
+            needed: (len as u64).div_ceil(block) * block,
+            available: len as u64,
+        }));
+    }
+    let max = q.command_limit(shift);
+    let chunk = max & !(block - 1);
+    if chunk == 0 {
+        // One block is more than a command may move: nothing to split.
+        return Err(Error::Submit(SubmitErrorKind::TransferTooLarge {
+            bytes: block,
+            max,
+        }));
+    }
+    let want = chunk.min(len as u64);
+    if q.bounce().as_ref().is_none_or(|b| (b.len() as u64) < want) {
+        *q.bounce() = None;
+        let b = DmaBuf::alloc(q.space(), want as usize, DmaDir::Bidirectional)?;
+        *q.bounce() = Some(b);
+    }
+    Ok((shift, chunk))
+}
+
+/// Ring, and poll until the one blocking command completes.
+fn wait<Q: Blocking>(q: &mut Q) -> Result<Completion<Q::Buf>> {
+    q.submit();
+    let deadline = Instant::now() + q.blocking_timeout();
+    let mut spins = 0u32;
+    loop {
+        let mut done = None;
+        q.poll(1, |c| done = Some(c))?;
+        if let Some(c) = done {
+            return Ok(c);
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 64 == 0 {
+            if Instant::now() >= deadline {
+                // The bounce buffer stays with the command until it
+                // completes or the queue is closed.
+                return Err(Error::Io(IoError::TimedOut));
+            }
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Wait for a blocking data command: its bounce buffer, or its error.
+fn wait_data<Q: Blocking<Buf = DmaBuf>>(q: &mut Q) -> Result<DmaBuf> {
+    let c = wait(q)?;
+    match (c.result, c.buf) {
+        (Ok(()), Some(buf)) => Ok(buf),
+        (Err(e), buf) => {
+            // No buffer: the device may still own it and it was leaked; a
+            // new one is allocated on next use.
+            *q.bounce() = buf;
+            Err(Error::Io(e))
+        }
+        (Ok(()), None) => Err(Error::Io(IoError::ControllerFailed)),
+    }
+}
+
+/// Refused before submission: the bounce buffer comes back.
+fn refused<Q: Blocking<Buf = DmaBuf>>(q: &mut Q, e: SubmitError<DmaBuf>) -> Error {
+    *q.bounce() = Some(e.buf);
+    Error::Submit(e.kind)
+}
+
+/// Read `dst.len()` bytes (whole blocks) from `lba` of `at` and wait.
+pub(crate) fn read_blocking<Q: Blocking<Buf = DmaBuf>>(
+    q: &mut Q,
+    at: Q::Addr,
+    lba: u64,
+    dst: &mut [u8],
+) -> Result<()> {
+    let (shift, chunk) = prepare(q, at, dst.len())?;
+    let mut lba = lba;
+    for part in dst.chunks_mut(chunk as usize) {
+        let blocks = (part.len() >> shift) as u32;
+        // The bounce buffer may be longer than the part: the command
+        // covers only the bytes it moves.
+        let buf = q.bounce().take().expect("prepared");
+        if let Err(e) = q.read(at, lba, blocks, buf, BLOCKING_TAG) {
+            return Err(refused(q, e));
+        }
+        let buf = wait_data(q)?;
+        buf.read_at(0, part)?;
+        *q.bounce() = Some(buf);
+        lba += u64::from(blocks);
+    }
+    Ok(())
+}
+
+/// Write `src` (whole blocks) at `lba` of `at` and wait.
+pub(crate) fn write_blocking<Q: Blocking<Buf = DmaBuf>>(
+    q: &mut Q,
+    at: Q::Addr,
+    lba: u64,
+    src: &[u8],
+) -> Result<()> {
+    let (shift, chunk) = prepare(q, at, src.len())?;
+    let mut lba = lba;
+    for part in src.chunks(chunk as usize) {
+        let blocks = (part.len() >> shift) as u32;
+        let mut buf = q.bounce().take().expect("prepared");
+        buf.write_at(0, part)?;
+        if let Err(e) = q.write(at, lba, blocks, buf, BLOCKING_TAG) {
+            return Err(refused(q, e));
+        }
+        let buf = wait_data(q)?;
+        *q.bounce() = Some(buf);
+        lba += u64::from(blocks);
+    }
+    Ok(())
+}
+
+/// Flush `at` and wait.
+pub(crate) fn flush_blocking<Q: Blocking>(q: &mut Q, at: Q::Addr) -> Result<()> {
+    idle(q)?;
+    q.flush(at, BLOCKING_TAG)?;
+    let c = wait(q)?;
+    c.result.map_err(Error::Io)
+}
