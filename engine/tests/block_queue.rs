@@ -124,3 +124,51 @@ fn ufs_blocking_io_with_a_limit_below_one_block_is_a_typed_error() {
         Err(Error::Submit(SubmitErrorKind::TransferTooLarge { .. }))
     ));
 }
+
+#[test]
+fn strict_and_lazy_mapping_work_on_ufs_queue_pairs() {
+    use mcqio::vfio::AppBuffer;
+    use mcqio::MappingMode;
+    for mode in [MappingMode::Strict, MappingMode::lazy()] {
+        for mcq in [true, false] {
+            let (_f, ctrl) = up(sync_cfg(mcq), opts(1));
+            let mut qp = ctrl
+                .create_mapped_qpair(UfsQpairOptions::default(), mode.clone())
+                .unwrap();
+            let data = pattern(5, 8192);
+            let mut w = AppBuffer::for_space(ctrl.dma(), data.len()).unwrap();
+            w.as_mut_slice().copy_from_slice(&data);
+            qp.write(0, 16, 2, w, 1).map_err(|e| e.kind).unwrap();
+            let r = AppBuffer::for_space(ctrl.dma(), data.len()).unwrap();
+            qp.submit();
+            let mut done = Vec::new();
+            while done.is_empty() {
+                qp.poll(8, |c| done.push(c)).unwrap();
+                qp.flush_mappings(|c| done.push(c)).unwrap();
+            }
+            assert!(done[0].result.is_ok(), "{mode:?} mcq={mcq}");
+            assert!(done[0].buf.is_some(), "unmapped and handed back");
+            qp.read(0, 16, 2, r, 2).map_err(|e| e.kind).unwrap();
+            qp.submit();
+            let mut back = Vec::new();
+            while back.is_empty() {
+                qp.poll(8, |c| back.push(c)).unwrap();
+                qp.flush_mappings(|c| back.push(c)).unwrap();
+            }
+            let c = back.pop().unwrap();
+            c.result.unwrap();
+            assert_eq!(c.buf.unwrap().as_slice(), &data[..], "{mode:?} mcq={mcq}");
+            // Unknown LU: typed, buffer back.
+            let b = AppBuffer::for_space(ctrl.dma(), 4096).unwrap();
+            let e = qp.read(9, 0, 1, b, 3).unwrap_err();
+            assert!(e.buf.is_some());
+            assert!(matches!(
+                e.kind,
+                mcqio::MappedSubmitErrorKind::Submit(SubmitErrorKind::UnknownNamespace { nsid: 9 })
+            ));
+            assert!(qp.queue_pair().unwrap().stats().submitted >= 2);
+            qp.close(|_| panic!("nothing in flight")).unwrap();
+            assert_eq!(ctrl.leaked_bytes(), 0);
+        }
+    }
+}

@@ -70,8 +70,8 @@ use crate::{Error, Result};
 /// (UFS).
 pub trait BlockQueue {
     /// Where a command goes: an NVMe namespace id (`u32`), a UFS logical
-    /// unit number (`u8`).
-    type Addr: Copy;
+    /// unit number (`u8`). Errors name it as a namespace id (`u32`).
+    type Addr: Copy + Into<u32>;
     /// The buffers this queue pair moves.
     type Buf: IoBuf;
 

@@ -23,8 +23,13 @@
 //! device can still write.
 //!
 //! The premapped path is untouched by any of this: `MappedQueuePair` is a
-//! separate type wrapping a `QueuePair<Mapped>`, so a queue pair of
-//! `DmaBuf`s pays no branch for the modes it does not use.
+//! separate type wrapping a queue pair of [`Mapped`] buffers, so a queue
+//! pair of `DmaBuf`s pays no branch for the modes it does not use.
+//!
+//! It is written once for both transports: `MappedQueuePair<Q>` wraps any
+//! [`BlockQueue`] — NVMe's `QueuePair<Mapped>` (the default,
+//! [`Controller::create_mapped_qpair`]) or UFS's `UfsQueuePair<Mapped>`
+//! ([`UfsController::create_mapped_qpair`](crate::ufs::UfsController::create_mapped_qpair)).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -63,6 +68,7 @@ use mcqio_vfio::{
     MapperStats, QueueMapper, Returned, PAGE_SIZE,
 };
 
+use super::block::BlockQueue;
 use crate::core::io::{Completion, IoError, SubmitErrorKind};
 use crate::nvme::ctrl::Controller;
 use crate::nvme::queue::{QpairOptions, QpairStats, QueuePair};
@@ -149,11 +155,14 @@ struct Slot {
 }
 
 /// A queue pair for application buffers, mapped per I/O in strict or lazy
-/// mode. Created by [`Controller::create_mapped_qpair`]; see the
-/// [module docs](self). `Send + !Sync`, one per thread, like [`QueuePair`].
-pub struct MappedQueuePair {
+/// mode, over any transport's queue pair `Q`. Created by
+/// [`Controller::create_mapped_qpair`] (NVMe, the default `Q`) or
+/// [`UfsController::create_mapped_qpair`](crate::ufs::UfsController::create_mapped_qpair);
+/// see the [module docs](self). `Send + !Sync`, one per thread, like
+/// [`QueuePair`].
+pub struct MappedQueuePair<Q: BlockQueue<Buf = Mapped> = QueuePair<Mapped>> {
     /// `None` only inside `close` and `drop`.
-    qp: Option<QueuePair<Mapped>>,
+    qp: Option<Q>,
     mapper: QueueMapper,
     /// Request slots: the mapper's and the queue pair's tag is the index.
     slots: Vec<Slot>,
@@ -161,11 +170,9 @@ pub struct MappedQueuePair {
     /// Slots ready to deliver, in the order they became ready.
     ready: Vec<u32>,
     returned: Vec<Returned>,
-    /// `(nsid, log2 block size)` of the active namespaces.
-    namespaces: Vec<(u32, u32)>,
 }
 
-impl std::fmt::Debug for MappedQueuePair {
+impl<Q: BlockQueue<Buf = Mapped>> std::fmt::Debug for MappedQueuePair<Q> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MappedQueuePair")
             .field("mode", &self.mapper.mode())
@@ -180,9 +187,34 @@ impl std::fmt::Debug for MappedQueuePair {
 const MAX_WINDOW: u64 = 4 << 30;
 const WINDOW_ALIGN: u64 = 2 << 20;
 
-impl MappedQueuePair {
+impl MappedQueuePair<QueuePair<Mapped>> {
     pub(crate) fn create(ctrl: &Arc<Controller>, opts: &QpairOptions) -> Result<Self> {
-        let (mode, lazy) = match opts.mapping {
+        Self::check_mode(&opts.mapping)?;
+        let qp = QueuePair::<Mapped>::create(
+            ctrl,
+            &QpairOptions {
+                mapping: MappingMode::Premapped,
+                ..opts.clone()
+            },
+        )?;
+        Self::new(qp, ctrl.dma(), ctrl.max_transfer(), &opts.mapping)
+    }
+
+    /// The underlying queue's id.
+    pub fn qid(&self) -> u16 {
+        self.qp.as_ref().map_or(0, |q| q.qid())
+    }
+
+    /// The queue pair's counters.
+    pub fn stats(&self) -> QpairStats {
+        self.qp.as_ref().map(|q| q.stats()).unwrap_or_default()
+    }
+}
+
+impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
+    /// Refuse `Premapped` (and a lazy batch of 0) before a queue is made.
+    pub(crate) fn check_mode(mapping: &MappingMode) -> Result<(DmaMode, LazyConfig)> {
+        Ok(match *mapping {
             MappingMode::Premapped => {
                 return Err(Error::InvalidOption(
                     "create_mapped_qpair needs MappingMode::Strict or Lazy; premapped queue pairs take DmaBufs: use create_qpair".into(),
@@ -197,18 +229,23 @@ impl MappedQueuePair {
                 }
                 (DmaMode::Lazy, LazyConfig { batch, max_delay })
             }
-        };
-        let qp = QueuePair::<Mapped>::create(
-            ctrl,
-            &QpairOptions {
-                mapping: MappingMode::Premapped,
-                ..opts.clone()
-            },
-        )?;
+        })
+    }
+
+    /// Wrap `qp` (a queue pair of [`Mapped`] buffers in `space`, whose
+    /// controller moves at most `max_transfer` bytes per command) with a
+    /// mapper in `mapping` mode (strict or lazy).
+    pub(crate) fn new(
+        qp: Q,
+        space: &Arc<mcqio_vfio::DmaSpace>,
+        max_transfer: u64,
+        mapping: &MappingMode,
+    ) -> Result<Self> {
+        let (mode, lazy) = Self::check_mode(mapping)?;
         let queued = if mode == DmaMode::Lazy { lazy.batch } else { 0 };
         let slots = qp.depth().saturating_add(queued);
         let window = (slots as u64 + 1)
-            .saturating_mul(ctrl.max_transfer().max(PAGE_SIZE as u64))
+            .saturating_mul(max_transfer.max(PAGE_SIZE as u64))
             .clamp(DEFAULT_WINDOW_LEN, MAX_WINDOW)
             .next_multiple_of(WINDOW_ALIGN);
         let cfg = MapperConfig {
@@ -217,7 +254,7 @@ impl MappedQueuePair {
             lazy,
             ..MapperConfig::default()
         };
-        let mapper = QueueMapper::new(ctrl.dma(), &cfg)
+        let mapper = QueueMapper::new(space, &cfg)
             .map_err(|e| Error::InvalidOption(format!("building the {mode} DMA mapper: {e}")))?;
         Ok(MappedQueuePair {
             qp: Some(qp),
@@ -235,29 +272,19 @@ impl MappedQueuePair {
             free: (0..slots as u32).rev().collect(),
             ready: Vec::with_capacity(slots),
             returned: Vec::with_capacity(slots),
-            namespaces: ctrl
-                .namespaces()
-                .iter()
-                .map(|ns| (ns.id, ns.lba_shift))
-                .collect(),
         })
     }
 
-    fn qp(&mut self) -> &mut QueuePair<Mapped> {
+    fn qp(&mut self) -> &mut Q {
         match self.qp.as_mut() {
             Some(qp) => qp,
             None => unreachable!("only close and drop take the queue pair out"),
         }
     }
 
-    /// The underlying queue's id.
-    pub fn qid(&self) -> u16 {
-        self.qp.as_ref().map_or(0, |q| q.qid())
-    }
-
-    /// The queue pair's counters.
-    pub fn stats(&self) -> QpairStats {
-        self.qp.as_ref().map(|q| q.stats()).unwrap_or_default()
+    /// The underlying queue pair (for its own counters).
+    pub fn queue_pair(&self) -> Option<&Q> {
+        self.qp.as_ref()
     }
 
     /// The mapper's counters (maps, unmap calls, invalidations, pinned bytes).
@@ -276,11 +303,12 @@ impl MappedQueuePair {
         self.slots.len() - self.free.len()
     }
 
-    /// Read `nlb` blocks from `slba` of namespace `nsid` into `buf` (which
-    /// must hold `nlb` blocks). The buffer comes back in the completion.
+    /// Read `nlb` blocks from `slba` of `nsid` (NVMe namespace, UFS logical
+    /// unit) into `buf` (which must hold `nlb` blocks). The buffer comes
+    /// back in the completion.
     pub fn read(
         &mut self,
-        nsid: u32,
+        nsid: Q::Addr,
         slba: u64,
         nlb: u32,
         buf: AppBuffer,
@@ -289,10 +317,10 @@ impl MappedQueuePair {
         self.submit_io(false, nsid, slba, nlb, buf, tag)
     }
 
-    /// Write `nlb` blocks at `slba` of namespace `nsid` from `buf`.
+    /// Write `nlb` blocks at `slba` of `nsid` from `buf`.
     pub fn write(
         &mut self,
-        nsid: u32,
+        nsid: Q::Addr,
         slba: u64,
         nlb: u32,
         buf: AppBuffer,
@@ -304,7 +332,7 @@ impl MappedQueuePair {
     fn submit_io(
         &mut self,
         write: bool,
-        nsid: u32,
+        nsid: Q::Addr,
         slba: u64,
         nlb: u32,
         buf: AppBuffer,
@@ -317,7 +345,8 @@ impl MappedQueuePair {
         if nlb == 0 {
             return Err(refuse(SubmitErrorKind::ZeroLength, buf));
         }
-        let Some(&(_, shift)) = self.namespaces.iter().find(|(id, _)| *id == nsid) else {
+        let Some(shift) = self.qp().block_shift(nsid) else {
+            let nsid = nsid.into();
             return Err(refuse(SubmitErrorKind::UnknownNamespace { nsid }, buf));
         };
         // nlb < 2^32 and shift <= 63 - 32 for any block size a namespace
@@ -601,7 +630,7 @@ fn settle(
     }
 }
 
-impl Drop for MappedQueuePair {
+impl<Q: BlockQueue<Buf = Mapped>> Drop for MappedQueuePair<Q> {
     /// Closes the queue and unmaps every buffer; the buffers are freed.
     fn drop(&mut self) {
         if let Err(e) = self.shut_down(&mut |_| {}) {
@@ -614,4 +643,5 @@ impl Drop for MappedQueuePair {
 const _: () = {
     const fn send<T: Send>() {}
     send::<MappedQueuePair>();
+    send::<MappedQueuePair<crate::ufs::UfsQueuePair<Mapped>>>();
 };

@@ -23,7 +23,7 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mcqio_vfio::{DmaDir, DmaSpace};
+use mcqio_vfio::{DmaDir, DmaSpace, Mapped};
 
 use super::ctrl::{health, Pool, UfsController, UfsMode};
 use super::mcq::{McqQueue, Reaped};
@@ -37,6 +37,7 @@ use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
 use crate::core::block::{self, BlockQueue, Blocking};
 use crate::core::deliver::{self, drain_all};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
+use crate::core::mapped::{MappedQueuePair, MappingMode};
 use crate::core::split::{Routed, Splits};
 use crate::core::timeout::{Action, TimeoutPolicy, Timeouts, IDLE_CLOCK_INTERVAL};
 use crate::core::tracker::Trackers;
@@ -192,6 +193,20 @@ impl UfsController {
     /// live queue pair.
     pub fn create_qpair<B: IoBuf>(self: &Arc<Self>) -> Result<UfsQueuePair<B>> {
         self.create_qpair_with(UfsQpairOptions::default())
+    }
+
+    /// Create a queue pair for application buffers mapped per I/O in
+    /// `mapping` mode (strict or lazy): the same [`MappedQueuePair`] as
+    /// NVMe's, over a UFS queue pair (see [`crate::core::mapped`]).
+    pub fn create_mapped_qpair(
+        self: &Arc<Self>,
+        opts: UfsQpairOptions,
+        mapping: MappingMode,
+    ) -> Result<MappedQueuePair<UfsQueuePair<Mapped>>> {
+        MappedQueuePair::<UfsQueuePair<Mapped>>::check_mode(&mapping)?;
+        let qp = self.create_qpair_with::<Mapped>(opts)?;
+        let max = qp.max_transfer();
+        MappedQueuePair::new(qp, self.dma(), max, &mapping)
     }
 
     /// Create a queue pair with `opts` (see [`create_qpair`](Self::create_qpair)).
