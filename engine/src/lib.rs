@@ -140,9 +140,13 @@
 //! The tree shows the architecture: one core, two transports.
 //!
 //! - [`core`]: written once for both transports: tags with generations
-//!   (`core::tracker`), the I/O API ([`DmaBuf`], the [`IoBuf`] trait,
-//!   [`Completion`], typed errors; [`core::io`]), application buffers mapped
-//!   per I/O ([`MappedQueuePair`], strict and lazy DMA modes;
+//!   (`core::tracker`), the split parent table, the [`TimeoutPolicy`] with
+//!   its clock and scan ([`core::timeout`]), ending every outstanding
+//!   command exactly once, the I/O API ([`DmaBuf`], the [`IoBuf`] trait,
+//!   [`Completion`], typed errors; [`core::io`]), the
+//!   [`BlockQueue`](core::block::BlockQueue) trait both queue pairs
+//!   implement and the blocking helpers on it ([`core::block`]), application
+//!   buffers mapped per I/O ([`MappedQueuePair`], strict and lazy DMA modes;
 //!   [`core::mapped`]), one queue pair per core ([`run_per_core`];
 //!   [`core::per_core`]).
 //! - [`nvme`]: the NVMe transport: wire formats ([`nvme::spec`]),
@@ -162,12 +166,12 @@ pub use self::core::mapped::{
     MappedQueuePair, MappedSubmitError, MappedSubmitErrorKind, MappingMode,
 };
 pub use self::core::per_core::run_per_core;
-pub use nvme::ctrl::TimeoutPolicy;
+pub use self::core::timeout::TimeoutPolicy;
 pub use nvme::{
     AsyncEvent, Controller, ControllerOptions, Namespace, NvmeStatus, Outstanding, QpairOptions,
     QpairStats, QueuePair,
 };
-pub use ufs::{UfsController, UfsCtrlError, UfsError, UfsOptions, UfsQueuePair};
+pub use ufs::{UfsController, UfsCtrlError, UfsError, UfsOptions, UfsQpairOptions, UfsQueuePair};
 
 pub use mcqio_vfio as vfio;
 

@@ -5,7 +5,7 @@
 //! and a rejected request always hands its buffer back.
 //!
 //! (Completion matching under random CQE streams is property-tested next to
-//! the tracker, in `src/queue/tracker.rs`, where it also runs under Miri.)
+//! the tracker, in `src/core/tracker.rs`, where it also runs under Miri.)
 
 mod common;
 

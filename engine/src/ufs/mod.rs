@@ -72,9 +72,13 @@
 //! - [`qpair`]: [`UfsQueuePair`], the per-thread I/O object (read, write,
 //!   flush, unmap, submit, poll, close, blocking helpers).
 //!
-//! Transport-independent pieces reused from the NVMe side: tag tracking
-//! with generations (`crate::core::tracker`), [`crate::IoBuf`],
-//! [`crate::Completion`], [`crate::SubmitError`].
+//! What is not UFS-specific comes from the shared [`crate::core`], as for
+//! NVMe: tag tracking with generations, the split parent table, the timeout
+//! policy and scan ([`crate::TimeoutPolicy`]), ending every outstanding
+//! command once, the blocking helpers and the [`crate::core::block::BlockQueue`]
+//! trait, [`crate::run_per_core`], the strict and lazy mapping modes
+//! ([`UfsController::create_mapped_qpair`]), and the I/O types
+//! ([`crate::IoBuf`], [`crate::Completion`], [`crate::SubmitError`]).
 //!
 //! The wire formats, each in the file named after the spec's own noun:
 //!

@@ -1,17 +1,9 @@
-//! Transfers above the per-command limit: one submission, several child
-//! commands, one completion.
-//!
-//! A read or write larger than the controller's MDTS (or
-//! [`crate::ControllerOptions::max_transfer`], or 65536 blocks) is cut into
-//! children of at most that size, in LBA order, each with its own tracker
-//! slot, CID and PRPs over its byte range of the one buffer. The caller's
-//! tag and buffer stay with a *parent* entry; a child's tracker slot holds
-//! the parent's tag (so timeout reports name the caller's tag) and no
-//! buffer. The parent completes once, when its last child is finished —
-//! completed by the device, aborted by a timeout, or drained by a reset or
-//! `close` — with the first error any child reported (else success), and
-//! only then is the buffer handed back: the device can no longer touch any
-//! part of it.
+//! NVMe's half of transfers above the per-command limit (MDTS,
+//! [`crate::ControllerOptions::max_transfer`], or 65536 blocks): building
+//! each child's SQE and PRPs. The parent table, and the contract (one
+//! submission, children in LBA order, one completion with the first error,
+//! the buffer back after the last child), are the shared core's
+//! (`core/split.rs`).
 //!
 //! Submission is all or nothing: the children's slots are reserved and
 //! their PRPs built before any SQE is written, so a rejection
@@ -20,11 +12,6 @@
 //! back with nothing sent. [`SubmitErrorKind::TransferTooLarge`] remains
 //! for what no split can carry: more children than the queue's depth, or a
 //! block larger than the per-command limit.
-//!
-//! Nothing here allocates after queue creation: the parent table and the
-//! per-slot parent links are sized to the queue depth, and every parent has
-//! at least one child in flight, so a free parent exists whenever enough
-//! slots do.
 
 use super::*;
 
