@@ -17,9 +17,53 @@
 //!   confirmed, a disabled or reset controller). Otherwise it is
 //!   [leaked](leak): never freed, never reused, and counted.
 
-use super::io::{IoBuf, IoError};
+use super::io::{Completion, IoBuf, IoError};
 use super::split::Splits;
 use super::tracker::Trackers;
+
+/// The command in `slot` finished with `result` and its tracker slot was
+/// just freed (`Trackers::complete`, which handed back `tag` and `buf`):
+/// the completion to deliver — its own, or its parent's when it was the
+/// last child of a split transfer — or `None` for a child whose siblings
+/// are still in flight. The per-I/O delivery path of both transports.
+#[inline(always)]
+pub(crate) fn route<B: IoBuf, S>(
+    splits: &mut Splits<B, S>,
+    slot: u16,
+    tag: u64,
+    buf: Option<B>,
+    result: Result<(), IoError>,
+    dw0: u32,
+) -> Option<Completion<B>> {
+    if let Some(p) = splits.parent_of(slot) {
+        return route_child(splits, slot, p, result);
+    }
+    Some(Completion {
+        tag,
+        result,
+        buf,
+        dw0,
+    })
+}
+
+/// A child of a split transfer finished: the parent's completion once it
+/// was the last.
+#[cold]
+#[inline(never)]
+fn route_child<B: IoBuf, S>(
+    splits: &mut Splits<B, S>,
+    slot: u16,
+    p: u16,
+    result: Result<(), IoError>,
+) -> Option<Completion<B>> {
+    let (tag, buf, result) = splits.child_done(slot, p, result)?;
+    Some(Completion {
+        tag,
+        result,
+        buf,
+        dw0: 0,
+    })
+}
 
 /// End up to `budget` commands still outstanding, in slot order; returns
 /// how many completions `f` received. `f` gets the tag, the buffer, and,

@@ -765,29 +765,11 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 }
             };
             let (tag, buf) = trackers.complete(slot);
-            if splits.active() {
-                match splits.finish(slot, result) {
-                    Routed::NotChild => {}
-                    Routed::Pending => return,
-                    Routed::Done(tag, result, buf) => {
-                        *completed += 1;
-                        f(Completion {
-                            tag,
-                            result,
-                            buf,
-                            dw0: 0,
-                        });
-                        return;
-                    }
-                }
+            if let Some(c) = deliver::route(splits, slot, tag, buf, result, 0) {
+                // Counted before the callback runs: it may panic.
+                *completed += 1;
+                f(c);
             }
-            *completed += 1;
-            f(Completion {
-                tag,
-                result,
-                buf,
-                dw0: 0,
-            });
         };
         let (n, bad) = match &mut **transport {
             // A UCD address that is not one of ours maps to an impossible

@@ -1110,40 +1110,13 @@ impl<B: IoBuf> QueuePair<B> {
                 } else {
                     Err(self.error_of(slot, cqe))
                 };
-                if let Some(p) = self.splits.parent_of(slot) {
-                    return self.child_done(slot, p, result);
-                }
-                Some(Completion {
-                    tag,
-                    result,
-                    buf,
-                    dw0: cqe.dw0,
-                })
+                deliver::route(&mut self.splits, slot, tag, buf, result, cqe.dw0)
             }
             _ => {
                 self.stale(cqe);
                 None
             }
         }
-    }
-
-    /// A child of a split transfer finished: the parent's completion once
-    /// it was the last (see `split.rs`).
-    #[cold]
-    #[inline(never)]
-    fn child_done(
-        &mut self,
-        slot: u16,
-        p: u16,
-        result: Result<(), IoError>,
-    ) -> Option<Completion<B>> {
-        let (tag, buf, result) = self.splits.child_done(slot, p, result)?;
-        Some(Completion {
-            tag,
-            result,
-            buf,
-            dw0: 0,
-        })
     }
 
     /// Count and log a CQE that matches no command in flight.
