@@ -103,9 +103,10 @@ fn run_per_core_drives_ufs_queue_pairs_too() {
 
 #[test]
 fn ufs_blocking_io_with_a_limit_below_one_block_is_a_typed_error() {
-    // A per-command limit smaller than one 4 KiB block: the blocking
-    // helpers used to cut the transfer into chunks of zero bytes (a panic
-    // in `chunks_mut`); now it is the typed error NVMe already returned.
+    // A per-command limit smaller than one 4 KiB block: the UFS blocking
+    // helpers used to size a zero-byte bounce buffer and fail with a
+    // misleading `Error::Dma(ZeroLength)`; now it is the typed error NVMe
+    // already returned.
     let (_f, ctrl) = up(
         sync_cfg(true),
         UfsOptions {
