@@ -210,7 +210,7 @@ fn reset_policy_ends_a_dropped_command_once_without_handing_back_its_buffer() {
 }
 
 #[test]
-fn no_timeout_by_default_option_none() {
+fn no_timeout_when_io_timeout_is_none() {
     let (f, ctrl) = up(sync_cfg(true), opts(1));
     let mut qp = ctrl
         .create_qpair_with::<DmaBuf>(UfsQpairOptions {
@@ -231,4 +231,35 @@ fn no_timeout_by_default_option_none() {
     }
     assert_eq!(qp.stats().timeouts, 0);
     assert_eq!(qp.outstanding(), 1);
+}
+
+#[test]
+fn reset_policy_on_a_split_transfer_ends_the_parent_once_and_leaks_its_whole_buffer() {
+    // 16 KiB over a limit of 8 KiB: two children. The device holds the
+    // first; the parent must end once, after both children, and its buffer
+    // (part of which the device may still write) is never handed back.
+    for mcq in [true, false] {
+        let (f, ctrl) = up(
+            sync_cfg(mcq),
+            mcqio::ufs::UfsOptions {
+                max_transfer: 8192,
+                ..opts(1)
+            },
+        );
+        let mut qp = qpair(&ctrl, TimeoutPolicy::Reset);
+        f.faults()
+            .inject_next(None, Some(READ10), UfsFault::DropCompletion);
+        let b = ctrl.alloc_buf(16384, DmaDir::Bidirectional).unwrap();
+        qp.read(0, 0, 4, b, 9).unwrap();
+        let mut done = Vec::new();
+        poll_until(&mut qp, &mut done, |_, out| !out.is_empty());
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].tag, 9);
+        assert_eq!(done[0].result, Err(IoError::TimedOut), "mcq={mcq}");
+        assert!(done[0].buf.is_none(), "mcq={mcq}");
+        assert_eq!(ctrl.leaked_bytes(), 16384, "mcq={mcq}");
+        assert_eq!(qp.stats().completed, 1);
+        no_more(&mut qp);
+        still_works(&mut qp);
+    }
 }

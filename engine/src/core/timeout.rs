@@ -125,6 +125,12 @@ impl Timeouts {
         }
     }
 
+    /// Whether a timeout is set.
+    #[inline(always)]
+    pub fn enabled(&self) -> bool {
+        self.timeout_ms != 0
+    }
+
     /// Read the coarse clock.
     #[inline]
     pub fn tick(&mut self) {

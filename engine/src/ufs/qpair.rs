@@ -404,7 +404,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // Only this pair's own flag (no load through the controller per
         // I/O): a failure another pair found is picked up by the next poll,
         // which then ends whatever was submitted meanwhile.
-        self.timeouts.stamp_if_idle(self.trackers.outstanding());
+        if self.timeouts.enabled() {
+            self.timeouts.stamp_if_idle(self.trackers.outstanding());
+        }
         if self.failed.is_some() {
             return Err(SubmitErrorKind::ControllerFailed);
         }
@@ -794,12 +796,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
                     return Err(health_error(h));
                 }
             }
-            if self.empty_polls % IDLE_CLOCK_INTERVAL == 0 {
+            if self.empty_polls % IDLE_CLOCK_INTERVAL == 0 && self.timeouts.enabled() {
                 self.timeouts.tick();
             }
         } else {
             self.empty_polls = 0;
-            if n != 0 {
+            if n != 0 && self.timeouts.enabled() {
                 self.timeouts.tick();
             }
         }
@@ -835,7 +837,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
                     let accepted = self.withdraw(e.slot).unwrap_or(false);
                     self.timeouts.abort_sent(&mut self.trackers, &e, accepted);
                 }
-                Action::Reset => self.reset_for_timeout(e.slot, f),
+                Action::Reset => {
+                    if self.reset_for_timeout(e.slot, f) {
+                        // The reset ends every command: nothing left to scan.
+                        return;
+                    }
+                }
             }
             if self.failed.is_some() {
                 return;
@@ -847,13 +854,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// that was refused or not answered). Escalates through
     /// `UfsController::reset_for_timeout`; while that hook is not wired,
     /// ends the command once as [`IoError::TimedOut`] without its buffer
-    /// and retires its slot (see [`UfsQueuePair`]).
+    /// and retires its slot (see [`UfsQueuePair`]). Returns whether the
+    /// controller was reset.
     #[cold]
-    fn reset_for_timeout(&mut self, slot: u16, f: &mut impl FnMut(Completion<B>)) {
+    fn reset_for_timeout(&mut self, slot: u16, f: &mut impl FnMut(Completion<B>)) -> bool {
         self.timeouts.stats.resets_requested += 1;
         if self.ctrl.reset_for_timeout() {
             // The reset ends every command in flight (the next poll sees it).
-            return;
+            return true;
         }
         // The device may still hold the command: never hand back its
         // buffer, never reuse its slot or command descriptor, and leak the
@@ -867,7 +875,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         self.ctrl.add_leaked(leaked);
         let (tag, result) = match routed {
             Routed::NotChild => (tag, Err(IoError::TimedOut)),
-            Routed::Pending => return,
+            Routed::Pending => return false,
             Routed::Done(tag, result, _) => (tag, result),
         };
         self.timeouts.stats.timed_out += 1;
@@ -878,6 +886,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             buf: None,
             dw0: 0,
         });
+        false
     }
 
     /// The controller failed or disappeared: it no longer accesses any
