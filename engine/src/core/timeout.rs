@@ -7,16 +7,16 @@
 //! outstanding, and when a command arrives on an idle queue — and stamps
 //! each command with it when it is armed (`core::tracker`). Once
 //! a quarter of the timeout has passed since the last scan, the queue pair
-//! walks its busy slots with `Timeouts::next_expired`; the core decides
-//! what each expired command needs (`Action`) from the policy and the
-//! slot's timeout state, and the transport carries it out (NVMe: an Abort
-//! admin command or a controller reset; UFS: MCQ cleanup by nexus or
-//! UTRLCLR, or a host controller reset) and reports back
-//! (`Timeouts::abort_sent`, `Timeouts::reported`).
+//! runs `scan`: the core walks the busy slots, decides what each expired
+//! command needs (`Action`) from the policy and the slot's timeout state,
+//! and calls the transport through a small interface (`TimeoutActions`:
+//! report, abort, reset) to carry it out — NVMe: an Abort admin command or
+//! a controller reset; UFS: MCQ cleanup by nexus or UTRLCLR, or a host
+//! controller reset. The transport never calls back into the scan.
 //!
 //! A command whose completion is already posted (waiting in the CQ for a
-//! slow consumer) was answered in time: the transport tells the scan which
-//! slots those are, and they are skipped.
+//! slow consumer) was answered in time: before the scan the transport
+//! marks those slots (`Timeouts::mark_posted`), and they are skipped.
 
 use std::time::{Duration, Instant};
 
@@ -106,10 +106,14 @@ pub(crate) struct Timeouts {
     pub now_ms: u32,
     epoch: Instant,
     pub stats: TimeoutStats,
+    /// Scratch bitmap of a scan: slots whose completion is posted but not
+    /// yet consumed (one bit per slot).
+    posted: Box<[u64]>,
 }
 
 impl Timeouts {
-    pub fn new(timeout: Option<Duration>, policy: TimeoutPolicy) -> Self {
+    /// For a queue of `depth` slots.
+    pub fn new(timeout: Option<Duration>, policy: TimeoutPolicy, depth: u16) -> Self {
         // Ages are compared with wrapping arithmetic: keep the bound below
         // half the clock's range.
         let timeout_ms =
@@ -122,6 +126,7 @@ impl Timeouts {
             now_ms: 0,
             epoch: Instant::now(),
             stats: TimeoutStats::default(),
+            posted: vec![0; usize::from(depth).div_ceil(64)].into_boxed_slice(),
         }
     }
 
@@ -163,24 +168,35 @@ impl Timeouts {
         self.timeout_ms != 0 && self.now_ms.wrapping_sub(self.last_scan_ms) >= self.scan_interval_ms
     }
 
-    /// Start a scan: call [`next_expired`](Self::next_expired) from slot 0.
+    /// Start a scan: no slot is marked posted yet.
     pub fn begin_scan(&mut self) {
         self.last_scan_ms = self.now_ms;
+        self.posted.fill(0);
+    }
+
+    /// The completion of the command in `slot` is posted but not consumed:
+    /// this scan skips it. Call between [`begin_scan`](Self::begin_scan)
+    /// and [`scan`].
+    pub fn mark_posted(&mut self, slot: u16) {
+        if let Some(w) = self.posted.get_mut(usize::from(slot) / 64) {
+            *w |= 1 << (slot % 64);
+        }
+    }
+
+    fn is_posted(&self, slot: u16) -> bool {
+        self.posted
+            .get(usize::from(slot) / 64)
+            .is_some_and(|w| w & (1 << (slot % 64)) != 0)
     }
 
     /// The first busy slot at or after `from` that needs an action, skipping
-    /// slots whose completion is already `posted`. A command found past its
-    /// timeout for the first time is counted.
-    pub fn next_expired<B>(
-        &mut self,
-        trackers: &Trackers<B>,
-        from: u16,
-        posted: impl Fn(u16) -> bool,
-    ) -> Option<Expired> {
+    /// slots marked posted. A command found past its timeout for the first
+    /// time is counted.
+    pub fn next_expired<B>(&mut self, trackers: &Trackers<B>, from: u16) -> Option<Expired> {
         let limit = self.timeout_ms;
         for slot in from..trackers.slots() as u16 {
             let s = trackers.slot(slot);
-            if !s.busy || posted(slot) {
+            if !s.busy || self.is_posted(slot) {
                 continue;
             }
             let age_ms = self.now_ms.wrapping_sub(s.submitted_ms);
@@ -244,6 +260,60 @@ impl Timeouts {
     }
 }
 
+/// What a transport does for the timeout scan. The core walks the slots
+/// and decides ([`scan`]); these carry the decisions out on the wire.
+pub(crate) trait TimeoutActions {
+    /// The queue's buffers.
+    type Buf;
+    /// The queue pair's timeout state and trackers.
+    fn state(&mut self) -> (&mut Timeouts, &mut Trackers<Self::Buf>);
+    /// Log a command found past its timeout under `ReportOnly`.
+    fn report(&mut self, e: &Expired);
+    /// Ask the device to give up `e`'s command; whether it accepted (its
+    /// completion is then due, as [`crate::IoError::TimedOut`]).
+    fn abort(&mut self, e: &Expired) -> bool;
+    /// `e`'s command needs a controller reset. Returns whether the scan
+    /// should stop (a reset happened and ends every command).
+    fn reset(&mut self, e: &Expired) -> bool;
+    /// Whether the scan should stop after an action (the controller was
+    /// reset or failed meanwhile).
+    fn stop(&self) -> bool;
+}
+
+/// One timeout scan (the caller checked [`Timeouts::scan_due`], called
+/// [`Timeouts::begin_scan`] and marked posted slots): act on every command
+/// past its time, in slot order.
+pub(crate) fn scan<Q: TimeoutActions>(q: &mut Q) {
+    let mut from = 0;
+    loop {
+        let (t, trackers) = q.state();
+        let Some(e) = t.next_expired(trackers, from) else {
+            return;
+        };
+        from = e.slot + 1;
+        match e.action {
+            Action::Report => {
+                q.report(&e);
+                let (t, trackers) = q.state();
+                t.reported(trackers, &e);
+            }
+            Action::Abort => {
+                let accepted = q.abort(&e);
+                let (t, trackers) = q.state();
+                t.abort_sent(trackers, &e, accepted);
+            }
+            Action::Reset => {
+                if q.reset(&e) {
+                    return;
+                }
+            }
+        }
+        if q.stop() {
+            return;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,14 +329,20 @@ mod tests {
 
     #[test]
     fn scan_finds_only_expired_unposted_commands_and_counts_each_once() {
-        let mut to = Timeouts::new(Some(Duration::from_millis(100)), TimeoutPolicy::ReportOnly);
+        let mut to = Timeouts::new(
+            Some(Duration::from_millis(100)),
+            TimeoutPolicy::ReportOnly,
+            8,
+        );
         let mut t = armed(8, 4, 0);
         to.now_ms = 99;
-        assert!(to.next_expired(&t, 0, |_| false).is_none());
+        assert!(to.next_expired(&t, 0).is_none());
         to.now_ms = 100;
+        to.begin_scan();
+        to.mark_posted(2);
         let mut found = vec![];
         let mut from = 0;
-        while let Some(e) = to.next_expired(&t, from, |s| s == 2) {
+        while let Some(e) = to.next_expired(&t, from) {
             assert_eq!(e.action, Action::Report);
             from = e.slot + 1;
             found.push(e.slot);
@@ -274,36 +350,33 @@ mod tests {
         }
         assert_eq!(found, vec![0, 1, 3], "slot 2's completion is posted");
         assert_eq!(to.stats.timeouts, 3);
-        assert!(
-            to.next_expired(&t, 0, |s| s == 2).is_none(),
-            "reported once"
-        );
+        assert!(to.next_expired(&t, 0).is_none(), "reported once");
     }
 
     #[test]
     fn abort_escalates_to_reset() {
-        let mut to = Timeouts::new(Some(Duration::from_millis(100)), TimeoutPolicy::Abort);
+        let mut to = Timeouts::new(Some(Duration::from_millis(100)), TimeoutPolicy::Abort, 4);
         let mut t = armed(4, 2, 0);
         to.now_ms = 150;
-        let a = to.next_expired(&t, 0, |_| false).unwrap();
+        let a = to.next_expired(&t, 0).unwrap();
         assert_eq!(a.action, Action::Abort);
         to.abort_sent(&mut t, &a, true);
-        let b = to.next_expired(&t, a.slot + 1, |_| false).unwrap();
+        let b = to.next_expired(&t, a.slot + 1).unwrap();
         assert_eq!(b.action, Action::Abort);
         to.abort_sent(&mut t, &b, false);
         // Refused: reset after a scan interval; accepted: after a timeout.
         to.now_ms = 150 + 25;
-        let e = to.next_expired(&t, 0, |_| false).unwrap();
+        let e = to.next_expired(&t, 0).unwrap();
         assert_eq!((e.slot, e.action), (b.slot, Action::Reset));
         to.now_ms = 250;
-        let e = to.next_expired(&t, 0, |_| false).unwrap();
+        let e = to.next_expired(&t, 0).unwrap();
         assert_eq!((e.slot, e.action), (a.slot, Action::Reset));
         assert_eq!(to.stats.aborts_sent, 2);
     }
 
     #[test]
     fn no_timeout_never_scans() {
-        let mut to = Timeouts::new(None, TimeoutPolicy::Abort);
+        let mut to = Timeouts::new(None, TimeoutPolicy::Abort, 4);
         to.now_ms = u32::MAX / 2;
         assert!(!to.scan_due());
     }

@@ -39,7 +39,9 @@ use crate::core::deliver::{self, drain_all};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::mapped::{MappedQueuePair, MappingMode};
 use crate::core::split::{Routed, Splits};
-use crate::core::timeout::{Action, TimeoutPolicy, Timeouts, IDLE_CLOCK_INTERVAL};
+use crate::core::timeout::{
+    self, Expired, TimeoutActions, TimeoutPolicy, Timeouts, IDLE_CLOCK_INTERVAL,
+};
 use crate::core::tracker::Trackers;
 use crate::{Error, Result};
 
@@ -288,7 +290,7 @@ impl UfsController {
             submitted: 0,
             completed: 0,
             empty_polls: 0,
-            timeouts: Timeouts::new(opts.io_timeout, opts.timeout_policy),
+            timeouts: Timeouts::new(opts.io_timeout, opts.timeout_policy, depth),
             failed: None,
             leak: false,
             closed: false,
@@ -819,35 +821,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
     #[cold]
     #[inline(never)]
     fn scan_timeouts(&mut self, f: &mut impl FnMut(Completion<B>)) {
+        // Nothing is marked posted: the scan runs only after a poll that
+        // reaped everything posted.
         self.timeouts.begin_scan();
-        let mut from = 0;
-        while let Some(e) = self.timeouts.next_expired(&self.trackers, from, |_| false) {
-            from = e.slot + 1;
-            match e.action {
-                Action::Report => {
-                    log::warn!(
-                        "UFS queue pair (tag base {}): command tag {} has no completion after {} ms",
-                        self.tag_base,
-                        e.tag,
-                        e.age_ms
-                    );
-                    self.timeouts.reported(&mut self.trackers, &e);
-                }
-                Action::Abort => {
-                    let accepted = self.withdraw(e.slot).unwrap_or(false);
-                    self.timeouts.abort_sent(&mut self.trackers, &e, accepted);
-                }
-                Action::Reset => {
-                    if self.reset_for_timeout(e.slot, f) {
-                        // The reset ends every command: nothing left to scan.
-                        return;
-                    }
-                }
-            }
-            if self.failed.is_some() {
-                return;
-            }
-        }
+        timeout::scan(&mut UfsTimeouts { qp: self, f });
     }
 
     /// A command needs a host controller reset (policy `Reset`, or an abort
@@ -1090,6 +1067,42 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 }),
             },
         }
+    }
+}
+
+/// UFS's side of the shared timeout scan: log, withdraw the command (MCQ
+/// cleanup by nexus, UTRLCLR), escalate to the controller-reset hook.
+struct UfsTimeouts<'a, B: IoBuf, F> {
+    qp: &'a mut UfsQueuePair<B>,
+    f: &'a mut F,
+}
+
+impl<B: IoBuf, F: FnMut(Completion<B>)> TimeoutActions for UfsTimeouts<'_, B, F> {
+    type Buf = B;
+
+    fn state(&mut self) -> (&mut Timeouts, &mut Trackers<B>) {
+        (&mut self.qp.timeouts, &mut self.qp.trackers)
+    }
+
+    fn report(&mut self, e: &Expired) {
+        log::warn!(
+            "UFS queue pair (tag base {}): command tag {} has no completion after {} ms",
+            self.qp.tag_base,
+            e.tag,
+            e.age_ms
+        );
+    }
+
+    fn abort(&mut self, e: &Expired) -> bool {
+        self.qp.withdraw(e.slot).unwrap_or(false)
+    }
+
+    fn reset(&mut self, e: &Expired) -> bool {
+        self.qp.reset_for_timeout(e.slot, self.f)
+    }
+
+    fn stop(&self) -> bool {
+        self.qp.failed.is_some()
     }
 }
 

@@ -20,7 +20,7 @@ use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::core::block::{self, BlockQueue, Blocking};
 use crate::core::deliver::{self, drain_all};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::core::timeout::{Action, Timeouts, IDLE_CLOCK_INTERVAL};
+use crate::core::timeout::{self, Expired, TimeoutActions, Timeouts, IDLE_CLOCK_INTERVAL};
 use crate::core::tracker::Trackers;
 use crate::nvme::ctrl::{state, Controller, TimeoutPolicy};
 use crate::nvme::spec::regs;
@@ -236,9 +236,6 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     /// them: a failed controller that could not be disabled, or a queue
     /// whose deletion failed. Then they are leaked, never freed.
     device_may_access: bool,
-    /// Scratch bitmap of the timeout scan: slots whose completion is posted
-    /// in the CQ but not yet consumed (one bit per slot).
-    posted: Box<[u64]>,
     prp_mem: ManuallyDrop<DmaRegion>,
     ctrl: Arc<Controller>,
     _not_sync: PhantomData<Cell<()>>,
@@ -508,7 +505,7 @@ impl<B: IoBuf> QueuePair<B> {
             qid,
             failed: None,
             seen_state,
-            timeouts: Timeouts::new(opts.io_timeout, opts.timeout_policy),
+            timeouts: Timeouts::new(opts.io_timeout, opts.timeout_policy, opts.depth),
             rstats: RecoveryStats::default(),
             idle_polls: 0,
             submitted: 0,
@@ -518,7 +515,6 @@ impl<B: IoBuf> QueuePair<B> {
             teardown: Teardown::Live,
             queue_absent: false,
             device_may_access: false,
-            posted: vec![0; (opts.depth as usize).div_ceil(64)].into_boxed_slice(),
             prp_mem: ManuallyDrop::new(prp_mem),
             ctrl: Arc::clone(ctrl),
             _not_sync: PhantomData,
@@ -1328,60 +1324,21 @@ impl<B: IoBuf> QueuePair<B> {
         budget: usize,
     ) -> Result<usize> {
         self.timeouts.begin_scan();
-        let mut reset = false;
         // A command whose completion is already posted in the CQ (not yet
         // consumed: a slow consumer, or `poll` with a small `max`) was
         // answered in time: it is not a timeout. Mark those slots first.
-        self.posted.fill(0);
-        let (posted, trackers) = (&mut self.posted, &self.trackers);
+        let (timeouts, trackers) = (&mut self.timeouts, &self.trackers);
         self.cq.posted_cids(|cid| {
             if let Some(slot) = trackers.lookup(cid) {
-                posted[slot as usize / 64] |= 1 << (slot % 64);
+                timeouts.mark_posted(slot);
             }
         });
-        let mut from = 0;
-        while let Some(e) = {
-            let posted = &self.posted;
-            self.timeouts.next_expired(&self.trackers, from, |slot| {
-                posted[slot as usize / 64] & (1 << (slot % 64)) != 0
-            })
-        } {
-            from = e.slot + 1;
-            match e.action {
-                Action::Report => {
-                    log::warn!(
-                        "queue {}: command cid {:#06x} tag {} has no completion after {} ms",
-                        self.qid,
-                        e.cid,
-                        e.tag,
-                        e.age_ms
-                    );
-                    self.timeouts.reported(&mut self.trackers, &e);
-                }
-                Action::Reset => reset = true,
-                Action::Abort => {
-                    let r = self
-                        .ctrl
-                        .admin_cmd(Abort::new(self.qid, e.cid).sqe(), "Abort");
-                    // Dword 0 bit 0 clear: the controller aborted it.
-                    let accepted = match r {
-                        Ok(c) => c.dw0 & 1 == 0,
-                        Err(err) => {
-                            log::warn!(
-                                "queue {}: Abort of cid {:#06x} failed: {err}",
-                                self.qid,
-                                e.cid
-                            );
-                            false
-                        }
-                    };
-                    self.timeouts.abort_sent(&mut self.trackers, &e, accepted);
-                    if self.ctrl.state() != self.seen_state {
-                        break;
-                    }
-                }
-            }
-        }
+        let mut scan = NvmeTimeouts {
+            qp: self,
+            reset: false,
+        };
+        timeout::scan(&mut scan);
+        let reset = scan.reset;
         if reset && self.ctrl.state() == self.seen_state {
             self.timeouts.stats.resets_requested += 1;
             if let Err(e) = self.ctrl.reset_if(self.seen_state) {
@@ -1588,6 +1545,57 @@ impl<B: IoBuf> QueuePair<B> {
             },
         );
         Err(e)
+    }
+}
+
+/// NVMe's side of the shared timeout scan: log, send an Abort admin
+/// command, and note that the controller must be reset (once, after the
+/// scan).
+struct NvmeTimeouts<'a, B: IoBuf> {
+    qp: &'a mut QueuePair<B>,
+    reset: bool,
+}
+
+impl<B: IoBuf> TimeoutActions for NvmeTimeouts<'_, B> {
+    type Buf = B;
+
+    fn state(&mut self) -> (&mut Timeouts, &mut Trackers<B>) {
+        (&mut self.qp.timeouts, &mut self.qp.trackers)
+    }
+
+    fn report(&mut self, e: &Expired) {
+        log::warn!(
+            "queue {}: command cid {:#06x} tag {} has no completion after {} ms",
+            self.qp.qid,
+            e.cid,
+            e.tag,
+            e.age_ms
+        );
+    }
+
+    fn abort(&mut self, e: &Expired) -> bool {
+        let qid = self.qp.qid;
+        let r = self
+            .qp
+            .ctrl
+            .admin_cmd(Abort::new(qid, e.cid).sqe(), "Abort");
+        // Dword 0 bit 0 clear: the controller aborted it.
+        match r {
+            Ok(c) => c.dw0 & 1 == 0,
+            Err(err) => {
+                log::warn!("queue {qid}: Abort of cid {:#06x} failed: {err}", e.cid);
+                false
+            }
+        }
+    }
+
+    fn reset(&mut self, _: &Expired) -> bool {
+        self.reset = true;
+        false
+    }
+
+    fn stop(&self) -> bool {
+        self.qp.ctrl.state() != self.qp.seen_state
     }
 }
 
