@@ -97,14 +97,18 @@ impl UcdSlice {
         bytes: u32,
         read: bool,
     ) {
-        let cmd = CommandUpiu::new(lun, task_tag, cdb, bytes, read);
+        let w = CommandUpiu::new(lun, task_tag, cdb, bytes, read).to_words();
+        let p = self.at(slot, Ucd::COMMAND_OFFSET).cast::<u64>();
         // SAFETY: inside `mem` (see `at`), 32 bytes at a 128-byte aligned
-        // slot base; the slot is free (not in flight), so the device does
-        // not read or write this UCD now. Volatile stores, no reference.
+        // slot base (so each u64 is aligned); the slot is free (not in
+        // flight), so the device does not read or write this UCD now.
+        // Volatile stores, no reference; four words, not one store per
+        // field.
         unsafe {
-            self.at(slot, Ucd::COMMAND_OFFSET)
-                .cast::<CommandUpiu>()
-                .write_volatile(cmd);
+            p.write_volatile(w[0]);
+            p.add(1).write_volatile(w[1]);
+            p.add(2).write_volatile(w[2]);
+            p.add(3).write_volatile(w[3]);
             self.at(slot, Ucd::RESPONSE_OFFSET).write_volatile(0);
         }
     }
@@ -131,13 +135,15 @@ impl UcdSlice {
     #[inline(always)]
     fn put_prd(&mut self, slot: u16, i: usize, e: PrdtEntry) {
         debug_assert!(i < MAX_PRDT_ENTRIES);
+        let w = e.to_le_words();
+        let p = self.at(slot, Ucd::PRDT_OFFSET + i * 16).cast::<u64>();
         // SAFETY: `i < MAX_PRDT_ENTRIES`, so the entry lies inside the UCD
-        // (its size has room for that many); the slot is not in flight.
+        // (its size has room for that many), 16-byte aligned (the PRDT
+        // offset is); the slot is not in flight. Two word stores.
         unsafe {
-            self.at(slot, Ucd::PRDT_OFFSET + i * 16)
-                .cast::<PrdtEntry>()
-                .write_volatile(e)
-        };
+            p.write_volatile(w[0].to_le());
+            p.add(1).write_volatile(w[1].to_le());
+        }
     }
 
     /// A PRDT of one entry for the parameter list at `iova`, `len` bytes.

@@ -131,6 +131,40 @@ impl CommandUpiu {
             cdb,
         }
     }
+
+    /// The 32 bytes as four words in memory order (`from_ne_bytes` of
+    /// each 8-byte group), so the hot path stores them with four 64-bit
+    /// stores instead of one store per field.
+    #[inline(always)]
+    pub const fn to_words(&self) -> [u64; 4] {
+        let h = &self.header;
+        let e = &self.exp_len;
+        let c = &self.cdb;
+        [
+            u64::from_ne_bytes([
+                h.trans_type,
+                h.flags,
+                h.lun,
+                h.task_tag,
+                h.iid_cmd_set,
+                h.function,
+                h.response,
+                h.status,
+            ]),
+            u64::from_ne_bytes([
+                h.ehs_len,
+                h.device_info,
+                h.data_seg_len[0],
+                h.data_seg_len[1],
+                e[0],
+                e[1],
+                e[2],
+                e[3],
+            ]),
+            u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
+            u64::from_ne_bytes([c[8], c[9], c[10], c[11], c[12], c[13], c[14], c[15]]),
+        ]
+    }
 }
 
 /// Most sense bytes a RESPONSE carries (fixed-format sense, 18 bytes).
@@ -365,6 +399,16 @@ mod tests {
         let w = CommandUpiu::new(0, 1, cdb, 4096, false);
         assert_eq!(w.header.flags, flags::WRITE);
         assert_eq!(CommandUpiu::new(0, 1, cdb, 0, true).header.flags, 0);
+        let mut cdb = [0u8; 16];
+        for (i, x) in cdb.iter_mut().enumerate() {
+            *x = 0x80 | i as u8;
+        }
+        let c = CommandUpiu::new(3, 0x7E, cdb, 0x0102_0304, false);
+        let mut from_words = Vec::new();
+        for w in c.to_words() {
+            from_words.extend_from_slice(&w.to_ne_bytes());
+        }
+        assert_eq!(from_words, bytes(&c), "the word form is the same 32 bytes");
     }
 
     #[test]
