@@ -113,6 +113,35 @@ impl UcdSlice {
         }
     }
 
+    /// [`UcdSlice::write_command`] for a READ or WRITE of `blocks` blocks
+    /// at `lba` moving `bytes` (the I/O path): the UPIU is computed as words
+    /// in registers ([`CommandUpiu::rw_le_words`]).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_rw(
+        &mut self,
+        slot: u16,
+        lun: u8,
+        task_tag: u8,
+        lba: u64,
+        blocks: u32,
+        bytes: u32,
+        read: bool,
+    ) {
+        let w = CommandUpiu::rw_le_words(lun, task_tag, lba, blocks, bytes, read);
+        let p = self.at(slot, Ucd::COMMAND_OFFSET).cast::<u64>();
+        // SAFETY: as in `write_command`: 32 bytes at the 128-byte aligned
+        // base of a slot that is not in flight, inside `mem`; volatile
+        // stores, no reference.
+        unsafe {
+            p.write_volatile(w[0].to_le());
+            p.add(1).write_volatile(w[1].to_le());
+            p.add(2).write_volatile(w[2].to_le());
+            p.add(3).write_volatile(w[3].to_le());
+            self.at(slot, Ucd::RESPONSE_OFFSET).write_volatile(0);
+        }
+    }
+
     /// The LUN written into `slot`'s COMMAND UPIU (header byte 2).
     pub fn command_lun(&self, slot: u16) -> u8 {
         // SAFETY: inside `mem` (see `at`); the host wrote this byte at
