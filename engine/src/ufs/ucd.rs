@@ -15,15 +15,16 @@ use super::spec::utrd::{PrdtEntry, Ucd};
 use crate::io::{IoBuf, SubmitErrorKind};
 
 /// Most PRDT entries per command (each up to 256 KiB).
-pub const MAX_PRDT_ENTRIES: usize = 256;
+pub const MAX_PRDT_ENTRIES: usize = Ucd::MAX_PRDT_ENTRIES;
 /// Bytes per command descriptor.
 pub(crate) const UCD_SIZE: usize = Ucd::size(MAX_PRDT_ENTRIES);
-/// Where an UNMAP parameter list goes inside the command UPIU area (after
-/// the 32-byte COMMAND UPIU; dword aligned, so a PRDT entry can name it).
+/// Where an UNMAP parameter list goes: in the PRDT area past the one entry
+/// that names it (dword aligned, so a PRDT entry can name it; see [`Ucd`]).
 pub(crate) const PARAM_OFFSET: usize = 64;
 
 const _: () = assert!(UCD_SIZE % Ucd::ALIGN as usize == 0);
-const _: () = assert!(PARAM_OFFSET + 64 <= Ucd::COMMAND_LEN);
+const _: () = assert!(PARAM_OFFSET >= Ucd::PRDT_OFFSET + 16);
+const _: () = assert!(PARAM_OFFSET + 64 <= Ucd::PRDT_OFFSET + MAX_PRDT_ENTRIES * 16);
 
 /// The fast-path view of a RESPONSE UPIU header.
 #[derive(Copy, Clone, Debug)]
@@ -150,10 +151,12 @@ impl UcdSlice {
     }
 
     /// Copy `bytes` (≤ 64) into `slot`'s parameter area; returns its IOVA.
+    /// The command's PRDT must be the one entry [`UcdSlice::param_prdt`]
+    /// writes (the area is the PRDT's unused tail).
     pub fn write_param(&mut self, slot: u16, bytes: &[u8]) -> u64 {
         debug_assert!(bytes.len() <= 64);
-        // SAFETY: `PARAM_OFFSET + 64 <= COMMAND_LEN < UCD_SIZE` (asserted at
-        // compile time), inside `mem`; the slot is not in flight.
+        // SAFETY: `PARAM_OFFSET + 64` is inside the PRDT area, so inside
+        // `mem` (asserted at compile time); the slot is not in flight.
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.at(slot, PARAM_OFFSET), bytes.len())
         };
