@@ -186,16 +186,23 @@ impl McqQueue {
     /// Write `utrd` into the next SQ slot. The caller guarantees a free slot.
     #[inline(always)]
     pub fn post(&mut self, utrd: Utrd) {
+        let w = utrd.to_le_words();
+        let p = self
+            .sq_ring
+            .as_ptr()
+            .wrapping_add(self.sq_tail as usize)
+            .cast::<u64>();
         // SAFETY: `sq_tail < entries` and the ring holds `entries` UTRDs in
-        // DMA memory `self` owns; the controller does not read this slot
-        // until SQTP publishes it (after the barrier in `flush`), so the
-        // volatile store races with nothing and forms no reference.
+        // DMA memory `self` owns (32-byte aligned, so each u64 is); the
+        // controller does not read this slot until SQTP publishes it (after
+        // the barrier in `flush`), so the volatile stores race with nothing
+        // and form no reference. Four words, not one store per field.
         unsafe {
-            self.sq_ring
-                .as_ptr()
-                .add(self.sq_tail as usize)
-                .write_volatile(utrd)
-        };
+            p.write_volatile(w[0].to_le());
+            p.add(1).write_volatile(w[1].to_le());
+            p.add(2).write_volatile(w[2].to_le());
+            p.add(3).write_volatile(w[3].to_le());
+        }
         self.sq_tail += 1;
         if self.sq_tail == self.entries {
             self.sq_tail = 0;

@@ -501,15 +501,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 return Err(submit_err(k, buf));
             }
         };
-        let cdb = if read {
-            scsi::read(lba, blocks, false)
-        } else {
-            scsi::write(lba, blocks, false)
-        };
         let task_tag = self.tag_base.wrapping_add(slot as u8);
         // `bytes <= max_xfer <= 16 MiB`: fits the 32-bit length field.
         self.ucds
-            .write_command(slot, lun, task_tag, cdb, bytes as u32, read);
+            .write_rw(slot, lun, task_tag, lba, blocks, bytes as u32, read);
         let dir = if read {
             DataDir::FromDevice
         } else {

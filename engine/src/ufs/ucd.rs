@@ -15,15 +15,16 @@ use super::spec::utrd::{PrdtEntry, Ucd};
 use crate::core::io::{IoBuf, SubmitErrorKind};
 
 /// Most PRDT entries per command (each up to 256 KiB).
-pub const MAX_PRDT_ENTRIES: usize = 256;
+pub const MAX_PRDT_ENTRIES: usize = Ucd::MAX_PRDT_ENTRIES;
 /// Bytes per command descriptor.
 pub(crate) const UCD_SIZE: usize = Ucd::size(MAX_PRDT_ENTRIES);
-/// Where an UNMAP parameter list goes inside the command UPIU area (after
-/// the 32-byte COMMAND UPIU; dword aligned, so a PRDT entry can name it).
+/// Where an UNMAP parameter list goes: in the PRDT area past the one entry
+/// that names it (dword aligned, so a PRDT entry can name it; see [`Ucd`]).
 pub(crate) const PARAM_OFFSET: usize = 64;
 
 const _: () = assert!(UCD_SIZE % Ucd::ALIGN as usize == 0);
-const _: () = assert!(PARAM_OFFSET + 64 <= Ucd::COMMAND_LEN);
+const _: () = assert!(PARAM_OFFSET >= Ucd::PRDT_OFFSET + 16);
+const _: () = assert!(PARAM_OFFSET + 64 <= Ucd::PRDT_OFFSET + MAX_PRDT_ENTRIES * 16);
 
 /// The fast-path view of a RESPONSE UPIU header.
 #[derive(Copy, Clone, Debug)]
@@ -97,14 +98,47 @@ impl UcdSlice {
         bytes: u32,
         read: bool,
     ) {
-        let cmd = CommandUpiu::new(lun, task_tag, cdb, bytes, read);
+        let w = CommandUpiu::new(lun, task_tag, cdb, bytes, read).to_words();
+        let p = self.at(slot, Ucd::COMMAND_OFFSET).cast::<u64>();
         // SAFETY: inside `mem` (see `at`), 32 bytes at a 128-byte aligned
-        // slot base; the slot is free (not in flight), so the device does
-        // not read or write this UCD now. Volatile stores, no reference.
+        // slot base (so each u64 is aligned); the slot is free (not in
+        // flight), so the device does not read or write this UCD now.
+        // Volatile stores, no reference; four words, not one store per
+        // field.
         unsafe {
-            self.at(slot, Ucd::COMMAND_OFFSET)
-                .cast::<CommandUpiu>()
-                .write_volatile(cmd);
+            p.write_volatile(w[0]);
+            p.add(1).write_volatile(w[1]);
+            p.add(2).write_volatile(w[2]);
+            p.add(3).write_volatile(w[3]);
+            self.at(slot, Ucd::RESPONSE_OFFSET).write_volatile(0);
+        }
+    }
+
+    /// [`UcdSlice::write_command`] for a READ or WRITE of `blocks` blocks
+    /// at `lba` moving `bytes` (the I/O path): the UPIU is computed as words
+    /// in registers ([`CommandUpiu::rw_le_words`]).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_rw(
+        &mut self,
+        slot: u16,
+        lun: u8,
+        task_tag: u8,
+        lba: u64,
+        blocks: u32,
+        bytes: u32,
+        read: bool,
+    ) {
+        let w = CommandUpiu::rw_le_words(lun, task_tag, lba, blocks, bytes, read);
+        let p = self.at(slot, Ucd::COMMAND_OFFSET).cast::<u64>();
+        // SAFETY: as in `write_command`: 32 bytes at the 128-byte aligned
+        // base of a slot that is not in flight, inside `mem`; volatile
+        // stores, no reference.
+        unsafe {
+            p.write_volatile(w[0].to_le());
+            p.add(1).write_volatile(w[1].to_le());
+            p.add(2).write_volatile(w[2].to_le());
+            p.add(3).write_volatile(w[3].to_le());
             self.at(slot, Ucd::RESPONSE_OFFSET).write_volatile(0);
         }
     }
@@ -117,10 +151,12 @@ impl UcdSlice {
     }
 
     /// Copy `bytes` (≤ 64) into `slot`'s parameter area; returns its IOVA.
+    /// The command's PRDT must be the one entry [`UcdSlice::param_prdt`]
+    /// writes (the area is the PRDT's unused tail).
     pub fn write_param(&mut self, slot: u16, bytes: &[u8]) -> u64 {
         debug_assert!(bytes.len() <= 64);
-        // SAFETY: `PARAM_OFFSET + 64 <= COMMAND_LEN < UCD_SIZE` (asserted at
-        // compile time), inside `mem`; the slot is not in flight.
+        // SAFETY: `PARAM_OFFSET + 64` is inside the PRDT area, so inside
+        // `mem` (asserted at compile time); the slot is not in flight.
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.at(slot, PARAM_OFFSET), bytes.len())
         };
@@ -131,13 +167,15 @@ impl UcdSlice {
     #[inline(always)]
     fn put_prd(&mut self, slot: u16, i: usize, e: PrdtEntry) {
         debug_assert!(i < MAX_PRDT_ENTRIES);
+        let w = e.to_le_words();
+        let p = self.at(slot, Ucd::PRDT_OFFSET + i * 16).cast::<u64>();
         // SAFETY: `i < MAX_PRDT_ENTRIES`, so the entry lies inside the UCD
-        // (its size has room for that many); the slot is not in flight.
+        // (its size has room for that many), 16-byte aligned (the PRDT
+        // offset is); the slot is not in flight. Two word stores.
         unsafe {
-            self.at(slot, Ucd::PRDT_OFFSET + i * 16)
-                .cast::<PrdtEntry>()
-                .write_volatile(e)
-        };
+            p.write_volatile(w[0].to_le());
+            p.add(1).write_volatile(w[1].to_le());
+        }
     }
 
     /// A PRDT of one entry for the parameter list at `iova`, `len` bytes.

@@ -131,6 +131,88 @@ impl CommandUpiu {
             cdb,
         }
     }
+
+    /// The COMMAND UPIU of a READ or WRITE (`read`), `blocks` blocks at
+    /// `lba`, moving `bytes`, as four little-endian words (store each with
+    /// `to_le`): the same bytes as `CommandUpiu::new(lun, task_tag,
+    /// scsi::read(lba, blocks, false) /* or write */, bytes, read)`, computed
+    /// in registers. The hot path uses it: building the CDB byte by byte on
+    /// the stack and reloading it as words stalled on store forwarding
+    /// behind the submit path's stores to descriptor memory.
+    #[inline(always)]
+    pub const fn rw_le_words(
+        lun: u8,
+        task_tag: u8,
+        lba: u64,
+        blocks: u32,
+        bytes: u32,
+        read: bool,
+    ) -> [u64; 4] {
+        use super::scsi::op;
+        let fl = if bytes == 0 {
+            0
+        } else if read {
+            flags::READ
+        } else {
+            flags::WRITE
+        };
+        let w0 =
+            trans::COMMAND as u64 | (fl as u64) << 8 | (lun as u64) << 16 | (task_tag as u64) << 24;
+        let w1 = (bytes.swap_bytes() as u64) << 32;
+        // READ(10)/WRITE(10) when LBA and length fit, as `scsi::read`.
+        let (w2, w3) = if lba <= u32::MAX as u64 && blocks <= u16::MAX as u32 {
+            let opc = if read { op::READ_10 } else { op::WRITE_10 };
+            let n = blocks as u16;
+            (
+                // [0] opcode, [2..6] LBA BE32, [7..9] length BE16.
+                opc as u64 | ((lba as u32).swap_bytes() as u64) << 16 | ((n >> 8) as u64) << 56,
+                (n & 0xFF) as u64,
+            )
+        } else {
+            let opc = if read { op::READ_16 } else { op::WRITE_16 };
+            let l = lba.swap_bytes();
+            (
+                // [0] opcode, [2..10] LBA BE64, [10..14] length BE32.
+                opc as u64 | l << 16,
+                l >> 48 | (blocks.swap_bytes() as u64) << 16,
+            )
+        };
+        [w0, w1, w2, w3]
+    }
+
+    /// The 32 bytes as four words in memory order (`from_ne_bytes` of
+    /// each 8-byte group), so the hot path stores them with four 64-bit
+    /// stores instead of one store per field.
+    #[inline(always)]
+    pub const fn to_words(&self) -> [u64; 4] {
+        let h = &self.header;
+        let e = &self.exp_len;
+        let c = &self.cdb;
+        [
+            u64::from_ne_bytes([
+                h.trans_type,
+                h.flags,
+                h.lun,
+                h.task_tag,
+                h.iid_cmd_set,
+                h.function,
+                h.response,
+                h.status,
+            ]),
+            u64::from_ne_bytes([
+                h.ehs_len,
+                h.device_info,
+                h.data_seg_len[0],
+                h.data_seg_len[1],
+                e[0],
+                e[1],
+                e[2],
+                e[3],
+            ]),
+            u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
+            u64::from_ne_bytes([c[8], c[9], c[10], c[11], c[12], c[13], c[14], c[15]]),
+        ]
+    }
 }
 
 /// Most sense bytes a RESPONSE carries (fixed-format sense, 18 bytes).
@@ -365,6 +447,60 @@ mod tests {
         let w = CommandUpiu::new(0, 1, cdb, 4096, false);
         assert_eq!(w.header.flags, flags::WRITE);
         assert_eq!(CommandUpiu::new(0, 1, cdb, 0, true).header.flags, 0);
+        let mut cdb = [0u8; 16];
+        for (i, x) in cdb.iter_mut().enumerate() {
+            *x = 0x80 | i as u8;
+        }
+        let c = CommandUpiu::new(3, 0x7E, cdb, 0x0102_0304, false);
+        let mut from_words = Vec::new();
+        for w in c.to_words() {
+            from_words.extend_from_slice(&w.to_ne_bytes());
+        }
+        assert_eq!(from_words, bytes(&c), "the word form is the same 32 bytes");
+    }
+
+    #[test]
+    fn rw_words_are_the_read_write_command_upiu() {
+        use crate::ufs::spec::scsi;
+        let lbas = [
+            0u64,
+            1,
+            0x1234_5678,
+            u32::MAX as u64,
+            u32::MAX as u64 + 1,
+            0x0102_0304_0506_0708,
+            u64::MAX - 7,
+        ];
+        let counts = [
+            1u32,
+            8,
+            0x1234,
+            u16::MAX as u32,
+            u16::MAX as u32 + 1,
+            0x0A0B_0C0D,
+        ];
+        for &lba in &lbas {
+            for &blocks in &counts {
+                for read in [true, false] {
+                    for len in [0u32, 4096, 0x0102_0304] {
+                        let cdb = if read {
+                            scsi::read(lba, blocks, false)
+                        } else {
+                            scsi::write(lba, blocks, false)
+                        };
+                        let want = bytes(&CommandUpiu::new(7, 0xA5, cdb, len, read));
+                        let mut got = Vec::new();
+                        for w in CommandUpiu::rw_le_words(7, 0xA5, lba, blocks, len, read) {
+                            got.extend_from_slice(&w.to_le_bytes());
+                        }
+                        assert_eq!(
+                            got, want,
+                            "lba {lba:#x} blocks {blocks:#x} read {read} bytes {len}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -144,6 +144,30 @@ impl Utrd {
             prdt_off_dw: (Ucd::PRDT_OFFSET / 4) as u16,
         }
     }
+
+    /// The 32 bytes as four little-endian words, the layout on the wire:
+    /// the hot path stores a UTRD with four 64-bit stores (`to_le` each)
+    /// instead of one store per field.
+    #[inline(always)]
+    pub const fn to_le_words(&self) -> [u64; 4] {
+        [
+            self.cci as u64
+                | (self.ehs_len as u64) << 8
+                | (self.crypto as u64) << 16
+                | (self.flags as u64) << 24
+                | (self.dunl as u64) << 32,
+            self.ocs as u64
+                | (self.cds as u64) << 8
+                | (self.ldbc as u64) << 16
+                | (self.dunu as u64) << 32,
+            self.ucd_base,
+            self.resp_len_dw as u64
+                | (self.resp_off_dw as u64) << 16
+                | (self.prdt_entries as u64) << 32
+                | (self.prdt_off_dw as u64) << 48,
+        ]
+    }
+
     /// The same request with the interrupt-on-completion bit (legacy mode
     /// needs it for the completion notification; polled MCQ queues don't).
     pub const fn with_interrupt(mut self) -> Utrd {
@@ -243,15 +267,39 @@ impl PrdtEntry {
     pub const fn len(&self) -> u32 {
         (self.byte_count_m1 & 0x3_FFFF) + 1
     }
+
+    /// The 16 bytes as two little-endian words (see [`Utrd::to_le_words`]).
+    #[inline(always)]
+    pub const fn to_le_words(&self) -> [u64; 2] {
+        [
+            self.addr,
+            self.reserved as u64 | (self.byte_count_m1 as u64) << 32,
+        ]
+    }
     /// Never true for a valid entry (an entry describes at least 4 bytes).
     pub const fn is_empty(&self) -> bool {
         false
     }
 }
 
-/// Layout of a UTP command descriptor: command UPIU, then the response
-/// UPIU the device writes, then the PRDT. The base must be 128-byte aligned;
-/// the sizes here follow what Linux and QEMU's tests use.
+/// Layout of a UTP command descriptor (the engine's choice: the UTRD
+/// carries the response and PRDT offsets and lengths, in dwords, and the
+/// controller uses what it says). The base must be 128-byte aligned.
+///
+/// ```text
+///   0  COMMAND UPIU (32 B)      } one 64-byte cache line: what the host
+///  32  PRDT, up to 256 entries  } writes for a 4 KiB command
+/// 4160 RESPONSE UPIU (512 B), the device writes it
+/// ```
+///
+/// Linux and QEMU's tests put the command at 0, the response at 512 and
+/// the PRDT at 1024, three cache lines the host writes (or clears) and the
+/// device reads or writes for every command. On a polled path each such
+/// line moves between the two cores (or the host and a controller) per
+/// command, so the COMMAND UPIU and the first PRDT entries share one line
+/// here. A command UPIU longer than 32 bytes (a data segment) is allowed
+/// only without a PRDT; a PRDT of one entry leaves the rest of the PRDT
+/// area free for a parameter list the command's PRDT names.
 pub struct Ucd;
 
 impl Ucd {
@@ -259,22 +307,42 @@ impl Ucd {
     pub const ALIGN: u64 = 128;
     /// Offset of the command UPIU.
     pub const COMMAND_OFFSET: usize = 0;
-    /// Room for the command UPIU (header, fields, CDB, optional data).
-    pub const COMMAND_LEN: usize = 512;
-    /// Offset of the response UPIU.
-    pub const RESPONSE_OFFSET: usize = 512;
+    /// Room for the command UPIU when the command has a PRDT (header,
+    /// fields, CDB: a COMMAND UPIU). Without a PRDT, a command UPIU may
+    /// extend into the PRDT area.
+    pub const COMMAND_LEN: usize = 32;
+    /// Offset of the PRDT: right after the 32-byte command UPIU, in its
+    /// cache line.
+    pub const PRDT_OFFSET: usize = 32;
+    /// Most PRDT entries a UCD has room for.
+    pub const MAX_PRDT_ENTRIES: usize = 256;
+    /// Offset of the response UPIU: after the largest PRDT, on a cache line.
+    pub const RESPONSE_OFFSET: usize = (Self::PRDT_OFFSET + Self::MAX_PRDT_ENTRIES * 16 + 63) & !63;
     /// Room for the response UPIU (header, sense or query data).
     pub const RESPONSE_LEN: usize = 512;
-    /// Offset of the PRDT.
-    pub const PRDT_OFFSET: usize = 1024;
 
-    /// Bytes of a UCD with room for `prdt_entries` entries, rounded up to
-    /// the 128-byte alignment so UCDs can sit back to back.
+    /// Bytes of a UCD with room for `prdt_entries` entries (at most
+    /// [`Ucd::MAX_PRDT_ENTRIES`]) and the response, rounded up to the
+    /// 128-byte alignment so UCDs can sit back to back. The response
+    /// follows the largest PRDT, so this is the same for every count.
     pub const fn size(prdt_entries: usize) -> usize {
-        let raw = Self::PRDT_OFFSET + prdt_entries * 16;
+        let prdt_end = Self::PRDT_OFFSET + prdt_entries * 16;
+        let rsp_end = Self::RESPONSE_OFFSET + Self::RESPONSE_LEN;
+        let raw = if prdt_end > rsp_end {
+            prdt_end
+        } else {
+            rsp_end
+        };
         (raw + Self::ALIGN as usize - 1) & !(Self::ALIGN as usize - 1)
     }
 }
+
+const _: () = assert!(Ucd::PRDT_OFFSET >= Ucd::COMMAND_OFFSET + 32);
+const _: () = assert!(
+    Ucd::PRDT_OFFSET + 16 <= 64,
+    "the first PRDT entry shares the command's line"
+);
+const _: () = assert!(Ucd::PRDT_OFFSET + Ucd::MAX_PRDT_ENTRIES * 16 <= Ucd::RESPONSE_OFFSET);
 
 #[cfg(test)]
 mod tests {
@@ -296,16 +364,22 @@ mod tests {
         );
         assert_eq!(
             u16::from_le_bytes([b[26], b[27]]),
-            128,
+            4160 / 4,
             "response offset, dwords"
         );
         assert_eq!(u16::from_le_bytes([b[28], b[29]]), 2, "PRDT entries");
         assert_eq!(
             u16::from_le_bytes([b[30], b[31]]),
-            256,
+            32 / 4,
             "PRDT offset, dwords"
         );
         assert_eq!(d.nullified().command_type(), command_type::NULLIFIED);
+        let w = d.to_le_words();
+        let mut from_words = [0u8; 32];
+        for (i, w) in w.iter().enumerate() {
+            from_words[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        assert_eq!(from_words, b, "the word form is the same 32 bytes");
     }
 
     #[test]
@@ -329,8 +403,16 @@ mod tests {
         assert!(PrdtEntry::new(0x1000, 0).is_none());
         assert!(PrdtEntry::new(0x1000, 6).is_none());
         assert!(PrdtEntry::new(0x1000, PrdtEntry::MAX_BYTES + 4).is_none());
-        assert_eq!(Ucd::size(0), 1024);
-        assert_eq!(Ucd::size(1), 1152);
+        assert_eq!(Ucd::RESPONSE_OFFSET, 4160);
+        assert_eq!(Ucd::size(0), 4736, "4160 + 512, rounded to 128");
+        assert_eq!(Ucd::size(1), Ucd::size(Ucd::MAX_PRDT_ENTRIES));
         assert_eq!(Ucd::size(8) % 128, 0);
+        let e = PrdtEntry::new(0x1_2345_6780, 8192).unwrap();
+        let w = e.to_le_words();
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&w[0].to_le_bytes());
+        b[8..].copy_from_slice(&w[1].to_le_bytes());
+        assert_eq!(&b[..8], &0x1_2345_6780u64.to_le_bytes(), "data address");
+        assert_eq!(&b[12..], &8191u32.to_le_bytes(), "byte count - 1");
     }
 }
