@@ -73,6 +73,11 @@
 //!   UPIU, PRDT from the buffer's segments, RESPONSE decoding.
 //! - [`qpair`]: [`UfsQueuePair`], the per-thread I/O object (read, write,
 //!   flush, unmap, submit, poll, close, blocking helpers).
+//! - `reset.rs`: what a queue pair does at its next poll after
+//!   [`UfsController::reset`] (host controller reset, the last resort of
+//!   recovery) or a controller failure: deliver what completed, end the
+//!   rest once with [`crate::IoError::AbortedByReset`] and its buffer,
+//!   re-create its hardware queue.
 //!
 //! Transport-independent pieces reused from the NVMe side: tag tracking
 //! with generations (`crate::queue::tracker`), [`crate::IoBuf`],

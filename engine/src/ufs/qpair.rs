@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use mcqio_vfio::{DmaDir, DmaSpace};
 
-use super::ctrl::{health, Pool, UfsController, UfsMode};
+use super::ctrl::{health, state, Pool, UfsController, UfsMode};
 use super::mcq::{McqQueue, Reaped};
 use super::sdb::{SdbQueue, SdbReaped};
 use super::spec::regs::sq_op;
@@ -38,6 +38,10 @@ use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
 use crate::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::queue::tracker::Trackers;
 use crate::{Error, Result};
+
+// Recovery after a host controller reset (`UfsController::reset`).
+#[path = "reset.rs"]
+mod reset;
 
 /// Tag used by the blocking API.
 const BLOCKING_TAG: u64 = u64::MAX;
@@ -122,6 +126,11 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     empty_polls: u32,
     /// The controller failed; the error polls report.
     failed: Option<u8>,
+    /// The controller's state word as of this pair's last look (see
+    /// `ctrl::state`); a different value means a reset or a failure.
+    seen_state: u64,
+    /// Controller resets this pair recovered from.
+    recoveries: u64,
     /// Queue memory the device may still access: leak it on drop.
     leak: bool,
     closed: bool,
@@ -135,6 +144,9 @@ impl UfsController {
     /// every queue is taken by a live queue pair.
     pub fn create_qpair<B: IoBuf>(self: &Arc<Self>) -> Result<UfsQueuePair<B>> {
         let depth = self.depth();
+        // No reset between taking the queue and noting the state.
+        let reset_guard = self.lock_reset();
+        let seen_state = self.state();
         let mut pool = self.lock_pool();
         let hook = self.backend().doorbell_hook();
         let (transport, tag_base) = match (&mut *pool, self.mode()) {
@@ -164,6 +176,7 @@ impl UfsController {
             _ => return Err(Error::NoFreeQueue { granted: 0 }),
         };
         drop(pool);
+        drop(reset_guard);
         let ucd_mem = match self
             .dma()
             .alloc(usize::from(depth) * UCD_SIZE, DmaDir::Bidirectional)
@@ -208,7 +221,12 @@ impl UfsController {
             submitted: 0,
             completed: 0,
             empty_polls: 0,
-            failed: None,
+            failed: match state::failure(seen_state) {
+                health::OK => None,
+                f => Some(f),
+            },
+            seen_state,
+            recoveries: 0,
             leak: false,
             closed: false,
             bounce: None,
@@ -590,7 +608,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// Returns whether a doorbell was written.
     #[inline]
     pub fn submit(&mut self) -> bool {
-        if self.failed.is_some() {
+        // One relaxed load per batch: no doorbell once a reset began, until
+        // the next poll re-created the queue.
+        if self.failed.is_some() || self.ctrl.state() != self.seen_state {
             return false;
         }
         self.transport.flush()
@@ -603,29 +623,32 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// [`Error::ControllerFatal`] / [`Error::DeviceGone`].
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
-        if let Some(h) = self.failed {
-            return Err(health_error(h));
-        }
-        // One load: another queue pair (or the controller) may have seen
-        // the controller fail.
-        let h = self.ctrl.health();
-        if h != health::OK {
-            self.fail(h, &mut f);
-            return Err(health_error(h));
+        // One relaxed load: a reset, or another queue pair that saw the
+        // controller fail.
+        if self.failed.is_some() || self.ctrl.state() != self.seen_state {
+            return self.on_state_change(&mut f);
         }
         self.transport.flush();
         let outstanding = self.trackers.outstanding();
         let UfsQueuePair {
+            ctrl,
             transport,
             trackers,
             splits,
             ucds,
             tag_base,
             completed,
+            seen_state,
             ..
         } = self;
         let tag_base = *tag_base;
         let ucds_ref: &UcdSlice = ucds;
+        // Asked after the completion register was read: a reset begins by
+        // marking the state word before it disables the controller, so an
+        // unchanged word means the register was read before the disable
+        // (MMIO accesses stay in program order with these loads).
+        let (ctrl, seen) = (&*ctrl, *seen_state);
+        let live = || ctrl.state() == seen;
         // `definitive`: the transport cannot report a command twice (legacy:
         // a doorbell bit we set cleared), so a malformed response is this
         // command's error, not a stale entry.
@@ -679,42 +702,28 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let (n, bad) = match &mut **transport {
             // A UCD address that is not one of ours maps to an impossible
             // slot, which `deliver` counts as stale.
-            Transport::Mcq(q) => match q.reap(max, outstanding, |ucd, ocs| {
+            Transport::Mcq(q) => match q.reap(max, outstanding, live, |ucd, ocs| {
                 deliver(ucds_slot(ucd, ucds_ref), ocs, false)
             }) {
                 Reaped::Entries(n) => (n, false),
                 Reaped::BadTail => (0, true),
             },
-            Transport::Sdb(q) => match q.reap(max, |slot, ocs| deliver(slot, ocs, true)) {
+            Transport::Sdb(q) => match q.reap(max, live, |slot, ocs| deliver(slot, ocs, true)) {
                 SdbReaped::Entries(n) => (n, false),
                 SdbReaped::AllOnes => (0, true),
             },
         };
         if n == 0 && self.trackers.outstanding() > 0 {
             self.empty_polls = self.empty_polls.wrapping_add(1);
-            if bad || self.empty_polls % HEALTH_CHECK_INTERVAL == 0 {
-                let h = self.ctrl.check_health();
-                if h != health::OK {
-                    self.fail(h, &mut f);
-                    return Err(health_error(h));
-                }
+            if (bad || self.empty_polls % HEALTH_CHECK_INTERVAL == 0)
+                && self.ctrl.check_health() != self.seen_state
+            {
+                return self.on_state_change(&mut f);
             }
         } else {
             self.empty_polls = 0;
         }
         Ok(n)
-    }
-
-    /// The controller failed or disappeared: it no longer accesses any
-    /// buffer (a fatal controller was disabled; a removed one is gone), so
-    /// every outstanding command completes with its buffer.
-    #[cold]
-    fn fail(&mut self, h: u8, f: &mut impl FnMut(Completion<B>)) {
-        self.failed = Some(h);
-        if let Transport::Sdb(q) = &mut *self.transport {
-            q.forget_outstanding();
-        }
-        self.end_all(IoError::ControllerFailed, true, f);
     }
 
     /// End every command in flight with `err` (the device no longer owns
@@ -958,6 +967,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 outstanding: self.outstanding(),
             });
         }
+        // Idle: catch up with a reset before queueing on a stale queue.
+        self.poll(0, |_| {})?;
         self.flush(lun, BLOCKING_TAG)
             .map_err(|e| Error::Submit(e.kind))?;
         self.submit();
@@ -984,6 +995,8 @@ impl UfsQueuePair<DmaBuf> {
                 outstanding: self.outstanding(),
             });
         }
+        // Idle: catch up with a reset before queueing on a stale queue.
+        self.poll(0, |_| {})?;
         let Some(Some(g)) = self.lus.get(usize::from(lun)).copied() else {
             return Err(Error::Submit(SubmitErrorKind::UnknownNamespace {
                 nsid: u32::from(lun),
