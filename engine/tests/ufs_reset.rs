@@ -391,3 +391,34 @@ fn reset_while_threads_keep_io_in_flight() {
         assert_eq!(ctrl.leaked_bytes(), 0);
     }
 }
+
+#[test]
+fn a_shallower_owner_after_a_deeper_one_on_qemu() {
+    // QEMU keeps SQHP/SQTP/CQHP/CQTP across HCE = 0 and a queue's
+    // re-enable: a controller brought up with depth 1 after one with depth
+    // 32 found the pointers past its 2-slot rings and failed (mcqio-perf at
+    // QD 1 after the guest's other steps: "SQHP after enable: 0xa0").
+    let cfg = UfsConfig {
+        qemu_quirks: true,
+        ..sync_cfg(true)
+    };
+    let (f, ctrl) = up(cfg, opts(1));
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    for i in 0..5u64 {
+        qp.write_blocking(0, i, &pattern(i, 4096)).unwrap();
+    }
+    drop(qp);
+    drop(ctrl);
+    let backend: Arc<dyn mcqio::vfio::Backend> = f.clone();
+    let o = mcqio::ufs::UfsOptions {
+        depth: 1,
+        ..opts(1)
+    };
+    let ctrl = mcqio::ufs::UfsController::new(backend, o).expect("bring-up after a deeper owner");
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut back = vec![0u8; 4096];
+    for i in 0..5u64 {
+        qp.read_blocking(0, i, &mut back).unwrap();
+        assert!(back == pattern(i, 4096));
+    }
+}

@@ -904,7 +904,8 @@ fn link_startup(r: &Regs<'_>, t: Duration) -> UfsResult<()> {
     })
 }
 
-/// Program `min(requested, MAXQ, 32)` queues; each gets `depth + 1` slots.
+/// Program `min(requested, MAXQ, 32)` queues; each ring gets `MAX_DEPTH + 1`
+/// slots (at most `depth` commands are ever outstanding on it).
 fn setup_mcq(
     r: &Regs<'_>,
     space: &Arc<DmaSpace>,
@@ -931,7 +932,13 @@ fn setup_mcq(
         bar_len,
     )?;
     let n = u32::from(requested).min(maxq).min(32);
-    let entries = depth + 1;
+    // Every ring gets the slots of the deepest queue this engine makes,
+    // whatever `depth` is (the trackers bound what is outstanding): QEMU
+    // (10.0) keeps each queue's head and tail across the HCE reset and the
+    // re-enable, even past the end of a smaller new ring, so a ring only as
+    // large as `depth + 1` could not follow an earlier, deeper owner (QD 1
+    // after QD 32: "SQHP after enable: 0xa0"). 2 × 257 × 32 B per queue.
+    let entries = (depth + 1).max(MAX_DEPTH + 1);
     disable_queues(r, mcap)?;
     let mut rings = Vec::with_capacity(n as usize);
     for i in 0..n {
