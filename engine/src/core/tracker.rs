@@ -186,7 +186,6 @@ impl<B> Trackers<B> {
     /// Return every retired slot to service (the device dropped every
     /// command: controller reset). For the UFS host-controller reset path
     /// that the timeout hook escalates to (`UfsController::reset_for_timeout`).
-    #[allow(dead_code)]
     pub fn unretire_all(&mut self) {
         if self.capacity == self.slots.len() {
             return;

@@ -31,7 +31,7 @@
 //! Every value the device reports is checked into a [`UfsCtrlError`].
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -129,6 +129,36 @@ pub(crate) mod health {
     pub const GONE: u8 = 2;
 }
 
+/// The controller's state word, read by every poll with one relaxed load:
+/// the failure ([`health`]) in bits 1:0, a reset in progress in bit 2, and
+/// the epoch above. A new epoch means the controller was disabled
+/// (HCE = 0 confirmed) or is gone since: it dropped every queue and command
+/// and accesses none of their memory any more.
+pub(crate) mod state {
+    /// Failure bits ([`super::health`]).
+    pub const FAILURE: u64 = 3;
+    /// A reset is running: ring no doorbell.
+    pub const RESETTING: u64 = 4;
+    /// One epoch step.
+    pub const EPOCH: u64 = 8;
+
+    /// The failure ([`super::health`]) of `s`.
+    pub const fn failure(s: u64) -> u8 {
+        (s & FAILURE) as u8
+    }
+
+    /// The epoch bits of `s`.
+    pub const fn epoch(s: u64) -> u64 {
+        s & !(EPOCH - 1)
+    }
+
+    /// The next epoch after `s` (the controller was disabled or is gone),
+    /// with `failure`.
+    pub const fn next(s: u64, failure: u8) -> u64 {
+        (epoch(s) + EPOCH) | failure as u64
+    }
+}
+
 /// Queue memory waiting for a queue pair.
 pub(crate) enum Pool {
     Mcq(Vec<Option<McqRings>>),
@@ -145,8 +175,24 @@ pub struct UfsController {
     geometry: GeometryDesc,
     opts: UfsOptions,
     pub(crate) pool: Mutex<Pool>,
-    health: AtomicU8,
+    /// See [`state`].
+    state: AtomicU64,
+    /// Held for the whole of a reset, and by queue pairs re-creating their
+    /// queue: a pair that saw the state change waits here for the settled
+    /// state.
+    reset_lock: Mutex<()>,
+    resets: AtomicU64,
+    /// What a reset needs to set the queues up again.
+    layout: QueueLayout,
     leaked: AtomicU64,
+}
+
+/// How the queues were set up at bring-up (a reset restores exactly this).
+#[derive(Copy, Clone, Debug)]
+struct QueueLayout {
+    cap: Cap,
+    /// IOVA of the legacy list (legacy mode).
+    legacy_list: u64,
 }
 
 impl std::fmt::Debug for UfsController {
@@ -257,133 +303,10 @@ impl UfsController {
         let cap = Cap(r.read(regs::CAP)?);
         let t = opts.init_timeout;
 
-        // 1. Host controller enable.
-        if r.read(regs::HCE)? & regs::HCE_ENABLE != 0 {
-            r.write(regs::HCE, 0);
-            wait_until(t, "clear HCE", || {
-                Ok(r.read(regs::HCE)? & regs::HCE_ENABLE == 0)
-            })?;
-        }
-        // A previous owner may have left MCQ mode selected; QEMU (10.0)
-        // keeps it across the HCE reset, and device management below
-        // travels on the legacy list.
-        if cap.mcq()
-            && bar_len >= regs::MEM_CFG + 4
-            && r.read(regs::MEM_CFG)? & regs::MEM_CFG_MCQ_MODE != 0
-        {
-            r.write(regs::MEM_CFG, 0);
-        }
-        r.write(regs::HCE, regs::HCE_ENABLE);
-        wait_until(t, "set HCE and HCS.UCRDY", || {
-            Ok(r.read(regs::HCE)? & regs::HCE_ENABLE != 0 && Hcs(r.read(regs::HCS)?).uic_ready())
-        })?;
-
-        // 2. Link start-up.
-        link_startup(&r, t)?;
-        if !Hcs(r.read(regs::HCS)?).device_present() {
-            return Err(UfsCtrlError::NoDevice);
-        }
-
-        // 3. Legacy list for device management.
+        let init = init_device(&r, backend.dma(), cap, bar_len, t)?;
+        let (device, geometry, lus) = (init.device, init.geometry, init.lus);
         let space = backend.dma();
-        let mut dc = DevCmd {
-            utrl: space.alloc(UTRL_SLOTS as usize * 32, DmaDir::Bidirectional)?,
-            ucd: space.alloc(Ucd::size(1), DmaDir::Bidirectional)?,
-            data: space.alloc(DEV_DATA, DmaDir::Bidirectional)?,
-            next_tag: 0,
-        };
-        wait_until(t, "set HCS.UTRLRDY", || {
-            Ok(Hcs(r.read(regs::HCS)?).utrl_ready())
-        })?;
-        let utrl = dc.utrl.iova().raw();
-        if utrl % 1024 != 0 || (!cap.addr64() && utrl >> 32 != 0) {
-            return Err(UfsCtrlError::BadValue {
-                what: "UTRL address",
-                value: utrl,
-                why: "the list must be 1 KiB aligned and reachable by the controller",
-            });
-        }
-        r.write(regs::UTRLBA, utrl as u32);
-        r.write(regs::UTRLBAU, (utrl >> 32) as u32);
-        r.write(regs::UTRLRSR, 1);
-
-        dc.nop(&r, t)?;
-        dc.device_init(&r, t)?;
-        let device = DeviceDesc::parse(&dc.read_desc(&r, t, desc::idn::DEVICE, 0)?)?;
-        let geometry = GeometryDesc::parse(&dc.read_desc(&r, t, desc::idn::GEOMETRY, 0)?)?;
-        let mut units = Vec::new();
-        for i in 0..geometry.max_lus {
-            // bNumberLU counts the enabled LUs: past the last one there is
-            // nothing to find (and QEMU has no descriptor to read).
-            if units.len() >= usize::from(device.lus) {
-                break;
-            }
-            let d = match dc.read_desc(&r, t, desc::idn::UNIT, i) {
-                Ok(d) => d,
-                // No unit descriptor at this index. UFS 4.0 devices return
-                // one with bLUEnable = 0 for an absent LU; QEMU (10.0)
-                // answers INVALID_INDEX instead and also fails the request
-                // with OCS INVALID_CMD_TABLE_ATTR. Either way: no LU here.
-                Err(UfsCtrlError::Query { code, .. }) if code == QUERY_INVALID_INDEX => continue,
-                Err(UfsCtrlError::DevCmd {
-                    err: UfsError::Transport(ocs),
-                    ..
-                }) if ocs == Ocs::INVALID_CMD_TABLE_ATTR => continue,
-                Err(e) => return Err(e),
-            };
-            // A disabled LU's descriptor holds no usable geometry: look at
-            // bLUEnable (byte 3) before asking the rest to make sense.
-            if d.get(3) != Some(&1) {
-                continue;
-            }
-            let u = UnitDesc::parse(&d)?;
-            if u.enabled {
-                if u.lun != i {
-                    return Err(UfsCtrlError::BadValue {
-                        what: "unit descriptor bUnitIndex",
-                        value: u64::from(u.lun),
-                        why: "differs from the index asked for",
-                    });
-                }
-                units.push(u);
-            }
-        }
-        if units.is_empty() {
-            return Err(UfsCtrlError::NoLogicalUnits);
-        }
-        let reported = dc.report_luns(&r, t, units[0].lun)?;
-        let mut lus = Vec::new();
-        for u in units.iter().filter(|u| reported.contains(&u.lun)) {
-            dc.clear_unit_attention(&r, t, u.lun)?;
-            let c = dc.read_capacity(&r, t, u.lun)?;
-            if !c.block_len.is_power_of_two() || c.block_len < 512 || c.block_len > 1 << 20 {
-                return Err(UfsCtrlError::BadValue {
-                    what: "READ CAPACITY(16) block length",
-                    value: u64::from(c.block_len),
-                    why: "not a power of two between 512 B and 1 MiB",
-                });
-            }
-            if c.block_len != 1 << u.block_shift {
-                return Err(UfsCtrlError::BadValue {
-                    what: "unit descriptor bLogicalBlockSize",
-                    value: u64::from(u.block_shift),
-                    why: "disagrees with the block length READ CAPACITY(16) reports",
-                });
-            }
-            lus.push(LogicalUnit {
-                lun: u.lun,
-                // The smaller of the two counts: never address past either.
-                blocks: if u.blocks == 0 {
-                    c.blocks
-                } else {
-                    c.blocks.min(u.blocks)
-                },
-                block_len: c.block_len,
-            });
-        }
-        if lus.is_empty() {
-            return Err(UfsCtrlError::NoLogicalUnits);
-        }
+        let legacy_list = init.dc.utrl.iova().raw();
 
         // 4. MCQ or legacy.
         let mut depth = opts.depth.min(MAX_DEPTH);
@@ -400,16 +323,7 @@ impl UfsController {
             )?;
             depth = depth.min(cap.mcq_mac() as u16);
             let (n, rings) = setup_mcq(&r, space, bar, bar_len, depth, opts.queues)?;
-            // The legacy list is no longer used.
-            r.write(regs::UTRLRSR, 0);
-            r.write(regs::MCQ_CFG, regs::mcq_cfg_mac(cap.mcq_mac()));
-            r.write(regs::MEM_CFG, regs::MEM_CFG_MCQ_MODE);
-            if r.read(regs::MEM_CFG)? & regs::MEM_CFG_MCQ_MODE == 0 {
-                return Err(UfsCtrlError::QueueRefused {
-                    queue: 0,
-                    what: "MCQ mode",
-                });
-            }
+            select_mcq(&r, cap)?;
             (
                 UfsMode::Mcq { queues: n },
                 Pool::Mcq(rings.into_iter().map(Some).collect()),
@@ -418,7 +332,7 @@ impl UfsController {
             depth = depth.min(cap.sdb_slots() as u16);
             // The list (idle: every request above completed) goes to the
             // one queue pair legacy mode has.
-            (UfsMode::Legacy, Pool::Legacy(Some(dc.utrl)))
+            (UfsMode::Legacy, Pool::Legacy(Some(init.dc.utrl)))
         };
         r.check_fatal()?;
         Ok(Arc::new(UfsController {
@@ -429,7 +343,10 @@ impl UfsController {
             geometry,
             opts,
             pool: Mutex::new(pool),
-            health: AtomicU8::new(health::OK),
+            state: AtomicU64::new(u64::from(health::OK)),
+            reset_lock: Mutex::new(()),
+            resets: AtomicU64::new(0),
+            layout: QueueLayout { cap, legacy_list },
             leaked: AtomicU64::new(0),
             backend,
         }))
@@ -500,40 +417,300 @@ impl UfsController {
         self.pool.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Current health ([`health`]).
+    /// Current health ([`health`]): the failure bits of the state word.
     #[inline]
     pub(crate) fn health(&self) -> u8 {
-        self.health.load(Ordering::Acquire)
+        state::failure(self.state())
+    }
+
+    /// The state word ([`state`]); one relaxed load, read by every poll.
+    #[inline(always)]
+    pub(crate) fn state(&self) -> u64 {
+        self.state.load(Ordering::Relaxed)
+    }
+
+    /// The state word once no reset is running.
+    pub(crate) fn settled_state(&self) -> u64 {
+        let _g = self.lock_reset();
+        self.state.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn lock_reset(&self) -> MutexGuard<'_, ()> {
+        self.reset_lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Successful host controller resets so far.
+    pub fn resets(&self) -> u64 {
+        self.resets.load(Ordering::Relaxed)
     }
 
     /// Look at IS (and all ones) after a poll found something wrong or
-    /// nothing for a long time. A fatal controller is disabled (HCE = 0) so
-    /// no DMA stays in flight; returns the new health.
-    pub(crate) fn check_health(&self) -> u8 {
-        let h = self.health();
-        if h != health::OK {
-            return h;
+    /// nothing for a long time. A fatal controller is disabled (HCE = 0,
+    /// waited for) so no DMA stays in flight: only then does the epoch
+    /// advance and outstanding buffers come back; one that cannot be
+    /// disabled keeps its epoch (its queue pairs leak their buffers).
+    /// Returns the new state word.
+    pub(crate) fn check_health(&self) -> u64 {
+        let s = self.state();
+        if state::failure(s) != health::OK {
+            return s;
         }
         let regs = self.backend.regs();
-        let s = regs.read32(regs::IS);
-        let new = if s == u32::MAX {
-            health::GONE
-        } else if s & is::FATAL & !is::UE != 0 {
-            health::FATAL
-        } else {
-            return health::OK;
-        };
-        if self
-            .health
-            .compare_exchange(health::OK, new, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-            && new == health::FATAL
-        {
-            log::warn!("UFS host controller fatal (IS = {s:#010x}); disabling it");
-            regs.write32(regs::HCE, 0);
+        let v = regs.read32(regs::IS);
+        let gone = v == u32::MAX;
+        if !gone && v & is::FATAL & !is::UE == 0 {
+            return s;
         }
-        self.health()
+        let _g = self.lock_reset();
+        let now = self.state.load(Ordering::Acquire);
+        if now != s {
+            return now; // a reset or another queue pair acted first
+        }
+        let next = if gone {
+            log::warn!("UFS host controller gone (registers read all ones)");
+            state::next(s, health::GONE)
+        } else {
+            log::warn!("UFS host controller fatal (IS = {v:#010x}); disabling it");
+            match self.disable() {
+                Ok(()) => state::next(s, health::FATAL),
+                Err(UfsCtrlError::DeviceGone) => state::next(s, health::GONE),
+                Err(e) => {
+                    log::error!("UFS host controller could not be disabled ({e}); buffers of outstanding commands are leaked");
+                    state::epoch(s) | u64::from(health::FATAL)
+                }
+            }
+        };
+        self.state.store(next, Ordering::Release);
+        next
     }
+
+    /// HCE = 0 and wait (bounded) until it reads 0: from then on the
+    /// controller has dropped every queue and command and no longer
+    /// accesses their memory.
+    fn disable(&self) -> UfsResult<()> {
+        let r = Regs(self.backend.regs());
+        r.write(regs::HCE, 0);
+        wait_until(
+            self.opts.init_timeout,
+            "clear HCE (disable the host controller)",
+            || Ok(r.read(regs::HCE)? & regs::HCE_ENABLE == 0),
+        )
+    }
+
+    /// Host controller reset, the last resort of recovery: disable the
+    /// controller (HCE = 0, waited for), then bring it up again — link
+    /// start-up, NOP, fDeviceInit, the same logical units, MCQ
+    /// configuration or the legacy list — as [`UfsController::new`] did.
+    ///
+    /// Every queue pair notices at its next poll (one relaxed load of the
+    /// controller's state word per poll): it delivers what the controller
+    /// completed before the reset, completes every other command in flight
+    /// exactly once with [`crate::IoError::AbortedByReset`] and its buffer,
+    /// and re-creates its hardware queue (same rings) before ringing
+    /// anything again; [`UfsQueuePair::submit`](super::UfsQueuePair::submit)
+    /// rings no doorbell from the start of the reset until then.
+    ///
+    /// Also brings back a controller that went fatal. Errors:
+    /// [`UfsCtrlError::DeviceGone`] for a removed device;
+    /// [`UfsCtrlError::Timeout`] when HCE does not read 0 — the controller
+    /// may still access the buffers of commands in flight, so the queue
+    /// pairs end those with [`crate::IoError::ControllerFailed`] and
+    /// **without** their buffers (leaked, counted in
+    /// [`leaked_bytes`](Self::leaked_bytes)); any bring-up error, after
+    /// which the controller stays failed (outstanding commands end with
+    /// `ControllerFailed` and their buffers) until a reset succeeds.
+    pub fn reset(&self) -> UfsResult<()> {
+        let _g = self.lock_reset();
+        let s = self.state.load(Ordering::Acquire);
+        let regs = self.backend.regs();
+        if regs.read32(regs::CAP) == u32::MAX {
+            self.state
+                .store(state::next(s, health::GONE), Ordering::Release);
+            return Err(UfsCtrlError::DeviceGone);
+        }
+        log::warn!("{}: resetting the UFS host controller", self.backend.name());
+        // From here on queue pairs ring no doorbell.
+        self.state.store(s | state::RESETTING, Ordering::Release);
+        if let Err(e) = self.disable() {
+            let next = match e {
+                UfsCtrlError::DeviceGone => state::next(s, health::GONE),
+                // Not disabled: the device may still DMA; same epoch.
+                _ => state::epoch(s) | u64::from(health::FATAL),
+            };
+            log::error!("{}: UFS reset failed: {e}", self.backend.name());
+            self.state.store(next, Ordering::Release);
+            return Err(e);
+        }
+        // Disabled: a new epoch. Failed until the bring-up below succeeds.
+        let epoch = state::epoch(s) + state::EPOCH;
+        self.state.store(
+            epoch | state::RESETTING | u64::from(health::FATAL),
+            Ordering::Release,
+        );
+        match self.reinit() {
+            Ok(()) => {
+                self.state
+                    .store(epoch | u64::from(health::OK), Ordering::Release);
+                self.resets.fetch_add(1, Ordering::Relaxed);
+                log::warn!("{}: UFS reset complete", self.backend.name());
+                Ok(())
+            }
+            Err(e) => {
+                let f = if matches!(e, UfsCtrlError::DeviceGone) {
+                    health::GONE
+                } else {
+                    // Leave it disabled: nothing of ours is on it.
+                    let _ = self.disable();
+                    health::FATAL
+                };
+                self.state.store(epoch | u64::from(f), Ordering::Release);
+                log::error!(
+                    "{}: bring-up after the reset failed: {e}",
+                    self.backend.name()
+                );
+                Err(e)
+            }
+        }
+    }
+
+    /// Bring-up after a disable (reset lock held): the same steps as
+    /// [`UfsController::new`], the same device, the same queue layout.
+    /// Pooled queues are set up here; queues held by queue pairs are
+    /// re-created by their pair ([`Self::recreate_mcq_queue`],
+    /// [`Self::restart_legacy_list`]).
+    fn reinit(&self) -> UfsResult<()> {
+        let mmio = self.backend.regs();
+        let (bar, bar_len) = (mmio.base(), mmio.len());
+        let r = Regs(mmio);
+        let cap = self.layout.cap;
+        if Cap(r.read(regs::CAP)?) != cap {
+            return Err(UfsCtrlError::BadValue {
+                what: "CAP after a reset",
+                value: u64::from(r.read(regs::CAP)?),
+                why: "differs from the value at bring-up",
+            });
+        }
+        let init = init_device(&r, self.dma(), cap, bar_len, self.opts.init_timeout)?;
+        if init.lus != self.lus {
+            return Err(UfsCtrlError::BadValue {
+                what: "logical units after a reset",
+                value: init.lus.len() as u64,
+                why: "differ from those found at bring-up (a different device?)",
+            });
+        }
+        let mut pool = self.lock_pool();
+        match &mut *pool {
+            Pool::Mcq(rings) => {
+                let mcap = McqCap(r.read(regs::MCQCAP)?);
+                disable_queues(&r, mcap)?;
+                for ring in rings.iter_mut().flatten() {
+                    nullify_ring(&mut ring.sq, ring.entries)?;
+                    let (regs, sq_tail, cq_head) = enable_queue(
+                        &r,
+                        mcap,
+                        u32::from(ring.index),
+                        &ring.sq,
+                        &ring.cq,
+                        ring.entries,
+                        (bar, bar_len),
+                        true,
+                    )?;
+                    ring.regs = regs;
+                    ring.sq_tail = sq_tail;
+                    ring.cq_head = cq_head;
+                }
+                select_mcq(&r, cap)?;
+            }
+            Pool::Legacy(list) => {
+                // Device management ran on its own list; the queue pair's
+                // list goes back in (now if pooled, else by the pair).
+                r.write(regs::UTRLRSR, 0);
+                if list.is_some() {
+                    start_list(&r, self.layout.legacy_list);
+                }
+            }
+        }
+        drop(pool);
+        r.check_fatal()?;
+        drop(init.dc);
+        Ok(())
+    }
+
+    /// Re-create MCQ queue `rings.index` on its rings after a reset, if
+    /// the state is still `seen` (`Ok(None)`: it moved on, look again).
+    /// The SQ ring is nullified first, so entries left from before the
+    /// reset are never executed. Returns the queue's registers and where
+    /// the host's SQ tail and CQ head start.
+    pub(crate) fn recreate_mcq_queue(
+        &self,
+        seen: u64,
+        rings: &McqRings,
+    ) -> UfsResult<Option<(McqRegs, u32, u32)>> {
+        let _g = self.lock_reset();
+        if self.state.load(Ordering::Acquire) != seen {
+            return Ok(None);
+        }
+        let mmio = self.backend.regs();
+        let r = Regs(mmio);
+        let mcap = McqCap(r.read(regs::MCQCAP)?);
+        enable_queue(
+            &r,
+            mcap,
+            u32::from(rings.index),
+            &rings.sq,
+            &rings.cq,
+            rings.entries,
+            (mmio.base(), mmio.len()),
+            true,
+        )
+        .map(Some)
+    }
+
+    /// Put the legacy list back after a reset (UTRLBA, UTRLRSR), if the
+    /// state is still `seen` (`Ok(false)`: it moved on, look again).
+    pub(crate) fn restart_legacy_list(&self, seen: u64) -> UfsResult<bool> {
+        let _g = self.lock_reset();
+        if self.state.load(Ordering::Acquire) != seen {
+            return Ok(false);
+        }
+        let r = Regs(self.backend.regs());
+        start_list(&r, self.layout.legacy_list);
+        r.check_fatal()?;
+        Ok(true)
+    }
+}
+
+/// Overwrite every SQ slot with a nullified UTRD: whatever the controller
+/// still finds between its head and tail is consumed without execution.
+fn nullify_ring(sq: &mut DmaRegion, entries: u16) -> UfsResult<()> {
+    let n = Utrd::new(0, DataDir::None, 0).nullified();
+    for i in 0..usize::from(entries) {
+        sq.write_obj(i * 32, n)?;
+    }
+    Ok(())
+}
+
+/// Program and run the legacy list at `iova` (the list is idle).
+fn start_list(r: &Regs<'_>, iova: u64) {
+    r.write(regs::UTRLRSR, 0);
+    r.write(regs::UTRLBA, iova as u32);
+    r.write(regs::UTRLBAU, (iova >> 32) as u32);
+    r.write(regs::UTRLRSR, 1);
+}
+
+/// Leave the legacy list and select MCQ mode (after the queues are set up).
+fn select_mcq(r: &Regs<'_>, cap: Cap) -> UfsResult<()> {
+    // The legacy list is no longer used.
+    r.write(regs::UTRLRSR, 0);
+    r.write(regs::MCQ_CFG, regs::mcq_cfg_mac(cap.mcq_mac()));
+    r.write(regs::MEM_CFG, regs::MEM_CFG_MCQ_MODE);
+    if r.read(regs::MEM_CFG)? & regs::MEM_CFG_MCQ_MODE == 0 {
+        return Err(UfsCtrlError::QueueRefused {
+            queue: 0,
+            what: "MCQ mode",
+        });
+    }
+    Ok(())
 }
 
 impl Drop for UfsController {
@@ -545,6 +722,158 @@ impl Drop for UfsController {
             self.backend.regs().write32(regs::HCE, 0);
         }
     }
+}
+
+/// What steps 1–3 of bring-up found.
+struct Init {
+    dc: DevCmd,
+    device: DeviceDesc,
+    geometry: GeometryDesc,
+    lus: Vec<LogicalUnit>,
+}
+
+/// Bring-up steps 1–3 (see the module docs): HCE, link start-up, device
+/// management on a fresh legacy list. Used by [`UfsController::new`] and
+/// again by [`UfsController::reset`].
+fn init_device(
+    r: &Regs<'_>,
+    space: &Arc<DmaSpace>,
+    cap: Cap,
+    bar_len: usize,
+    t: Duration,
+) -> UfsResult<Init> {
+    // 1. Host controller enable.
+    if r.read(regs::HCE)? & regs::HCE_ENABLE != 0 {
+        r.write(regs::HCE, 0);
+        wait_until(t, "clear HCE", || {
+            Ok(r.read(regs::HCE)? & regs::HCE_ENABLE == 0)
+        })?;
+    }
+    // A previous owner may have left MCQ mode selected; QEMU (10.0)
+    // keeps it across the HCE reset, and device management below
+    // travels on the legacy list.
+    if cap.mcq()
+        && bar_len >= regs::MEM_CFG + 4
+        && r.read(regs::MEM_CFG)? & regs::MEM_CFG_MCQ_MODE != 0
+    {
+        r.write(regs::MEM_CFG, 0);
+    }
+    r.write(regs::HCE, regs::HCE_ENABLE);
+    wait_until(t, "set HCE and HCS.UCRDY", || {
+        Ok(r.read(regs::HCE)? & regs::HCE_ENABLE != 0 && Hcs(r.read(regs::HCS)?).uic_ready())
+    })?;
+
+    // 2. Link start-up.
+    link_startup(r, t)?;
+    if !Hcs(r.read(regs::HCS)?).device_present() {
+        return Err(UfsCtrlError::NoDevice);
+    }
+
+    // 3. Legacy list for device management.
+    let mut dc = DevCmd {
+        utrl: space.alloc(UTRL_SLOTS as usize * 32, DmaDir::Bidirectional)?,
+        ucd: space.alloc(Ucd::size(1), DmaDir::Bidirectional)?,
+        data: space.alloc(DEV_DATA, DmaDir::Bidirectional)?,
+        next_tag: 0,
+    };
+    wait_until(t, "set HCS.UTRLRDY", || {
+        Ok(Hcs(r.read(regs::HCS)?).utrl_ready())
+    })?;
+    let utrl = dc.utrl.iova().raw();
+    if utrl % 1024 != 0 || (!cap.addr64() && utrl >> 32 != 0) {
+        return Err(UfsCtrlError::BadValue {
+            what: "UTRL address",
+            value: utrl,
+            why: "the list must be 1 KiB aligned and reachable by the controller",
+        });
+    }
+    r.write(regs::UTRLBA, utrl as u32);
+    r.write(regs::UTRLBAU, (utrl >> 32) as u32);
+    r.write(regs::UTRLRSR, 1);
+
+    dc.nop(r, t)?;
+    dc.device_init(r, t)?;
+    let device = DeviceDesc::parse(&dc.read_desc(r, t, desc::idn::DEVICE, 0)?)?;
+    let geometry = GeometryDesc::parse(&dc.read_desc(r, t, desc::idn::GEOMETRY, 0)?)?;
+    let mut units = Vec::new();
+    for i in 0..geometry.max_lus {
+        // bNumberLU counts the enabled LUs: past the last one there is
+        // nothing to find (and QEMU has no descriptor to read).
+        if units.len() >= usize::from(device.lus) {
+            break;
+        }
+        let d = match dc.read_desc(r, t, desc::idn::UNIT, i) {
+            Ok(d) => d,
+            // No unit descriptor at this index. UFS 4.0 devices return
+            // one with bLUEnable = 0 for an absent LU; QEMU (10.0)
+            // answers INVALID_INDEX instead and also fails the request
+            // with OCS INVALID_CMD_TABLE_ATTR. Either way: no LU here.
+            Err(UfsCtrlError::Query { code, .. }) if code == QUERY_INVALID_INDEX => continue,
+            Err(UfsCtrlError::DevCmd {
+                err: UfsError::Transport(ocs),
+                ..
+            }) if ocs == Ocs::INVALID_CMD_TABLE_ATTR => continue,
+            Err(e) => return Err(e),
+        };
+        // A disabled LU's descriptor holds no usable geometry: look at
+        // bLUEnable (byte 3) before asking the rest to make sense.
+        if d.get(3) != Some(&1) {
+            continue;
+        }
+        let u = UnitDesc::parse(&d)?;
+        if u.enabled {
+            if u.lun != i {
+                return Err(UfsCtrlError::BadValue {
+                    what: "unit descriptor bUnitIndex",
+                    value: u64::from(u.lun),
+                    why: "differs from the index asked for",
+                });
+            }
+            units.push(u);
+        }
+    }
+    if units.is_empty() {
+        return Err(UfsCtrlError::NoLogicalUnits);
+    }
+    let reported = dc.report_luns(r, t, units[0].lun)?;
+    let mut lus = Vec::new();
+    for u in units.iter().filter(|u| reported.contains(&u.lun)) {
+        dc.clear_unit_attention(r, t, u.lun)?;
+        let c = dc.read_capacity(r, t, u.lun)?;
+        if !c.block_len.is_power_of_two() || c.block_len < 512 || c.block_len > 1 << 20 {
+            return Err(UfsCtrlError::BadValue {
+                what: "READ CAPACITY(16) block length",
+                value: u64::from(c.block_len),
+                why: "not a power of two between 512 B and 1 MiB",
+            });
+        }
+        if c.block_len != 1 << u.block_shift {
+            return Err(UfsCtrlError::BadValue {
+                what: "unit descriptor bLogicalBlockSize",
+                value: u64::from(u.block_shift),
+                why: "disagrees with the block length READ CAPACITY(16) reports",
+            });
+        }
+        lus.push(LogicalUnit {
+            lun: u.lun,
+            // The smaller of the two counts: never address past either.
+            blocks: if u.blocks == 0 {
+                c.blocks
+            } else {
+                c.blocks.min(u.blocks)
+            },
+            block_len: c.block_len,
+        });
+    }
+    if lus.is_empty() {
+        return Err(UfsCtrlError::NoLogicalUnits);
+    }
+    Ok(Init {
+        dc,
+        device,
+        geometry,
+        lus,
+    })
 }
 
 /// DME_LINKSTARTUP, retried a bounded number of times on a non-zero result.
@@ -575,7 +904,8 @@ fn link_startup(r: &Regs<'_>, t: Duration) -> UfsResult<()> {
     })
 }
 
-/// Program `min(requested, MAXQ, 32)` queues; each gets `depth + 1` slots.
+/// Program `min(requested, MAXQ, 32)` queues; each ring gets `MAX_DEPTH + 1`
+/// slots (at most `depth` commands are ever outstanding on it).
 fn setup_mcq(
     r: &Regs<'_>,
     space: &Arc<DmaSpace>,
@@ -602,10 +932,38 @@ fn setup_mcq(
         bar_len,
     )?;
     let n = u32::from(requested).min(maxq).min(32);
-    let entries = depth + 1;
-    // QEMU (10.0) keeps queues enabled, on the previous owner's rings,
-    // across the HCE reset, and programming an enabled queue does not move
-    // it: disable whatever is still enabled (each SQ before its CQ).
+    // Every ring gets the slots of the deepest queue this engine makes,
+    // whatever `depth` is (the trackers bound what is outstanding): QEMU
+    // (10.0) keeps each queue's head and tail across the HCE reset and the
+    // re-enable, even past the end of a smaller new ring, so a ring only as
+    // large as `depth + 1` could not follow an earlier, deeper owner (QD 1
+    // after QD 32: "SQHP after enable: 0xa0"). 2 × 257 × 32 B per queue.
+    let entries = (depth + 1).max(MAX_DEPTH + 1);
+    disable_queues(r, mcap)?;
+    let mut rings = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let sq = space.alloc(usize::from(entries) * 32, DmaDir::Bidirectional)?;
+        let cq = space.alloc(usize::from(entries) * 32, DmaDir::Bidirectional)?;
+        let (regs, sq_tail, cq_head) =
+            enable_queue(r, mcap, i, &sq, &cq, entries, (bar, bar_len), false)?;
+        rings.push(McqRings {
+            index: i as u16,
+            entries,
+            sq,
+            cq,
+            regs,
+            sq_tail,
+            cq_head,
+        });
+    }
+    Ok((n as u16, rings))
+}
+
+/// Disable every queue still enabled (each SQ before its CQ). QEMU (10.0)
+/// keeps queues enabled, on the previous owner's rings, across the HCE
+/// reset, and programming an enabled queue does not move it.
+fn disable_queues(r: &Regs<'_>, mcap: McqCap) -> UfsResult<()> {
+    let maxq = mcap.max_queues();
     for i in 0..maxq.min(32) {
         let q = QueueConfig::new(mcap, i);
         if QueueAttr(r.read(q.reg(qcfg::SQATTR))?).is_enabled() {
@@ -618,109 +976,120 @@ fn setup_mcq(
             r.write(q.reg(qcfg::CQATTR), 0);
         }
     }
-    let mut rings = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let q = QueueConfig::new(mcap, i);
-        let sq = space.alloc(usize::from(entries) * 32, DmaDir::Bidirectional)?;
-        let cq = space.alloc(usize::from(entries) * 32, DmaDir::Bidirectional)?;
-        let (s, c) = (sq.iova().raw(), cq.iova().raw());
-        r.write(q.reg(qcfg::SQLBA), s as u32);
-        r.write(q.reg(qcfg::SQUBA), (s >> 32) as u32);
-        r.write(q.reg(qcfg::CQLBA), c as u32);
-        r.write(q.reg(qcfg::CQUBA), (c >> 32) as u32);
-        // The offsets are the controller's: read them back and use them.
-        let sqdao = in_bar(
-            "SQ doorbell block (SQDAO)",
-            u64::from(r.read(q.reg(qcfg::SQDAO))?),
-            0x14,
-            bar_len,
-        )?;
-        in_bar(
-            "SQ interrupt block (SQISAO)",
-            u64::from(r.read(q.reg(qcfg::SQISAO))?),
-            8,
-            bar_len,
-        )?;
-        let cqdao = in_bar(
-            "CQ doorbell block (CQDAO)",
-            u64::from(r.read(q.reg(qcfg::CQDAO))?),
-            8,
-            bar_len,
-        )?;
-        in_bar(
-            "CQ interrupt block (CQISAO)",
-            u64::from(r.read(q.reg(qcfg::CQISAO))?),
-            8,
-            bar_len,
-        )?;
-        r.write(q.reg(qcfg::CQATTR), QueueAttr::enabled(entries, 0).0);
-        if !QueueAttr(r.read(q.reg(qcfg::CQATTR))?).is_enabled() {
-            return Err(UfsCtrlError::QueueRefused {
-                queue: i,
-                what: "CQ",
-            });
-        }
-        r.write(q.reg(qcfg::SQATTR), QueueAttr::enabled(entries, i as u8).0);
-        if !QueueAttr(r.read(q.reg(qcfg::SQATTR))?).is_enabled() {
-            return Err(UfsCtrlError::QueueRefused {
-                queue: i,
-                what: "SQ",
-            });
-        }
-        // Where the controller's pointers stand. UFSHCI starts an enabled
-        // queue at 0, but QEMU (10.0) keeps SQHP/SQTP/CQHP/CQTP across a
-        // host controller reset and a re-enable: a ring that started at 0
-        // there makes it fetch slots nobody wrote. Start where it stands
-        // (nothing may be pending in the SQ); drop leftover CQ entries.
-        let slot = |what: &'static str, v: u32| -> UfsResult<u32> {
-            if v % 32 != 0 || v / 32 >= u32::from(entries) {
-                return Err(UfsCtrlError::BadValue {
-                    what,
-                    value: u64::from(v),
-                    why: "not a slot of the ring just enabled",
-                });
-            }
-            Ok(v / 32)
-        };
-        let sq_head = slot("SQHP after enable", r.read(sqdao + sq_op::SQHP)?)?;
-        let sq_tail = slot("SQTP after enable", r.read(sqdao + sq_op::SQTP)?)?;
-        let cq_tail = slot("CQTP after enable", r.read(cqdao + cq_op::CQTP)?)?;
-        if sq_head != sq_tail {
-            return Err(UfsCtrlError::BadValue {
-                what: "SQHP after enable",
-                value: u64::from(sq_head) * 32,
-                why: "differs from SQTP: the new SQ would start with entries pending",
-            });
-        }
-        if slot("CQHP after enable", r.read(cqdao + cq_op::CQHP)?)? != cq_tail {
-            r.write(cqdao + cq_op::CQHP, cq_tail * 32);
-        }
-        let op = |o: usize| {
-            // SAFETY: every offset was checked above to be 4-byte aligned
-            // with the whole block inside the BAR mapped at `bar`, which the
-            // backend keeps alive as long as the controller (and every queue
-            // pair holds the controller).
-            unsafe { OpReg::new(bar, o) }
-        };
-        let regs = McqRegs {
-            sqtp: op(sqdao + sq_op::SQTP),
-            sqrtc: op(sqdao + sq_op::SQRTC),
-            sqcti: op(sqdao + sq_op::SQCTI),
-            sqrts: op(sqdao + sq_op::SQRTS),
-            cqhp: op(cqdao + cq_op::CQHP),
-            cqtp: op(cqdao + cq_op::CQTP),
-        };
-        rings.push(McqRings {
-            index: i as u16,
-            entries,
-            sq,
-            cq,
-            regs,
-            sq_tail,
-            cq_head: cq_tail,
+    Ok(())
+}
+
+/// Program queue `i` (disabled) on rings `sq`/`cq` of `entries` slots and
+/// enable it, CQ before SQ; read the DAO/ISAO offsets back and check them
+/// against the BAR. `resync` (after a reset, on a nullified SQ ring): an
+/// SQ tail ahead of the head is set back to it. Returns its operational registers and where the
+/// host's SQ tail and CQ head start.
+#[allow(clippy::too_many_arguments)]
+fn enable_queue(
+    r: &Regs<'_>,
+    mcap: McqCap,
+    i: u32,
+    sq: &DmaRegion,
+    cq: &DmaRegion,
+    entries: u16,
+    (bar, bar_len): (NonNull<u8>, usize),
+    resync: bool,
+) -> UfsResult<(McqRegs, u32, u32)> {
+    let q = QueueConfig::new(mcap, i);
+    let (s, c) = (sq.iova().raw(), cq.iova().raw());
+    r.write(q.reg(qcfg::SQLBA), s as u32);
+    r.write(q.reg(qcfg::SQUBA), (s >> 32) as u32);
+    r.write(q.reg(qcfg::CQLBA), c as u32);
+    r.write(q.reg(qcfg::CQUBA), (c >> 32) as u32);
+    // The offsets are the controller's: read them back and use them.
+    let sqdao = in_bar(
+        "SQ doorbell block (SQDAO)",
+        u64::from(r.read(q.reg(qcfg::SQDAO))?),
+        0x14,
+        bar_len,
+    )?;
+    in_bar(
+        "SQ interrupt block (SQISAO)",
+        u64::from(r.read(q.reg(qcfg::SQISAO))?),
+        8,
+        bar_len,
+    )?;
+    let cqdao = in_bar(
+        "CQ doorbell block (CQDAO)",
+        u64::from(r.read(q.reg(qcfg::CQDAO))?),
+        8,
+        bar_len,
+    )?;
+    in_bar(
+        "CQ interrupt block (CQISAO)",
+        u64::from(r.read(q.reg(qcfg::CQISAO))?),
+        8,
+        bar_len,
+    )?;
+    r.write(q.reg(qcfg::CQATTR), QueueAttr::enabled(entries, 0).0);
+    if !QueueAttr(r.read(q.reg(qcfg::CQATTR))?).is_enabled() {
+        return Err(UfsCtrlError::QueueRefused {
+            queue: i,
+            what: "CQ",
         });
     }
-    Ok((n as u16, rings))
+    r.write(q.reg(qcfg::SQATTR), QueueAttr::enabled(entries, i as u8).0);
+    if !QueueAttr(r.read(q.reg(qcfg::SQATTR))?).is_enabled() {
+        return Err(UfsCtrlError::QueueRefused {
+            queue: i,
+            what: "SQ",
+        });
+    }
+    // Where the controller's pointers stand. UFSHCI starts an enabled
+    // queue at 0, but QEMU (10.0) keeps SQHP/SQTP/CQHP/CQTP across a
+    // host controller reset and a re-enable: a ring that started at 0
+    // there makes it fetch slots nobody wrote. Start where it stands
+    // (nothing may be pending in the SQ); drop leftover CQ entries.
+    let slot = |what: &'static str, v: u32| -> UfsResult<u32> {
+        if v % 32 != 0 || v / 32 >= u32::from(entries) {
+            return Err(UfsCtrlError::BadValue {
+                what,
+                value: u64::from(v),
+                why: "not a slot of the ring just enabled",
+            });
+        }
+        Ok(v / 32)
+    };
+    let sq_head = slot("SQHP after enable", r.read(sqdao + sq_op::SQHP)?)?;
+    let mut sq_tail = slot("SQTP after enable", r.read(sqdao + sq_op::SQTP)?)?;
+    let cq_tail = slot("CQTP after enable", r.read(cqdao + cq_op::CQTP)?)?;
+    if sq_head != sq_tail && resync {
+        // After a reset, on a nullified ring: a tail a doorbell store left
+        // (one that raced the reset) is taken back to the head.
+        r.write(sqdao + sq_op::SQTP, sq_head * 32);
+        sq_tail = slot("SQTP after resync", r.read(sqdao + sq_op::SQTP)?)?;
+    }
+    if sq_head != sq_tail {
+        return Err(UfsCtrlError::BadValue {
+            what: "SQHP after enable",
+            value: u64::from(sq_head) * 32,
+            why: "differs from SQTP: the new SQ would start with entries pending",
+        });
+    }
+    if slot("CQHP after enable", r.read(cqdao + cq_op::CQHP)?)? != cq_tail {
+        r.write(cqdao + cq_op::CQHP, cq_tail * 32);
+    }
+    let op = |o: usize| {
+        // SAFETY: every offset was checked above to be 4-byte aligned
+        // with the whole block inside the BAR mapped at `bar`, which the
+        // backend keeps alive as long as the controller (and every queue
+        // pair holds the controller).
+        unsafe { OpReg::new(bar, o) }
+    };
+    let regs = McqRegs {
+        sqtp: op(sqdao + sq_op::SQTP),
+        sqrtc: op(sqdao + sq_op::SQRTC),
+        sqcti: op(sqdao + sq_op::SQCTI),
+        sqrts: op(sqdao + sq_op::SQRTS),
+        cqhp: op(cqdao + cq_op::CQHP),
+        cqtp: op(cqdao + cq_op::CQTP),
+    };
+    Ok((regs, sq_tail, cq_tail))
 }
 
 impl DevCmd {

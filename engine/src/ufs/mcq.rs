@@ -183,6 +183,64 @@ impl McqQueue {
         self.rings
     }
 
+    /// The rings (a controller reset re-creates the queue on them).
+    pub fn rings(&self) -> &McqRings {
+        &self.rings
+    }
+
+    /// After a controller reset: continue on the re-created queue's
+    /// registers from `sq_tail` / `cq_head`.
+    pub fn restart(&mut self, regs: McqRegs, sq_tail: u32, cq_head: u32) {
+        self.rings.regs = regs;
+        self.sq_tail = sq_tail;
+        self.sq_rung = sq_tail;
+        self.cq_head = cq_head;
+    }
+
+    /// Overwrite every SQ slot with `nullified` (before the queue is
+    /// re-created: nothing left from before a reset is ever executed).
+    pub fn nullify(&mut self, nullified: Utrd) {
+        for i in 0..self.entries as usize {
+            // SAFETY: `i < entries`, inside the SQ ring this value owns;
+            // the queue is disabled (controller reset), so the controller
+            // reads none of it: volatile stores racing with nothing.
+            unsafe { self.sq_ring.as_ptr().add(i).write_volatile(nullified) };
+        }
+    }
+
+    /// After a controller reset (the controller disabled, CQTP not to be
+    /// trusted): consume the entries the controller wrote from the host's
+    /// CQ head on, without any register access, while `accept(ucd, ocs)`
+    /// says the entry completes a command in flight; at most `limit`.
+    /// Returns how many were consumed.
+    pub fn drain_posted(
+        &mut self,
+        limit: usize,
+        mut accept: impl FnMut(u64, Ocs) -> bool,
+    ) -> usize {
+        let mut n = 0;
+        while n < limit {
+            // SAFETY: `cq_head < entries`, inside the CQ ring this value
+            // owns; the controller is disabled and writes no more entries.
+            // Volatile copy, no reference.
+            let cqe = unsafe {
+                self.cq_ring
+                    .as_ptr()
+                    .add(self.cq_head as usize)
+                    .read_volatile()
+            };
+            if !accept(cqe.ucd(), cqe.ocs()) {
+                break;
+            }
+            self.cq_head += 1;
+            if self.cq_head == self.entries {
+                self.cq_head = 0;
+            }
+            n += 1;
+        }
+        n
+    }
+
     /// Write `utrd` into the next SQ slot. The caller guarantees a free slot.
     #[inline(always)]
     pub fn post(&mut self, utrd: Utrd) {
@@ -233,13 +291,26 @@ impl McqQueue {
     /// `outstanding == 0` skips the register read (nothing can arrive that
     /// the caller would accept; a stray entry waits for the next busy poll).
     #[inline]
-    pub fn reap(&mut self, max: usize, outstanding: usize, mut f: impl FnMut(u64, Ocs)) -> Reaped {
+    ///
+    /// `live()` is asked once, after the CQTP read: false means a controller
+    /// reset may have begun before that read (CQTP may already be reset),
+    /// so nothing is consumed.
+    pub fn reap(
+        &mut self,
+        max: usize,
+        outstanding: usize,
+        live: impl FnOnce() -> bool,
+        mut f: impl FnMut(u64, Ocs),
+    ) -> Reaped {
         if outstanding == 0 {
             self.stats.cqtp_reads_skipped += 1;
             return Reaped::Entries(0);
         }
         let tail = self.rings.regs.cqtp.read();
         self.stats.cqtp_reads += 1;
+        if !live() {
+            return Reaped::Entries(0);
+        }
         if tail % ENTRY_SIZE != 0 || tail / ENTRY_SIZE >= self.entries {
             self.stats.bad_tails += 1;
             return Reaped::BadTail;

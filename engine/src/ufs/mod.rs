@@ -71,6 +71,11 @@
 //!   UPIU, PRDT from the buffer's segments, RESPONSE decoding.
 //! - [`qpair`]: [`UfsQueuePair`], the per-thread I/O object (read, write,
 //!   flush, unmap, submit, poll, close, blocking helpers).
+//! - `reset.rs`: what a queue pair does at its next poll after
+//!   [`UfsController::reset`] (host controller reset, the last resort of
+//!   recovery) or a controller failure: deliver what completed, end the
+//!   rest once with [`crate::IoError::AbortedByReset`] and its buffer,
+//!   re-create its hardware queue.
 //!
 //! What is not UFS-specific comes from the shared [`crate::core`], as for
 //! NVMe: tag tracking with generations, the split parent table, the timeout

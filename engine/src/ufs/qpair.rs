@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use mcqio_vfio::{DmaDir, DmaSpace, Mapped};
 
-use super::ctrl::{health, Pool, UfsController, UfsMode};
+use super::ctrl::{health, state, Pool, UfsController, UfsMode};
 use super::mcq::{McqQueue, Reaped};
 use super::sdb::{SdbQueue, SdbReaped};
 use super::spec::regs::sq_op;
@@ -44,6 +44,10 @@ use crate::core::timeout::{
 };
 use crate::core::tracker::Trackers;
 use crate::{Error, Result};
+
+// Recovery after a host controller reset (`UfsController::reset`).
+#[path = "reset.rs"]
+mod reset;
 
 /// Empty polls (with commands outstanding) between IS health checks.
 const HEALTH_CHECK_INTERVAL: u32 = 1024;
@@ -151,13 +155,15 @@ pub struct UfsQpairStats {
 /// (the policy, the clock and the scan are the shared core's,
 /// `core/timeout.rs`). Where NVMe resets the controller, UFS escalates
 /// through one hook, `UfsController::reset_for_timeout` (in this file),
-/// meant to run the host controller reset. **Until that hook is wired** it
-/// reports that no reset happened, and a command that needs one is ended
+/// which runs the host controller reset ([`UfsController::reset`]): every
+/// command in flight then ends as after any reset, with
+/// [`IoError::AbortedByReset`] and its buffer. Only if that reset fails
+/// (the controller cannot be disabled) is a command that needs one ended
 /// the safe way the code uses for a device that may still hold it: once,
 /// as [`IoError::TimedOut`], **without its buffer** (leaked, counted in
 /// [`UfsController::leaked_bytes`]); its slot and command descriptor are
-/// retired (never reused: [`depth`](Self::depth) shrinks by one) and the
-/// queue's memory is leaked when the queue pair is dropped.
+/// retired (never reused until a later reset succeeds) and the queue's
+/// memory is leaked when the queue pair is dropped.
 pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     ctrl: Arc<UfsController>,
     // Dropped by hand: returned to the controller, or leaked while the
@@ -181,6 +187,11 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     timeouts: Timeouts,
     /// The controller failed; the error polls report.
     failed: Option<u8>,
+    /// The controller's state word as of this pair's last look (see
+    /// `ctrl::state`); a different value means a reset or a failure.
+    seen_state: u64,
+    /// Controller resets this pair recovered from.
+    recoveries: u64,
     /// Queue memory the device may still access: leak it on drop.
     leak: bool,
     closed: bool,
@@ -217,6 +228,9 @@ impl UfsController {
         opts: UfsQpairOptions,
     ) -> Result<UfsQueuePair<B>> {
         let depth = self.depth();
+        // No reset between taking the queue and noting the state.
+        let reset_guard = self.lock_reset();
+        let seen_state = self.state();
         let mut pool = self.lock_pool();
         let hook = self.backend().doorbell_hook();
         let (transport, tag_base) = match (&mut *pool, self.mode()) {
@@ -246,6 +260,7 @@ impl UfsController {
             _ => return Err(Error::NoFreeQueue { granted: 0 }),
         };
         drop(pool);
+        drop(reset_guard);
         let ucd_mem = match self
             .dma()
             .alloc(usize::from(depth) * UCD_SIZE, DmaDir::Bidirectional)
@@ -291,7 +306,12 @@ impl UfsController {
             completed: 0,
             empty_polls: 0,
             timeouts: Timeouts::new(opts.io_timeout, opts.timeout_policy, depth),
-            failed: None,
+            failed: match state::failure(seen_state) {
+                health::OK => None,
+                f => Some(f),
+            },
+            seen_state,
+            recoveries: 0,
             leak: false,
             closed: false,
             bounce: None,
@@ -305,12 +325,18 @@ impl UfsController {
     /// not answered). Returns whether a reset happened — it then ends every
     /// command in flight, on every queue pair, the way any reset does.
     ///
-    /// Not wired yet: returns `false`, and the queue pair ends the command
-    /// without its buffer (see [`UfsQueuePair`]). Wire it to the host
-    /// controller reset (`UfsController::reset`) once that exists.
+    /// When the reset fails (a controller that cannot be disabled), the
+    /// queue pair ends the command without its buffer (see
+    /// [`UfsQueuePair`]).
     #[cold]
     pub(crate) fn reset_for_timeout(&self) -> bool {
-        false
+        match self.reset() {
+            Ok(()) => true,
+            Err(e) => {
+                log::error!("{}: reset after a command timeout failed: {e}", self.backend().name());
+                false
+            }
+        }
     }
 
     /// Return a queue's memory to the pool (nothing outstanding on it).
@@ -692,7 +718,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// Returns whether a doorbell was written.
     #[inline]
     pub fn submit(&mut self) -> bool {
-        if self.failed.is_some() {
+        // One relaxed load per batch: no doorbell once a reset began, until
+        // the next poll re-created the queue.
+        if self.failed.is_some() || self.ctrl.state() != self.seen_state {
             return false;
         }
         self.transport.flush()
@@ -705,19 +733,15 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// [`Error::ControllerFatal`] / [`Error::DeviceGone`].
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
-        if let Some(h) = self.failed {
-            return Err(health_error(h));
-        }
-        // One load: another queue pair (or the controller) may have seen
-        // the controller fail.
-        let h = self.ctrl.health();
-        if h != health::OK {
-            self.fail(h, &mut f);
-            return Err(health_error(h));
+        // One relaxed load: a reset, or another queue pair that saw the
+        // controller fail.
+        if self.failed.is_some() || self.ctrl.state() != self.seen_state {
+            return self.on_state_change(&mut f);
         }
         self.transport.flush();
         let outstanding = self.trackers.outstanding();
         let UfsQueuePair {
+            ctrl,
             transport,
             trackers,
             splits,
@@ -725,10 +749,17 @@ impl<B: IoBuf> UfsQueuePair<B> {
             tag_base,
             completed,
             timeouts,
+            seen_state,
             ..
         } = self;
         let tag_base = *tag_base;
         let ucds_ref: &UcdSlice = ucds;
+        // Asked after the completion register was read: a reset begins by
+        // marking the state word before it disables the controller, so an
+        // unchanged word means the register was read before the disable
+        // (MMIO accesses stay in program order with these loads).
+        let (ctrl, seen) = (&*ctrl, *seen_state);
+        let live = || ctrl.state() == seen;
         // `definitive`: the transport cannot report a command twice (legacy:
         // a doorbell bit we set cleared), so a malformed response is this
         // command's error, not a stale entry.
@@ -773,25 +804,23 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let (n, bad) = match &mut **transport {
             // A UCD address that is not one of ours maps to an impossible
             // slot, which `deliver` counts as stale.
-            Transport::Mcq(q) => match q.reap(max, outstanding, |ucd, ocs| {
+            Transport::Mcq(q) => match q.reap(max, outstanding, live, |ucd, ocs| {
                 deliver(ucds_slot(ucd, ucds_ref), ocs, false)
             }) {
                 Reaped::Entries(n) => (n, false),
                 Reaped::BadTail => (0, true),
             },
-            Transport::Sdb(q) => match q.reap(max, |slot, ocs| deliver(slot, ocs, true)) {
+            Transport::Sdb(q) => match q.reap(max, live, |slot, ocs| deliver(slot, ocs, true)) {
                 SdbReaped::Entries(n) => (n, false),
                 SdbReaped::AllOnes => (0, true),
             },
         };
         if n == 0 && self.trackers.outstanding() > 0 {
             self.empty_polls = self.empty_polls.wrapping_add(1);
-            if bad || self.empty_polls % HEALTH_CHECK_INTERVAL == 0 {
-                let h = self.ctrl.check_health();
-                if h != health::OK {
-                    self.fail(h, &mut f);
-                    return Err(health_error(h));
-                }
+            if (bad || self.empty_polls % HEALTH_CHECK_INTERVAL == 0)
+                && self.ctrl.check_health() != self.seen_state
+            {
+                return self.on_state_change(&mut f);
             }
             if self.empty_polls % IDLE_CLOCK_INTERVAL == 0 && self.timeouts.enabled() {
                 self.timeouts.tick();
@@ -824,10 +853,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
 
     /// A command needs a host controller reset (policy `Reset`, or an abort
     /// that was refused or not answered). Escalates through
-    /// `UfsController::reset_for_timeout`; while that hook is not wired,
-    /// ends the command once as [`IoError::TimedOut`] without its buffer
-    /// and retires its slot (see [`UfsQueuePair`]). Returns whether the
-    /// controller was reset.
+    /// `UfsController::reset_for_timeout`; when that reset fails, ends the
+    /// command once as [`IoError::TimedOut`] without its buffer and retires
+    /// its slot (see [`UfsQueuePair`]). Returns whether the controller was
+    /// reset.
     #[cold]
     fn reset_for_timeout(&mut self, slot: u16, f: &mut impl FnMut(Completion<B>)) -> bool {
         self.timeouts.stats.resets_requested += 1;
@@ -859,18 +888,6 @@ impl<B: IoBuf> UfsQueuePair<B> {
             dw0: 0,
         });
         false
-    }
-
-    /// The controller failed or disappeared: it no longer accesses any
-    /// buffer (a fatal controller was disabled; a removed one is gone), so
-    /// every outstanding command completes with its buffer.
-    #[cold]
-    fn fail(&mut self, h: u8, f: &mut impl FnMut(Completion<B>)) {
-        self.failed = Some(h);
-        if let Transport::Sdb(q) = &mut *self.transport {
-            q.forget_outstanding();
-        }
-        self.end_all(IoError::ControllerFailed, true, f);
     }
 
     /// End every command in flight with `err` (the device no longer owns
@@ -1266,6 +1283,12 @@ impl<B: IoBuf> Blocking for UfsQueuePair<B> {
 
     fn blocking_timeout(&self) -> Duration {
         self.ctrl.options().blocking_timeout
+    }
+
+    /// An idle queue pair catches up with a host controller reset before
+    /// it queues on a stale hardware queue (a poll of nothing does that).
+    fn blocking_sync(&mut self) -> Result<()> {
+        self.poll(0, |_| {}).map(|_| ())
     }
 
     fn unknown(lun: u8) -> SubmitErrorKind {

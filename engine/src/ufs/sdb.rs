@@ -112,13 +112,25 @@ impl SdbQueue {
     /// Find completed slots (one UTRLDBR read), up to `max`, calling
     /// `f(slot, ocs)` for each.
     #[inline]
-    pub fn reap(&mut self, max: usize, mut f: impl FnMut(u16, Ocs)) -> SdbReaped {
+    /// `live()` is asked once, after the UTRLDBR read: false means a
+    /// controller reset may have begun before that read (a disable clears
+    /// the doorbell bits without completing anything), so nothing is
+    /// consumed.
+    pub fn reap(
+        &mut self,
+        max: usize,
+        live: impl FnOnce() -> bool,
+        mut f: impl FnMut(u16, Ocs),
+    ) -> SdbReaped {
         if self.outstanding == 0 {
             return SdbReaped::Entries(0);
         }
         let regs = self.backend.regs();
         let dbr = regs.read32(UTRLDBR);
         self.stats.doorbell_reads += 1;
+        if !live() {
+            return SdbReaped::Entries(0);
+        }
         if dbr == u32::MAX {
             return SdbReaped::AllOnes;
         }
@@ -182,6 +194,20 @@ impl SdbQueue {
     /// The doorbell bits of `bits` that still read set.
     pub fn still_set(&self, bits: u32) -> u32 {
         self.backend.regs().read32(UTRLDBR) & bits
+    }
+
+    /// After a controller reset: the OCS the controller wrote into slot
+    /// `slot`'s UTRD if it completed the command (rung, and the OCS no
+    /// longer the host's pre-fill), `None` otherwise.
+    pub fn completed_before_reset(&self, slot: u16) -> Option<Ocs> {
+        if u32::from(slot) >= self.slots || self.outstanding & 1 << slot == 0 {
+            return None;
+        }
+        // SAFETY: `slot < slots`, inside the list this value owns; the
+        // controller is disabled and writes nothing more. Volatile copy.
+        let utrd = unsafe { self.list.as_ptr().add(usize::from(slot)).read_volatile() };
+        let ocs = Ocs(utrd.ocs & 0xF);
+        (ocs != Ocs::INVALID_COMMAND_STATUS).then_some(ocs)
     }
 
     /// Forget outstanding bits (after [`Self::clear_outstanding`] and the

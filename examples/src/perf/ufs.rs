@@ -138,6 +138,8 @@ impl UfsTarget {
                 let per_job = depth as u64 * (io + 4096) + (1 << 20);
                 let opts = VfioOpenOptions {
                     dma_budget: jobs as u64 * per_job + (2 << 20),
+                    // The default refuses anything but an NVMe controller.
+                    require_nvme: false,
                     ..VfioOpenOptions::default()
                 };
                 let b = VfioBackend::open_with(bdf, &opts)

@@ -1,0 +1,205 @@
+//! Recovery of a [`UfsQueuePair`] after its controller changed state: a
+//! host controller reset ([`UfsController::reset`]), a fatal controller,
+//! a removed one. The controller's side (disable, bring-up again) is in
+//! `ctrl.rs`; this is what each queue pair does at its next poll.
+//!
+//! The controller's state word carries an epoch that advances only once
+//! HCE = 0 was confirmed (or the device is gone): from then on the
+//! controller has dropped every queue and command and accesses none of
+//! their memory. So, on a new epoch, the queue pair
+//!
+//! 1. delivers what the controller completed before it stopped — MCQ: the
+//!    completion entries from the host's CQ head on that name a command in
+//!    flight whose RESPONSE UPIU is there (the response area is cleared at
+//!    submission, and the controller writes it before the entry; CQTP is
+//!    not read, it may have been reset); legacy: rung slots whose UTRD
+//!    holds an OCS other than the host's pre-fill;
+//! 2. completes every other command exactly once — with
+//!    [`IoError::AbortedByReset`] after a reset, [`IoError::ControllerFailed`]
+//!    after a failure — and hands its buffer back;
+//! 3. after a reset, re-creates its hardware queue on the same rings (MCQ:
+//!    SQ ring nullified first, queue enabled CQ before SQ, host positions
+//!    where the controller's pointers stand; legacy: UTRLBA and UTRLRSR).
+//!
+//! Until step 3 the pair rings no doorbell ([`UfsQueuePair::submit`] and
+//! `poll` compare the state word first). When the state changed but the
+//! epoch did not — a failed controller that would not read HCE = 0 — the
+//! device may still write the buffers: the commands end with
+//! `ControllerFailed` and **no** buffer, and the pair's memory is leaked.
+//!
+//! Everything here is cold; it delivers every completion in one call,
+//! whatever `max` the poll passed (as the failure paths always did).
+
+use super::*;
+
+impl<B: IoBuf> UfsQueuePair<B> {
+    /// The controller's state word differs from what this pair saw, or the
+    /// pair is failed. See the module docs.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn on_state_change(&mut self, f: &mut impl FnMut(Completion<B>)) -> Result<usize> {
+        let mut n = 0;
+        loop {
+            if self.ctrl.state() == self.seen_state {
+                return match self.failed {
+                    Some(h) => Err(health_error(h)),
+                    None => Ok(n),
+                };
+            }
+            // Waits for a reset in progress to finish.
+            let settled = self.ctrl.settled_state();
+            let failure = state::failure(settled);
+            if state::epoch(settled) == state::epoch(self.seen_state) {
+                // Failed without being disabled: the controller may still
+                // access our rings, descriptors and buffers.
+                n += self.deliver_posted(f);
+                let ended = self.trackers.outstanding();
+                let leaked = self.end_all(IoError::ControllerFailed, false, f);
+                n += ended;
+                self.forget_transport();
+                if !self.leak {
+                    self.leak = true;
+                    log::error!(
+                        "UFS queue pair: the controller could not be disabled; {ended} commands end without their buffers"
+                    );
+                }
+                self.ctrl.add_leaked(leaked);
+                self.failed = (failure != health::OK).then_some(failure);
+                self.seen_state = settled;
+                continue;
+            }
+            // New epoch: disabled (or gone) since; nothing of ours is in
+            // use by the controller.
+            n += self.deliver_posted(f);
+            let err = if failure == health::OK {
+                IoError::AbortedByReset
+            } else {
+                IoError::ControllerFailed
+            };
+            n += self.trackers.outstanding();
+            self.end_all(err, true, f);
+            self.forget_transport();
+            self.seen_state = settled;
+            if failure != health::OK {
+                self.failed = Some(failure);
+                continue;
+            }
+            match self.recreate(settled) {
+                Ok(true) => {
+                    // The controller dropped every command: slots retired
+                    // by a failed timeout reset serve again.
+                    self.trackers.unretire_all();
+                    self.failed = None;
+                    self.empty_polls = 0;
+                    self.recoveries += 1;
+                }
+                // Reset again meanwhile: look again.
+                Ok(false) => continue,
+                Err(e) => {
+                    // The queue may be (partly) enabled on our rings.
+                    self.leak = true;
+                    self.failed = Some(health::FATAL);
+                    let qid = self.hw_queue().unwrap_or(0);
+                    log::error!("UFS queue {qid}: re-creating the queue after a reset failed: {e}");
+                    return Err(Error::QueueLost { qid });
+                }
+            }
+        }
+    }
+
+    /// Step 1: deliver the commands the controller completed before it
+    /// stopped. Returns how many completions were delivered.
+    fn deliver_posted(&mut self, f: &mut impl FnMut(Completion<B>)) -> usize {
+        let outstanding = self.trackers.outstanding();
+        if outstanding == 0 {
+            return 0;
+        }
+        let mut done: Vec<(u16, Ocs)> = Vec::new();
+        match &mut *self.transport {
+            Transport::Mcq(q) => {
+                let (trackers, ucds, tag_base) = (&self.trackers, &*self.ucds, self.tag_base);
+                q.drain_posted(outstanding, |ucd, ocs| {
+                    let Some(slot) = ucds.slot_of(ucd) else {
+                        return false;
+                    };
+                    if usize::from(slot) >= trackers.depth()
+                        || !trackers.slot(slot).busy
+                        || done.iter().any(|&(s, _)| s == slot)
+                    {
+                        return false;
+                    }
+                    let head = ucds.response_head(slot);
+                    let answered = head.trans_type == trans::RESPONSE
+                        && head.task_tag == tag_base.wrapping_add(slot as u8);
+                    if ocs == Ocs::SUCCESS && !answered {
+                        return false;
+                    }
+                    done.push((slot, ocs));
+                    true
+                });
+            }
+            Transport::Sdb(q) => {
+                for (slot, ..) in self.trackers.busy() {
+                    if let Some(ocs) = q.completed_before_reset(slot) {
+                        done.push((slot, ocs));
+                    }
+                }
+            }
+        }
+        let mut n = 0;
+        for (slot, ocs) in done {
+            n += self.finish_slot(slot, ocs, f);
+        }
+        n
+    }
+
+    /// Complete `slot` with the controller's `ocs` and its RESPONSE (the
+    /// same decoding as `poll`). Returns the completions delivered (0 for
+    /// a child of a split transfer whose siblings are still in flight).
+    fn finish_slot(&mut self, slot: u16, ocs: Ocs, f: &mut impl FnMut(Completion<B>)) -> usize {
+        let task_tag = self.tag_base.wrapping_add(slot as u8);
+        let result = if ocs == Ocs::SUCCESS && self.ucds.response_head(slot).is_good(task_tag) {
+            Ok(())
+        } else {
+            command_result(ocs, &self.ucds.response(slot), task_tag).map_err(IoError::Ufs)
+        };
+        let (tag, buf) = self.trackers.complete(slot);
+        let Some(c) = deliver::route(&mut self.splits, slot, tag, buf, result, 0) else {
+            return 0;
+        };
+        self.completed += 1;
+        f(c);
+        1
+    }
+
+    /// The transport's own record of what is in flight is void.
+    fn forget_transport(&mut self) {
+        if let Transport::Sdb(q) = &mut *self.transport {
+            q.forget_outstanding();
+        }
+    }
+
+    /// Step 3: re-create the hardware queue on the controller in state
+    /// `settled`. `Ok(false)`: the state moved on meanwhile.
+    fn recreate(&mut self, settled: u64) -> std::result::Result<bool, super::super::UfsCtrlError> {
+        match &mut *self.transport {
+            Transport::Mcq(q) => {
+                q.nullify(Utrd::new(0, DataDir::None, 0).nullified());
+                match self.ctrl.recreate_mcq_queue(settled, q.rings())? {
+                    Some((regs, sq_tail, cq_head)) => {
+                        q.restart(regs, sq_tail, cq_head);
+                        Ok(true)
+                    }
+                    None => Ok(false),
+                }
+            }
+            Transport::Sdb(_) => self.ctrl.restart_legacy_list(settled),
+        }
+    }
+
+    /// Controller resets this queue pair recovered from (its queue
+    /// re-created).
+    pub fn recoveries(&self) -> u64 {
+        self.recoveries
+    }
+}
