@@ -74,6 +74,9 @@ pub struct UfsOptions {
     /// How long `close` polls for commands still in flight before
     /// withdrawing them.
     pub close_timeout: Duration,
+    /// Host Performance Booster on the device's HPB LUs (`None`: off). See
+    /// [`super::hpb`].
+    pub hpb: Option<super::hpb::HpbConfig>,
 }
 
 impl Default for UfsOptions {
@@ -86,6 +89,7 @@ impl Default for UfsOptions {
             init_timeout: Duration::from_secs(2),
             blocking_timeout: Duration::from_secs(30),
             close_timeout: Duration::from_secs(1),
+            hpb: None,
         }
     }
 }
@@ -147,6 +151,8 @@ pub struct UfsController {
     pub(crate) pool: Mutex<Pool>,
     health: AtomicU8,
     leaked: AtomicU64,
+    /// HPB maps by LUN (empty without HPB).
+    hpb: Vec<Option<Arc<super::hpb::LuMap>>>,
 }
 
 impl std::fmt::Debug for UfsController {
@@ -309,8 +315,11 @@ impl UfsController {
 
         dc.nop(&r, t)?;
         dc.device_init(&r, t)?;
-        let device = DeviceDesc::parse(&dc.read_desc(&r, t, desc::idn::DEVICE, 0)?)?;
-        let geometry = GeometryDesc::parse(&dc.read_desc(&r, t, desc::idn::GEOMETRY, 0)?)?;
+        let dev_raw = dc.read_desc(&r, t, desc::idn::DEVICE, 0)?;
+        let geo_raw = dc.read_desc(&r, t, desc::idn::GEOMETRY, 0)?;
+        let device = DeviceDesc::parse(&dev_raw)?;
+        let geometry = GeometryDesc::parse(&geo_raw)?;
+        let mut unit_raw = Vec::new();
         let mut units = Vec::new();
         for i in 0..geometry.max_lus {
             // bNumberLU counts the enabled LUs: past the last one there is
@@ -332,8 +341,9 @@ impl UfsController {
                 Err(e) => return Err(e),
             };
             // A disabled LU's descriptor holds no usable geometry: look at
-            // bLUEnable (byte 3) before asking the rest to make sense.
-            if d.get(3) != Some(&1) {
+            // bLUEnable (byte 3) before asking the rest to make sense
+            // (1 = enabled, 2 = enabled HPB LU).
+            if !matches!(d.get(3), Some(&1) | Some(&2)) {
                 continue;
             }
             let u = UnitDesc::parse(&d)?;
@@ -346,6 +356,7 @@ impl UfsController {
                     });
                 }
                 units.push(u);
+                unit_raw.push((i, d));
             }
         }
         if units.is_empty() {
@@ -384,6 +395,12 @@ impl UfsController {
         if lus.is_empty() {
             return Err(UfsCtrlError::NoLogicalUnits);
         }
+        let hpb = match &opts.hpb {
+            Some(h) => super::hpb::enable(h, &dev_raw, &geo_raw, &unit_raw, &lus, &mut |q| {
+                dc.hpb_query(&r, t, q)
+            })?,
+            None => Vec::new(),
+        };
 
         // 4. MCQ or legacy.
         let mut depth = opts.depth.min(MAX_DEPTH);
@@ -431,8 +448,23 @@ impl UfsController {
             pool: Mutex::new(pool),
             health: AtomicU8::new(health::OK),
             leaked: AtomicU64::new(0),
+            hpb,
             backend,
         }))
+    }
+
+    /// HPB counters of LU `lun` (`None` when HPB is off on it).
+    pub fn hpb_stats(&self, lun: u8) -> Option<super::hpb::HpbStats> {
+        self.hpb.get(usize::from(lun))?.as_ref().map(|m| m.stats())
+    }
+
+    /// HPB counters of every LU with HPB on.
+    pub fn hpb_stats_all(&self) -> Vec<super::hpb::HpbStats> {
+        self.hpb.iter().flatten().map(|m| m.stats()).collect()
+    }
+
+    pub(crate) fn hpb_maps(&self) -> &[Option<Arc<super::hpb::LuMap>>] {
+        &self.hpb
     }
 
     /// MCQ (with the number of queues) or legacy.
@@ -902,6 +934,23 @@ impl DevCmd {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// A device-management query of the HPB bring-up: an attribute's value,
+    /// or a flag's (0/1) after reading or setting it.
+    fn hpb_query(&mut self, r: &Regs<'_>, t: Duration, q: super::hpb::Query) -> UfsResult<u32> {
+        use super::hpb::Query;
+        let tag = self.tag();
+        let (what, req) = match q {
+            Query::ReadAttr(idn) => ("read HPB attribute", QueryUpiu::read_attribute(tag, idn, 0)),
+            Query::SetFlag(idn) => ("set HPB flag", QueryUpiu::set_flag(tag, idn)),
+            Query::ReadFlag(idn) => ("read HPB flag", QueryUpiu::read_flag(tag, idn)),
+        };
+        let (h, _) = self.query(r, t, what, req, 0)?;
+        Ok(match q {
+            Query::ReadAttr(_) => h.attr_value(),
+            _ => u32::from(h.flag_value()),
+        })
     }
 
     /// A SCSI command reading up to `alloc` bytes into the data page.

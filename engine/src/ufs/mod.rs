@@ -73,6 +73,9 @@
 //!   UPIU, PRDT from the buffer's segments, RESPONSE decoding.
 //! - [`qpair`]: [`UfsQueuePair`], the per-thread I/O object (read, write,
 //!   flush, unmap, submit, poll, close, blocking helpers).
+//! - [`hpb`]: Host Performance Booster: the host's copy of the device's L2P
+//!   map per LU, shared lock-free by the queue pairs, its policy (both
+//!   control modes) and the queue pairs' internal map loads.
 //!
 //! Transport-independent pieces reused from the NVMe side: tag tracking
 //! with generations (`crate::queue::tracker`), [`crate::IoBuf`],
@@ -99,6 +102,7 @@
 
 pub mod ctrl;
 pub mod error;
+pub mod hpb;
 mod mcq;
 pub mod qpair;
 mod sdb;
@@ -108,6 +112,7 @@ mod ucd;
 
 pub use ctrl::{LogicalUnit, UfsController, UfsMode, UfsOptions};
 pub use error::{UfsCtrlError, UfsResult};
+pub use hpb::{HpbConfig, HpbControl, HpbMode, HpbStats};
 pub use qpair::{UfsQpairStats, UfsQueuePair};
 pub use spec::status::UfsError;
 pub use ucd::MAX_PRDT_ENTRIES;

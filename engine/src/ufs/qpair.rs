@@ -26,6 +26,7 @@ use std::time::Instant;
 use mcqio_vfio::{DmaDir, DmaSpace};
 
 use super::ctrl::{health, Pool, UfsController, UfsMode};
+use super::hpb::qp::{HpbQp, DEV_INFO_HPB};
 use super::mcq::{McqQueue, Reaped};
 use super::sdb::{SdbQueue, SdbReaped};
 use super::spec::regs::sq_op;
@@ -126,6 +127,8 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     leak: bool,
     closed: bool,
     bounce: Option<DmaBuf>,
+    /// HPB: the read/write hooks and internal map loads (`super::hpb`).
+    hpb: HpbQp,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -195,6 +198,13 @@ impl UfsController {
         }
         let max_xfer = u64::from(self.options().max_transfer)
             .min(MAX_PRDT_ENTRIES as u64 * u64::from(PrdtEntry::MAX_BYTES));
+        let hpb = match HpbQp::new(self.hpb_maps(), self.dma(), usize::from(depth)) {
+            Ok(h) => h,
+            Err(e) => {
+                self.give_back(transport);
+                return Err(e);
+            }
+        };
         Ok(UfsQueuePair {
             ctrl: Arc::clone(self),
             transport: ManuallyDrop::new(transport),
@@ -212,6 +222,7 @@ impl UfsController {
             leak: false,
             closed: false,
             bounce: None,
+            hpb,
             _not_sync: PhantomData,
         })
     }
@@ -246,9 +257,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
         self.trackers.depth()
     }
 
-    /// Commands submitted and not yet completed.
+    /// Commands submitted and not yet completed (the application's; HPB
+    /// map loads in flight are not counted).
     pub fn outstanding(&self) -> usize {
-        self.trackers.outstanding()
+        self.trackers.outstanding() - self.hpb.inflight()
     }
 
     /// Whether a submission now would fail with `QueueFull`.
@@ -382,6 +394,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if !buf.is_mapped_in(&self.space) {
             return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
         }
+        if !read {
+            self.hpb.dirty(lun, lba, blocks);
+        }
         if bytes > self.max_xfer {
             return self.submit_split(lun, lba, blocks, g.shift, buf, tag, read);
         }
@@ -396,7 +411,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
             }
         };
         let cdb = if read {
-            scsi::read(lba, blocks, false)
+            match self.hpb.read_cdb(slot, lun, lba, blocks) {
+                Some(c) => c,
+                None => scsi::read(lba, blocks, false),
+            }
         } else {
             scsi::write(lba, blocks, false)
         };
@@ -582,6 +600,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if let Err(k) = self.check_range(lun, lba, blocks) {
             return Err(submit_err(k, ()));
         }
+        self.hpb.dirty(lun, lba, blocks);
         let list = scsi::unmap_list(lba, blocks);
         self.submit_nodata(lun, scsi::unmap(list.len() as u16), Some(&list), tag)
     }
@@ -622,6 +641,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             ucds,
             tag_base,
             completed,
+            hpb,
             ..
         } = self;
         let tag_base = *tag_base;
@@ -651,7 +671,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
             } else {
                 command_result(ocs, &ucds_ref.response(slot), task_tag).map_err(IoError::Ufs)
             };
+            if head.dev_info & DEV_INFO_HPB != 0 && result.is_ok() {
+                hpb.note(slot, head.dev_info, &ucds_ref.response(slot));
+            }
             let (tag, buf) = trackers.complete(slot);
+            if hpb.is_internal(slot) {
+                hpb.complete(slot, result.is_ok());
+                return;
+            }
             if splits.active() {
                 match splits.finish(slot, result) {
                     Routed::NotChild => {}
@@ -702,7 +729,44 @@ impl<B: IoBuf> UfsQueuePair<B> {
         } else {
             self.empty_polls = 0;
         }
+        if self.hpb.pass_due() {
+            self.hpb_pass();
+        }
         Ok(n)
+    }
+
+    /// An HPB policy pass, then post the internal commands it prepared
+    /// (map loads, inactivations) into free slots and ring once.
+    #[cold]
+    fn hpb_pass(&mut self) {
+        self.hpb
+            .pass(self.trackers.depth() - self.trackers.outstanding());
+        let mut posted = false;
+        while let Some(cmd) = self.hpb.next_cmd() {
+            let Some(slot) = self.trackers.alloc() else {
+                self.hpb.refused(cmd);
+                continue;
+            };
+            let (dir, prdt, bytes) = match cmd.data {
+                Some((iova, len)) => (
+                    DataDir::FromDevice,
+                    self.ucds.param_prdt(slot, iova, len),
+                    len,
+                ),
+                None => (DataDir::None, 0, 0),
+            };
+            let task_tag = self.tag_base.wrapping_add(slot as u8);
+            self.ucds
+                .write_command(slot, cmd.lun, task_tag, cmd.cdb, bytes, bytes > 0);
+            self.transport
+                .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
+            self.trackers.arm(slot, u64::MAX, None, 0);
+            self.hpb.posted(slot, cmd);
+            posted = true;
+        }
+        if posted {
+            self.transport.flush();
+        }
     }
 
     /// The controller failed or disappeared: it no longer accesses any
@@ -727,6 +791,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
         for slot in slots {
             // Freed before `f` sees it: a panicking callback loses nothing.
             let (tag, buf) = self.trackers.complete(slot);
+            if self.hpb.abandon(slot, keep_bufs) {
+                continue;
+            }
             let (tag, result, buf) = match self.splits.finish(slot, Err(err)) {
                 Routed::NotChild => (tag, Err(err), buf),
                 Routed::Pending => continue,
@@ -929,6 +996,7 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
             )
         };
         if self.leak {
+            self.hpb.leak_buffers();
             // The controller may still write these: never free or reuse them.
             self.ctrl
                 .add_leaked((self.trackers.depth() * UCD_SIZE) as u64);
