@@ -954,7 +954,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
             return Err(health_error(h));
         }
         self.transport.flush();
-        let Some((slot, ..)) = self.trackers.busy().find(|&(_, _, t, _)| t == tag) else {
+        let hpb = &self.hpb;
+        let Some((slot, ..)) = self
+            .trackers
+            .busy()
+            .find(|&(slot, _, t, _)| t == tag && !hpb.is_internal(slot))
+        else {
             return Ok(false);
         };
         let limit = self.ctrl.options().init_timeout;

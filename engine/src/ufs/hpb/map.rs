@@ -364,3 +364,199 @@ impl LuMap {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 8 sub-regions of 16 entries, 2 per region; a budget of 4 slots.
+    fn lu(control: HpbControl) -> LuMap {
+        let cfg = HpbConfig {
+            memory_budget: 4 * 16 * 8,
+            activation_threshold: 2,
+            eviction_enter: 0,
+            eviction_exit: u32::MAX,
+            ..HpbConfig::default()
+        };
+        LuMap::new(0, control, 128, 4, 1, 32, 0, 0..0, cfg)
+    }
+
+    fn entries(base: u64) -> Vec<u8> {
+        (0..16u64).flat_map(|i| (base + i).to_be_bytes()).collect()
+    }
+
+    /// Activate and load sub-region `s` with entries `base + i`.
+    fn load(m: &LuMap, s: usize, base: u64) -> bool {
+        let mut p = m.policy();
+        p.reload(m, s);
+        for _ in 0..2 {
+            m.reads[s].fetch_add(1, Ordering::Relaxed);
+        }
+        p.candidate(m, s);
+        let Some((got, gen)) = p.next_load(m) else {
+            return false;
+        };
+        assert_eq!(got as usize, s);
+        drop(p);
+        m.finish_load(s, gen, Some(&entries(base)))
+    }
+
+    #[test]
+    fn loaded_entries_are_read_until_a_write_dirties_them() {
+        let m = lu(HpbControl::Host);
+        assert!(matches!(m.lookup(17, 1), Lookup::Miss(false)));
+        assert!(load(&m, 1, 1000));
+        assert!(matches!(m.lookup(17, 1), Lookup::Hit(1001)));
+        assert!(matches!(m.lookup(30, 2), Lookup::Hit(1014)));
+        // Crossing into sub-region 2 (not loaded): normal READ.
+        assert!(matches!(m.lookup(31, 2), Lookup::Miss(_)));
+        // Longer than the single-command limit: normal READ.
+        assert!(matches!(m.lookup(16, 33), Lookup::Miss(false)));
+        m.dirty(20, 1);
+        assert!(matches!(m.lookup(17, 1), Lookup::Miss(_)));
+        assert_eq!(m.stats().dirtied, 1);
+    }
+
+    #[test]
+    fn a_load_dirtied_in_flight_is_not_published() {
+        let m = lu(HpbControl::Host);
+        let mut p = m.policy();
+        m.reads[3].store(5, Ordering::Relaxed);
+        p.candidate(&m, 3);
+        let (s, gen) = p.next_load(&m).unwrap();
+        drop(p);
+        // A write to the sub-region while READ BUFFER is in flight.
+        m.dirty(3 * 16 + 5, 1);
+        assert!(!m.finish_load(s as usize, gen, Some(&entries(7))));
+        assert!(matches!(m.lookup(3 * 16, 1), Lookup::Miss(_)));
+        let w = m.words[3].load(Ordering::Relaxed);
+        assert_eq!(w & (LOADING | VALID), 0, "LOADING cleared, not valid");
+        assert!(w & ACTIVE != 0, "keeps its slot for the reload");
+        // A failed load publishes nothing either.
+        let mut p = m.policy();
+        p.reload(&m, 3);
+        let (s, gen) = p.next_load(&m).unwrap();
+        drop(p);
+        assert!(!m.finish_load(s as usize, gen, None));
+    }
+
+    #[test]
+    fn budget_evicts_the_least_recently_used_region_never_one_loading() {
+        let m = lu(HpbControl::Host);
+        // Regions 0 and 1 (sub-regions 0..4) fill the 4 slots.
+        for s in 0..4 {
+            assert!(load(&m, s, 100 * s as u64));
+            m.clock.fetch_add(1, Ordering::Relaxed);
+        }
+        // Region 1 used more recently than region 0.
+        let _ = m.lookup(0, 1);
+        m.clock.fetch_add(5, Ordering::Relaxed);
+        let _ = m.lookup(2 * 16, 1);
+        assert!(load(&m, 4, 400), "evicts region 0");
+        let s = m.stats();
+        assert_eq!(s.evictions, 1);
+        assert!(s.host_map_bytes <= s.memory_budget);
+        assert!(matches!(m.lookup(0, 1), Lookup::Miss(_)));
+        assert!(matches!(m.lookup(2 * 16, 1), Lookup::Hit(200)));
+        // Evictions queue a WRITE BUFFER in host control.
+        assert_eq!(m.policy().next_inactivation(), Some(0));
+        // Fill the budget again; region 1 is now the least recently used
+        // but has a load in flight: region 2 goes instead.
+        assert!(load(&m, 5, 500));
+        m.clock.fetch_add(1, Ordering::Relaxed);
+        let _ = m.lookup(4 * 16, 1);
+        let mut p = m.policy();
+        m.dirty(3 * 16, 1);
+        p.reload(&m, 3);
+        assert_eq!(p.next_load(&m).map(|x| x.0), Some(3));
+        m.reads[6].store(9, Ordering::Relaxed);
+        p.candidate(&m, 6);
+        drop(p);
+        assert!(m.words[6].load(Ordering::Relaxed) & ACTIVE != 0);
+        assert!(m.words[3].load(Ordering::Relaxed) & (ACTIVE | LOADING) == ACTIVE | LOADING);
+        assert_eq!(
+            m.words[4].load(Ordering::Relaxed) & ACTIVE,
+            0,
+            "region 2 evicted"
+        );
+        assert_eq!(m.stats().evictions, 2);
+        assert!(m.stats().host_map_bytes_peak <= m.cfg.memory_budget);
+    }
+
+    #[test]
+    fn hostile_recommendations_are_refused_not_trusted() {
+        let m = lu(HpbControl::Device);
+        let mut p = m.policy();
+        assert!(!p.rec_active(&m, 4, 0), "region past the LU");
+        assert!(!p.rec_active(&m, 0, 2), "sub-region past its region");
+        assert!(!p.rec_active(&m, u16::MAX, u16::MAX));
+        assert!(!p.rec_inactive(&m, 9));
+        assert!(p.rec_active(&m, 3, 1));
+        assert_eq!(p.next_load(&m).map(|x| x.0), Some(7));
+        // Host control follows no activation it did not make.
+        let h = lu(HpbControl::Host);
+        let mut q = h.policy();
+        assert!(q.rec_active(&h, 1, 0));
+        assert!(q.next_load(&h).is_none());
+    }
+
+    #[test]
+    fn map_reset_notice_invalidates_and_reloads_everything_held() {
+        let m = lu(HpbControl::Device);
+        assert!(load(&m, 2, 0));
+        assert!(load(&m, 5, 0));
+        let mut p = m.policy();
+        p.rec_reset(&m);
+        assert!(matches!(m.lookup(2 * 16, 1), Lookup::Miss(_)));
+        let mut again = Vec::new();
+        while let Some((s, _)) = p.next_load(&m) {
+            again.push(s);
+        }
+        again.sort_unstable();
+        assert_eq!(again, vec![2, 5]);
+    }
+
+    #[test]
+    fn readers_never_see_an_entry_of_another_generation() {
+        // One thread dirties sub-region 0, scribbles over its slot, and
+        // publishes fresh entries, over and over; readers check every hit.
+        let m = std::sync::Arc::new(lu(HpbControl::Device));
+        assert!(load(&m, 0, 0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (m, stop) = (m.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut hits = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Lookup::Hit(e) = m.lookup(5, 1) {
+                            // Published entries are `base + i` with base a
+                            // multiple of 1000; the scribble is all ones.
+                            assert_eq!(e % 1000, 5, "entry {e:#x} read while not valid");
+                            hits += 1;
+                        }
+                    }
+                    hits
+                })
+            })
+            .collect();
+        let slot = slot_of(m.words[0].load(Ordering::Relaxed)) as usize;
+        for round in 1..2000u64 {
+            m.dirty(0, 1);
+            // While not valid, the slot may hold anything (a reused slot,
+            // a load in progress): readers must never return it.
+            for e in m.slab[slot].get().unwrap().iter() {
+                e.store(u64::MAX, Ordering::Relaxed);
+            }
+            let mut p = m.policy();
+            p.reload(&m, 0);
+            let (s, gen) = p.next_load(&m).unwrap();
+            drop(p);
+            assert!(m.finish_load(s as usize, gen, Some(&entries(round * 1000))));
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            r.join().unwrap();
+        }
+    }
+}
