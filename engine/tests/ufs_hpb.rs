@@ -462,3 +462,51 @@ fn randomized_device_control_reads_last_acknowledged_data() {
 fn randomized_host_control_reads_last_acknowledged_data() {
     randomized(DevControl::Host);
 }
+
+/// Issue 14 item 3: map loads are the queue pair's own commands. A failed
+/// READ BUFFER is counted, publishes nothing and is loaded again when the
+/// sub-region stays hot; one whose completion never comes is withdrawn by
+/// `close` without ever reaching the application's callback.
+#[test]
+fn internal_map_loads_fail_and_vanish_without_reaching_the_application() {
+    use mcqio_fixtures::ufs::UfsFault;
+    let (fake, ctrl) = up(
+        dev_cfg(DevControl::Host, 4096, 9, 7, false),
+        hpb_opts(1, host(1 << 20)),
+    );
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    fake.faults()
+        .inject_next(None, Some(0xF9), UfsFault::Ocs(0x02));
+    for _ in 0..3 {
+        expect_block(100, Blk::Unwritten, &read1(&mut qp, 100, 1)).unwrap();
+    }
+    settle(&mut qp, || stats(&ctrl).map_load_errors == 1);
+    assert_eq!(stats(&ctrl).valid_subregions, 0);
+    // Still hot: the next read queues it again.
+    expect_block(101, Blk::Unwritten, &read1(&mut qp, 101, 1)).unwrap();
+    settle(&mut qp, || stats(&ctrl).map_loads == 1);
+    let a = fake.ftl_stats().unwrap();
+    expect_block(102, Blk::Unwritten, &read1(&mut qp, 102, 1)).unwrap();
+    assert_eq!(fake.ftl_stats().unwrap().hpb_accepted, a.hpb_accepted + 1);
+    // A READ BUFFER that never completes.
+    fake.faults()
+        .inject_next(None, Some(0xF9), UfsFault::DropCompletion);
+    for _ in 0..3 {
+        expect_block(300, Blk::Unwritten, &read1(&mut qp, 300, 1)).unwrap();
+    }
+    let start = Instant::now();
+    while fake.ftl_stats().unwrap().hpb_read_buffers < 2 {
+        qp.poll(16, |_| {
+            panic!("an internal completion reached the application")
+        })
+        .unwrap();
+        assert!(start.elapsed() < Duration::from_secs(10));
+    }
+    assert_eq!(qp.outstanding(), 0, "map loads are not the application's");
+    let mut seen = 0;
+    qp.close(|_| seen += 1).unwrap();
+    assert_eq!(seen, 0);
+    // The controller still works for a new queue pair.
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    expect_block(300, Blk::Unwritten, &read1(&mut qp, 300, 1)).unwrap();
+}

@@ -676,7 +676,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
             }
             let (tag, buf) = trackers.complete(slot);
             if hpb.is_internal(slot) {
-                hpb.complete(slot, result.is_ok());
+                // A map load must have moved every byte: a short one would
+                // publish whatever the buffer held before.
+                let whole = result.is_ok() && ucds_ref.response(slot).residual() == 0;
+                hpb.complete(slot, whole);
                 return;
             }
             if splits.active() {
