@@ -732,7 +732,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
         } else {
             self.empty_polls = 0;
         }
-        if self.hpb.pass_due() {
+        // No new map loads once the queue pair is closing.
+        if self.hpb.pass_due() && !self.closed {
             self.hpb_pass();
         }
         Ok(n)
