@@ -510,3 +510,41 @@ fn internal_map_loads_fail_and_vanish_without_reaching_the_application() {
     let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
     expect_block(300, Blk::Unwritten, &read1(&mut qp, 300, 1)).unwrap();
 }
+
+/// Issue 14 item 3: pinned regions (wHPBPinnedRegionStartIdx,
+/// wNumHPBPinnedRegions) are loaded without being read first and are never
+/// evicted, however hard other regions compete for the budget.
+#[test]
+fn pinned_region_is_loaded_first_and_never_evicted() {
+    let mut cfg = dev_cfg(DevControl::Host, 4096, 9, 7, false);
+    if let Some(h) = cfg.hpb.as_mut() {
+        h.pinned_start = 2;
+        h.pinned_count = 1;
+    }
+    // Room for the pinned region's 4 sub-regions and 2 more.
+    let budget = 6 * 128;
+    let (fake, ctrl) = up(cfg, hpb_opts(1, host(budget)));
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    settle(&mut qp, || stats(&ctrl).valid_subregions == 4);
+    // Region 2 = blocks 128..192: HPB READ on first touch.
+    let a = fake.ftl_stats().unwrap();
+    expect_block(130, Blk::Unwritten, &read1(&mut qp, 130, 1)).unwrap();
+    assert_eq!(fake.ftl_stats().unwrap().hpb_accepted, a.hpb_accepted + 1);
+    let mut x = 0x5eedu64;
+    for _ in 0..1500 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // Regions 4.. (blocks 256..1024): 48 sub-regions for 2 slots.
+        let lba = 256 + x % 768;
+        expect_block(lba, Blk::Unwritten, &read1(&mut qp, lba, 1)).unwrap();
+    }
+    let s = stats(&ctrl);
+    assert!(s.evictions > 0, "{s:?}");
+    assert!(s.host_map_bytes_peak <= budget, "{s:?}");
+    let b = fake.ftl_stats().unwrap();
+    for lba in [128, 150, 191] {
+        expect_block(lba, Blk::Unwritten, &read1(&mut qp, lba, 1)).unwrap();
+    }
+    assert_eq!(fake.ftl_stats().unwrap().hpb_accepted, b.hpb_accepted + 3);
+}
