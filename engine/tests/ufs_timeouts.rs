@@ -2,7 +2,8 @@
 //! `ReportOnly` counts, `Abort` withdraws the command through the UFS abort
 //! machinery (MCQ cleanup by nexus, legacy UTRLCLR) and completes it as
 //! `IoError::TimedOut` only once the controller gave it up, `Reset`
-//! escalates through the controller-reset hook. Every command still ends
+//! resets the host controller (or, when it cannot be disabled, ends the
+//! command without its buffer). Every command still ends
 //! exactly once, and a buffer the device may still own is never handed back.
 
 mod ufs_common;
@@ -176,11 +177,11 @@ fn abort_policy_times_out_a_delayed_command_in_the_device() {
 }
 
 #[test]
-fn reset_policy_ends_a_dropped_command_once_without_handing_back_its_buffer() {
-    // Until the controller-reset hook is wired (`UfsController::reset`, see
-    // `UfsQueuePair`'s docs), `Reset` cannot make the device give the
-    // command up: it ends once as `TimedOut` with its buffer leaked, and
-    // its slot (command descriptor) is never reused.
+fn reset_policy_resets_the_controller_and_ends_a_dropped_command_once_with_its_buffer() {
+    // `Reset` runs the host controller reset (`UfsController::reset`): once
+    // HCE = 0 confirmed the controller stopped, the command the device held
+    // ends once as `AbortedByReset` with its buffer, and the queue pair
+    // carries on with all its slots.
     for mcq in [true, false] {
         let (f, ctrl) = up(sync_cfg(mcq), opts(1));
         let mut qp = qpair(&ctrl, TimeoutPolicy::Reset);
@@ -193,19 +194,60 @@ fn reset_policy_ends_a_dropped_command_once_without_handing_back_its_buffer() {
         poll_until(&mut qp, &mut done, |_, out| out.len() >= 2);
         done.sort_by_key(|c| c.tag);
         assert_eq!(done[0].tag, 1);
+        assert_eq!(done[0].result, Err(IoError::AbortedByReset), "mcq={mcq}");
+        assert!(
+            done[0].buf.is_some(),
+            "mcq={mcq}: the controller was disabled"
+        );
+        assert!(done[1].result.is_ok());
+        assert_eq!(ctrl.leaked_bytes(), 0, "mcq={mcq}");
+        assert_eq!(ctrl.resets(), 1, "mcq={mcq}");
+        let s = qp.stats();
+        assert_eq!((s.timeouts, s.resets_requested), (1, 1), "mcq={mcq}");
+        no_more(&mut qp);
+        assert_eq!(qp.outstanding(), 0);
+        assert_eq!(qp.depth(), depth, "mcq={mcq}: no slot retired");
+        still_works(&mut qp);
+    }
+}
+
+#[test]
+fn reset_policy_on_a_controller_that_cannot_be_disabled_never_hands_back_the_buffer() {
+    // The reset fails (HCE keeps reading 1): the device may still hold the
+    // command, so it ends once as `TimedOut` with its buffer leaked, and
+    // the queue pair then reports the failed controller.
+    for mcq in [true, false] {
+        let (f, ctrl) = up(sync_cfg(mcq), opts(1));
+        let mut qp = qpair(&ctrl, TimeoutPolicy::Reset);
+        f.faults()
+            .inject_next(None, Some(READ10), UfsFault::DropCompletion);
+        f.set_ignore_disable(true);
+        read(&ctrl, &mut qp, 0, 1);
+        qp.submit();
+        let mut done = Vec::new();
+        let start = Instant::now();
+        while done.is_empty() {
+            let _ = qp.poll(64, |c| done.push(c));
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "mcq={mcq}: no completion"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(done.len(), 1, "mcq={mcq}");
+        assert_eq!(done[0].tag, 1);
         assert_eq!(done[0].result, Err(IoError::TimedOut), "mcq={mcq}");
         assert!(
             done[0].buf.is_none(),
             "mcq={mcq}: the device still holds it: never hand the buffer back"
         );
-        assert!(done[1].result.is_ok());
         assert_eq!(ctrl.leaked_bytes(), 4096, "mcq={mcq}");
-        let s = qp.stats();
-        assert_eq!((s.timeouts, s.resets_requested), (1, 1), "mcq={mcq}");
-        no_more(&mut qp);
-        assert_eq!(qp.outstanding(), 0);
-        assert_eq!(qp.depth(), depth - 1, "mcq={mcq}: the held slot is retired");
-        still_works(&mut qp);
+        assert_eq!(qp.stats().resets_requested, 1, "mcq={mcq}");
+        for _ in 0..5 {
+            let r = qp.poll(64, |c| panic!("completed twice: tag {}", c.tag));
+            assert!(r.is_err(), "mcq={mcq}: the controller failed");
+        }
+        f.set_ignore_disable(false);
     }
 }
 
@@ -234,10 +276,10 @@ fn no_timeout_when_io_timeout_is_none() {
 }
 
 #[test]
-fn reset_policy_on_a_split_transfer_ends_the_parent_once_and_leaks_its_whole_buffer() {
+fn reset_policy_on_a_split_transfer_ends_the_parent_once_with_its_buffer() {
     // 16 KiB over a limit of 8 KiB: two children. The device holds the
-    // first; the parent must end once, after both children, and its buffer
-    // (part of which the device may still write) is never handed back.
+    // first; the reset ends it, and the parent ends once, after both
+    // children, with its buffer (the controller was disabled).
     for mcq in [true, false] {
         let (f, ctrl) = up(
             sync_cfg(mcq),
@@ -255,9 +297,13 @@ fn reset_policy_on_a_split_transfer_ends_the_parent_once_and_leaks_its_whole_buf
         poll_until(&mut qp, &mut done, |_, out| !out.is_empty());
         assert_eq!(done.len(), 1);
         assert_eq!(done[0].tag, 9);
-        assert_eq!(done[0].result, Err(IoError::TimedOut), "mcq={mcq}");
-        assert!(done[0].buf.is_none(), "mcq={mcq}");
-        assert_eq!(ctrl.leaked_bytes(), 16384, "mcq={mcq}");
+        assert_eq!(done[0].result, Err(IoError::AbortedByReset), "mcq={mcq}");
+        assert_eq!(
+            done[0].buf.as_ref().map(|b| b.len()),
+            Some(16384),
+            "mcq={mcq}"
+        );
+        assert_eq!(ctrl.leaked_bytes(), 0, "mcq={mcq}");
         assert_eq!(qp.stats().completed, 1);
         no_more(&mut qp);
         still_works(&mut qp);

@@ -260,3 +260,80 @@ fn legacy_threaded_fake_completes_every_io() {
     let v = json(&out);
     assert_eq!(v["total"]["errors"], 0, "{}", v["failures"]);
 }
+
+/// Issue 14 item 4 and its Done-when, on a short deterministic run: `seed
+/// hpb --json` (modelled clock, ranges and device map cache divided by 16)
+/// has the six rows with their fields, HPB off falls with the range, HPB on
+/// stays within 10 % of its first row, the last row is at least 1.8x, the
+/// first within 5 %, and the host map stays within its budget.
+#[test]
+fn seed_hpb_json_meets_the_issue_criteria() {
+    let (code, out, err) = perf(&["seed", "hpb", "--json", "--scale", "16", "-n", "2000"]);
+    assert_eq!(code, 0, "{err}\n{out}");
+    let v = json(&out);
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 6, "{v}");
+    let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
+    let gib: Vec<f64> = rows.iter().map(|r| f(r, "range_gib")).collect();
+    assert_eq!(gib, [1.0, 2.0, 4.0, 8.0, 16.0, 32.0].map(|g| g / 16.0));
+    let off: Vec<f64> = rows.iter().map(|r| f(r, "hpb_off_iops")).collect();
+    let on: Vec<f64> = rows.iter().map(|r| f(r, "hpb_on_iops")).collect();
+    assert!(
+        off.windows(2).all(|w| w[1] < w[0]),
+        "HPB off falls: {off:?}"
+    );
+    assert!(
+        on.iter().all(|&x| (x - on[0]).abs() <= 0.10 * on[0]),
+        "HPB on flat: {on:?}"
+    );
+    assert!(on[5] >= 1.8 * off[5], "{on:?} vs {off:?}");
+    assert!((on[0] - off[0]).abs() <= 0.05 * off[0], "{on:?} vs {off:?}");
+    let budget = v["model"]["memory_budget"].as_u64().unwrap();
+    let map = v["host_map_bytes"].as_u64().unwrap();
+    assert!(map > 0 && map <= budget, "{map} of {budget}");
+    assert!(v["host_map_bytes_peak"].as_u64().unwrap() <= budget);
+    for k in [
+        "off_falls_with_range",
+        "on_within_10pct_of_first",
+        "last_on_ge_1_8x_off",
+        "first_within_5pct",
+        "host_map_within_budget",
+    ] {
+        assert_eq!(v["criteria"][k], true, "{k}: {v}");
+    }
+    assert!(v["model"]["t_read_us"].as_f64().unwrap() > 0.0);
+    assert!(v["hpb"]["hpb_reads"].as_u64().unwrap() > 0);
+}
+
+/// Issue 14 item 4: `--hpb` on fake-ufs turns on the engine's HPB; the
+/// report carries its counters (JSON and table), and reads over a range
+/// larger than the device's map cache go out as HPB READ once loaded.
+#[test]
+fn hpb_flag_reports_counters() {
+    let args = [
+        "-d",
+        "fake-ufs,sync=1,size=256M",
+        "--hpb",
+        "-q",
+        "8",
+        "-n",
+        "3000",
+        "--seed",
+        "5",
+        "--quiet",
+    ];
+    let (code, out, err) = perf(&[&args[..], &["--json"]].concat());
+    assert_eq!(code, 0, "{err}\n{out}");
+    let v = json(&out);
+    let h = &v["hpb"][0];
+    assert_eq!(h["lun"], 0, "{v}");
+    assert_eq!(h["control"], "device");
+    let n = |k: &str| h[k].as_u64().unwrap_or_else(|| panic!("{k} in {h}"));
+    assert_eq!(n("hpb_reads") + n("normal_reads"), 3000, "{h}");
+    assert!(n("hpb_reads") > 0 && n("map_loads") > 0, "{h}");
+    assert!(n("host_map_bytes") <= n("memory_budget"), "{h}");
+    assert_eq!(v["total"]["errors"], 0);
+    let (code, out, err) = perf(&args);
+    assert_eq!(code, 0, "{err}\n{out}");
+    assert!(out.contains("HPB LU0 (device control): "), "{out}");
+}

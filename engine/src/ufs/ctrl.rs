@@ -74,6 +74,9 @@ pub struct UfsOptions {
     /// How long `close` polls for commands still in flight before
     /// withdrawing them.
     pub close_timeout: Duration,
+    /// Host Performance Booster on the device's HPB LUs (`None`: off). See
+    /// [`super::hpb`].
+    pub hpb: Option<super::hpb::HpbConfig>,
 }
 
 impl Default for UfsOptions {
@@ -86,6 +89,7 @@ impl Default for UfsOptions {
             init_timeout: Duration::from_secs(2),
             blocking_timeout: Duration::from_secs(30),
             close_timeout: Duration::from_secs(1),
+            hpb: None,
         }
     }
 }
@@ -185,6 +189,8 @@ pub struct UfsController {
     /// What a reset needs to set the queues up again.
     layout: QueueLayout,
     leaked: AtomicU64,
+    /// HPB maps by LUN (empty without HPB).
+    hpb: Vec<Option<Arc<super::hpb::LuMap>>>,
 }
 
 /// How the queues were set up at bring-up (a reset restores exactly this).
@@ -306,7 +312,19 @@ impl UfsController {
         let init = init_device(&r, backend.dma(), cap, bar_len, t)?;
         let (device, geometry, lus) = (init.device, init.geometry, init.lus);
         let space = backend.dma();
-        let legacy_list = init.dc.utrl.iova().raw();
+        let mut dc = init.dc;
+        let legacy_list = dc.utrl.iova().raw();
+        let hpb = match &opts.hpb {
+            Some(h) => super::hpb::enable(
+                h,
+                &init.dev_raw,
+                &init.geo_raw,
+                &init.unit_raw,
+                &lus,
+                &mut |q| dc.hpb_query(&r, t, q),
+            )?,
+            None => Vec::new(),
+        };
 
         // 4. MCQ or legacy.
         let mut depth = opts.depth.min(MAX_DEPTH);
@@ -332,7 +350,7 @@ impl UfsController {
             depth = depth.min(cap.sdb_slots() as u16);
             // The list (idle: every request above completed) goes to the
             // one queue pair legacy mode has.
-            (UfsMode::Legacy, Pool::Legacy(Some(init.dc.utrl)))
+            (UfsMode::Legacy, Pool::Legacy(Some(dc.utrl)))
         };
         r.check_fatal()?;
         Ok(Arc::new(UfsController {
@@ -348,8 +366,23 @@ impl UfsController {
             resets: AtomicU64::new(0),
             layout: QueueLayout { cap, legacy_list },
             leaked: AtomicU64::new(0),
+            hpb,
             backend,
         }))
+    }
+
+    /// HPB counters of LU `lun` (`None` when HPB is off on it).
+    pub fn hpb_stats(&self, lun: u8) -> Option<super::hpb::HpbStats> {
+        self.hpb.get(usize::from(lun))?.as_ref().map(|m| m.stats())
+    }
+
+    /// HPB counters of every LU with HPB on.
+    pub fn hpb_stats_all(&self) -> Vec<super::hpb::HpbStats> {
+        self.hpb.iter().flatten().map(|m| m.stats()).collect()
+    }
+
+    pub(crate) fn hpb_maps(&self) -> &[Option<Arc<super::hpb::LuMap>>] {
+        &self.hpb
     }
 
     /// MCQ (with the number of queues) or legacy.
@@ -598,6 +631,14 @@ impl UfsController {
                 why: "differ from those found at bring-up (a different device?)",
             });
         }
+        let mut dc = init.dc;
+        if self.hpb.iter().any(Option::is_some) {
+            // The reset cleared the device's HPB state: enable it again (on
+            // the management list, before the queues take the controller)
+            // and reload what the host had active.
+            let t = self.opts.init_timeout;
+            super::hpb::after_reset(&self.hpb, &mut |q| dc.hpb_query(&r, t, q))?;
+        }
         let mut pool = self.lock_pool();
         match &mut *pool {
             Pool::Mcq(rings) => {
@@ -632,7 +673,7 @@ impl UfsController {
         }
         drop(pool);
         r.check_fatal()?;
-        drop(init.dc);
+        drop(dc);
         Ok(())
     }
 
@@ -730,6 +771,11 @@ struct Init {
     device: DeviceDesc,
     geometry: GeometryDesc,
     lus: Vec<LogicalUnit>,
+    /// The raw device, geometry and unit descriptors (HPB reads fields of
+    /// its own from them).
+    dev_raw: Vec<u8>,
+    geo_raw: Vec<u8>,
+    unit_raw: Vec<(u8, Vec<u8>)>,
 }
 
 /// Bring-up steps 1–3 (see the module docs): HCE, link start-up, device
@@ -793,8 +839,11 @@ fn init_device(
 
     dc.nop(r, t)?;
     dc.device_init(r, t)?;
-    let device = DeviceDesc::parse(&dc.read_desc(r, t, desc::idn::DEVICE, 0)?)?;
-    let geometry = GeometryDesc::parse(&dc.read_desc(r, t, desc::idn::GEOMETRY, 0)?)?;
+    let dev_raw = dc.read_desc(r, t, desc::idn::DEVICE, 0)?;
+    let geo_raw = dc.read_desc(r, t, desc::idn::GEOMETRY, 0)?;
+    let device = DeviceDesc::parse(&dev_raw)?;
+    let geometry = GeometryDesc::parse(&geo_raw)?;
+    let mut unit_raw = Vec::new();
     let mut units = Vec::new();
     for i in 0..geometry.max_lus {
         // bNumberLU counts the enabled LUs: past the last one there is
@@ -816,8 +865,9 @@ fn init_device(
             Err(e) => return Err(e),
         };
         // A disabled LU's descriptor holds no usable geometry: look at
-        // bLUEnable (byte 3) before asking the rest to make sense.
-        if d.get(3) != Some(&1) {
+        // bLUEnable (byte 3) before asking the rest to make sense
+        // (1 = enabled, 2 = enabled HPB LU).
+        if !matches!(d.get(3), Some(&1) | Some(&2)) {
             continue;
         }
         let u = UnitDesc::parse(&d)?;
@@ -830,6 +880,7 @@ fn init_device(
                 });
             }
             units.push(u);
+            unit_raw.push((i, d));
         }
     }
     if units.is_empty() {
@@ -873,6 +924,9 @@ fn init_device(
         device,
         geometry,
         lus,
+        dev_raw,
+        geo_raw,
+        unit_raw,
     })
 }
 
@@ -1271,6 +1325,23 @@ impl DevCmd {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// A device-management query of the HPB bring-up: an attribute's value,
+    /// or a flag's (0/1) after reading or setting it.
+    fn hpb_query(&mut self, r: &Regs<'_>, t: Duration, q: super::hpb::Query) -> UfsResult<u32> {
+        use super::hpb::Query;
+        let tag = self.tag();
+        let (what, req) = match q {
+            Query::ReadAttr(idn) => ("read HPB attribute", QueryUpiu::read_attribute(tag, idn, 0)),
+            Query::SetFlag(idn) => ("set HPB flag", QueryUpiu::set_flag(tag, idn)),
+            Query::ReadFlag(idn) => ("read HPB flag", QueryUpiu::read_flag(tag, idn)),
+        };
+        let (h, _) = self.query(r, t, what, req, 0)?;
+        Ok(match q {
+            Query::ReadAttr(_) => h.attr_value(),
+            _ => u32::from(h.flag_value()),
+        })
     }
 
     /// A SCSI command reading up to `alloc` bytes into the data page.

@@ -76,6 +76,9 @@
 //!   recovery) or a controller failure: deliver what completed, end the
 //!   rest once with [`crate::IoError::AbortedByReset`] and its buffer,
 //!   re-create its hardware queue.
+//! - [`hpb`]: Host Performance Booster: the host's copy of the device's L2P
+//!   map per LU, shared lock-free by the queue pairs, its policy (both
+//!   control modes) and the queue pairs' internal map loads.
 //!
 //! What is not UFS-specific comes from the shared [`crate::core`], as for
 //! NVMe: tag tracking with generations, the split parent table, the timeout
@@ -106,6 +109,7 @@
 
 pub mod ctrl;
 pub mod error;
+pub mod hpb;
 mod mcq;
 pub mod qpair;
 mod sdb;
@@ -114,6 +118,7 @@ mod ucd;
 
 pub use ctrl::{LogicalUnit, UfsController, UfsMode, UfsOptions};
 pub use error::{UfsCtrlError, UfsResult};
+pub use hpb::{HpbConfig, HpbControl, HpbMode, HpbStats};
 pub use qpair::{UfsQpairOptions, UfsQpairStats, UfsQueuePair};
 pub use spec::status::UfsError;
 pub use ucd::MAX_PRDT_ENTRIES;

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use mcqio_vfio::{DmaDir, DmaSpace, Mapped};
 
 use super::ctrl::{health, state, Pool, UfsController, UfsMode};
+use super::hpb::qp::{HpbQp, DEV_INFO_HPB};
 use super::mcq::{McqQueue, Reaped};
 use super::sdb::{SdbQueue, SdbReaped};
 use super::spec::regs::sq_op;
@@ -196,6 +197,8 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     leak: bool,
     closed: bool,
     bounce: Option<DmaBuf>,
+    /// HPB: the read/write hooks and internal map loads (`super::hpb`).
+    hpb: HpbQp,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -292,6 +295,13 @@ impl UfsController {
         }
         let max_xfer = u64::from(self.options().max_transfer)
             .min(MAX_PRDT_ENTRIES as u64 * u64::from(PrdtEntry::MAX_BYTES));
+        let hpb = match HpbQp::new(self.hpb_maps(), self.dma(), usize::from(depth)) {
+            Ok(h) => h,
+            Err(e) => {
+                self.give_back(transport);
+                return Err(e);
+            }
+        };
         Ok(UfsQueuePair {
             ctrl: Arc::clone(self),
             transport: ManuallyDrop::new(transport),
@@ -315,6 +325,7 @@ impl UfsController {
             leak: false,
             closed: false,
             bounce: None,
+            hpb,
             _not_sync: PhantomData,
         })
     }
@@ -333,7 +344,10 @@ impl UfsController {
         match self.reset() {
             Ok(()) => true,
             Err(e) => {
-                log::error!("{}: reset after a command timeout failed: {e}", self.backend().name());
+                log::error!(
+                    "{}: reset after a command timeout failed: {e}",
+                    self.backend().name()
+                );
                 false
             }
         }
@@ -369,9 +383,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
         self.trackers.depth()
     }
 
-    /// Commands submitted and not yet completed.
+    /// Commands submitted and not yet completed (the application's; HPB
+    /// map loads in flight are not counted).
     pub fn outstanding(&self) -> usize {
-        self.trackers.outstanding()
+        self.trackers.outstanding() - self.hpb.inflight()
     }
 
     /// Whether a submission now would fail with `QueueFull`.
@@ -514,6 +529,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if !buf.is_mapped_in(&self.space) {
             return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
         }
+        if !read {
+            self.hpb.dirty(lun, lba, blocks);
+        }
         if bytes > self.max_xfer {
             return self.submit_split(lun, lba, blocks, g.shift, buf, tag, read);
         }
@@ -529,8 +547,19 @@ impl<B: IoBuf> UfsQueuePair<B> {
         };
         let task_tag = self.tag_base.wrapping_add(slot as u8);
         // `bytes <= max_xfer <= 16 MiB`: fits the 32-bit length field.
-        self.ucds
-            .write_rw(slot, lun, task_tag, lba, blocks, bytes as u32, read);
+        // An HPB READ when the host map holds this block's entry; else the
+        // plain READ/WRITE, built straight into the descriptor.
+        match read
+            .then(|| self.hpb.read_cdb(slot, lun, lba, blocks))
+            .flatten()
+        {
+            Some(cdb) => self
+                .ucds
+                .write_command(slot, lun, task_tag, cdb, bytes as u32, true),
+            None => self
+                .ucds
+                .write_rw(slot, lun, task_tag, lba, blocks, bytes as u32, read),
+        }
         let dir = if read {
             DataDir::FromDevice
         } else {
@@ -710,6 +739,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if let Err(k) = self.check_range(lun, lba, blocks) {
             return Err(submit_err(k, ()));
         }
+        self.hpb.dirty(lun, lba, blocks);
         let list = scsi::unmap_list(lba, blocks);
         self.submit_nodata(lun, scsi::unmap(list.len() as u16), Some(&list), tag)
     }
@@ -750,6 +780,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             completed,
             timeouts,
             seen_state,
+            hpb,
             ..
         } = self;
         let tag_base = *tag_base;
@@ -794,7 +825,17 @@ impl<B: IoBuf> UfsQueuePair<B> {
                     Err(e) => Err(IoError::Ufs(e)),
                 }
             };
+            if head.dev_info & DEV_INFO_HPB != 0 && result.is_ok() {
+                hpb.note(slot, head.dev_info, &ucds_ref.response(slot));
+            }
             let (tag, buf) = trackers.complete(slot);
+            if hpb.is_internal(slot) {
+                // A map load must have moved every byte: a short one would
+                // publish whatever the buffer held before.
+                let whole = result.is_ok() && ucds_ref.response(slot).residual() == 0;
+                hpb.complete(slot, whole);
+                return;
+            }
             if let Some(c) = deliver::route(splits, slot, tag, buf, result, 0) {
                 // Counted before the callback runs: it may panic.
                 *completed += 1;
@@ -837,7 +878,45 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if self.timeouts.scan_due() && n < max && !bad {
             self.scan_timeouts(&mut f);
         }
+        // No new map loads once the queue pair is closing.
+        if self.hpb.pass_due() && !self.closed {
+            self.hpb_pass();
+        }
         Ok(n)
+    }
+
+    /// An HPB policy pass, then post the internal commands it prepared
+    /// (map loads, inactivations) into free slots and ring once.
+    #[cold]
+    fn hpb_pass(&mut self) {
+        self.hpb
+            .pass(self.trackers.depth() - self.trackers.outstanding());
+        let mut posted = false;
+        while let Some(cmd) = self.hpb.next_cmd() {
+            let Some(slot) = self.trackers.alloc() else {
+                self.hpb.refused(cmd);
+                continue;
+            };
+            let (dir, prdt, bytes) = match cmd.data {
+                Some((iova, len)) => (
+                    DataDir::FromDevice,
+                    self.ucds.param_prdt(slot, iova, len),
+                    len,
+                ),
+                None => (DataDir::None, 0, 0),
+            };
+            let task_tag = self.tag_base.wrapping_add(slot as u8);
+            self.ucds
+                .write_command(slot, cmd.lun, task_tag, cmd.cdb, bytes, bytes > 0);
+            self.transport
+                .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
+            self.trackers.arm(slot, u64::MAX, None, 0);
+            self.hpb.posted(slot, cmd);
+            posted = true;
+        }
+        if posted {
+            self.transport.flush();
+        }
     }
 
     /// Act on commands past their timeout (see [`TimeoutPolicy`]): the
@@ -897,6 +976,21 @@ impl<B: IoBuf> UfsQueuePair<B> {
     #[cold]
     fn end_all(&mut self, err: IoError, keep_bufs: bool, f: &mut impl FnMut(Completion<B>)) -> u64 {
         let mut leaked = 0u64;
+        // Internal commands (HPB map loads) are the HPB state's, not the
+        // application's: they end there, without a completion.
+        if self.hpb.inflight() > 0 {
+            let hpb = &self.hpb;
+            let internal: Vec<u16> = self
+                .trackers
+                .busy()
+                .map(|(slot, ..)| slot)
+                .filter(|&slot| hpb.is_internal(slot))
+                .collect();
+            for slot in internal {
+                self.trackers.complete(slot);
+                self.hpb.abandon(slot, keep_bufs);
+            }
+        }
         let completed = &mut self.completed;
         drain_all(
             &mut self.trackers,
@@ -1057,7 +1151,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
             return Err(health_error(h));
         }
         self.transport.flush();
-        let Some((slot, ..)) = self.trackers.busy().find(|&(_, _, t, _)| t == tag) else {
+        let hpb = &self.hpb;
+        let Some((slot, ..)) = self
+            .trackers
+            .busy()
+            .find(|&(slot, _, t, _)| t == tag && !hpb.is_internal(slot))
+        else {
             return Ok(false);
         };
         self.withdraw(slot)
@@ -1143,6 +1242,7 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
             )
         };
         if self.leak {
+            self.hpb.leak_buffers();
             // The controller may still write these: never free or reuse them.
             self.ctrl
                 .add_leaked((self.trackers.slots() * UCD_SIZE) as u64);

@@ -164,6 +164,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
             command_result(ocs, &self.ucds.response(slot), task_tag).map_err(IoError::Ufs)
         };
         let (tag, buf) = self.trackers.complete(slot);
+        if self.hpb.is_internal(slot) {
+            // An HPB map load: the HPB state's, never the application's.
+            let whole = result.is_ok() && self.ucds.response(slot).residual() == 0;
+            self.hpb.complete(slot, whole);
+            return 0;
+        }
         let Some(c) = deliver::route(&mut self.splits, slot, tag, buf, result, 0) else {
             return 0;
         };

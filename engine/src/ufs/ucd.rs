@@ -33,6 +33,8 @@ pub(crate) struct RspHead {
     pub task_tag: u8,
     pub response: u8,
     pub status: u8,
+    /// Device information (bit 1: HPB update alert).
+    pub dev_info: u8,
 }
 
 pub(crate) struct UcdSlice {
@@ -262,6 +264,7 @@ impl UcdSlice {
             task_tag: h[3],
             response: h[6],
             status: h[7],
+            dev_info: h[9],
         }
     }
 

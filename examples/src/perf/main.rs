@@ -38,6 +38,7 @@ mod queue;
 mod report;
 mod run;
 mod seed;
+mod seed_hpb;
 mod setup;
 mod spec;
 mod target;
@@ -248,6 +249,14 @@ struct RunArgs {
     /// No live progress line on stderr
     #[arg(long)]
     quiet: bool,
+    /// UFS Host Performance Booster on the device's HPB LUs (fake-ufs: with
+    /// the flash cost model, sparse LUs and the device's HPB in device
+    /// control); its counters go into the report
+    #[arg(long)]
+    hpb: bool,
+    /// Host map budget per LU for --hpb (bytes, k/M/G; 8 B per 4 KiB covered)
+    #[arg(long = "hpb-budget", default_value = "64M", value_parser = size_arg, requires = "hpb")]
+    hpb_budget: u64,
     /// Run more busy-polling jobs than this process has CPUs (they then
     /// share cores and measure the scheduler as much as the device)
     #[arg(long)]
@@ -352,6 +361,7 @@ impl RunArgs {
             nsids: self.nsids.as_ref().map(|n| n.0.clone()),
             rate_iops: self.rate_iops,
             bytes: self.bytes,
+            hpb: self.hpb.then_some(self.hpb_budget),
             lat: LatOpts {
                 percentiles: self
                     .percentiles

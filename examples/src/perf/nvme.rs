@@ -697,6 +697,7 @@ mod tests {
             job_cores: Vec::new(),
             seed: 1,
             dma: crate::run::DmaMode::Premapped,
+            hpb: None,
         };
         let t = NvmeTarget::open(&spec, &plan).expect("fake target");
         let fake = t.fake.clone().expect("a fake");

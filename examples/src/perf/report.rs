@@ -12,6 +12,8 @@
 //!   "total": { the same fields summed/merged, plus cpu_ns_per_io, cycles_per_io },
 //!   "dma": {mode, maps, unmapped_ranges, unmap_calls, invalidations, mapped_bytes} | null,
 //!   "verify": {blocks_checked, mismatches, prefill_blocks} | null,
+//!   "hpb": [ {lun, control, hpb_reads, normal_reads, map_loads, stale_fallbacks,
+//!             evictions, host_map_bytes, host_map_bytes_peak, memory_budget} ] (with --hpb),
 //!   "failures": ["first failures, described"], "notes": [...], "clock": {...} }
 //! ```
 //!
@@ -381,6 +383,50 @@ pub struct DmaReport {
     pub mapped_bytes: u64,
 }
 
+/// HPB counters of one LU over the whole run (warm-up included), with
+/// `--hpb`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HpbReport {
+    /// The LU.
+    pub lun: u8,
+    /// `host` or `device` control.
+    pub control: String,
+    /// Reads sent as HPB READ.
+    pub hpb_reads: u64,
+    /// Reads sent as normal READ.
+    pub normal_reads: u64,
+    /// Map loads (READ BUFFER) published.
+    pub map_loads: u64,
+    /// HPB READs the device served with its own lookup (it reported the
+    /// entry stale or invalid).
+    pub stale_fallbacks: u64,
+    /// Regions evicted from the host map.
+    pub evictions: u64,
+    /// Host map memory allocated, bytes.
+    pub host_map_bytes: u64,
+    /// Most host map memory held at once, bytes.
+    pub host_map_bytes_peak: u64,
+    /// The budget, bytes.
+    pub memory_budget: u64,
+}
+
+impl From<&mcqio::ufs::HpbStats> for HpbReport {
+    fn from(s: &mcqio::ufs::HpbStats) -> Self {
+        HpbReport {
+            lun: s.lun,
+            control: if s.host_control { "host" } else { "device" }.into(),
+            hpb_reads: s.hpb_reads,
+            normal_reads: s.normal_reads,
+            map_loads: s.map_loads,
+            stale_fallbacks: s.stale_fallbacks,
+            evictions: s.evictions,
+            host_map_bytes: s.host_map_bytes,
+            host_map_bytes_peak: s.host_map_bytes_peak,
+            memory_budget: s.memory_budget,
+        }
+    }
+}
+
 /// Verification summary.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct VerifyReport {
@@ -418,6 +464,9 @@ pub struct RunReport {
     pub total: TotalReport,
     /// IOMMU counters, for devices with an IOMMU.
     pub dma: Option<DmaReport>,
+    /// HPB counters per LU, with `--hpb` (empty otherwise).
+    #[serde(default)]
+    pub hpb: Vec<HpbReport>,
     /// Verification summary, with `--verify`.
     pub verify: Option<VerifyReport>,
     /// The first failures (I/O errors, verify mismatches), described.
@@ -708,6 +757,23 @@ impl RunReport {
                 d.mode, d.maps, d.unmap_calls, d.unmapped_ranges, d.invalidations, d.mapped_bytes
             );
         }
+        for h in &self.hpb {
+            let _ = writeln!(
+                out,
+                "HPB LU{} ({} control): {} HPB reads, {} normal reads, {} map loads, {} device fallbacks, \
+                 {} evictions; host map {} bytes (peak {}) of a {}-byte budget",
+                h.lun,
+                h.control,
+                h.hpb_reads,
+                h.normal_reads,
+                h.map_loads,
+                h.stale_fallbacks,
+                h.evictions,
+                h.host_map_bytes,
+                h.host_map_bytes_peak,
+                h.memory_budget
+            );
+        }
         if percentiles {
             let _ = writeln!(out);
             let mut rows: Vec<(String, &LatUs)> = Vec::new();
@@ -827,6 +893,7 @@ mod tests {
                 process_cpu_pct: 200.0,
             },
             dma: None,
+            hpb: Vec::new(),
             verify: None,
             failures: vec![],
             notes: vec![],

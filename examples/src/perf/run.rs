@@ -174,6 +174,8 @@ pub struct RunOpts {
     /// Total bytes to move (sets the per-job I/O count).
     pub bytes: Option<u64>,
     /// Percentiles and buckets to report.
+    /// UFS HPB with this host map budget per LU (`None`: off).
+    pub hpb: Option<u64>,
     pub lat: LatOpts,
 }
 
@@ -623,7 +625,13 @@ pub fn run_devices(
             d.mapped_bytes += b.mapped_bytes;
         }
     }
+    let hpb = targets
+        .iter()
+        .flat_map(|t| t.hpb_stats())
+        .map(|s| crate::report::HpbReport::from(&s))
+        .collect();
     Ok(RunReport {
+        hpb,
         device: devices
             .iter()
             .map(|d| d.raw.clone())
@@ -729,6 +737,7 @@ fn plan_device(
         job_cores: o.cpus.clone(),
         seed: o.seed,
         dma: o.dma,
+        hpb: o.hpb,
     };
     let target = Arc::new(Target::open(spec, &plan)?);
     let lbads = target.lbads() as u64;

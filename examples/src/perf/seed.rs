@@ -35,6 +35,8 @@ pub struct SeedArgs {
 enum SeedCommand {
     /// UFS MCQ vs legacy single doorbell: randread/randwrite 4 KiB, 1 and 8 jobs
     Mcq(McqArgs),
+    /// UFS HPB off vs on: 4 KiB random read IOPS over IO ranges of 1 to 32 GiB (modelled)
+    Hpb(crate::seed_hpb::HpbArgs),
 }
 
 /// `seed mcq`.
@@ -117,7 +119,10 @@ pub struct SeedReport {
 
 /// Run `seed`.
 pub fn run(a: &SeedArgs) -> ExitCode {
-    let SeedCommand::Mcq(m) = &a.what;
+    let m = match &a.what {
+        SeedCommand::Mcq(m) => m,
+        SeedCommand::Hpb(h) => return crate::seed_hpb::run(h),
+    };
     match mcq(m) {
         Ok(code) => code,
         Err(e) => {
@@ -192,6 +197,7 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
                     nsids: None,
                     rate_iops: None,
                     bytes: None,
+                    hpb: None,
                     lat: LatOpts::default(),
                 };
                 let r = crate::run::run_device(&spec, &o, clock.clone())?;

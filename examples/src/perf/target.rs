@@ -41,6 +41,8 @@ pub struct OpenPlan {
     pub seed: u64,
     /// The DMA buffer mode.
     pub dma: DmaMode,
+    /// UFS HPB with this host map budget per LU (`None`: off).
+    pub hpb: Option<u64>,
 }
 
 /// An open device.
@@ -166,6 +168,14 @@ impl Target {
             Target::Uring(_) => None,
             Target::Nvme(t) => Some(t.iommu_stats()),
             Target::Ufs(t) => Some(t.iommu_stats()),
+        }
+    }
+
+    /// HPB counters per LU (UFS with `--hpb`; empty otherwise).
+    pub fn hpb_stats(&self) -> Vec<mcqio::ufs::HpbStats> {
+        match self {
+            Target::Ufs(t) => t.hpb_stats(),
+            _ => Vec::new(),
         }
     }
 

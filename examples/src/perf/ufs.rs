@@ -23,9 +23,12 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use mcqio::ufs::{UfsController, UfsMode, UfsOptions, UfsQueuePair};
+use mcqio::ufs::{HpbConfig, HpbStats, UfsController, UfsMode, UfsOptions, UfsQueuePair};
 use mcqio::{Completion, DmaBuf, SubmitErrorKind};
-use mcqio_fixtures::ufs::FakeUfs;
+use mcqio_fixtures::ufs::{
+    FakeUfs, FtlConfig, HpbConfig as DevHpb, HpbControl as DevControl, LuConfig, ModelClock,
+    UfsConfig,
+};
 use mcqio_fixtures::ExecMode;
 use mcqio_vfio::{Backend, DmaDir, IommuStats, OpenOptions as VfioOpenOptions, VfioBackend};
 
@@ -103,6 +106,10 @@ impl UfsTarget {
                 }
                 let lus = base.lus.len();
                 let lu_bytes = base.lus.first().map_or(0, |l| l.blocks() * 4096);
+                let base = match plan.hpb {
+                    Some(_) => hpb_fake(base, *null, &mut notes),
+                    None => base,
+                };
                 let cfg = mcqio_fixtures::ufs::UfsConfig {
                     // One MCQ queue per job unless queues= says otherwise.
                     queues: o.queues.unwrap_or(jobs.clamp(1, 32) as u8),
@@ -154,15 +161,24 @@ impl UfsTarget {
                 )))
             }
         };
+        let hpb = plan.hpb.map(|budget| HpbConfig {
+            memory_budget: budget,
+            ..HpbConfig::default()
+        });
         let opts = UfsOptions {
             mcq: spec.opts.mcq.unwrap_or(true),
             queues: jobs.min(32) as u16,
-            depth: depth as u16,
+            // Room for HPB's map loads next to the job's own commands.
+            depth: (depth + hpb.as_ref().map_or(0, |h| h.inflight_map_loads as usize)) as u16,
             max_transfer: plan.io_size.clamp(4096, u64::from(u32::MAX)) as u32,
+            hpb,
             ..UfsOptions::default()
         };
         let ctrl =
             UfsController::new(backend, opts).map_err(|e| UfsOpenError::Other(e.to_string()))?;
+        if plan.hpb.is_some() && ctrl.hpb_stats_all().is_empty() {
+            notes.push("--hpb: the device has no HPB logical unit; HPB is off".into());
+        }
         let mode = ctrl.mode();
         let shared = match mode {
             UfsMode::Mcq { queues } => {
@@ -263,6 +279,11 @@ impl UfsTarget {
         n
     }
 
+    /// HPB counters of every LU with HPB on.
+    pub fn hpb_stats(&self) -> Vec<HpbStats> {
+        self.ctrl.hpb_stats_all()
+    }
+
     /// The IOMMU counters of the controller's DMA space.
     pub fn iommu_stats(&self) -> IommuStats {
         self.ctrl.dma().iommu().counters().snapshot()
@@ -334,6 +355,40 @@ impl UfsTarget {
                 mem,
             })
         })())
+    }
+}
+
+/// `--hpb` on the fake: the flash cost model (modelled time = wall time),
+/// sparse LUs (so large ranges cost memory only where written) and HPB in
+/// device control on every LU.
+fn hpb_fake(base: UfsConfig, null: bool, notes: &mut Vec<String>) -> UfsConfig {
+    let lus = if null {
+        base.lus
+    } else {
+        base.lus
+            .iter()
+            .map(|l| LuConfig::Sparse { blocks: l.blocks() })
+            .collect()
+    };
+    let n = lus.len();
+    notes.push(
+        "--hpb on fake-ufs: the device runs its flash cost model (tR 50 us, 4 NAND units, 1 MiB map cache, \
+         wall-clock deadlines) with sparse LUs and HPB in device control"
+            .into(),
+    );
+    UfsConfig {
+        lus,
+        ftl: Some(FtlConfig {
+            clock: ModelClock::Wall,
+            ..FtlConfig::default()
+        }),
+        hpb: Some(DevHpb {
+            control: DevControl::Device,
+            lu_mask: if n >= 32 { u32::MAX } else { (1u32 << n) - 1 },
+            max_active_regions: 4096,
+            ..DevHpb::default()
+        }),
+        ..base
     }
 }
 
@@ -581,6 +636,7 @@ mod tests {
             job_cores: Vec::new(),
             seed: 1,
             dma: crate::run::DmaMode::Premapped,
+            hpb: None,
         }
     }
 

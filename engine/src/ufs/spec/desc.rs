@@ -166,7 +166,7 @@ impl GeometryDesc {
 pub struct UnitDesc {
     /// The LU this describes (bUnitIndex).
     pub lun: u8,
-    /// Whether the LU is enabled (bLUEnable = 1).
+    /// Whether the LU is enabled (bLUEnable = 1, or 2 for an HPB LU).
     pub enabled: bool,
     /// Per-LU queue depth (bLUQueueDepth; 0 with a shared queue).
     pub queue_depth: u8,
@@ -210,7 +210,7 @@ impl UnitDesc {
         }
         Ok(UnitDesc {
             lun: b[Self::UNIT_INDEX],
-            enabled: b[Self::LU_ENABLE] == 1,
+            enabled: matches!(b[Self::LU_ENABLE], 1 | 2),
             queue_depth: b[Self::LU_QUEUE_DEPTH],
             block_shift,
             blocks,

@@ -139,6 +139,79 @@ pub const fn unmap(list_len: u16) -> Cdb {
     c
 }
 
+/// HPB (JESD220-3) operation codes and buffer ids.
+pub mod hpb_op {
+    /// HPB READ: a READ(10) rewritten to carry the first block's L2P entry.
+    pub const HPB_READ: u8 = 0xF8;
+    /// HPB READ BUFFER: the L2P entries of one sub-region.
+    pub const READ_BUFFER: u8 = 0xF9;
+    /// HPB WRITE BUFFER: inactivate regions (host control).
+    pub const WRITE_BUFFER: u8 = 0xFA;
+    /// READ BUFFER buffer id: L2P entries.
+    pub const RB_ENTRIES: u8 = 0x01;
+    /// WRITE BUFFER buffer id: inactivate one region.
+    pub const WB_INACTIVATE_ONE: u8 = 0x01;
+    /// WRITE BUFFER buffer id: inactivate every region.
+    pub const WB_INACTIVATE_ALL: u8 = 0x03;
+}
+
+/// HPB READ (0xF8) of `blocks` (1..=255) from `lba` with the 8-byte entry of
+/// `lba` copied verbatim (big-endian, as READ BUFFER returned it).
+pub const fn hpb_read(lba: u32, entry: u64, blocks: u8) -> Cdb {
+    let mut c = [0u8; 16];
+    c[0] = hpb_op::HPB_READ;
+    let l = lba.to_be_bytes();
+    let e = entry.to_be_bytes();
+    let mut i = 0;
+    while i < 4 {
+        c[2 + i] = l[i];
+        i += 1;
+    }
+    i = 0;
+    while i < 8 {
+        c[6 + i] = e[i];
+        i += 1;
+    }
+    c[14] = blocks;
+    c
+}
+
+/// HPB READ BUFFER (0xF9) of sub-region `srgn` of region `rgn`: `alloc`
+/// bytes (24 bits) of 8-byte entries.
+pub const fn hpb_read_buffer(rgn: u16, srgn: u16, alloc: u32) -> Cdb {
+    let mut c = [0u8; 16];
+    c[0] = hpb_op::READ_BUFFER;
+    c[1] = hpb_op::RB_ENTRIES;
+    let r = rgn.to_be_bytes();
+    let s = srgn.to_be_bytes();
+    let a = alloc.to_be_bytes();
+    c[2] = r[0];
+    c[3] = r[1];
+    c[4] = s[0];
+    c[5] = s[1];
+    c[6] = a[1];
+    c[7] = a[2];
+    c[8] = a[3];
+    c
+}
+
+/// HPB WRITE BUFFER (0xFA): inactivate region `rgn`, or every region
+/// (`None`).
+pub const fn hpb_write_buffer(rgn: Option<u16>) -> Cdb {
+    let mut c = [0u8; 16];
+    c[0] = hpb_op::WRITE_BUFFER;
+    match rgn {
+        Some(r) => {
+            let r = r.to_be_bytes();
+            c[1] = hpb_op::WB_INACTIVATE_ONE;
+            c[2] = r[0];
+            c[3] = r[1];
+        }
+        None => c[1] = hpb_op::WB_INACTIVATE_ALL,
+    }
+    c
+}
+
 /// Bytes of an UNMAP parameter list with one block descriptor.
 pub const UNMAP_LIST_LEN: usize = 24;
 
