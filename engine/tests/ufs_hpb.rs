@@ -548,3 +548,44 @@ fn pinned_region_is_loaded_first_and_never_evicted() {
     }
     assert_eq!(fake.ftl_stats().unwrap().hpb_accepted, b.hpb_accepted + 3);
 }
+
+/// A host controller reset clears the device's HPB state: bring-up after
+/// it enables HPB again and reloads every sub-region the host had active
+/// (the host's entries are suspect), then HPB READs resume and data stays
+/// right.
+#[test]
+fn host_controller_reset_reloads_the_active_map() {
+    let (fake, ctrl) = up(
+        dev_cfg(DevControl::Host, 4096, 9, 7, false),
+        hpb_opts(1, host(1 << 20)),
+    );
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    for i in 0..4 {
+        expect_block(40 + i, Blk::Unwritten, &read1(&mut qp, 40 + i, 1)).unwrap();
+    }
+    settle(&mut qp, || stats(&ctrl).map_loads >= 1);
+    let loads = stats(&ctrl).map_loads;
+    ctrl.reset().expect("reset");
+    // The queue pair recovers at its next poll; the reload is an internal
+    // command on it.
+    settle(&mut qp, || stats(&ctrl).map_loads > loads);
+    // The device's own reset-of-map notice may queue one more reload;
+    // reads in between go out as normal READ. Let it settle.
+    for i in 0..8 {
+        expect_block(33 + i, Blk::Unwritten, &read1(&mut qp, 33 + i, 2)).unwrap();
+    }
+    settle(&mut qp, || stats(&ctrl).valid_subregions >= 1);
+    let before = fake.ftl_stats().unwrap();
+    for i in 0..8 {
+        expect_block(33 + i, Blk::Unwritten, &read1(&mut qp, 33 + i, 2)).unwrap();
+    }
+    let after = fake.ftl_stats().unwrap();
+    let s = stats(&ctrl);
+    assert_eq!(
+        after.hpb_accepted - before.hpb_accepted,
+        8,
+        "{s:?} {before:?} {after:?}"
+    );
+    assert_eq!(s.stale_fallbacks, 0, "{s:?}");
+    assert_eq!(qp.recoveries(), 1);
+}
