@@ -28,7 +28,10 @@
 //! `fake-ufs` takes `mcq` (`on`/`off`: MCQ or the legacy single-doorbell
 //! list), `queues` (MCQ hardware queues the fake offers, 1 to 32), `lus`
 //! (logical units, 1 to 32), `size` (bytes per LU), `latency`, `core` and
-//! `sync` as above; its blocks are 4 KiB. `vfio:` takes `qpairs` (NVMe) and
+//! `sync` as above; its blocks are 4 KiB. `tr`, `tprog` and `dies` switch
+//! on the fake's flash cost model in wall-clock time (NAND read latency,
+//! program latency per block, parallel NAND units; the device's map cache
+//! covers 1 GiB): throughput then comes from the model, not the host CPU. `vfio:` takes `qpairs` (NVMe) and
 //! `mcq` (UFS).
 //!
 //! Defaults of `fake` are the library's ([`FakeConfig::default`]): one RAM
@@ -40,7 +43,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mcqio_fixtures::ufs::{FakeUfs, LuConfig, UfsConfig, BLOCK_SIZE as UFS_BLOCK_SIZE};
+use mcqio_fixtures::ufs::{
+    FakeUfs, FtlConfig, LuConfig, ModelClock, UfsConfig, BLOCK_SIZE as UFS_BLOCK_SIZE,
+};
 use mcqio_fixtures::{FakeConfig, FakeController, NamespaceConfig};
 use mcqio_vfio::Backend;
 
@@ -194,6 +199,15 @@ pub struct DeviceOpts {
     pub queues: Option<u8>,
     /// `fake-ufs`: logical units (`lus=`).
     pub lus: Option<u8>,
+    /// `fake-ufs`: switch on the flash cost model with this NAND read
+    /// latency tR (`tr=`), in wall-clock time.
+    pub nand_read: Option<Duration>,
+    /// `fake-ufs`: NAND program latency per block written (`tprog=`; cost
+    /// model).
+    pub nand_prog: Option<Duration>,
+    /// `fake-ufs`: parallel NAND units, dies × planes (`dies=`; cost
+    /// model).
+    pub nand_units: Option<u32>,
 }
 
 /// A parsed `--device` value.
@@ -218,7 +232,9 @@ impl fmt::Display for DeviceSpec {
 const FAKE_KEYS: &[&str] = &[
     "lbs", "lbads", "ns", "size", "corrupt", "error", "latency", "qpairs", "core", "sync",
 ];
-const FAKE_UFS_KEYS: &[&str] = &["mcq", "queues", "lus", "size", "latency", "core", "sync"];
+const FAKE_UFS_KEYS: &[&str] = &[
+    "mcq", "queues", "lus", "size", "latency", "core", "sync", "tr", "tprog", "dies",
+];
 const VFIO_KEYS: &[&str] = &["qpairs", "mcq"];
 const URING_NULL_KEYS: &[&str] = &[];
 const URING_FILE_KEYS: &[&str] = &["lbs", "lbads", "size", "direct"];
@@ -325,6 +341,18 @@ impl DeviceSpec {
         if o.sync == Some(true) {
             cfg.exec = mcqio_fixtures::ExecMode::Sync;
         }
+        if o.nand_read.is_some() || o.nand_prog.is_some() || o.nand_units.is_some() {
+            // The flash cost model in wall-clock time: throughput comes
+            // from tR/tPROG and the NAND units, not from host CPU speed.
+            let d = FtlConfig::default();
+            cfg.ftl = Some(FtlConfig {
+                t_read: o.nand_read.unwrap_or(d.t_read),
+                t_prog: o.nand_prog.unwrap_or(d.t_prog),
+                dies: o.nand_units.unwrap_or(d.dies),
+                clock: ModelClock::Wall,
+                ..d
+            });
+        }
         Some(cfg)
     }
 
@@ -351,7 +379,10 @@ impl DeviceSpec {
     pub fn open_backend(&self, who: &str) -> Result<Arc<dyn Backend>, SpecError> {
         match &self.kind {
             DeviceKind::FakeUfs { .. } => {
-                self.check_keys(&["mcq", "queues", "lus", "size", "latency", "sync"], who)?;
+                self.check_keys(
+                    &["mcq", "queues", "lus", "size", "latency", "sync", "tr", "tprog", "dies"],
+                    who,
+                )?;
                 let cfg = self
                     .fake_ufs_config()
                     .expect("a fake-ufs spec has a fake UFS config");
@@ -501,6 +532,15 @@ impl std::str::FromStr for DeviceSpec {
                     opts.qpairs = Some(n as u16);
                 }
                 "core" => opts.core = Some(num(v)? as usize),
+                "tr" => opts.nand_read = Some(parse_duration(v)?),
+                "tprog" => opts.nand_prog = Some(parse_duration(v)?),
+                "dies" => {
+                    let n = num(v)?;
+                    if !(1..=4096).contains(&n) {
+                        return err(format!("dies={v}: 1 to 4096 NAND units"));
+                    }
+                    opts.nand_units = Some(n as u32);
+                }
                 "mcq" => {
                     opts.mcq = Some(match v {
                         "on" | "1" | "true" | "yes" => true,

@@ -378,10 +378,12 @@ fn hpb_fake(base: UfsConfig, null: bool, notes: &mut Vec<String>) -> UfsConfig {
     );
     UfsConfig {
         lus,
-        ftl: Some(FtlConfig {
+        // The cost model the device string asked for (tr=, dies=, ...),
+        // else the default one.
+        ftl: Some(base.ftl.clone().unwrap_or(FtlConfig {
             clock: ModelClock::Wall,
             ..FtlConfig::default()
-        }),
+        })),
         hpb: Some(DevHpb {
             control: DevControl::Device,
             lu_mask: if n >= 32 { u32::MAX } else { (1u32 << n) - 1 },
