@@ -40,6 +40,7 @@ mod run;
 mod seed;
 mod seed_hpb;
 mod setup;
+mod slots;
 mod spec;
 mod target;
 mod ufs;

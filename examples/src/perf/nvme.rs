@@ -3,27 +3,23 @@
 //! [`QueuePair`] — one per job, created on the job's thread.
 //!
 //! Each job's buffers are one DMA region allocated and mapped once
-//! (premapped mode) and cut into one slice per slot. The queue pair moves a
-//! [`SlotBuf`] — the slice's IOVA and length, two words — instead of a
-//! [`DmaBuf`] (which carries an `Arc` of its region), so a submission copies
-//! no reference count and the completion hands nothing back that must be
-//! stored; nothing is allocated or mapped per I/O.
+//! (premapped mode) and cut into one [`SlotBuf`] per slot; the job queue is
+//! the transport-independent [`BlockJobQueue`] (`crate::slots`), shared with
+//! UFS.
 
-use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use mcqio::{
-    Controller, ControllerOptions, DmaBuf, IoBuf, IoSeg, QpairOptions, QueuePair, SubmitErrorKind,
-};
+use mcqio::{Controller, ControllerOptions, QpairOptions, QueuePair, SubmitErrorKind};
 use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, Fault, NamespaceConfig};
 use mcqio_vfio::{
-    AppBuffer, Backend, DmaDir, DmaMapper, DmaMode as VfioDmaMode, DmaSpace, IoBuffer, IommuStats,
-    Iova, LazyConfig, Mapped, MapperConfig, OpenOptions as VfioOpenOptions, QueueMapper, Returned,
+    AppBuffer, Backend, DmaDir, DmaMapper, DmaMode as VfioDmaMode, IoBuffer, IommuStats,
+    LazyConfig, Mapped, MapperConfig, OpenOptions as VfioOpenOptions, QueueMapper, Returned,
     VfioBackend,
 };
 
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
+use crate::slots::{BlockJobQueue, SlotBuf, SlotBuffers};
 use crate::spec::{DeviceKind, DeviceSpec};
 use crate::target::{Namespace, OpenPlan};
 use crate::workload::Op;
@@ -268,190 +264,13 @@ impl NvmeTarget {
                 ..QpairOptions::default()
             })
             .map_err(|e| e.to_string())?;
-        let region = DmaBuf::alloc(self.ctrl.dma(), depth * buf_len, DmaDir::Bidirectional)
-            .map_err(|e| {
-                format!(
-                    "cannot allocate {} bytes of DMA buffers: {e}",
-                    depth * buf_len
-                )
-            })?;
-        let bufs = SlotBuf::slices(region.iova(), self.ctrl.dma(), depth, buf_len);
-        let ptrs = (0..depth)
-            // SAFETY: i * buf_len < depth * buf_len <= the region's length.
-            .map(|i| unsafe { region.as_ptr().add(i * buf_len) })
-            .collect();
-        Ok(NvmeQueue {
-            qp: ManuallyDrop::new(qp),
-            nsid,
-            bufs,
-            ptrs,
-            buf_len,
-            device_may_access: false,
-            region: ManuallyDrop::new(region),
-        })
+        let mem = SlotBuffers::alloc(self.ctrl.dma(), depth, buf_len)?;
+        Ok(BlockJobQueue::new(qp, nsid, mem))
     }
 }
 
-/// One slot's slice of a job's premapped region, as the queue pair moves it.
-///
-/// Private to this module: every `SlotBuf` lives in an [`NvmeQueue`] (in its
-/// slot table or inside its queue pair). The queue closes its queue pair
-/// before it frees the region the slices point into, and frees it only if
-/// every slice came back: a completion without its buffer (a fatal
-/// controller that could not be disabled, or a queue whose deletion failed)
-/// means the device may still access that slice, and then the region is
-/// leaked, never unmapped or reused.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SlotBuf {
-    iova: Iova,
-    len: usize,
-    /// [`DmaSpace::id`] of the space the region is mapped in: an id, not the
-    /// space's address, which a later space could reuse (issue 12 item 4).
-    space_id: u64,
-}
-
-impl SlotBuf {
-    /// `depth` slices of `buf_len` bytes each, back to back from `start`,
-    /// mapped in `space` (the NVMe and the UFS job queues share this).
-    pub(crate) fn slices(
-        start: Iova,
-        space: &DmaSpace,
-        depth: usize,
-        buf_len: usize,
-    ) -> Vec<SlotBuf> {
-        (0..depth)
-            .map(|i| SlotBuf {
-                iova: start.add((i * buf_len) as u64),
-                len: buf_len,
-                space_id: space.id(),
-            })
-            .collect()
-    }
-}
-
-// SAFETY: the slice [iova, iova + len) lies inside the job's DmaRegion,
-// mapped Bidirectional in `space` for the region's whole life, and the region
-// outlives every SlotBuf the device may still access — it is leaked when one
-// is not handed back (see the type's docs); the job touches the memory
-// only through raw pointers while the slot is not in flight; the answers
-// below never change.
-unsafe impl IoBuf for SlotBuf {
-    #[inline]
-    fn segment_count(&self) -> usize {
-        1
-    }
-    #[inline]
-    fn segment(&self, _i: usize) -> IoSeg {
-        IoSeg {
-            iova: self.iova,
-            len: self.len,
-        }
-    }
-    #[inline]
-    fn dir(&self) -> DmaDir {
-        DmaDir::Bidirectional
-    }
-    #[inline]
-    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
-        self.space_id == space.id()
-    }
-    #[inline]
-    fn total_len(&self) -> usize {
-        self.len
-    }
-}
-
-/// One job's queue pair and its premapped buffers.
-pub struct NvmeQueue {
-    // Both dropped by hand in `Drop`: the queue pair (holding in-flight
-    // SlotBufs) is closed first, then the region is freed or leaked.
-    qp: ManuallyDrop<QueuePair<SlotBuf>>,
-    nsid: u32,
-    bufs: Vec<SlotBuf>,
-    ptrs: Vec<NonNull<u8>>,
-    buf_len: usize,
-    /// A completion came without its buffer: the device may still access
-    /// that slot, so the region must never be freed.
-    device_may_access: bool,
-    region: ManuallyDrop<DmaBuf>,
-}
-
-impl Drop for NvmeQueue {
-    fn drop(&mut self) {
-        // SAFETY: `qp` is taken exactly once, here, and never used again.
-        let qp = unsafe { ManuallyDrop::take(&mut self.qp) };
-        let mut lost = self.device_may_access;
-        // Every outstanding command completes exactly once in `close`; one
-        // without its buffer is still the device's.
-        let _ = qp.close(|c| lost |= c.buf.is_none());
-        if lost {
-            eprintln!(
-                "mcqio-perf: the device may still access this job's buffers; leaking {} bytes",
-                self.region.len()
-            );
-            return;
-        }
-        // SAFETY: dropped exactly once, here; every SlotBuf came back, so
-        // the device accesses none of the region any more.
-        unsafe { ManuallyDrop::drop(&mut self.region) };
-    }
-}
-
-impl JobQueue for NvmeQueue {
-    fn depth(&self) -> usize {
-        self.bufs.len().min(self.qp.depth())
-    }
-
-    fn buffer_len(&self) -> usize {
-        self.buf_len
-    }
-
-    #[inline]
-    fn buffer(&self, slot: usize) -> NonNull<u8> {
-        self.ptrs[slot]
-    }
-
-    #[inline]
-    fn push(&mut self, slot: usize, req: IoReq) -> Result<(), PushError> {
-        let buf = self.bufs[slot];
-        let r = match req.op {
-            Op::Read => self.qp.read(self.nsid, req.slba, req.nlb, buf, slot as u64),
-            Op::Write => self
-                .qp
-                .write(self.nsid, req.slba, req.nlb, buf, slot as u64),
-        };
-        match r {
-            Ok(()) => Ok(()),
-            Err(e) => Err(match e.kind {
-                SubmitErrorKind::QueueFull => PushError::Full,
-                k => PushError::Rejected(k.to_string()),
-            }),
-        }
-    }
-
-    #[inline]
-    fn submit(&mut self, _inflight: usize) -> Result<(), QueueError> {
-        self.qp.submit();
-        Ok(())
-    }
-
-    #[inline]
-    fn reap<F: FnMut(usize, IoStatus)>(&mut self, mut done: F) -> Result<usize, QueueError> {
-        let lost = &mut self.device_may_access;
-        self.qp
-            .poll(usize::MAX, |c| {
-                *lost |= c.buf.is_none();
-                let slot = c.tag as usize;
-                let status = match c.result {
-                    Ok(()) => IoStatus::Ok,
-                    Err(mcqio::IoError::Nvme(s)) => IoStatus::Failed(Failure::Nvme(s)),
-                    Err(e) => IoStatus::Failed(Failure::Host(e)),
-                };
-                done(slot, status);
-            })
-            .map_err(|e| QueueError(e.to_string()))
-    }
-}
+/// One job's NVMe queue pair and its premapped buffers.
+pub type NvmeQueue = BlockJobQueue<QueuePair<SlotBuf>>;
 
 /// One job's queue pair in `--dma strict` or `--dma lazy` mode: ordinary
 /// application buffers, mapped per I/O through a [`QueueMapper`].

@@ -18,22 +18,20 @@
 //! completions carry the job in the tag's upper half; one job's poll may
 //! reap another's, which waits in that job's list until it polls.
 
-use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use mcqio::ufs::{HpbConfig, HpbStats, UfsController, UfsMode, UfsOptions, UfsQueuePair};
-use mcqio::{Completion, DmaBuf, SubmitErrorKind};
 use mcqio_fixtures::ufs::{
     FakeUfs, FtlConfig, HpbConfig as DevHpb, HpbControl as DevControl, LuConfig, ModelClock,
     UfsConfig,
 };
 use mcqio_fixtures::ExecMode;
-use mcqio_vfio::{Backend, DmaDir, IommuStats, OpenOptions as VfioOpenOptions, VfioBackend};
+use mcqio_vfio::{Backend, IommuStats, OpenOptions as VfioOpenOptions, VfioBackend};
 
-use crate::nvme::SlotBuf;
-use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
+use crate::queue::{IoReq, IoStatus, JobQueue, PushError, QueueError};
+use crate::slots::{push_err, status_of, BlockJobQueue, SlotBuf, SlotBuffers};
 use crate::spec::{DeviceKind, DeviceSpec};
 use crate::target::{Namespace, OpenPlan};
 use crate::workload::Op;
@@ -291,24 +289,7 @@ impl UfsTarget {
 
     /// The job's premapped buffers: `depth` slots of `buf_len` bytes.
     fn buffers(&self, depth: usize, buf_len: usize) -> Result<SlotBuffers, String> {
-        let region = DmaBuf::alloc(self.ctrl.dma(), depth * buf_len, DmaDir::Bidirectional)
-            .map_err(|e| {
-                format!(
-                    "cannot allocate {} bytes of DMA buffers: {e}",
-                    depth * buf_len
-                )
-            })?;
-        let bufs = SlotBuf::slices(region.iova(), self.ctrl.dma(), depth, buf_len);
-        let ptrs = (0..depth)
-            // SAFETY: i * buf_len < depth * buf_len <= the region's length.
-            .map(|i| unsafe { region.as_ptr().add(i * buf_len) })
-            .collect();
-        Ok(SlotBuffers {
-            bufs,
-            ptrs,
-            buf_len,
-            region: ManuallyDrop::new(region),
-        })
+        SlotBuffers::alloc(self.ctrl.dma(), depth, buf_len)
     }
 
     /// The job's queue: its own queue pair (MCQ, or legacy with one job),
@@ -321,12 +302,7 @@ impl UfsTarget {
             .map_err(|e| e.to_string())?;
         let depth = depth.min(qp.depth()).max(1);
         let mem = self.buffers(depth, buf_len)?;
-        Ok(UfsJobQueue {
-            qp: ManuallyDrop::new(qp),
-            lun,
-            device_may_access: false,
-            mem,
-        })
+        Ok(BlockJobQueue::new(qp, lun, mem))
     }
 
     /// The job's share of the legacy list, if jobs share it.
@@ -406,109 +382,8 @@ fn lock(list: &Mutex<LegacyList>) -> MutexGuard<'_, LegacyList> {
     list.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A job's premapped buffers.
-struct SlotBuffers {
-    bufs: Vec<SlotBuf>,
-    ptrs: Vec<NonNull<u8>>,
-    buf_len: usize,
-    region: ManuallyDrop<DmaBuf>,
-}
-
-impl SlotBuffers {
-    /// Free the region, or leak it when the device may still access it.
-    fn release(&mut self, lost: bool) {
-        if lost {
-            eprintln!(
-                "mcqio-perf: the device may still access this job's buffers; leaking {} bytes",
-                self.region.len()
-            );
-            return;
-        }
-        // SAFETY: called once, from the owner's Drop; every SlotBuf came
-        // back, so the device accesses none of the region any more.
-        unsafe { ManuallyDrop::drop(&mut self.region) };
-    }
-}
-
-#[inline]
-fn status_of<B>(c: &Completion<B>) -> IoStatus {
-    match c.result {
-        Ok(()) => IoStatus::Ok,
-        Err(e) => IoStatus::Failed(Failure::Host(e)),
-    }
-}
-
-#[inline]
-fn push_err(k: SubmitErrorKind) -> PushError {
-    match k {
-        SubmitErrorKind::QueueFull => PushError::Full,
-        k => PushError::Rejected(k.to_string()),
-    }
-}
-
 /// One job's own UFS queue pair and its premapped buffers.
-pub struct UfsJobQueue {
-    // Dropped by hand: the queue pair (holding in-flight SlotBufs) closes
-    // first, then the region is freed or leaked.
-    qp: ManuallyDrop<UfsQueuePair<SlotBuf>>,
-    lun: u8,
-    device_may_access: bool,
-    mem: SlotBuffers,
-}
-
-impl Drop for UfsJobQueue {
-    fn drop(&mut self) {
-        // SAFETY: taken exactly once, here, and never used again.
-        let qp = unsafe { ManuallyDrop::take(&mut self.qp) };
-        let mut lost = self.device_may_access;
-        // Every outstanding command ends exactly once in `close`; one
-        // without its buffer is still the device's.
-        let _ = qp.close(|c| lost |= c.buf.is_none());
-        self.mem.release(lost);
-    }
-}
-
-impl JobQueue for UfsJobQueue {
-    fn depth(&self) -> usize {
-        self.mem.bufs.len().min(self.qp.depth())
-    }
-
-    fn buffer_len(&self) -> usize {
-        self.mem.buf_len
-    }
-
-    #[inline]
-    fn buffer(&self, slot: usize) -> NonNull<u8> {
-        self.mem.ptrs[slot]
-    }
-
-    #[inline]
-    fn push(&mut self, slot: usize, req: IoReq) -> Result<(), PushError> {
-        let buf = self.mem.bufs[slot];
-        let r = match req.op {
-            Op::Read => self.qp.read(self.lun, req.slba, req.nlb, buf, slot as u64),
-            Op::Write => self.qp.write(self.lun, req.slba, req.nlb, buf, slot as u64),
-        };
-        r.map_err(|e| push_err(e.kind))
-    }
-
-    #[inline]
-    fn submit(&mut self, _inflight: usize) -> Result<(), QueueError> {
-        self.qp.submit();
-        Ok(())
-    }
-
-    #[inline]
-    fn reap<F: FnMut(usize, IoStatus)>(&mut self, mut done: F) -> Result<usize, QueueError> {
-        let lost = &mut self.device_may_access;
-        self.qp
-            .poll(usize::MAX, |c| {
-                *lost |= c.buf.is_none();
-                done(c.tag as usize, status_of(&c));
-            })
-            .map_err(|e| QueueError(e.to_string()))
-    }
-}
+pub type UfsJobQueue = BlockJobQueue<UfsQueuePair<SlotBuf>>;
 
 /// The legacy list shared by several jobs.
 struct LegacyList {

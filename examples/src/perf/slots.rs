@@ -1,0 +1,225 @@
+//! What the NVMe and UFS job queues share: one DMA region per job,
+//! allocated and mapped once (premapped mode) and cut into one [`SlotBuf`]
+//! per slot, and [`BlockJobQueue`], the job queue over any queue pair of
+//! the engine ([`BlockQueue`]: NVMe's `QueuePair`, UFS's `UfsQueuePair`).
+//!
+//! The queue pair moves a [`SlotBuf`] — the slice's IOVA and length, two
+//! words — instead of a [`DmaBuf`] (which carries an `Arc` of its region),
+//! so a submission copies no reference count and the completion hands
+//! nothing back that must be stored; nothing is allocated or mapped per
+//! I/O.
+
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+
+use mcqio::core::block::BlockQueue;
+use mcqio::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitErrorKind};
+use mcqio_vfio::{DmaDir, DmaSpace, Iova};
+
+use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
+use crate::workload::Op;
+
+/// One slot's slice of a job's premapped region, as the queue pair moves it.
+///
+/// Private to the perf tool: every `SlotBuf` lives in a job queue (in its
+/// slot table or inside its queue pair). The queue closes its queue pair
+/// before it frees the region the slices point into, and frees it only if
+/// every slice came back: a completion without its buffer (a fatal
+/// controller that could not be disabled, or a queue whose deletion failed)
+/// means the device may still access that slice, and then the region is
+/// leaked, never unmapped or reused.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SlotBuf {
+    iova: Iova,
+    len: usize,
+    /// [`DmaSpace::id`] of the space the region is mapped in: an id, not the
+    /// space's address, which a later space could reuse (issue 12 item 4).
+    space_id: u64,
+}
+
+// SAFETY: the slice [iova, iova + len) lies inside the job's DmaRegion,
+// mapped Bidirectional in `space` for the region's whole life, and the region
+// outlives every SlotBuf the device may still access — it is leaked when one
+// is not handed back (see the type's docs); the job touches the memory
+// only through raw pointers while the slot is not in flight; the answers
+// below never change.
+unsafe impl IoBuf for SlotBuf {
+    #[inline]
+    fn segment_count(&self) -> usize {
+        1
+    }
+    #[inline]
+    fn segment(&self, _i: usize) -> IoSeg {
+        IoSeg {
+            iova: self.iova,
+            len: self.len,
+        }
+    }
+    #[inline]
+    fn dir(&self) -> DmaDir {
+        DmaDir::Bidirectional
+    }
+    #[inline]
+    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
+        self.space_id == space.id()
+    }
+    #[inline]
+    fn total_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// A job's premapped buffers: `depth` slots of `buf_len` bytes in one
+/// region.
+pub(crate) struct SlotBuffers {
+    pub(crate) bufs: Vec<SlotBuf>,
+    pub(crate) ptrs: Vec<NonNull<u8>>,
+    pub(crate) buf_len: usize,
+    region: ManuallyDrop<DmaBuf>,
+}
+
+impl SlotBuffers {
+    /// Allocate and map `depth` slots of `buf_len` bytes in `space`.
+    pub(crate) fn alloc(
+        space: &std::sync::Arc<DmaSpace>,
+        depth: usize,
+        buf_len: usize,
+    ) -> Result<Self, String> {
+        let region = DmaBuf::alloc(space, depth * buf_len, DmaDir::Bidirectional).map_err(|e| {
+            format!(
+                "cannot allocate {} bytes of DMA buffers: {e}",
+                depth * buf_len
+            )
+        })?;
+        let bufs = (0..depth)
+            .map(|i| SlotBuf {
+                iova: region.iova().add((i * buf_len) as u64),
+                len: buf_len,
+                space_id: space.id(),
+            })
+            .collect();
+        let ptrs = (0..depth)
+            // SAFETY: i * buf_len < depth * buf_len <= the region's length.
+            .map(|i| unsafe { region.as_ptr().add(i * buf_len) })
+            .collect();
+        Ok(SlotBuffers {
+            bufs,
+            ptrs,
+            buf_len,
+            region: ManuallyDrop::new(region),
+        })
+    }
+
+    /// Free the region, or leak it when the device may still access it.
+    /// Called once, by the owner's `Drop`.
+    pub(crate) fn release(&mut self, lost: bool) {
+        if lost {
+            eprintln!(
+                "mcqio-perf: the device may still access this job's buffers; leaking {} bytes",
+                self.region.len()
+            );
+            return;
+        }
+        // SAFETY: called once, from the owner's Drop; every SlotBuf came
+        // back, so the device accesses none of the region any more.
+        unsafe { ManuallyDrop::drop(&mut self.region) };
+    }
+}
+
+/// The job's view of a completion's result.
+#[inline]
+pub(crate) fn status_of<B>(c: &Completion<B>) -> IoStatus {
+    match c.result {
+        Ok(()) => IoStatus::Ok,
+        Err(IoError::Nvme(s)) => IoStatus::Failed(Failure::Nvme(s)),
+        Err(e) => IoStatus::Failed(Failure::Host(e)),
+    }
+}
+
+/// The job's view of a refused submission.
+#[inline]
+pub(crate) fn push_err(k: SubmitErrorKind) -> PushError {
+    match k {
+        SubmitErrorKind::QueueFull => PushError::Full,
+        k => PushError::Rejected(k.to_string()),
+    }
+}
+
+/// One job's own queue pair (NVMe or UFS, resolved at compile time) and
+/// its premapped buffers.
+pub struct BlockJobQueue<Q: BlockQueue<Buf = SlotBuf>> {
+    // Dropped by hand: the queue pair (holding in-flight SlotBufs) closes
+    // first, then the region is freed or leaked.
+    pub(crate) qp: ManuallyDrop<Q>,
+    at: Q::Addr,
+    /// A completion came without its buffer: the device may still access
+    /// that slot, so the region must never be freed.
+    device_may_access: bool,
+    mem: SlotBuffers,
+}
+
+impl<Q: BlockQueue<Buf = SlotBuf>> BlockJobQueue<Q> {
+    /// The job queue of `qp`, its commands addressed to `at`.
+    pub(crate) fn new(qp: Q, at: Q::Addr, mem: SlotBuffers) -> Self {
+        BlockJobQueue {
+            qp: ManuallyDrop::new(qp),
+            at,
+            device_may_access: false,
+            mem,
+        }
+    }
+}
+
+impl<Q: BlockQueue<Buf = SlotBuf>> Drop for BlockJobQueue<Q> {
+    fn drop(&mut self) {
+        // SAFETY: taken exactly once, here, and never used again.
+        let qp = unsafe { ManuallyDrop::take(&mut self.qp) };
+        let mut lost = self.device_may_access;
+        // Every outstanding command ends exactly once in `close`; one
+        // without its buffer is still the device's.
+        let _ = qp.close(|c| lost |= c.buf.is_none());
+        self.mem.release(lost);
+    }
+}
+
+impl<Q: BlockQueue<Buf = SlotBuf>> JobQueue for BlockJobQueue<Q> {
+    fn depth(&self) -> usize {
+        self.mem.bufs.len().min(self.qp.depth())
+    }
+
+    fn buffer_len(&self) -> usize {
+        self.mem.buf_len
+    }
+
+    #[inline]
+    fn buffer(&self, slot: usize) -> NonNull<u8> {
+        self.mem.ptrs[slot]
+    }
+
+    #[inline]
+    fn push(&mut self, slot: usize, req: IoReq) -> Result<(), PushError> {
+        let buf = self.mem.bufs[slot];
+        let r = match req.op {
+            Op::Read => self.qp.read(self.at, req.slba, req.nlb, buf, slot as u64),
+            Op::Write => self.qp.write(self.at, req.slba, req.nlb, buf, slot as u64),
+        };
+        r.map_err(|e| push_err(e.kind))
+    }
+
+    #[inline]
+    fn submit(&mut self, _inflight: usize) -> Result<(), QueueError> {
+        self.qp.submit();
+        Ok(())
+    }
+
+    #[inline]
+    fn reap<F: FnMut(usize, IoStatus)>(&mut self, mut done: F) -> Result<usize, QueueError> {
+        let lost = &mut self.device_may_access;
+        self.qp
+            .poll(usize::MAX, |c| {
+                *lost |= c.buf.is_none();
+                done(c.tag as usize, status_of(&c));
+            })
+            .map_err(|e| QueueError(e.to_string()))
+    }
+}
