@@ -231,6 +231,16 @@ if fio --name=w --ioengine=external:"$so" --thread --filename=fake --rw=randwrit
 	failed=1
 fi
 
+# The same on the fake UFS: never-written blocks must fail verification.
+if fio --name=w --ioengine=external:"$so" --thread --filename=fake-ufs --rw=randwrite --bs=4k --size=1m \
+	--verify=crc32c --do_verify=0 --name=r --stonewall --ioengine=external:"$so" --thread \
+	--filename=fake-ufs --rw=randread --bs=4k --size=1m --offset=2m --verify=crc32c >"$work/neg-ufs.log" 2>&1 ||
+	! grep -q 'verify: bad magic header' "$work/neg-ufs.log"; then
+	echo "FAIL: verify of never-written UFS blocks did not fail" >&2
+	sed 's/^/    /' "$work/neg-ufs.log" >&2
+	failed=1
+fi
+
 # A LUN the fake UFS does not have must be refused with a message.
 if fio --name=badlun --ioengine=external:"$so" --thread --filename=fake-ufs,lun=7 --size=1m >"$work/badlun.log" 2>&1 ||
 	! grep -q 'no logical unit 7' "$work/badlun.log"; then
