@@ -8,7 +8,7 @@
 //! it; nothing on the I/O path locks, allocates or makes a system call.
 //!
 //! The queue pair is NVMe's or UFS's, chosen once in `init` by the device's
-//! transport ([`Qp`]); each I/O call matches on it once and runs code that
+//! transport (`Qp`); each I/O call matches on it once and runs code that
 //! is generic over [`BlockQueue`], monomorphised per transport (no dynamic
 //! dispatch per I/O).
 
