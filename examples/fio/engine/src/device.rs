@@ -147,24 +147,7 @@ impl Device {
                 };
                 Ctrl::Nvme(Controller::new(backend, copts).map_err(|e| open_err(e.to_string()))?)
             }
-            Transport::Ufs => {
-                let uopts = UfsOptions {
-                    mcq: o.mcq,
-                    queues: o.qpairs.min(UFS_MAX_QUEUES),
-                    depth: UFS_DEPTH,
-                    // Whole pages (UFS wants a multiple of 4), at most 4 GiB - 4 KiB.
-                    max_transfer: max_transfer
-                        .checked_next_multiple_of(4096)
-                        .and_then(|m| u32::try_from(m).ok())
-                        .ok_or(EngineError::TooLarge {
-                            bs: max_io,
-                            max: u64::from(u32::MAX) & !4095,
-                            file: key.clone(),
-                        })?,
-                    ..UfsOptions::default()
-                };
-                Ctrl::Ufs(UfsController::new(backend, uopts).map_err(|e| open_err(e.to_string()))?)
-            }
+            Transport::Ufs => ufs_ctrl(backend, o, max_io, max_transfer, &key)?,
         };
         Ok(Device {
             key,
@@ -172,6 +155,23 @@ impl Device {
             ctrl,
             _fake: fake,
         })
+    }
+
+    /// A private fake UFS controller (not shared through the registry),
+    /// with its handle for fault injection.
+    #[cfg(test)]
+    pub(crate) fn private_fake_ufs(o: &DeviceOptions) -> (Arc<Device>, Arc<FakeUfs>) {
+        let fake = FakeUfs::new(fake_ufs_config(o).unwrap()).unwrap();
+        let b = fake.clone() as Arc<dyn Backend>;
+        let key = "fake-ufs (private)".to_string();
+        let ctrl = ufs_ctrl(b.clone(), o, 4096, DEFAULT_MAX_TRANSFER, &key).unwrap();
+        let dev = Device {
+            key,
+            opts: o.clone(),
+            ctrl,
+            _fake: Some(b),
+        };
+        (Arc::new(dev), fake)
     }
 
     /// The controller.
@@ -284,6 +284,36 @@ pub fn vfio_transport(roots: &SysRoots, bdf: &str) -> Result<Transport, EngineEr
         }),
         Err(_) => Ok(Transport::Nvme),
     }
+}
+
+/// Bring up the UFS host controller behind `backend`.
+fn ufs_ctrl(
+    backend: Arc<dyn Backend>,
+    o: &DeviceOptions,
+    max_io: u64,
+    max_transfer: u64,
+    key: &str,
+) -> Result<Ctrl, EngineError> {
+    let uopts = UfsOptions {
+        mcq: o.mcq,
+        queues: o.qpairs.min(UFS_MAX_QUEUES),
+        depth: UFS_DEPTH,
+        // Whole pages (UFS wants a multiple of 4), at most 4 GiB - 4 KiB.
+        max_transfer: max_transfer
+            .checked_next_multiple_of(4096)
+            .and_then(|m| u32::try_from(m).ok())
+            .ok_or(EngineError::TooLarge {
+                bs: max_io,
+                max: u64::from(u32::MAX) & !4095,
+                file: key.to_string(),
+            })?,
+        ..UfsOptions::default()
+    };
+    let ctrl = UfsController::new(backend, uopts).map_err(|e| EngineError::Open {
+        device: key.to_string(),
+        why: e.to_string(),
+    })?;
+    Ok(Ctrl::Ufs(ctrl))
 }
 
 #[cfg(test)]

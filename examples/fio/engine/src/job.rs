@@ -269,9 +269,9 @@ impl Job {
         opts: &DeviceOptions,
         max_io: u64,
     ) -> Result<(Job, Vec<FileInfo>), EngineError> {
-        let Some(first) = names.first() else {
+        if names.is_empty() {
             return Err(EngineError::NoFile);
-        };
+        }
         let targets = names
             .iter()
             .map(|n| Target::parse(n))
@@ -284,6 +284,17 @@ impl Job {
             });
         }
         let dev = Device::get(kind, opts, max_io)?;
+        Job::on_device(dev, &targets, names, max_io)
+    }
+
+    /// The job of `targets` (parsed from `names`) on `dev`.
+    fn on_device(
+        dev: Arc<Device>,
+        targets: &[Target],
+        names: &[&str],
+        max_io: u64,
+    ) -> Result<(Job, Vec<FileInfo>), EngineError> {
+        let first = names.first().copied().unwrap_or_default();
         if dev.max_transfer() < max_io {
             return Err(EngineError::TooLarge {
                 bs: max_io,
@@ -565,6 +576,7 @@ fn file_info(dev: &Device, unit: Unit, name: &str) -> Result<FileInfo, EngineErr
 mod tests {
     use super::*;
     use crate::spec::FakeExec;
+    use mcqio_fixtures::ufs::{FakeUfs, Sense, UfsFault};
     use mcqio_vfio::HugePages;
 
     fn opts() -> DeviceOptions {
@@ -879,6 +891,109 @@ mod tests {
         assert_eq!(job.queue(c, Op::Read, 0, base, 4096, 3), Queued::Queued);
         job.free_buffers();
         assert!(job.qp.is_none() && job.bufs.is_none());
+        job.close().unwrap();
+    }
+
+    /// A job on a private fake UFS (its own options, its fault injector).
+    fn private_ufs_job(o: &DeviceOptions, depth: u32) -> (Job, u64, Arc<FakeUfs>) {
+        let (dev, fake) = Device::private_fake_ufs(o);
+        let name = "fake-ufs,lun=0";
+        let (mut job, files) =
+            Job::on_device(dev, &[Target::parse(name).unwrap()], &[name], 4096).unwrap();
+        job.init(depth).unwrap();
+        (job, files[0].cookie(), fake)
+    }
+
+    #[test]
+    fn ufs_device_errors_and_timeouts_reach_fio_as_errnos() {
+        let o = DeviceOptions {
+            io_timeout: Some(Duration::from_millis(20)),
+            ..ufs_opts()
+        };
+        let (mut job, c, fake) = private_ufs_job(&o, 4);
+        let base = job.alloc_buffers(4096).unwrap();
+        // An OCS error (transport) and a CHECK CONDITION (SCSI): EIO.
+        fake.faults().inject_next(None, None, UfsFault::Ocs(0x02)); // OCS INVALID_PRDT_ATTR
+        assert_eq!(job.queue(c, Op::Read, 0, base, 4096, 1), Queued::Queued);
+        job.commit();
+        assert_eq!(
+            wait(&mut job, 1),
+            vec![Event {
+                tag: 1,
+                errno: libc::EIO
+            }]
+        );
+        fake.faults().inject_next(
+            None,
+            None,
+            UfsFault::CheckCondition(Sense::UNRECOVERED_READ),
+        );
+        assert_eq!(job.queue(c, Op::Write, 0, base, 4096, 2), Queued::Queued);
+        job.commit();
+        assert_eq!(
+            wait(&mut job, 1),
+            vec![Event {
+                tag: 2,
+                errno: libc::EIO
+            }]
+        );
+        // A command the device never completes: aborted after io_timeout,
+        // ETIMEDOUT (getevents without a timeout waits for it).
+        fake.faults()
+            .inject_next(None, None, UfsFault::DropCompletion);
+        assert_eq!(job.queue(c, Op::Read, 0, base, 4096, 3), Queued::Queued);
+        job.commit();
+        assert_eq!(
+            wait(&mut job, 1),
+            vec![Event {
+                tag: 3,
+                errno: libc::ETIMEDOUT
+            }]
+        );
+        // The queue pair still works afterwards.
+        assert_eq!(job.queue(c, Op::Read, 0, base, 4096, 4), Queued::Queued);
+        job.commit();
+        assert_eq!(wait(&mut job, 1), vec![Event { tag: 4, errno: 0 }]);
+        job.close().unwrap();
+    }
+
+    #[test]
+    fn ufs_legacy_list_job() {
+        let o = DeviceOptions {
+            mcq: false,
+            ..ufs_opts()
+        };
+        let (mut job, c, _fake) = private_ufs_job(&o, 8);
+        let base = job.alloc_buffers(8192).unwrap();
+        // SAFETY: pointer arithmetic inside the 8 KiB region.
+        let back = unsafe { base.add(4096) };
+        fill(base, 0x3c, 4096);
+        assert_eq!(
+            job.queue(c, Op::Write, 40960, base, 4096, 1),
+            Queued::Queued
+        );
+        assert_eq!(
+            job.queue(c, Op::Flush, 0, std::ptr::null(), 0, 2),
+            Queued::Queued
+        );
+        job.commit();
+        assert_eq!(wait(&mut job, 2).len(), 2);
+        assert_eq!(job.queue(c, Op::Read, 40960, back, 4096, 3), Queued::Queued);
+        job.commit();
+        assert_eq!(wait(&mut job, 1), vec![Event { tag: 3, errno: 0 }]);
+        assert!(bytes(back, 4096).iter().all(|&b| b == 0x3c));
+        // Legacy mode has one queue pair: a second job cannot get one.
+        let mut second = Job {
+            qp: None,
+            bufs: None,
+            events: Vec::new(),
+            files: Vec::new(),
+            dev: job.dev.clone(),
+        };
+        assert!(matches!(
+            second.init(1),
+            Err(EngineError::Qpair { granted: 1, .. })
+        ));
         job.close().unwrap();
     }
 
