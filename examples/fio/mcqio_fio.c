@@ -51,6 +51,7 @@ struct mcqio_fio_options {
 	char *fake_exec;
 	unsigned long long fake_latency_us;
 	int fake_core;
+	unsigned int mcq;
 };
 
 #define MCQIO_OPT(n, t, field, h, d)                                        \
@@ -75,7 +76,10 @@ static struct fio_option options[] = {
 		  "I/O queue pairs to ask the controller for (one per job; the fake offers this many)",
 		  "64"),
 	MCQIO_OPT("shadow_doorbells", FIO_OPT_BOOL, shadow_doorbells,
-		  "Use shadow doorbells where the controller has them (emulated controllers)",
+		  "NVMe: use shadow doorbells where the controller has them (emulated controllers)",
+		  "1"),
+	MCQIO_OPT("mcq", FIO_OPT_BOOL, mcq,
+		  "UFS: use MCQ (one SQ/CQ pair per job) when the host controller has it; 0: the legacy single-doorbell list (one job); fake-ufs advertises MCQ only when 1",
 		  "1"),
 	{
 		.name = "io_timeout", .lname = "io_timeout",
@@ -86,11 +90,11 @@ static struct fio_option options[] = {
 		.category = FIO_OPT_C_ENGINE, .group = FIO_OPT_G_INVALID,
 	},
 	MCQIO_OPT("fake_size", FIO_OPT_STR_VAL, fake_size,
-		  "Bytes per namespace of the fake controller (RAM)", "64m"),
+		  "Bytes per namespace of the fake controller, or per LU of fake-ufs (RAM)", "64m"),
 	MCQIO_OPT("fake_lbs", FIO_OPT_INT, fake_lbs,
-		  "Logical block size of the fake controller, in bytes (a power of two, 512..65536)", "4096"),
+		  "Logical block size of the fake controller, in bytes (a power of two, 512..65536; fake-ufs: 4096 only)", "4096"),
 	MCQIO_OPT("fake_namespaces", FIO_OPT_INT, fake_namespaces,
-		  "Namespaces of the fake controller (select one with ,ns=N in --filename)", "1"),
+		  "Namespaces of the fake controller (select one with ,ns=N in --filename), or LUs of fake-ufs (1..32, select with ,lun=N from 0)", "1"),
 	MCQIO_OPT("fake_exec", FIO_OPT_STR_STORE, fake_exec,
 		  "Fake device side: thread (a device thread polls, like hardware) or sync (in the doorbell store)",
 		  "thread"),
@@ -127,6 +131,7 @@ static void mcqio_config(const struct mcqio_fio_options *o, struct mcqio_fio_con
 	c->fake_exec = o->fake_exec;
 	c->fake_latency_ns = o->fake_latency_us * 1000;
 	c->fake_core = o->fake_core;
+	c->mcq = o->mcq;
 }
 
 /* Runs once per job, from fio's main thread before the job threads start. */

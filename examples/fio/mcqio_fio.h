@@ -35,6 +35,7 @@ struct mcqio_fio_config {
 	const char *fake_exec;    /* "thread" (default) or "sync" */
 	uint64_t fake_latency_ns; /* fake per-command latency */
 	int64_t fake_core;        /* core for the fake's device thread; -1: none */
+	uint32_t mcq;             /* UFS: 1 MCQ when the controller has it, 0 legacy list */
 };
 
 /* What setup learnt about each file. */

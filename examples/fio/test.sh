@@ -2,7 +2,9 @@
 # test.sh — build the fio engine and run fio on the fake controller:
 # randwrite then randread with verify=crc32c, and randrw (rwmixread=70) with
 # verify, each at iodepth 1 and 32 with 1 and 2 jobs; plus bsrange, trim,
-# flush and batched submit/complete. Every run must exit 0 and report no job
+# flush and batched submit/complete. The same verify, randrw and mixed runs
+# on the fake UFS host controller (fake-ufs: MCQ, and the legacy
+# single-doorbell list with mcq=0). Every run must exit 0 and report no job
 # error in its JSON. Prints an IOPS table, then the same randread workload
 # through fio+engine and through mcqio-perf on the same fake device.
 # The IOPS are printed, not asserted: a shared machine makes them noisy.
@@ -48,12 +50,13 @@ run() {
 		[.[0].jobname, (map(.read.iops) | add), (map(.write.iops) | add), (map(.trim.iops) | add)] | @tsv' "$json")
 }
 
+# global [FILENAME]: the [global] section; the device is fake unless given.
 global() {
 	cat <<EOF
 [global]
 ioengine=external:$so
 thread=1
-filename=fake
+filename=${1:-fake}
 fake_size=64m
 bs=4k
 size=8m
@@ -130,6 +133,93 @@ EOF
 } >"$f"
 run mixed "$f"
 
+# The same on the fake UFS host controller (4 KiB blocks, LU 0 by default):
+# each job gets its own MCQ SQ/CQ pair. Its fake_size is per LU.
+for qd in 1 32; do
+	for nj in 1 2; do
+		f="$work/ufs-verify-qd$qd-j$nj.fio"
+		{
+			global fake-ufs
+			cat <<EOF
+iodepth=$qd
+numjobs=$nj
+verify=crc32c
+
+[randwrite]
+rw=randwrite
+do_verify=0
+
+[randread]
+stonewall
+rw=randread
+EOF
+		} >"$f"
+		run "ufs-verify-qd$qd-j$nj" "$f"
+	done
+done
+f="$work/ufs-randrw.fio"
+{
+	global fake-ufs,lun=1
+	cat <<EOF
+fake_namespaces=2
+iodepth=32
+numjobs=2
+
+[randrw]
+rw=randrw
+rwmixread=70
+verify=crc32c
+EOF
+} >"$f"
+run ufs-randrw-lun1-qd32-j2 "$f"
+# bsrange, batched writes with fsync (SCSI SYNCHRONIZE CACHE) and trim (UNMAP).
+f="$work/ufs-mixed.fio"
+{
+	global fake-ufs
+	cat <<EOF
+iodepth=16
+
+[bsrange]
+rw=randwrite
+bsrange=4k-64k
+verify=crc32c
+
+[batched]
+stonewall
+rw=write
+iodepth_batch_submit=8
+iodepth_batch_complete_min=4
+iodepth_batch_complete_max=16
+fsync=64
+verify=crc32c
+
+[trim]
+stonewall
+rw=trim
+bs=64k
+EOF
+} >"$f"
+run ufs-mixed "$f"
+# The legacy single-doorbell list (mcq=0): one queue pair, so one job.
+f="$work/ufs-legacy.fio"
+{
+	global fake-ufs
+	cat <<EOF
+mcq=0
+iodepth=16
+verify=crc32c
+
+[randwrite]
+rw=randwrite
+do_verify=0
+
+[randread]
+stonewall
+rw=randread
+EOF
+} >"$f"
+run ufs-legacy-qd16 "$f"
+
 # The verify runs above can fail: reading back a range that was never
 # written must fail verification (the fake shares its data across the jobs).
 if fio --name=w --ioengine=external:"$so" --thread --filename=fake --rw=randwrite --bs=4k --size=1m \
@@ -138,6 +228,24 @@ if fio --name=w --ioengine=external:"$so" --thread --filename=fake --rw=randwrit
 	! grep -q 'verify: bad magic header' "$work/neg.log"; then
 	echo "FAIL: verify of never-written blocks did not fail" >&2
 	sed 's/^/    /' "$work/neg.log" >&2
+	failed=1
+fi
+
+# The same on the fake UFS: never-written blocks must fail verification.
+if fio --name=w --ioengine=external:"$so" --thread --filename=fake-ufs --rw=randwrite --bs=4k --size=1m \
+	--verify=crc32c --do_verify=0 --name=r --stonewall --ioengine=external:"$so" --thread \
+	--filename=fake-ufs --rw=randread --bs=4k --size=1m --offset=2m --verify=crc32c >"$work/neg-ufs.log" 2>&1 ||
+	! grep -q 'verify: bad magic header' "$work/neg-ufs.log"; then
+	echo "FAIL: verify of never-written UFS blocks did not fail" >&2
+	sed 's/^/    /' "$work/neg-ufs.log" >&2
+	failed=1
+fi
+
+# A LUN the fake UFS does not have must be refused with a message.
+if fio --name=badlun --ioengine=external:"$so" --thread --filename=fake-ufs,lun=7 --size=1m >"$work/badlun.log" 2>&1 ||
+	! grep -q 'no logical unit 7' "$work/badlun.log"; then
+	echo "FAIL: a missing UFS LUN was not refused with a message" >&2
+	sed 's/^/    /' "$work/badlun.log" >&2
 	failed=1
 fi
 
@@ -157,6 +265,17 @@ fi
 
 printf '\n%-24s %-12s %10s %10s %10s\n' "fio run" "job" "read IOPS" "write IOPS" "trim IOPS"
 printf '%s\n' "${rows[@]}"
+
+# FIO_TEST_COMPARE=0: stop here (the comparison below builds mcqio-perf in
+# release mode and runs timed benchmarks; skip it on a busy machine).
+if [ "${FIO_TEST_COMPARE:-1}" = 0 ]; then
+	if [ "$failed" != 0 ]; then
+		echo "test.sh: FAILED" >&2
+		exit 1
+	fi
+	echo "test.sh: all fio runs passed (comparison with mcqio-perf skipped)"
+	exit 0
+fi
 
 # The same workload through fio+engine and mcqio-perf: 4k randread, QD32,
 # one job, 2 s, RAM fake with 4 KiB blocks; the job on core 0 and the fake's

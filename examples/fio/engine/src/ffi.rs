@@ -38,6 +38,8 @@ pub struct Config {
     pub fake_latency_ns: u64,
     /// `fake_core` (-1: not pinned).
     pub fake_core: i64,
+    /// `mcq` (UFS: 1 use MCQ when the controller has it, 0 the legacy list).
+    pub mcq: u32,
 }
 
 /// Per-file answer of [`mcqio_fio_setup`] (`struct mcqio_fio_file`).
@@ -153,6 +155,7 @@ unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
         dma_budget: c.dma_budget,
         qpairs,
         shadow_doorbells: c.shadow_doorbells != 0,
+        mcq: c.mcq != 0,
         io_timeout: positive(c.io_timeout_ms).map(Duration::from_millis),
         fake_size: c.fake_size,
         fake_lbs: c.fake_lbs,

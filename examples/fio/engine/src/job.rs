@@ -1,19 +1,27 @@
-//! One fio job: its files (namespaces), its queue pair and its I/O buffers.
+//! One fio job: its files (NVMe namespaces or UFS logical units), its queue
+//! pair and its I/O buffers.
 //!
 //! fio calls `setup` (from its main thread, before the job threads start),
 //! then on the job's own thread `init`, `iomem_alloc`, and the I/O calls
 //! `queue`/`commit`/`getevents`/`event`, and finally `iomem_free` and
 //! `cleanup`. The queue pair is created in `init`, on the thread that uses
 //! it; nothing on the I/O path locks, allocates or makes a system call.
+//!
+//! The queue pair is NVMe's or UFS's, chosen once in `init` by the device's
+//! transport (`Qp`); each I/O call matches on it once and runs code that
+//! is generic over [`BlockQueue`], monomorphised per transport (no dynamic
+//! dispatch per I/O).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mcqio::core::block::BlockQueue;
+use mcqio::ufs::{UfsQpairOptions, UfsQueuePair};
 use mcqio::{IoBuf, IoError, IoSeg, QpairOptions, QueuePair, SubmitErrorKind, TimeoutPolicy};
 use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace, Iova};
 
-use crate::device::Device;
-use crate::spec::{DeviceOptions, Target};
+use crate::device::{Ctrl, Device};
+use crate::spec::{DeviceOptions, Target, Unit};
 use crate::EngineError;
 
 /// What fio asks a command to do.
@@ -49,11 +57,12 @@ pub enum Queued {
     Failed(i32),
 }
 
-/// A file of the job: a namespace of the job's controller, as fio sees it.
+/// A file of the job: a namespace (NVMe) or logical unit (UFS) of the
+/// job's controller, as fio sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileInfo {
-    /// Namespace id.
-    pub nsid: u32,
+    /// Namespace id (NVMe) or LUN (UFS).
+    pub unit: u32,
     /// log2 of the block size.
     pub lba_shift: u32,
     /// Capacity in bytes.
@@ -61,10 +70,10 @@ pub struct FileInfo {
 }
 
 impl FileInfo {
-    /// The cookie fio keeps in `fio_file::engine_pos`: the namespace id and
-    /// block shift, so `queue` needs no lookup.
+    /// The cookie fio keeps in `fio_file::engine_pos`: the namespace id
+    /// (or LUN) and block shift, so `queue` needs no lookup.
     pub fn cookie(&self) -> u64 {
-        (u64::from(self.nsid) << 8) | u64::from(self.lba_shift)
+        (u64::from(self.unit) << 8) | u64::from(self.lba_shift)
     }
 
     fn from_cookie(c: u64) -> (u32, u32) {
@@ -132,11 +141,111 @@ struct Buffers {
 /// Empty polls between two looks at the clock while `getevents` waits.
 const CLOCK_EVERY: u32 = 1024;
 
+/// The job's queue pair, of the device's transport.
+// One per job, held in place for the job's life: boxing the larger variant
+// would save a few hundred bytes once and cost a pointer chase per I/O.
+#[allow(clippy::large_enum_variant)]
+enum Qp {
+    /// NVMe: commands address a namespace id.
+    Nvme(QueuePair<FioBuf>),
+    /// UFS: commands address a logical unit.
+    Ufs(UfsQueuePair<FioBuf>),
+}
+
+impl Qp {
+    fn outstanding(&self) -> usize {
+        match self {
+            Qp::Nvme(q) => q.outstanding(),
+            Qp::Ufs(q) => q.outstanding(),
+        }
+    }
+
+    fn close(self) -> mcqio::Result<()> {
+        match self {
+            Qp::Nvme(q) => BlockQueue::close(q, |_| {}),
+            Qp::Ufs(q) => BlockQueue::close(q, |_| {}),
+        }
+    }
+}
+
+/// Submit one command on `qp` (no doorbell). `buf` is `Some` for reads and
+/// writes.
+#[inline]
+fn submit<Q: BlockQueue<Buf = FioBuf>>(
+    qp: &mut Q,
+    at: Q::Addr,
+    op: Op,
+    lba: u64,
+    blocks: u32,
+    buf: Option<FioBuf>,
+    tag: u64,
+) -> Result<(), SubmitErrorKind> {
+    match (op, buf) {
+        (Op::Read, Some(b)) => qp.read(at, lba, blocks, b, tag).map_err(|e| e.kind),
+        (Op::Write, Some(b)) => qp.write(at, lba, blocks, b, tag).map_err(|e| e.kind),
+        (Op::Trim, _) => qp.deallocate(at, lba, blocks, tag).map_err(|e| e.kind),
+        (Op::Flush, _) => qp.flush(at, tag).map_err(|e| e.kind),
+        // A read or write without a buffer is never built by `Job::queue`.
+        (Op::Read | Op::Write, None) => Err(SubmitErrorKind::ZeroLength),
+    }
+}
+
+/// Poll `qp` until at least `min` (at most `max`) completions are in
+/// `events`, or `timeout` passed.
+#[inline]
+fn reap<Q: BlockQueue<Buf = FioBuf>>(
+    qp: &mut Q,
+    events: &mut [Event],
+    min: usize,
+    max: usize,
+    timeout: Option<Duration>,
+) -> Result<usize, EngineError> {
+    let max = max.min(events.len());
+    let min = min.min(max);
+    let mut n = 0;
+    let mut idle = 0u32;
+    let mut deadline = None;
+    loop {
+        let r = qp.poll(max - n, |c| {
+            let errno = match c.result {
+                Ok(()) => 0,
+                Err(IoError::TimedOut) => libc::ETIMEDOUT,
+                Err(_) => libc::EIO,
+            };
+            // poll delivers at most `max - n` completions.
+            if let Some(e) = events.get_mut(n) {
+                *e = Event { tag: c.tag, errno };
+                n += 1;
+            }
+        });
+        if let Err(e) = r {
+            if n > 0 {
+                return Ok(n);
+            }
+            return Err(EngineError::Controller(e.to_string()));
+        }
+        if n >= min {
+            return Ok(n);
+        }
+        if let Some(t) = timeout {
+            idle = idle.wrapping_add(1);
+            if idle % CLOCK_EVERY == 0 {
+                let now = Instant::now();
+                let end = *deadline.get_or_insert(now + t);
+                if now >= end {
+                    return Ok(n);
+                }
+            }
+        }
+        std::hint::spin_loop();
+    }
+}
+
 /// One job's engine state.
 pub struct Job {
     // Field order matters: the queue pair (which may hold FioBufs) drops
     // before the buffers they point into, and both before the device.
-    qp: Option<QueuePair<FioBuf>>,
+    qp: Option<Qp>,
     bufs: Option<Buffers>,
     events: Vec<Event>,
     files: Vec<FileInfo>,
@@ -160,9 +269,9 @@ impl Job {
         opts: &DeviceOptions,
         max_io: u64,
     ) -> Result<(Job, Vec<FileInfo>), EngineError> {
-        let Some(first) = names.first() else {
+        if names.is_empty() {
             return Err(EngineError::NoFile);
-        };
+        }
         let targets = names
             .iter()
             .map(|n| Target::parse(n))
@@ -175,27 +284,27 @@ impl Job {
             });
         }
         let dev = Device::get(kind, opts, max_io)?;
-        if dev.ctrl().max_transfer() < max_io {
+        Job::on_device(dev, &targets, names, max_io)
+    }
+
+    /// The job of `targets` (parsed from `names`) on `dev`.
+    fn on_device(
+        dev: Arc<Device>,
+        targets: &[Target],
+        names: &[&str],
+        max_io: u64,
+    ) -> Result<(Job, Vec<FileInfo>), EngineError> {
+        let first = names.first().copied().unwrap_or_default();
+        if dev.max_transfer() < max_io {
             return Err(EngineError::TooLarge {
                 bs: max_io,
-                max: dev.ctrl().max_transfer(),
+                max: dev.max_transfer(),
                 file: first.to_string(),
             });
         }
         let mut files = Vec::with_capacity(targets.len());
         for (t, name) in targets.iter().zip(names) {
-            let Some(ns) = dev.ctrl().namespace(t.unit) else {
-                return Err(EngineError::NoNamespace {
-                    file: name.to_string(),
-                    nsid: t.unit,
-                    have: dev.ctrl().namespaces().iter().map(|n| n.id).collect(),
-                });
-            };
-            files.push(FileInfo {
-                nsid: ns.id,
-                lba_shift: ns.lba_shift,
-                size: ns.size_bytes(),
-            });
+            files.push(file_info(&dev, t.unit, name)?);
         }
         let job = Job {
             qp: None,
@@ -214,19 +323,30 @@ impl Job {
             .filter(|d| (1..=4096).contains(d))
             .ok_or(EngineError::Depth(depth))?;
         let o = self.dev.options();
-        let qopts = QpairOptions {
-            depth,
-            io_timeout: o.io_timeout,
-            timeout_policy: TimeoutPolicy::Abort,
-            ..QpairOptions::default()
+        let qerr = |e: mcqio::Error| EngineError::Qpair {
+            why: e.to_string(),
+            granted: self.dev.granted_queues(),
         };
-        let ctrl = self.dev.ctrl();
-        let qp = ctrl
-            .create_qpair_for::<FioBuf>(qopts)
-            .map_err(|e| EngineError::Qpair {
-                why: e.to_string(),
-                granted: ctrl.granted_io_queues(),
-            })?;
+        let qp = match self.dev.ctrl() {
+            Ctrl::Nvme(ctrl) => {
+                let qopts = QpairOptions {
+                    depth,
+                    io_timeout: o.io_timeout,
+                    timeout_policy: TimeoutPolicy::Abort,
+                    ..QpairOptions::default()
+                };
+                Qp::Nvme(ctrl.create_qpair_for::<FioBuf>(qopts).map_err(qerr)?)
+            }
+            // The UFS queue depth is the controller's (set when it was
+            // opened); a deeper iodepth gets `Busy` when the queue is full.
+            Ctrl::Ufs(ctrl) => {
+                let qopts = UfsQpairOptions {
+                    io_timeout: o.io_timeout,
+                    timeout_policy: TimeoutPolicy::Abort,
+                };
+                Qp::Ufs(ctrl.create_qpair_with::<FioBuf>(qopts).map_err(qerr)?)
+            }
+        };
         self.events = vec![Event::default(); usize::from(depth)];
         self.qp = Some(qp);
         Ok(())
@@ -236,7 +356,7 @@ impl Job {
     /// for the device once. Returns its host address.
     pub fn alloc_buffers(&mut self, len: usize) -> Result<*mut u8, EngineError> {
         self.free_buffers();
-        let space = self.dev.ctrl().dma();
+        let space = self.dev.dma();
         let region = space
             .alloc(len.max(1), DmaDir::Bidirectional)
             .map_err(|e| EngineError::Memory {
@@ -263,7 +383,7 @@ impl Job {
         }
         if self.qp.as_ref().is_some_and(|q| q.outstanding() > 0) {
             if let Some(qp) = self.qp.take() {
-                let _ = qp.close(|_| {});
+                let _ = qp.close();
             }
         }
         if let Some(b) = self.bufs.take() {
@@ -285,7 +405,7 @@ impl Job {
         let Some(qp) = self.qp.as_mut() else {
             return Queued::Failed(libc::EIO);
         };
-        let (nsid, shift) = FileInfo::from_cookie(cookie);
+        let (unit, shift) = FileInfo::from_cookie(cookie);
         let Some(mask) = 1u64.checked_shl(shift).map(|bs| bs - 1) else {
             return Queued::Failed(libc::EINVAL);
         };
@@ -296,7 +416,7 @@ impl Job {
         let Ok(nlb) = u32::try_from(len >> shift) else {
             return Queued::Failed(libc::EINVAL);
         };
-        let r = match op {
+        let buf = match op {
             Op::Read | Op::Write => {
                 let Some(b) = self.bufs.as_ref() else {
                     return Queued::Failed(libc::EFAULT);
@@ -311,20 +431,20 @@ impl Job {
                 if !inside {
                     return Queued::Failed(libc::EFAULT);
                 }
-                let fb = FioBuf {
+                Some(FioBuf {
                     iova: b.iova.add(start as u64),
                     len: len as usize,
                     space: b.space,
-                };
-                let r = if op == Op::Read {
-                    qp.read(nsid, slba, nlb, fb, tag)
-                } else {
-                    qp.write(nsid, slba, nlb, fb, tag)
-                };
-                r.map_err(|e| e.kind)
+                })
             }
-            Op::Trim => qp.deallocate(nsid, &[(slba, nlb)], tag).map_err(|e| e.kind),
-            Op::Flush => qp.flush(nsid, tag).map_err(|e| e.kind),
+            Op::Trim | Op::Flush => None,
+        };
+        let r = match qp {
+            Qp::Nvme(q) => submit(q, unit, op, slba, nlb, buf, tag),
+            Qp::Ufs(q) => match u8::try_from(unit) {
+                Ok(lun) => submit(q, lun, op, slba, nlb, buf, tag),
+                Err(_) => return Queued::Failed(libc::EINVAL),
+            },
         };
         match r {
             Ok(()) => Queued::Queued,
@@ -338,8 +458,14 @@ impl Job {
     /// Ring the doorbell once for everything queued since the last commit.
     #[inline]
     pub fn commit(&mut self) {
-        if let Some(qp) = self.qp.as_mut() {
-            qp.submit();
+        match self.qp.as_mut() {
+            Some(Qp::Nvme(q)) => {
+                q.submit();
+            }
+            Some(Qp::Ufs(q)) => {
+                q.submit();
+            }
+            None => {}
         }
     }
 
@@ -353,48 +479,10 @@ impl Job {
         max: usize,
         timeout: Option<Duration>,
     ) -> Result<usize, EngineError> {
-        let Some(qp) = self.qp.as_mut() else {
-            return Err(EngineError::NotInitialised);
-        };
-        let max = max.min(self.events.len());
-        let min = min.min(max);
-        let events = &mut self.events;
-        let mut n = 0;
-        let mut idle = 0u32;
-        let mut deadline = None;
-        loop {
-            let r = qp.poll(max - n, |c| {
-                let errno = match c.result {
-                    Ok(()) => 0,
-                    Err(IoError::TimedOut) => libc::ETIMEDOUT,
-                    Err(_) => libc::EIO,
-                };
-                // poll delivers at most `max - n` completions.
-                if let Some(e) = events.get_mut(n) {
-                    *e = Event { tag: c.tag, errno };
-                    n += 1;
-                }
-            });
-            if let Err(e) = r {
-                if n > 0 {
-                    return Ok(n);
-                }
-                return Err(EngineError::Controller(e.to_string()));
-            }
-            if n >= min {
-                return Ok(n);
-            }
-            if let Some(t) = timeout {
-                idle += 1;
-                if idle % CLOCK_EVERY == 0 {
-                    let now = Instant::now();
-                    let end = *deadline.get_or_insert(now + t);
-                    if now >= end {
-                        return Ok(n);
-                    }
-                }
-            }
-            std::hint::spin_loop();
+        match self.qp.as_mut() {
+            Some(Qp::Nvme(q)) => reap(q, &mut self.events, min, max, timeout),
+            Some(Qp::Ufs(q)) => reap(q, &mut self.events, min, max, timeout),
+            None => Err(EngineError::NotInitialised),
         }
     }
 
@@ -409,7 +497,7 @@ impl Job {
     pub fn close(mut self) -> Result<(), EngineError> {
         let r = match self.qp.take() {
             Some(qp) => qp
-                .close(|_| {})
+                .close()
                 .map_err(|e| EngineError::Controller(e.to_string())),
             None => Ok(()),
         };
@@ -418,10 +506,77 @@ impl Job {
     }
 }
 
+/// What fio needs to know of the file `name`: the unit `unit` selects on
+/// the device's controller.
+fn file_info(dev: &Device, unit: Unit, name: &str) -> Result<FileInfo, EngineError> {
+    let wrong = |want: &'static str| EngineError::WrongSelector {
+        file: name.to_string(),
+        device: dev.key().to_string(),
+        want,
+    };
+    match dev.ctrl() {
+        Ctrl::Nvme(ctrl) => {
+            let nsid = match unit {
+                Unit::Default => 1,
+                Unit::Ns(n) => n,
+                Unit::Lun(_) => {
+                    return Err(wrong("an NVMe controller: select a namespace with ns=<N>"))
+                }
+            };
+            let Some(ns) = ctrl.namespace(nsid) else {
+                return Err(EngineError::NoNamespace {
+                    file: name.to_string(),
+                    nsid,
+                    have: ctrl.namespaces().iter().map(|n| n.id).collect(),
+                });
+            };
+            Ok(FileInfo {
+                unit: ns.id,
+                lba_shift: ns.lba_shift,
+                size: ns.size_bytes(),
+            })
+        }
+        Ctrl::Ufs(ctrl) => {
+            let lun = match unit {
+                Unit::Default => 0,
+                Unit::Lun(n) => n,
+                Unit::Ns(_) => {
+                    return Err(wrong(
+                        "a UFS host controller: select a logical unit with lun=<N>",
+                    ))
+                }
+            };
+            let have = || ctrl.logical_units().iter().map(|l| l.lun).collect();
+            let Some(lu) = ctrl.logical_unit(lun) else {
+                return Err(EngineError::NoLogicalUnit {
+                    file: name.to_string(),
+                    lun,
+                    have: have(),
+                });
+            };
+            let size = lu
+                .blocks
+                .checked_mul(u64::from(lu.block_len))
+                .ok_or_else(|| {
+                    EngineError::Controller(format!(
+                        "LU {lun}: {} blocks of {} bytes overflow 64 bits",
+                        lu.blocks, lu.block_len
+                    ))
+                })?;
+            Ok(FileInfo {
+                unit: u32::from(lun),
+                lba_shift: lu.block_shift(),
+                size,
+            })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::spec::FakeExec;
+    use mcqio_fixtures::ufs::{FakeUfs, Sense, UfsFault};
     use mcqio_vfio::HugePages;
 
     fn opts() -> DeviceOptions {
@@ -429,6 +584,7 @@ mod tests {
             huge_pages: HugePages::Never,
             dma_budget: 0,
             qpairs: 4,
+            mcq: true,
             shadow_doorbells: false,
             io_timeout: None,
             fake_size: 1 << 20,
@@ -450,7 +606,7 @@ mod tests {
         // Tests run in parallel and share the process's fake (same key and
         // options); this one alone uses namespace 2.
         let (mut job, files) = Job::setup(&["fake,ns=2"], &opts(), 4096).unwrap();
-        assert_eq!(files[0].nsid, 2);
+        assert_eq!(files[0].unit, 2);
         assert_eq!(files[0].size, 1 << 20);
         assert_eq!(files[0].lba_shift, 9);
         job.init(4).unwrap();
@@ -577,11 +733,302 @@ mod tests {
             Job::setup(&["fake", "vfio-00.01.0"], &opts(), 4096),
             Err(EngineError::TwoControllers { .. })
         ));
-        assert!(matches!(
-            Job::setup(&["fake-ufs"], &opts(), 4096),
-            Err(EngineError::UfsNotYet)
-        ));
         a.close().unwrap();
         b.close().unwrap();
+    }
+
+    /// Options of every `fake-ufs` test (they share the process's fake UFS,
+    /// so all must be equal): two 1 MiB LUs in 4 KiB blocks, MCQ, four
+    /// queues, the device side running synchronously.
+    fn ufs_opts() -> DeviceOptions {
+        DeviceOptions {
+            fake_lbs: 4096,
+            ..opts()
+        }
+    }
+
+    fn fill(p: *mut u8, v: u8, n: usize) {
+        // SAFETY: callers pass a range of the job's region with nothing in flight.
+        unsafe { std::ptr::write_bytes(p, v, n) };
+    }
+
+    fn bytes(p: *const u8, n: usize) -> Vec<u8> {
+        // SAFETY: callers pass a range of the job's region whose commands completed.
+        unsafe { std::slice::from_raw_parts(p, n) }.to_vec()
+    }
+
+    #[test]
+    fn ufs_job_writes_reads_trims_and_flushes() {
+        // This test alone uses LU 1 of the shared fake UFS.
+        let (mut job, files) = Job::setup(&["fake-ufs,lun=1"], &ufs_opts(), 8192).unwrap();
+        assert!(matches!(job.dev.ctrl(), Ctrl::Ufs(_)));
+        assert_eq!(
+            files,
+            vec![FileInfo {
+                unit: 1,
+                lba_shift: 12,
+                size: 1 << 20
+            }]
+        );
+        job.init(4).unwrap();
+        assert!(matches!(job.qp, Some(Qp::Ufs(_))));
+        let base = job.alloc_buffers(16384).unwrap();
+        // SAFETY: pointer arithmetic inside the 16 KiB region.
+        let back = unsafe { base.add(8192) };
+        let c = files[0].cookie();
+        fill(base, 0xa5, 8192);
+        assert_eq!(
+            job.queue(c, Op::Write, 8192, base, 8192, 21),
+            Queued::Queued
+        );
+        job.commit();
+        assert_eq!(wait(&mut job, 1), vec![Event { tag: 21, errno: 0 }]);
+        fill(back, 0, 8192);
+        assert_eq!(job.queue(c, Op::Read, 8192, back, 8192, 22), Queued::Queued);
+        job.commit();
+        assert_eq!(wait(&mut job, 1), vec![Event { tag: 22, errno: 0 }]);
+        assert!(bytes(back, 8192).iter().all(|&b| b == 0xa5));
+        // UNMAP the first of the two blocks and SYNCHRONIZE CACHE, in one
+        // batch; the unmapped block then reads as zeroes (LBPRZ), the other
+        // keeps its data.
+        assert_eq!(
+            job.queue(c, Op::Trim, 8192, std::ptr::null(), 4096, 23),
+            Queued::Queued
+        );
+        assert_eq!(
+            job.queue(c, Op::Flush, 0, std::ptr::null(), 0, 24),
+            Queued::Queued
+        );
+        job.commit();
+        let mut ev = wait(&mut job, 2);
+        ev.sort_by_key(|e| e.tag);
+        assert_eq!(
+            ev,
+            vec![Event { tag: 23, errno: 0 }, Event { tag: 24, errno: 0 }]
+        );
+        fill(back, 0x11, 8192);
+        assert_eq!(job.queue(c, Op::Read, 8192, back, 8192, 25), Queued::Queued);
+        job.commit();
+        assert_eq!(wait(&mut job, 1), vec![Event { tag: 25, errno: 0 }]);
+        let data = bytes(back, 8192);
+        assert!(data[..4096].iter().all(|&b| b == 0), "trimmed block");
+        assert!(data[4096..].iter().all(|&b| b == 0xa5), "untouched block");
+        job.close().unwrap();
+    }
+
+    #[test]
+    fn ufs_job_limits_are_typed_and_timeouts_return() {
+        // No selector: LU 0.
+        let (mut job, files) = Job::setup(&["fake-ufs"], &ufs_opts(), 4096).unwrap();
+        assert_eq!(files[0].unit, 0);
+        let c = files[0].cookie();
+        assert!(matches!(
+            job.getevents(1, 1, Some(Duration::from_millis(1))),
+            Err(EngineError::NotInitialised)
+        ));
+        job.init(2).unwrap();
+        let base = job.alloc_buffers(8192).unwrap();
+        // Nothing in flight: getevents waits for its timeout and returns none.
+        assert_eq!(
+            job.getevents(1, 2, Some(Duration::from_millis(1))).unwrap(),
+            0
+        );
+        // Blocks are 4 KiB: 512-byte I/O is misaligned.
+        assert_eq!(
+            job.queue(c, Op::Read, 512, base, 4096, 1),
+            Queued::Failed(libc::EINVAL)
+        );
+        assert_eq!(
+            job.queue(c, Op::Read, 0, base, 512, 1),
+            Queued::Failed(libc::EINVAL)
+        );
+        // A cookie naming a unit no LUN can be (256): refused, not truncated.
+        let far = FileInfo {
+            unit: 256,
+            ..files[0]
+        };
+        assert_eq!(
+            job.queue(far.cookie(), Op::Read, 0, base, 4096, 1),
+            Queued::Failed(libc::EINVAL)
+        );
+        // Past the end of the LU: the queue pair refuses it.
+        assert_eq!(
+            job.queue(c, Op::Read, 1 << 20, base, 4096, 1),
+            Queued::Failed(libc::EINVAL)
+        );
+        // A LUN the device does not have: refused before reaching it.
+        let nolu = FileInfo {
+            unit: 9,
+            ..files[0]
+        };
+        assert!(matches!(
+            job.queue(nolu.cookie(), Op::Flush, 0, std::ptr::null(), 0, 1),
+            Queued::Failed(_)
+        ));
+        // A buffer outside fio's region.
+        let mut other = [0u8; 4096];
+        assert_eq!(
+            job.queue(c, Op::Write, 0, other.as_mut_ptr(), 4096, 1),
+            Queued::Failed(libc::EFAULT)
+        );
+        // Two in flight, then the completions; getevents with min 0 returns at once.
+        assert_eq!(job.queue(c, Op::Read, 0, base, 4096, 1), Queued::Queued);
+        // SAFETY: pointer arithmetic inside the 8 KiB region.
+        let second = unsafe { base.add(4096) };
+        assert_eq!(
+            job.queue(c, Op::Read, 4096, second, 4096, 2),
+            Queued::Queued
+        );
+        job.commit();
+        let mut ev = wait(&mut job, 2);
+        ev.sort_by_key(|e| e.tag);
+        assert_eq!(
+            ev,
+            vec![Event { tag: 1, errno: 0 }, Event { tag: 2, errno: 0 }]
+        );
+        assert_eq!(job.getevents(0, 2, None).unwrap(), 0);
+        // Freeing the buffers with a command in flight closes the queue first.
+        assert_eq!(job.queue(c, Op::Read, 0, base, 4096, 3), Queued::Queued);
+        job.free_buffers();
+        assert!(job.qp.is_none() && job.bufs.is_none());
+        job.close().unwrap();
+    }
+
+    /// A job on a private fake UFS (its own options, its fault injector).
+    fn private_ufs_job(o: &DeviceOptions, depth: u32) -> (Job, u64, Arc<FakeUfs>) {
+        let (dev, fake) = Device::private_fake_ufs(o);
+        let name = "fake-ufs,lun=0";
+        let (mut job, files) =
+            Job::on_device(dev, &[Target::parse(name).unwrap()], &[name], 4096).unwrap();
+        job.init(depth).unwrap();
+        (job, files[0].cookie(), fake)
+    }
+
+    #[test]
+    fn ufs_device_errors_and_timeouts_reach_fio_as_errnos() {
+        let o = DeviceOptions {
+            io_timeout: Some(Duration::from_millis(20)),
+            ..ufs_opts()
+        };
+        let (mut job, c, fake) = private_ufs_job(&o, 4);
+        let base = job.alloc_buffers(4096).unwrap();
+        // An OCS error (transport) and a CHECK CONDITION (SCSI): EIO.
+        fake.faults().inject_next(None, None, UfsFault::Ocs(0x02)); // OCS INVALID_PRDT_ATTR
+        assert_eq!(job.queue(c, Op::Read, 0, base, 4096, 1), Queued::Queued);
+        job.commit();
+        assert_eq!(
+            wait(&mut job, 1),
+            vec![Event {
+                tag: 1,
+                errno: libc::EIO
+            }]
+        );
+        fake.faults().inject_next(
+            None,
+            None,
+            UfsFault::CheckCondition(Sense::UNRECOVERED_READ),
+        );
+        assert_eq!(job.queue(c, Op::Write, 0, base, 4096, 2), Queued::Queued);
+        job.commit();
+        assert_eq!(
+            wait(&mut job, 1),
+            vec![Event {
+                tag: 2,
+                errno: libc::EIO
+            }]
+        );
+        // A command the device never completes: aborted after io_timeout,
+        // ETIMEDOUT (getevents without a timeout waits for it).
+        fake.faults()
+            .inject_next(None, None, UfsFault::DropCompletion);
+        assert_eq!(job.queue(c, Op::Read, 0, base, 4096, 3), Queued::Queued);
+        job.commit();
+        assert_eq!(
+            wait(&mut job, 1),
+            vec![Event {
+                tag: 3,
+                errno: libc::ETIMEDOUT
+            }]
+        );
+        // The queue pair still works afterwards.
+        assert_eq!(job.queue(c, Op::Read, 0, base, 4096, 4), Queued::Queued);
+        job.commit();
+        assert_eq!(wait(&mut job, 1), vec![Event { tag: 4, errno: 0 }]);
+        job.close().unwrap();
+    }
+
+    #[test]
+    fn ufs_legacy_list_job() {
+        let o = DeviceOptions {
+            mcq: false,
+            ..ufs_opts()
+        };
+        let (mut job, c, _fake) = private_ufs_job(&o, 8);
+        let base = job.alloc_buffers(8192).unwrap();
+        // SAFETY: pointer arithmetic inside the 8 KiB region.
+        let back = unsafe { base.add(4096) };
+        fill(base, 0x3c, 4096);
+        assert_eq!(
+            job.queue(c, Op::Write, 40960, base, 4096, 1),
+            Queued::Queued
+        );
+        assert_eq!(
+            job.queue(c, Op::Flush, 0, std::ptr::null(), 0, 2),
+            Queued::Queued
+        );
+        job.commit();
+        assert_eq!(wait(&mut job, 2).len(), 2);
+        assert_eq!(job.queue(c, Op::Read, 40960, back, 4096, 3), Queued::Queued);
+        job.commit();
+        assert_eq!(wait(&mut job, 1), vec![Event { tag: 3, errno: 0 }]);
+        assert!(bytes(back, 4096).iter().all(|&b| b == 0x3c));
+        // Legacy mode has one queue pair: a second job cannot get one.
+        let mut second = Job {
+            qp: None,
+            bufs: None,
+            events: Vec::new(),
+            files: Vec::new(),
+            dev: job.dev.clone(),
+        };
+        assert!(matches!(
+            second.init(1),
+            Err(EngineError::Qpair { granted: 1, .. })
+        ));
+        job.close().unwrap();
+    }
+
+    #[test]
+    fn bad_lun_and_wrong_selector_are_typed_errors() {
+        let (job, _) = Job::setup(&["fake-ufs,lun=0"], &ufs_opts(), 4096).unwrap();
+        match Job::setup(&["fake-ufs,lun=0", "fake-ufs,lun=5"], &ufs_opts(), 4096) {
+            Err(EngineError::NoLogicalUnit { file, lun, have }) => {
+                assert_eq!((file.as_str(), lun), ("fake-ufs,lun=5", 5));
+                assert_eq!(have, vec![0, 1]);
+            }
+            r => panic!("expected NoLogicalUnit, got {r:?}"),
+        }
+        // A namespace selector on a UFS controller (a vfio- device's
+        // filename may carry either; the controller decides).
+        assert!(matches!(
+            file_info(&job.dev, Unit::Ns(1), "vfio-01.00.0,ns=1"),
+            Err(EngineError::WrongSelector { .. })
+        ));
+        let (nvme, _) = Job::setup(&["fake"], &opts(), 4096).unwrap();
+        assert!(matches!(
+            file_info(&nvme.dev, Unit::Lun(0), "vfio-01.00.0,lun=0"),
+            Err(EngineError::WrongSelector { .. })
+        ));
+        // NVMe and UFS files in one job are two controllers.
+        assert!(matches!(
+            Job::setup(&["fake-ufs", "fake"], &ufs_opts(), 4096),
+            Err(EngineError::TwoControllers { .. })
+        ));
+        // A block size above what the shared controller was opened for.
+        assert!(matches!(
+            Job::setup(&["fake-ufs"], &ufs_opts(), 64 << 20),
+            Err(EngineError::TooLarge { .. })
+        ));
+        job.close().unwrap();
+        nvme.close().unwrap();
     }
 }

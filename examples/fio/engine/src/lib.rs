@@ -6,9 +6,10 @@
 //! tree) linked with this static library; the shim turns fio's structures
 //! into the narrow C ABI of [`ffi`] (declared in `examples/fio/mcqio_fio.h`).
 //!
-//! - [`spec`]: `--filename` in mcqio's syntax (`fake`, `vfio-0000.01.00.0`,
-//!   `,ns=N`) and the engine options.
-//! - [`device`]: controllers shared by the jobs of a process (refcounted).
+//! - [`spec`]: `--filename` in mcqio's syntax (`fake`, `fake-ufs`,
+//!   `vfio-0000.01.00.0`, `,ns=N`, `,lun=N`) and the engine options.
+//! - [`device`]: controllers shared by the jobs of a process (refcounted),
+//!   NVMe or UFS.
 //! - [`job`]: one job's queue pair and its zero-copy DMA buffers.
 //! - [`ffi`]: the `extern "C"` functions the shim calls.
 
@@ -27,7 +28,7 @@ pub enum EngineError {
     #[error(transparent)]
     Spec(#[from] spec::SpecError),
     /// The job has no file.
-    #[error("the job has no --filename (use fake, or vfio-<domain>.<bus>.<dev>.<fn>)")]
+    #[error("the job has no --filename (use fake, fake-ufs, or vfio-<domain>.<bus>.<dev>.<fn>)")]
     NoFile,
     /// Files of one job name different controllers.
     #[error("one job's files must be on one controller: `{first}` and `{other}` (use one job per controller)")]
@@ -53,9 +54,26 @@ pub enum EngineError {
         /// The library's error.
         why: String,
     },
-    /// `fake-ufs` is reserved for the UFS transport.
-    #[error("fake-ufs: the UFS transport is not in the fio engine yet")]
-    UfsNotYet,
+    /// A filename's selector does not fit its controller's transport.
+    #[error("`{file}`: `{device}` is {want}")]
+    WrongSelector {
+        /// The filename.
+        file: String,
+        /// The controller.
+        device: String,
+        /// What the controller is and which selector it takes.
+        want: &'static str,
+    },
+    /// The UFS logical unit does not exist.
+    #[error("`{file}`: the UFS device has no logical unit {lun} (it has: {have:?})")]
+    NoLogicalUnit {
+        /// The filename.
+        file: String,
+        /// The LUN asked for.
+        lun: u8,
+        /// The LUNs the device reports.
+        have: Vec<u8>,
+    },
     /// The namespace does not exist.
     #[error("`{file}`: namespace {nsid} is not active (active: {have:?})")]
     NoNamespace {

@@ -11,13 +11,22 @@
 //! | `vfio-01.00.0` | the same, PCI domain 0 |
 //! | `vfio\:0000\:01\:00.0` | the same in mcqio-perf's spelling, colons escaped for fio |
 //!
-//! followed by an optional namespace selector `,ns=<N>` (default 1), e.g.
-//! `fake,ns=2` or `vfio-0000.01.00.0,ns=1`. Note that in mcqio-perf
-//! `fake,ns=2` means "two namespaces"; here `ns` selects one, as in SPDK's
-//! plugin, and the fake's namespace count is the `fake_namespaces` option.
+//! | `fake-ufs` | the in-process fake UFS host controller of `mcqio-fixtures` |
 //!
-//! `fake-ufs` (with a `lun=<N>` selector) is reserved for the UFS transport:
-//! it parses, and opening it says the transport is not in the engine yet.
+//! followed by an optional selector of the file's unit on that controller:
+//!
+//! - NVMe: `,ns=<N>`, a namespace id (default 1), e.g. `fake,ns=2` or
+//!   `vfio-0000.01.00.0,ns=1`. Note that in mcqio-perf `fake,ns=2` means
+//!   "two namespaces"; here `ns` selects one, as in SPDK's plugin, and the
+//!   fake's namespace count is the `fake_namespaces` option.
+//! - UFS: `,lun=<N>`, a logical unit number as the device reports it
+//!   (REPORT LUNS), from 0 (default 0), e.g. `fake-ufs,lun=1`. The fake's LU
+//!   count is the `fake_namespaces` option. (mcqio-perf numbers UFS LUs as
+//!   namespaces `lun + 1`; the engine uses the LUN itself.)
+//!
+//! A `vfio-` controller is NVMe or UFS by its PCI class code, which is only
+//! read when it is opened, so its filename may carry either selector; the
+//! one that does not fit the controller is refused then.
 
 use std::time::Duration;
 
@@ -27,7 +36,7 @@ use mcqio_vfio::HugePages;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
     /// The device part names no known kind.
-    #[error("`{0}`: unknown device; use fake, vfio-<domain>.<bus>.<dev>.<fn> (e.g. vfio-0000.01.00.0) or vfio\\:0000\\:01\\:00.0")]
+    #[error("`{0}`: unknown device; use fake, fake-ufs, vfio-<domain>.<bus>.<dev>.<fn> (e.g. vfio-0000.01.00.0) or vfio\\:0000\\:01\\:00.0")]
     UnknownDevice(String),
     /// A malformed PCI address.
     #[error("`{0}` is not a PCI address like 0000.01.00.0 or 01.00.0")]
@@ -42,8 +51,8 @@ pub enum SpecError {
         /// What the device kind accepts.
         allowed: &'static str,
     },
-    /// A selector value that is not a positive number.
-    #[error("`{0}`: a namespace or LU number must be a positive integer")]
+    /// A selector value out of range.
+    #[error("`{0}`: a namespace id is 1 to 4294967295, a LUN 0 to 255")]
     BadNumber(String),
     /// An engine option value that is not allowed.
     #[error("option {option}={value}: {why}")]
@@ -67,7 +76,7 @@ pub enum DeviceKind {
         /// `dddd:bb:dd.f`.
         bdf: String,
     },
-    /// The fake UFS host controller (reserved; see the module docs).
+    /// The fake UFS host controller, one per process.
     FakeUfs,
 }
 
@@ -82,13 +91,24 @@ impl DeviceKind {
     }
 }
 
+/// The unit a filename selects on its controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// No selector: namespace 1 (NVMe) or LU 0 (UFS).
+    Default,
+    /// `ns=<N>`: an NVMe namespace id (at least 1).
+    Ns(u32),
+    /// `lun=<N>`: a UFS logical unit number.
+    Lun(u8),
+}
+
 /// A parsed `--filename`: a controller and a namespace (or LU) on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     /// The controller.
     pub device: DeviceKind,
-    /// NVMe namespace id, or UFS logical unit for `fake-ufs`.
-    pub unit: u32,
+    /// The namespace or logical unit.
+    pub unit: Unit,
 }
 
 fn parse_bdf(s: &str) -> Result<String, SpecError> {
@@ -118,11 +138,16 @@ fn parse_bdf(s: &str) -> Result<String, SpecError> {
     Ok(format!("{d:04x}:{b:02x}:{v:02x}.{f:x}"))
 }
 
-fn parse_unit(v: &str) -> Result<u32, SpecError> {
+fn parse_nsid(v: &str) -> Result<u32, SpecError> {
     v.parse::<u32>()
         .ok()
         .filter(|&n| n >= 1)
         .ok_or_else(|| SpecError::BadNumber(v.to_string()))
+}
+
+fn parse_lun(v: &str) -> Result<u8, SpecError> {
+    v.parse::<u8>()
+        .map_err(|_| SpecError::BadNumber(v.to_string()))
 }
 
 impl Target {
@@ -143,14 +168,20 @@ impl Target {
         } else {
             return Err(SpecError::UnknownDevice(dev.to_string()));
         };
-        let (selector, allowed) = match device {
-            DeviceKind::FakeUfs => ("lun", "lun=<N>"),
-            _ => ("ns", "ns=<N> (namespace id)"),
+        let (ns, lun, allowed) = match device {
+            DeviceKind::FakeNvme => (true, false, "ns=<N> (namespace id)"),
+            DeviceKind::FakeUfs => (false, true, "lun=<N> (logical unit)"),
+            DeviceKind::Vfio { .. } => (
+                true,
+                true,
+                "ns=<N> (NVMe namespace id) or lun=<N> (UFS logical unit)",
+            ),
         };
-        let mut unit = 1;
+        let mut unit = Unit::Default;
         for p in parts {
-            match p.split_once('=') {
-                Some((k, v)) if k.trim() == selector => unit = parse_unit(v.trim())?,
+            match p.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
+                Some(("ns", v)) if ns => unit = Unit::Ns(parse_nsid(v)?),
+                Some(("lun", v)) if lun => unit = Unit::Lun(parse_lun(v)?),
                 _ => {
                     return Err(SpecError::BadSelector {
                         name: name.to_string(),
@@ -181,17 +212,22 @@ pub struct DeviceOptions {
     pub huge_pages: HugePages,
     /// RLIMIT_MEMLOCK pre-check budget for `vfio-` devices (0: the library default).
     pub dma_budget: u64,
-    /// I/O queue pairs to ask the controller for (the fake offers this many).
+    /// I/O queue pairs to ask the controller for (the fake offers this many;
+    /// UFS has at most 32 MCQ queues, so more are asked as 32).
     pub qpairs: u16,
+    /// UFS: use MCQ when the controller has it (`false`: the legacy
+    /// single-doorbell list, one queue pair); the fake advertises MCQ only
+    /// when it is on. Not used by NVMe.
+    pub mcq: bool,
     /// Use shadow doorbells where the controller has them.
     pub shadow_doorbells: bool,
     /// Per-command timeout (`None`: never).
     pub io_timeout: Option<Duration>,
-    /// Bytes per fake namespace.
+    /// Bytes per fake namespace (or fake UFS LU).
     pub fake_size: u64,
-    /// The fake's logical block size.
+    /// The fake's logical block size (the fake UFS's is 4096, fixed).
     pub fake_lbs: u32,
-    /// Namespaces of the fake.
+    /// Namespaces of the fake (logical units of the fake UFS, 1 to 32).
     pub fake_namespaces: u32,
     /// Thread or synchronous fake.
     pub fake_exec: FakeExec,
@@ -265,9 +301,9 @@ mod tests {
     #[test]
     fn device_names() {
         let t = Target::parse("fake").unwrap();
-        assert_eq!((t.device, t.unit), (DeviceKind::FakeNvme, 1));
+        assert_eq!((t.device, t.unit), (DeviceKind::FakeNvme, Unit::Default));
         let t = Target::parse("fake,ns=3").unwrap();
-        assert_eq!((t.device, t.unit), (DeviceKind::FakeNvme, 3));
+        assert_eq!((t.device, t.unit), (DeviceKind::FakeNvme, Unit::Ns(3)));
         for s in [
             "vfio-0000.01.00.0",
             "vfio-01.00.0",
@@ -281,10 +317,20 @@ mod tests {
             );
         }
         let t = Target::parse("vfio-0001.ff.1f.7,ns=2").unwrap();
-        assert_eq!((t.device.clone(), t.unit), (vfio("0001:ff:1f.7"), 2));
+        assert_eq!(
+            (t.device.clone(), t.unit),
+            (vfio("0001:ff:1f.7"), Unit::Ns(2))
+        );
         assert_eq!(t.device.key(), "vfio:0001:ff:1f.7");
+        // The transport of a vfio- device is known only when it is opened.
+        let t = Target::parse("vfio-01.00.0,lun=0").unwrap();
+        assert_eq!((t.device, t.unit), (vfio("0000:01:00.0"), Unit::Lun(0)));
         let t = Target::parse("fake-ufs,lun=2").unwrap();
-        assert_eq!((t.device, t.unit), (DeviceKind::FakeUfs, 2));
+        assert_eq!((t.device, t.unit), (DeviceKind::FakeUfs, Unit::Lun(2)));
+        let t = Target::parse("fake-ufs").unwrap();
+        assert_eq!((t.device, t.unit), (DeviceKind::FakeUfs, Unit::Default));
+        let t = Target::parse("fake-ufs,lun=0").unwrap();
+        assert_eq!(t.unit, Unit::Lun(0));
     }
 
     #[test]
@@ -331,6 +377,12 @@ mod tests {
             Target::parse("fake-ufs,ns=1"),
             Err(SpecError::BadSelector { .. })
         ));
+        for s in ["fake-ufs,lun=256", "fake-ufs,lun=-1", "fake-ufs,lun=x"] {
+            assert!(
+                matches!(Target::parse(s), Err(SpecError::BadNumber(_))),
+                "{s}"
+            );
+        }
     }
 
     #[test]
