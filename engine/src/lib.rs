@@ -161,7 +161,9 @@ pub mod core;
 pub mod nvme;
 pub mod ufs;
 
-pub use self::core::io::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind};
+pub use self::core::io::{
+    Completion, DmaBuf, DmaSlice, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind,
+};
 pub use self::core::mapped::{
     MappedQueuePair, MappedSubmitError, MappedSubmitErrorKind, MappingMode,
 };

@@ -593,3 +593,88 @@ unsafe impl IoBuf for mcqio_vfio::Mapped {
         mcqio_vfio::Mapped::is_mapped_in(self, space)
     }
 }
+
+/// A slice of DMA memory the application mapped itself, as a queue pair
+/// moves it: an IOVA, a length and the id of the space it is mapped in —
+/// two words and a tag, no reference count, nothing handed back that must
+/// be stored. For engines that premap one region per thread and cut it
+/// into per-command slices (mcqio-perf's job queues, the fio engine).
+///
+/// Safe to copy and to pass around: it gives no access to the bytes. The
+/// contract is on [`DmaSlice::new`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaSlice {
+    iova: Iova,
+    len: usize,
+    dir: DmaDir,
+    space_id: u64,
+}
+
+impl DmaSlice {
+    /// The slice `[iova, iova + len)` of memory mapped in `space` for `dir`.
+    ///
+    /// # Safety
+    ///
+    /// - The range lies inside memory mapped in `space` with (at least) the
+    ///   access `dir` says, and stays mapped, and allocated, for as long as
+    ///   the device may access it: until every command that carried a copy
+    ///   of this slice completed **with its buffer handed back**. A
+    ///   completion without its buffer means the device may still access
+    ///   the memory; it must then be leaked, never unmapped or reused.
+    /// - While a command carrying it is in flight, no Rust reference to that
+    ///   memory exists and the host does not access it (the device has
+    ///   concurrent read and write access to it).
+    pub unsafe fn new(space: &DmaSpace, iova: Iova, len: usize, dir: DmaDir) -> Self {
+        DmaSlice {
+            iova,
+            len,
+            dir,
+            space_id: space.id(),
+        }
+    }
+
+    /// Where the slice starts in the device's address space.
+    pub fn iova(&self) -> Iova {
+        self.iova
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+// SAFETY: the answers below come from fields that never change; that the
+// range is mapped in the space with id `space_id` for `dir`, and stays so
+// while the device may access it, is the contract of `DmaSlice::new`, the
+// only constructor.
+unsafe impl IoBuf for DmaSlice {
+    #[inline]
+    fn segment_count(&self) -> usize {
+        1
+    }
+    #[inline]
+    fn segment(&self, _i: usize) -> IoSeg {
+        IoSeg {
+            iova: self.iova,
+            len: self.len,
+        }
+    }
+    #[inline]
+    fn dir(&self) -> DmaDir {
+        self.dir
+    }
+    #[inline]
+    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
+        self.space_id == space.id()
+    }
+    #[inline]
+    fn total_len(&self) -> usize {
+        self.len
+    }
+}

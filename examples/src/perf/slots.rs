@@ -3,71 +3,33 @@
 //! per slot, and [`BlockJobQueue`], the job queue over any queue pair of
 //! the engine ([`BlockQueue`]: NVMe's `QueuePair`, UFS's `UfsQueuePair`).
 //!
-//! The queue pair moves a [`SlotBuf`] — the slice's IOVA and length, two
-//! words — instead of a [`DmaBuf`] (which carries an `Arc` of its region),
-//! so a submission copies no reference count and the completion hands
-//! nothing back that must be stored; nothing is allocated or mapped per
-//! I/O.
+//! The queue pair moves a [`SlotBuf`] (the engine's [`DmaSlice`]: the
+//! slice's IOVA and length) instead of a [`DmaBuf`] (which carries an `Arc`
+//! of its region), so a submission copies no reference count and the
+//! completion hands nothing back that must be stored; nothing is allocated
+//! or mapped per I/O.
 
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
 use mcqio::core::block::BlockQueue;
-use mcqio::{Completion, DmaBuf, IoBuf, IoError, IoSeg, SubmitErrorKind};
-use mcqio_vfio::{DmaDir, DmaSpace, Iova};
+use mcqio::{Completion, DmaBuf, DmaSlice, IoError, SubmitErrorKind};
+use mcqio_vfio::{DmaDir, DmaSpace};
 
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::workload::Op;
 
-/// One slot's slice of a job's premapped region, as the queue pair moves it.
+/// One slot's slice of a job's premapped region, as the queue pair moves
+/// it: the engine's [`DmaSlice`].
 ///
-/// Private to the perf tool: every `SlotBuf` lives in a job queue (in its
-/// slot table or inside its queue pair). The queue closes its queue pair
-/// before it frees the region the slices point into, and frees it only if
-/// every slice came back: a completion without its buffer (a fatal
-/// controller that could not be disabled, or a queue whose deletion failed)
-/// means the device may still access that slice, and then the region is
-/// leaked, never unmapped or reused.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SlotBuf {
-    iova: Iova,
-    len: usize,
-    /// [`DmaSpace::id`] of the space the region is mapped in: an id, not the
-    /// space's address, which a later space could reuse (issue 12 item 4).
-    space_id: u64,
-}
-
-// SAFETY: the slice [iova, iova + len) lies inside the job's DmaRegion,
-// mapped Bidirectional in `space` for the region's whole life, and the region
-// outlives every SlotBuf the device may still access — it is leaked when one
-// is not handed back (see the type's docs); the job touches the memory
-// only through raw pointers while the slot is not in flight; the answers
-// below never change.
-unsafe impl IoBuf for SlotBuf {
-    #[inline]
-    fn segment_count(&self) -> usize {
-        1
-    }
-    #[inline]
-    fn segment(&self, _i: usize) -> IoSeg {
-        IoSeg {
-            iova: self.iova,
-            len: self.len,
-        }
-    }
-    #[inline]
-    fn dir(&self) -> DmaDir {
-        DmaDir::Bidirectional
-    }
-    #[inline]
-    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
-        self.space_id == space.id()
-    }
-    #[inline]
-    fn total_len(&self) -> usize {
-        self.len
-    }
-}
+/// Every `SlotBuf` lives in a job queue (in its slot table or inside its
+/// queue pair). The queue closes its queue pair before it frees the region
+/// the slices point into, and frees it only if every slice came back: a
+/// completion without its buffer (a fatal controller that could not be
+/// disabled, or a queue whose deletion failed) means the device may still
+/// access that slice, and then the region is leaked, never unmapped or
+/// reused ([`SlotBuffers::release`]).
+pub(crate) type SlotBuf = DmaSlice;
 
 /// A job's premapped buffers: `depth` slots of `buf_len` bytes in one
 /// region.
@@ -92,10 +54,17 @@ impl SlotBuffers {
             )
         })?;
         let bufs = (0..depth)
-            .map(|i| SlotBuf {
-                iova: region.iova().add((i * buf_len) as u64),
-                len: buf_len,
-                space_id: space.id(),
+            // SAFETY: slot i is inside the region, mapped Bidirectional in
+            // `space`; the region is freed only when every slice came back
+            // (else leaked: `release`), and the job touches a slot's bytes
+            // only through raw pointers while it is not in flight.
+            .map(|i| unsafe {
+                DmaSlice::new(
+                    space,
+                    region.iova().add((i * buf_len) as u64),
+                    buf_len,
+                    DmaDir::Bidirectional,
+                )
             })
             .collect();
         let ptrs = (0..depth)

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use mcqio::core::block::BlockQueue;
 use mcqio::ufs::{UfsQpairOptions, UfsQueuePair};
-use mcqio::{IoBuf, IoError, IoSeg, QpairOptions, QueuePair, SubmitErrorKind, TimeoutPolicy};
+use mcqio::{DmaSlice, IoError, QpairOptions, QueuePair, SubmitErrorKind, TimeoutPolicy};
 use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace, Iova};
 
 use crate::device::{Ctrl, Device};
@@ -81,52 +81,14 @@ impl FileInfo {
     }
 }
 
-/// A view into the job's DMA region: fio's `xfer_buf` for one command.
+/// A view into the job's DMA region: fio's `xfer_buf` for one command (the
+/// engine's [`DmaSlice`]).
 ///
-/// Private to this module. A `FioBuf` is only created by [`Job::queue`],
-/// from a range checked to lie inside the job's region; the only place it
-/// lives after that is the job's queue pair, which is closed before the
-/// region is freed ([`Job::free_buffers`], and `Job`'s field order).
-#[derive(Clone, Copy, Debug)]
-struct FioBuf {
-    iova: Iova,
-    len: usize,
-    /// Id of the DMA space the region is mapped in.
-    space: u64,
-}
-
-// SAFETY: the range [iova, iova + len) lies inside the job's DmaRegion,
-// allocated Bidirectional in the space whose id is `space`, and mapped for
-// the region's whole life; the region outlives every FioBuf (see the type's
-// docs). No Rust reference to that memory exists: the region is only ever
-// handed to fio as a raw pointer, and fio does not touch an io_u's buffer
-// between `queue` and the `event` that returns it (the ioengine contract).
-// The answers below are computed from fields that never change.
-unsafe impl IoBuf for FioBuf {
-    #[inline]
-    fn segment_count(&self) -> usize {
-        1
-    }
-    #[inline]
-    fn segment(&self, _i: usize) -> IoSeg {
-        IoSeg {
-            iova: self.iova,
-            len: self.len,
-        }
-    }
-    #[inline]
-    fn dir(&self) -> DmaDir {
-        DmaDir::Bidirectional
-    }
-    #[inline]
-    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
-        self.space == space.id()
-    }
-    #[inline]
-    fn total_len(&self) -> usize {
-        self.len
-    }
-}
+/// Only created by [`Job::queue`], from a range checked to lie inside the
+/// job's region; the only place it lives after that is the job's queue
+/// pair, which is closed before the region is freed ([`Job::free_buffers`],
+/// and `Job`'s field order).
+type FioBuf = DmaSlice;
 
 /// fio's buffers: one region, and where it starts in the host and device
 /// address spaces.
@@ -135,7 +97,7 @@ struct Buffers {
     base: usize,
     len: usize,
     iova: Iova,
-    space: u64,
+    space: Arc<DmaSpace>,
 }
 
 /// Empty polls between two looks at the clock while `getevents` waits.
@@ -368,7 +330,7 @@ impl Job {
             base: ptr as usize,
             len: region.len(),
             iova: region.iova(),
-            space: space.id(),
+            space: Arc::clone(space),
             region,
         });
         Ok(ptr)
@@ -431,10 +393,20 @@ impl Job {
                 if !inside {
                     return Queued::Failed(libc::EFAULT);
                 }
-                Some(FioBuf {
-                    iova: b.iova.add(start as u64),
-                    len: len as usize,
-                    space: b.space,
+                // SAFETY: the range lies inside the job's region (checked
+                // above), mapped Bidirectional in `b.space` for the region's
+                // whole life; the region outlives every slice (the queue
+                // pair is closed before it is freed: see `FioBuf`). No Rust
+                // reference to that memory exists: it is only handed to fio
+                // as a raw pointer, and fio does not touch an io_u's buffer
+                // between `queue` and the `event` that returns it.
+                Some(unsafe {
+                    DmaSlice::new(
+                        &b.space,
+                        b.iova.add(start as u64),
+                        len as usize,
+                        DmaDir::Bidirectional,
+                    )
                 })
             }
             Op::Trim | Op::Flush => None,
