@@ -65,14 +65,12 @@ group_reporting=0
 EOF
 }
 
-for qd in 1 32; do
-	for nj in 1 2; do
-		f="$work/verify-qd$qd-j$nj.fio"
-		{
-			global
-			cat <<EOF
-iodepth=$qd
-numjobs=$nj
+# Job bodies shared by the NVMe and UFS runs.
+# verify_jobs QD NJ: random writes, then read back and verified.
+verify_jobs() {
+	cat <<EOF
+iodepth=$1
+numjobs=$2
 verify=crc32c
 
 [randwrite]
@@ -83,6 +81,42 @@ do_verify=0
 stonewall
 rw=randread
 EOF
+}
+
+# mixed_jobs: bsrange, sequential write+read with batched submit/complete
+# and flushes (fsync: NVMe Flush, SCSI SYNCHRONIZE CACHE), and trim (NVMe
+# deallocate, SCSI UNMAP).
+mixed_jobs() {
+	cat <<EOF
+iodepth=16
+
+[bsrange]
+rw=randwrite
+bsrange=4k-64k
+verify=crc32c
+
+[batched]
+stonewall
+rw=write
+iodepth_batch_submit=8
+iodepth_batch_complete_min=4
+iodepth_batch_complete_max=16
+fsync=64
+verify=crc32c
+
+[trim]
+stonewall
+rw=trim
+bs=64k
+EOF
+}
+
+for qd in 1 32; do
+	for nj in 1 2; do
+		f="$work/verify-qd$qd-j$nj.fio"
+		{
+			global
+			verify_jobs "$qd" "$nj"
 		} >"$f"
 		run "verify-qd$qd-j$nj" "$f"
 
@@ -103,33 +137,10 @@ EOF
 	done
 done
 
-# bsrange, sequential write+read with batched submit/complete and flushes
-# (fsync becomes an NVMe Flush), and trim.
 f="$work/mixed.fio"
 {
 	global
-	cat <<EOF
-iodepth=16
-
-[bsrange]
-rw=randwrite
-bsrange=4k-64k
-verify=crc32c
-
-[batched]
-stonewall
-rw=write
-iodepth_batch_submit=8
-iodepth_batch_complete_min=4
-iodepth_batch_complete_max=16
-fsync=64
-verify=crc32c
-
-[trim]
-stonewall
-rw=trim
-bs=64k
-EOF
+	mixed_jobs
 } >"$f"
 run mixed "$f"
 
@@ -140,19 +151,7 @@ for qd in 1 32; do
 		f="$work/ufs-verify-qd$qd-j$nj.fio"
 		{
 			global fake-ufs
-			cat <<EOF
-iodepth=$qd
-numjobs=$nj
-verify=crc32c
-
-[randwrite]
-rw=randwrite
-do_verify=0
-
-[randread]
-stonewall
-rw=randread
-EOF
+			verify_jobs "$qd" "$nj"
 		} >"$f"
 		run "ufs-verify-qd$qd-j$nj" "$f"
 	done
@@ -172,32 +171,10 @@ verify=crc32c
 EOF
 } >"$f"
 run ufs-randrw-lun1-qd32-j2 "$f"
-# bsrange, batched writes with fsync (SCSI SYNCHRONIZE CACHE) and trim (UNMAP).
 f="$work/ufs-mixed.fio"
 {
 	global fake-ufs
-	cat <<EOF
-iodepth=16
-
-[bsrange]
-rw=randwrite
-bsrange=4k-64k
-verify=crc32c
-
-[batched]
-stonewall
-rw=write
-iodepth_batch_submit=8
-iodepth_batch_complete_min=4
-iodepth_batch_complete_max=16
-fsync=64
-verify=crc32c
-
-[trim]
-stonewall
-rw=trim
-bs=64k
-EOF
+	mixed_jobs
 } >"$f"
 run ufs-mixed "$f"
 # The legacy single-doorbell list (mcq=0): one queue pair, so one job.
