@@ -1,10 +1,16 @@
-//! # mcqio: a user-space polled NVMe engine
+//! # mcqio: a user-space polled NVMe and UFS engine
 //!
-//! mcqio drives an NVMe controller from user space through the
-//! [`mcqio_vfio::Backend`] seam (VFIO for real devices, the fake controller
+//! mcqio drives an NVMe controller or a UFS host controller (UFSHCI 4.0,
+//! MCQ or the legacy single doorbell) from user space through the
+//! [`mcqio_vfio::Backend`] seam (VFIO for real devices, the fake controllers
 //! of `mcqio-fixtures` in tests). It is passive: it spawns no threads, takes
 //! no locks and makes no system calls on the I/O path. The application owns
-//! one [`QueuePair`] per thread and polls it.
+//! one queue pair per thread ([`QueuePair`] on NVMe, [`UfsQueuePair`] on
+//! UFS; both implement [`BlockQueue`](core::block::BlockQueue)) and polls
+//! it. The rules below are the same on both transports; where a name is
+//! NVMe's (an Abort command, CSTS), UFS does the same with its own means
+//! (MCQ cleanup or UTRLCLR, the host controller reset
+//! [`UfsController::reset`], HCS/IS).
 //!
 //! ```text
 //! Controller::new(backend, ControllerOptions::default())   // bring-up, identify
@@ -152,7 +158,10 @@
 //! - [`nvme`]: the NVMe transport: wire formats ([`nvme::spec`]),
 //!   [`Controller`] bring-up and admin queue ([`nvme::ctrl`]), [`QueuePair`]
 //!   with its rings, doorbells and PRP lists ([`nvme::queue`]).
-//! - [`ufs`]: the UFS transport (UFSHCI 4.0 MCQ and legacy single doorbell): bring-up, queue pairs, UPIU/SCSI wire formats.
+//! - [`ufs`]: the UFS transport (UFSHCI 4.0 MCQ and legacy single doorbell):
+//!   wire formats ([`ufs::spec`]: registers, UTRD, UPIU, PRDT, SCSI CDBs),
+//!   [`UfsController`] bring-up and host controller reset, [`UfsQueuePair`]
+//!   and the recovery after a reset, Host Performance Booster ([`ufs::hpb`]).
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
