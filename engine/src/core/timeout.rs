@@ -109,6 +109,9 @@ pub(crate) struct Timeouts {
     /// Scratch bitmap of a scan: slots whose completion is posted but not
     /// yet consumed (one bit per slot).
     posted: Box<[u64]>,
+    /// Clock reads so far (tests check where the hot path reads it).
+    #[cfg(test)]
+    pub ticks: u64,
 }
 
 impl Timeouts {
@@ -126,6 +129,8 @@ impl Timeouts {
             now_ms: 0,
             epoch: Instant::now(),
             stats: TimeoutStats::default(),
+            #[cfg(test)]
+            ticks: 0,
             posted: vec![0; usize::from(depth).div_ceil(64)].into_boxed_slice(),
         }
     }
@@ -140,6 +145,10 @@ impl Timeouts {
     #[inline]
     pub fn tick(&mut self) {
         self.now_ms = self.epoch.elapsed().as_millis() as u32;
+        #[cfg(test)]
+        {
+            self.ticks += 1;
+        }
     }
 
     /// A command is about to be armed on a queue with `outstanding`

@@ -1070,7 +1070,10 @@ impl<B: IoBuf> QueuePair<B> {
             }
         }
         self.cq.flush_lazy(self.cq_head_batch);
-        if seen == 0 && self.trackers.outstanding() > 0 {
+        if seen != 0 {
+            self.idle_polls = 0;
+            self.timeouts.tick();
+        } else if self.trackers.outstanding() > 0 {
             self.idle_polls += 1;
             if self.idle_polls % IDLE_CLOCK_INTERVAL == 0 {
                 self.timeouts.tick();
@@ -1081,10 +1084,9 @@ impl<B: IoBuf> QueuePair<B> {
                     return Err(e);
                 }
             }
-        } else {
-            self.idle_polls = 0;
-            self.timeouts.tick();
         }
+        // Nothing outstanding and nothing seen: nothing can time out, and the
+        // next command on this idle queue reads the clock itself.
         if self.timeouts.scan_due() {
             delivered += self.scan_timeouts(&mut f, max - delivered)?;
         }
@@ -1841,6 +1843,34 @@ impl<B: IoBuf> Blocking for QueuePair<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An idle queue pair (nothing outstanding, nothing completed) polled
+    /// in a loop must not read the clock on every poll: nothing can time
+    /// out, and the clock is read when a command arrives on an idle queue.
+    /// It did (an empty poll cost 28 ns idle against 5 ns with a command
+    /// outstanding in `benches/benches/ufs_poll.rs`).
+    #[test]
+    fn an_idle_poll_does_not_read_the_clock() {
+        let fake =
+            mcqio_fixtures::FakeController::new(mcqio_fixtures::FakeConfig::sync()).expect("fake");
+        let backend: Arc<dyn mcqio_vfio::Backend> = fake;
+        let ctrl = Controller::new(backend, Default::default()).expect("bring-up");
+        let mut qp = ctrl.create_qpair(QpairOptions::default()).expect("qpair");
+        let before = qp.timeouts.ticks;
+        for _ in 0..1000 {
+            assert_eq!(qp.poll(32, |_| {}).expect("poll"), 0);
+        }
+        assert_eq!(qp.timeouts.ticks, before, "clock reads by idle polls");
+        // A completion still reads it (its poll stamps the queue's clock).
+        let buf = ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf");
+        qp.read(1, 0, 8, buf, 1).expect("read");
+        qp.submit();
+        let mut n = 0;
+        while n == 0 {
+            n = qp.poll(32, |c| assert!(c.result.is_ok())).expect("poll");
+        }
+        assert!(qp.timeouts.ticks > before);
+    }
 
     /// Walk a PRP list the way a controller does: the last entry of a list
     /// page points to the next page when more than one entry remains.
