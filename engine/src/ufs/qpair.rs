@@ -814,26 +814,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 trackers.stale += 1;
                 return;
             } else {
-                match command_result(ocs, &ucds_ref.response(slot), task_tag) {
-                    Ok(()) => Ok(()),
-                    // Given up at our request because it timed out.
-                    Err(UfsError::Transport(Ocs::ABORTED))
-                        if timeouts.was_aborted(trackers, slot) =>
-                    {
-                        Err(IoError::TimedOut)
-                    }
-                    Err(e) => Err(IoError::Ufs(e)),
-                }
+                let timed_out = timeouts.was_aborted(trackers, slot);
+                failed_result(ocs, ucds_ref, slot, task_tag, timed_out)
             };
             if head.dev_info & DEV_INFO_HPB != 0 && result.is_ok() {
                 hpb.note(slot, head.dev_info, &ucds_ref.response(slot));
             }
             let (tag, buf) = trackers.complete(slot);
-            if hpb.is_internal(slot) {
-                // A map load must have moved every byte: a short one would
-                // publish whatever the buffer held before.
-                let whole = result.is_ok() && ucds_ref.response(slot).residual() == 0;
-                hpb.complete(slot, whole);
+            if end_internal(hpb, ucds_ref, slot, &result) {
                 return;
             }
             if let Some(c) = deliver::route(splits, slot, tag, buf, result, 0) {
@@ -1219,6 +1207,45 @@ impl<B: IoBuf, F: FnMut(Completion<B>)> TimeoutActions for UfsTimeouts<'_, B, F>
 
 /// The slot of `ucd` in `ucds`, or `u16::MAX` (past any depth: stale).
 #[inline(always)]
+/// The result of the command in `slot` that did not complete plainly
+/// GOOD: its OCS and SCSI status decoded, and an ABORTED one that we asked
+/// for because it `timed_out` reported as such. Shared by `poll` and the
+/// recovery after a reset.
+#[cold]
+fn failed_result(
+    ocs: Ocs,
+    ucds: &UcdSlice,
+    slot: u16,
+    task_tag: u8,
+    timed_out: bool,
+) -> std::result::Result<(), IoError> {
+    match command_result(ocs, &ucds.response(slot), task_tag) {
+        Ok(()) => Ok(()),
+        // Given up at our request because it timed out.
+        Err(UfsError::Transport(Ocs::ABORTED)) if timed_out => Err(IoError::TimedOut),
+        Err(e) => Err(IoError::Ufs(e)),
+    }
+}
+
+/// If `slot` (its tracker already freed) held an internal HPB command, end
+/// it in the HPB state — never as an application completion — and return
+/// true. A map load must have moved every byte: a short one would publish
+/// whatever the buffer held before.
+#[inline(always)]
+fn end_internal(
+    hpb: &mut HpbQp,
+    ucds: &UcdSlice,
+    slot: u16,
+    result: &std::result::Result<(), IoError>,
+) -> bool {
+    if !hpb.is_internal(slot) {
+        return false;
+    }
+    let whole = result.is_ok() && ucds.response(slot).residual() == 0;
+    hpb.complete(slot, whole);
+    true
+}
+
 fn ucds_slot(ucd: u64, ucds: &UcdSlice) -> u16 {
     ucds.slot_of(ucd).unwrap_or(u16::MAX)
 }

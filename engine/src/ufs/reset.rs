@@ -161,13 +161,11 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let result = if ocs == Ocs::SUCCESS && self.ucds.response_head(slot).is_good(task_tag) {
             Ok(())
         } else {
-            command_result(ocs, &self.ucds.response(slot), task_tag).map_err(IoError::Ufs)
+            let timed_out = self.timeouts.was_aborted(&self.trackers, slot);
+            failed_result(ocs, &self.ucds, slot, task_tag, timed_out)
         };
         let (tag, buf) = self.trackers.complete(slot);
-        if self.hpb.is_internal(slot) {
-            // An HPB map load: the HPB state's, never the application's.
-            let whole = result.is_ok() && self.ucds.response(slot).residual() == 0;
-            self.hpb.complete(slot, whole);
+        if end_internal(&mut self.hpb, &self.ucds, slot, &result) {
             return 0;
         }
         let Some(c) = deliver::route(&mut self.splits, slot, tag, buf, result, 0) else {
