@@ -309,3 +309,27 @@ fn reset_policy_on_a_split_transfer_ends_the_parent_once_with_its_buffer() {
         still_works(&mut qp);
     }
 }
+
+#[test]
+fn a_timed_out_command_withdrawn_before_a_reset_is_still_timed_out() {
+    // Abort withdrew the command (its ABORTED completion is posted, not yet
+    // reaped), then the controller is reset: the recovery delivers that
+    // completion as the timeout it is, as `poll` would have — it reported
+    // the raw transport status before.
+    let (f, ctrl) = up(sync_cfg(true), opts(1));
+    let mut qp = qpair(&ctrl, TimeoutPolicy::Abort);
+    f.faults()
+        .inject_next(None, Some(READ10), UfsFault::DropCompletion);
+    read(&ctrl, &mut qp, 0, 1);
+    let mut done = Vec::new();
+    poll_until(&mut qp, &mut done, |qp, _| qp.stats().aborts_sent >= 1);
+    assert!(done.is_empty(), "withdrawn, not yet reaped");
+    ctrl.reset().expect("reset");
+    poll_until(&mut qp, &mut done, |_, out| !out.is_empty());
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].tag, 1);
+    assert_eq!(done[0].result, Err(IoError::TimedOut));
+    assert!(done[0].buf.is_some());
+    no_more(&mut qp);
+    still_works(&mut qp);
+}
