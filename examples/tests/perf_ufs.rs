@@ -220,6 +220,41 @@ fn seed_mcq_json_has_the_eight_rows() {
     assert!(err.contains("not a UFS device"), "{err}");
 }
 
+/// `--jobs` picks the two job counts (a controller with 4 MCQ queues, as
+/// QEMU's in the guest suite, cannot run the seed's 8 jobs, one queue pair
+/// each); a bad list is a usage error.
+#[test]
+fn seed_mcq_takes_the_job_counts() {
+    let (code, out, err) = perf(&[
+        "seed",
+        "mcq",
+        "-d",
+        "fake-ufs:null,sync=1,queues=4",
+        "-t",
+        "0.05",
+        "-q",
+        "4",
+        "--jobs",
+        "1,4",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}\n{out}");
+    let v = json(&out);
+    let mut jobs: Vec<u64> = v["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r["jobs"].as_u64().unwrap())
+        .collect();
+    jobs.sort_unstable();
+    assert_eq!(jobs, [1, 1, 1, 1, 4, 4, 4, 4], "{v}");
+    for bad in ["8,1", "0,2", "2", "1,x", "3,3"] {
+        let (code, _, err) = perf(&["seed", "mcq", "--jobs", bad]);
+        assert_eq!(code, 2, "--jobs {bad}: {err}");
+        assert!(err.contains("--jobs"), "--jobs {bad}: {err}");
+    }
+}
+
 /// No such PCI function: a clear error naming it, not a panic.
 #[test]
 fn vfio_without_a_device_is_a_clear_error() {

@@ -1,7 +1,7 @@
 //! `mcqio-perf seed mcq`: the shape of the UFS MCQ table that motivated
 //! mcqio (a phone SoC, fio 4 KiB: 8-job random write rose from about 98k to
 //! 149k IOPS with MCQ while one job did not change), rerun on a UFS device:
-//! random read and random write, 4 KiB, 1 and 8 jobs, each in MCQ mode and
+//! random read and random write, 4 KiB, 1 and 8 jobs (`--jobs`), each in MCQ mode and
 //! in legacy single-doorbell mode, with IOPS min/max/avg over the
 //! per-second samples, bandwidth and the job threads' CPU (usr/sys).
 //!
@@ -59,6 +59,11 @@ pub struct McqArgs {
     /// Queue depth per job
     #[arg(short = 'q', long = "qd", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=256))]
     depth: u32,
+    /// The job counts to compare, smaller first (the seed's: 1 and 8). A
+    /// controller with fewer MCQ queues than the larger count (QEMU's UFS
+    /// with mcq-maxq=4) needs a smaller one: one queue pair per job.
+    #[arg(short = 'j', long = "jobs", default_value = "1,8", value_parser = job_counts)]
+    jobs: JobCounts,
     /// Print one JSON document instead of the table
     #[arg(long)]
     json: bool,
@@ -78,6 +83,21 @@ const DEFAULT_DEVICE: &str = "fake-ufs:null,size=1G,tr=200us,tprog=200us,dies=48
 
 fn device(s: &str) -> Result<DeviceSpec, String> {
     s.parse::<DeviceSpec>().map_err(|e| e.to_string())
+}
+
+/// Two job counts, smaller first.
+#[derive(Debug, Clone, Copy)]
+struct JobCounts([usize; 2]);
+
+fn job_counts(s: &str) -> Result<JobCounts, String> {
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|p| p.trim().parse::<usize>().map_err(|e| format!("`{p}`: {e}")))
+        .collect::<Result<_, _>>()?;
+    match v[..] {
+        [a, b] if a >= 1 && a < b && b <= 256 => Ok(JobCounts([a, b])),
+        _ => Err("two job counts, smaller first, between 1 and 256 (as 1,8)".into()),
+    }
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -144,7 +164,6 @@ pub fn run(a: &SeedArgs) -> ExitCode {
 }
 
 const WORKLOADS: [Pattern; 2] = [Pattern::Randread, Pattern::Randwrite];
-const JOBS: [usize; 2] = [1, 8];
 
 fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
     if !a.device.is_ufs(&mcqio_vfio::SysRoots::default()) {
@@ -161,23 +180,24 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
         });
     let ncpu = usable.len().max(1);
     let mut notes = Vec::new();
-    if JOBS.iter().any(|&j| j > ncpu) {
+    let jobs_list = a.jobs.0;
+    if jobs_list.iter().any(|&j| j > ncpu) {
         eprintln!(
             "mcqio-perf: warning: {} busy-polling jobs on {ncpu} CPU(s) (as with --force): \
              they share cores, so the numbers include the scheduler's time slicing",
-            JOBS.iter().max().copied().unwrap_or(1)
+            jobs_list[1]
         );
         notes.push(format!(
             "this process has {ncpu} CPU(s): the {}-job rows busy-poll on shared cores (unpinned), \
              so they include the scheduler's time slicing",
-            JOBS.iter().max().copied().unwrap_or(1)
+            jobs_list[1]
         ));
     }
     let clock = crate::clock::Clock::new();
     let interrupt = Arc::new(AtomicBool::new(false));
     let mut rows = Vec::new();
     for pattern in WORKLOADS {
-        for jobs in JOBS {
+        for jobs in jobs_list {
             for mcq in [false, true] {
                 let mut spec = a.device.clone();
                 spec.opts.mcq = Some(mcq);
@@ -245,11 +265,14 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
     if let Some(tr) = a.device.opts.nand_read {
         let units = a.device.opts.nand_units.unwrap_or(4);
         notes.push(format!(
-            "the fake's cost model bounds the rows: {units} NAND units at tR {} us cap the device at {:.0}k IOPS;              the legacy list holds at most 32 commands (32 / tR = {:.0}k IOPS), so one job at QD {} gets the same              from both modes, while 8 MCQ queues keep enough in flight to reach the device's cap",
+            "the fake's cost model bounds the rows: {units} NAND units at tR {} us cap the device at {:.0}k IOPS; \
+             the legacy list holds at most 32 commands (32 / tR = {:.0}k IOPS), so one job at QD {} gets the same \
+             from both modes, while {} MCQ queues keep enough in flight to reach the device's cap",
             tr.as_micros(),
             f64::from(units) / tr.as_secs_f64() / 1e3,
             32.0 / tr.as_secs_f64() / 1e3,
-            a.depth
+            a.depth,
+            jobs_list[1]
         ));
     }
     notes.push(

@@ -25,7 +25,7 @@ pub enum Command {
     /// Map -> I/O -> unmap throughput of the DMA modes (premapped, strict, lazy/N)
     DmaBench(Box<crate::dmabench::DmaBenchArgs>),
     /// Rerun a seed table: `seed mcq` (UFS MCQ vs legacy single doorbell)
-    Seed(crate::seed::SeedArgs),
+    Seed(Box<crate::seed::SeedArgs>),
 }
 
 /// Options every set-up command takes.
