@@ -178,6 +178,12 @@ struct UfsRwArgs {
     /// DmaBufs.
     #[arg(long)]
     dma: Option<DmaMode>,
+    /// With `--dma strict|lazy`: the engine's own wrapper maps at
+    /// submission and unmaps before it hands a buffer back
+    /// (`UfsController::create_mapped_qpair`, application buffers), instead
+    /// of this program driving a `QueueMapper`.
+    #[arg(long, requires = "dma")]
+    engine_mapped: bool,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -442,8 +448,9 @@ fn make_extents(
 /// of the DMA mapping modes. A buffer is taken for each command and handed
 /// back at completion; the lane reports when its data may be looked at.
 trait Lane {
-    /// What the queue pair moves.
-    type B: IoBuf;
+    /// What the queue pair moves (an `IoBuf`, or an application buffer
+    /// the engine maps itself).
+    type B;
     /// A free buffer holding `data` (writes) or poisoned (reads), ready to
     /// submit for a `len`-byte transfer; `None` while every buffer is busy.
     fn take(
@@ -530,6 +537,78 @@ impl Lane for DmaBufLane {
     }
     fn describe(&self) -> String {
         format!("{} DmaBufs mapped once", self.free.len())
+    }
+}
+
+/// Application buffers the engine's `MappedQueuePair` maps and unmaps:
+/// a buffer it hands back is no longer reachable by the device, so its
+/// data may be looked at at once.
+struct AppLane {
+    free: Vec<AppBuffer>,
+    lens: HashMap<u64, usize>,
+    mode: DmaMode,
+}
+
+impl AppLane {
+    fn new(
+        dma: &Arc<mcqio::vfio::DmaSpace>,
+        mode: DmaMode,
+        count: usize,
+        size: usize,
+    ) -> Result<Self, Failure> {
+        let free = (0..count)
+            .map(|_| AppBuffer::for_space(dma, size))
+            .collect::<Result<_, _>>()
+            .map_err(ctx("allocating application buffers"))?;
+        Ok(Self {
+            free,
+            lens: HashMap::new(),
+            mode,
+        })
+    }
+}
+
+impl Lane for AppLane {
+    type B = AppBuffer;
+    fn take(
+        &mut self,
+        tag: u64,
+        len: usize,
+        data: Option<&[u8]>,
+    ) -> Result<Option<AppBuffer>, Failure> {
+        let Some(mut b) = self.free.pop() else {
+            return Ok(None);
+        };
+        match data {
+            Some(d) => b.as_mut_slice()[..d.len()].copy_from_slice(d),
+            None => b.as_mut_slice()[..len].fill(POISON),
+        }
+        self.lens.insert(tag, len);
+        Ok(Some(b))
+    }
+    fn give(
+        &mut self,
+        b: AppBuffer,
+        tag: u64,
+        done: &mut dyn FnMut(u64, &[u8]),
+    ) -> Result<(), Failure> {
+        let len = self.lens.remove(&tag).unwrap_or(0);
+        done(tag, &b.as_slice()[..len]);
+        self.free.push(b);
+        Ok(())
+    }
+    fn tick(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
+        Ok(())
+    }
+    fn drain(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{} application buffers, mapped by the engine's MappedQueuePair ({})",
+            self.free.len(),
+            self.mode
+        )
     }
 }
 
@@ -819,7 +898,7 @@ struct WorkerReport {
 /// The block operations [`phase`] needs, on an NVMe queue pair (namespace
 /// 1) or a UFS one (LU 0): the same checks run on both transports.
 trait Blk {
-    type B: IoBuf;
+    type B;
     /// Queue a write (`write`) or a read of `blocks` blocks at `lba`.
     fn rw(
         &mut self,
@@ -859,6 +938,41 @@ impl<B: IoBuf> Blk for QueuePair<B> {
     }
     fn id(&self) -> u16 {
         self.qid()
+    }
+}
+
+/// The engine's mapping wrapper on UFS: it maps each `AppBuffer` at
+/// submission and hands it back only after its unmap (and, lazy, the
+/// batch's invalidation) completed.
+impl Blk for mcqio::MappedQueuePair<mcqio::ufs::UfsQueuePair<Mapped>> {
+    type B = AppBuffer;
+    fn rw(
+        &mut self,
+        write: bool,
+        lba: u64,
+        blocks: u32,
+        buf: AppBuffer,
+        tag: u64,
+    ) -> Result<(), Failure> {
+        let r = if write {
+            self.write(ufs::LUN, lba, blocks, buf, tag)
+        } else {
+            self.read(ufs::LUN, lba, blocks, buf, tag)
+        };
+        r.map_err(|e| e.to_string())
+    }
+    fn ring(&mut self) {
+        self.submit();
+    }
+    fn reap(&mut self, out: &mut Vec<mcqio::Completion<AppBuffer>>) -> Result<usize, Failure> {
+        self.poll(usize::MAX, |c| out.push(c))
+            .map_err(|e| e.to_string())
+    }
+    fn in_flight(&self) -> usize {
+        self.outstanding()
+    }
+    fn id(&self) -> u16 {
+        self.queue_pair().and_then(|q| q.hw_queue()).unwrap_or(0)
     }
 }
 
@@ -1548,7 +1662,7 @@ fn gen_pattern(p: &PatternArgs) -> Result<(), Failure> {
 /// [`mcqio::ufs::UfsController`] over the same VFIO backend.
 mod ufs {
     use super::*;
-    use mcqio::ufs::{UfsController, UfsMode, UfsOptions, UfsQueuePair};
+    use mcqio::ufs::{UfsController, UfsMode, UfsOptions, UfsQpairOptions, UfsQueuePair};
 
     /// The LU every check uses.
     pub const LUN: u8 = 0;
@@ -1853,7 +1967,20 @@ mod ufs {
             })
             .collect::<Result<_, _>>()?;
         if let Some(mode) = a.dma {
-            return rw_mapped(&ctrl, mode, threads, (shift, seed), a.qd, max_io, plans);
+            let engine = a.engine_mapped;
+            if engine && mode == DmaMode::Premapped {
+                return Err("--engine-mapped maps per I/O: use --dma strict or lazy".into());
+            }
+            return rw_mapped(
+                &ctrl,
+                mode,
+                engine,
+                threads,
+                (shift, seed),
+                a.qd,
+                max_io,
+                plans,
+            );
         }
         let t0 = Instant::now();
         let reports: Vec<Result<Report, Failure>> = std::thread::scope(|s| {
@@ -1898,19 +2025,15 @@ mod ufs {
     }
 
     /// `ufs-rw --dma MODE`: the same extents through the NVMe checks' own
-    /// write/read/verify worker, with buffers from a [`QueueMapper`] in
-    /// `mode` (premapped pool, strict or lazy), one `UfsQueuePair<Mapped>`
-    /// per thread.
-    //
-    // MappedQueuePair on UFS (issue 13 item 8): the engine's own wrapper
-    // that maps at submission and unmaps at completion is being made
-    // transport-generic by the "core" helper. Once `MappedQueuePair` takes a
-    // `UfsQueuePair`, add a `--mapped` run here (same extents, same checks)
-    // so strict and lazy are also exercised through the engine's wrapper and
-    // not only through the mapper driven by this program.
+    /// write/read/verify worker, one queue pair per thread: buffers from a
+    /// [`QueueMapper`] in `mode` (premapped pool, strict or lazy) on a
+    /// `UfsQueuePair<Mapped>`, or with `engine` the engine's own
+    /// `MappedQueuePair` (strict or lazy) mapping application buffers.
+    #[allow(clippy::too_many_arguments)]
     fn rw_mapped(
         ctrl: &Arc<UfsController>,
         mode: DmaMode,
+        engine: bool,
         threads: usize,
         (shift, seed): (u32, u64),
         qd: usize,
@@ -1924,11 +2047,32 @@ mod ufs {
                 .enumerate()
                 .map(|(i, ext)| {
                     s.spawn(move || {
+                        let mut rng = SmallRng::seed_from_u64(seed ^ 0x6d61_7070 ^ i as u64);
+                        if engine {
+                            let mapping = match mode {
+                                DmaMode::Strict => mcqio::MappingMode::Strict,
+                                DmaMode::Lazy => mcqio::MappingMode::lazy(),
+                                DmaMode::Premapped => unreachable!("refused before the threads start"),
+                            };
+                            let mut qp = ctrl
+                                .create_mapped_qpair(UfsQpairOptions::default(), mapping)
+                                .map_err(ctx("creating a mapped queue pair"))?;
+                            let mut lane = AppLane::new(ctrl.dma(), mode, qd, max_io as usize)?;
+                            let r = super::worker(&mut qp, &mut lane, shift, seed, &ext, &mut rng);
+                            let st = qp.mapper_stats();
+                            qp.close(|_| ()).map_err(ctx("closing the mapped queue pair"))?;
+                            return r.map(|mut r| {
+                                r.lane = format!(
+                                    "{}: {} maps, {} unmaps in {} unmap calls, {} IOTLB invalidations",
+                                    r.lane, st.maps, st.unmaps, st.unmap_calls, st.invalidations
+                                );
+                                r
+                            });
+                        }
                         let mut qp: UfsQueuePair<Mapped> =
                             ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
                         let mut lane =
                             MapperLane::for_space(ctrl.dma(), mode, qd, max_io as usize)?;
-                        let mut rng = SmallRng::seed_from_u64(seed ^ 0x6d61_7070 ^ i as u64);
                         let r = super::worker(&mut qp, &mut lane, shift, seed, &ext, &mut rng);
                         qp.close(|_| ()).map_err(ctx("closing the queue pair"))?;
                         r
@@ -1962,7 +2106,8 @@ mod ufs {
             ));
         }
         println!(
-            "ufs-rw: OK ({mode} mapping): {ios} commands, {} MiB written and read back identical in {secs:.2} s",
+            "ufs-rw: OK ({mode} mapping{}): {ios} commands, {} MiB written and read back identical in {secs:.2} s",
+            if engine { " by the engine's MappedQueuePair" } else { "" },
             bytes >> 21
         );
         Ok(())
