@@ -435,3 +435,36 @@ fn a_fatal_controller_seen_by_one_queue_pair_fails_the_others() {
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].result, Err(IoError::ControllerFailed));
 }
+
+/// `check_health` (as on NVMe): an application that is not polling can ask
+/// whether the controller is still alive; a fatal one is reported (and
+/// disabled), and the next poll ends every outstanding command once with
+/// its buffer.
+#[test]
+fn check_health_reports_a_fatal_controller_before_the_next_poll() {
+    for mcq in [true, false] {
+        let (f, ctrl) = up(sync_cfg(mcq), opts(1));
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        qp.check_health().expect("a healthy controller");
+        f.faults()
+            .inject_next(None, Some(WRITE10), UfsFault::HostFatal);
+        for i in 0..3u64 {
+            qp.write(0, i, 1, buf_with(&ctrl, &pattern(i, 4096)), i)
+                .unwrap();
+        }
+        qp.submit();
+        assert!(
+            matches!(qp.check_health(), Err(Error::ControllerFatal)),
+            "mcq={mcq}"
+        );
+        let mut done = Vec::new();
+        let r = qp.poll(64, |c| done.push(c));
+        assert!(matches!(r, Err(Error::ControllerFatal)), "mcq={mcq}: {r:?}");
+        assert_eq!(done.len(), 3);
+        assert!(done.iter().all(|c| c.buf.is_some()));
+        assert!(done
+            .iter()
+            .any(|c| c.result == Err(IoError::ControllerFailed)));
+        assert!(matches!(qp.check_health(), Err(Error::ControllerFatal)));
+    }
+}

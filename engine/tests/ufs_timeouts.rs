@@ -333,3 +333,47 @@ fn a_timed_out_command_withdrawn_before_a_reset_is_still_timed_out() {
     no_more(&mut qp);
     still_works(&mut qp);
 }
+
+/// `check_timeouts` (as on NVMe): lists the application's commands older
+/// than the limit given, with their tag, wire id (task tag) and age, and
+/// changes nothing: the command stays in flight and can still be aborted.
+#[test]
+fn check_timeouts_lists_overdue_commands_and_leaves_them_alone() {
+    for mcq in [true, false] {
+        let (f, ctrl) = up(sync_cfg(mcq), opts(1));
+        let mut qp = ctrl
+            .create_qpair_with::<DmaBuf>(UfsQpairOptions {
+                io_timeout: None,
+                ..Default::default()
+            })
+            .unwrap();
+        f.faults()
+            .inject_next(None, Some(READ10), UfsFault::DropCompletion);
+        read(&ctrl, &mut qp, 0, 1);
+        read(&ctrl, &mut qp, 1, 2);
+        let mut done = Vec::new();
+        poll_until(&mut qp, &mut done, |_, d| d.len() == 1);
+        assert_eq!(done[0].tag, 2, "mcq={mcq}");
+        let mut seen = Vec::new();
+        assert_eq!(
+            qp.check_timeouts(Duration::from_secs(3600), |o| seen.push(o)),
+            0
+        );
+        std::thread::sleep(2 * TIMEOUT);
+        assert_eq!(qp.check_timeouts(TIMEOUT, |o| seen.push(o)), 1, "mcq={mcq}");
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].tag, 1);
+        assert!(seen[0].age >= TIMEOUT, "{:?}", seen[0]);
+        assert_eq!(qp.outstanding(), 1, "reporting must not end the command");
+        no_more(&mut qp);
+        assert!(
+            qp.abort(1).unwrap(),
+            "mcq={mcq}: the listed command can be aborted"
+        );
+        poll_until(&mut qp, &mut done, |_, d| d.len() == 2);
+        assert_eq!(done[1].tag, 1);
+        assert!(done[1].buf.is_some());
+        assert_eq!(qp.check_timeouts(Duration::ZERO, |o| seen.push(o)), 0);
+        still_works(&mut qp);
+    }
+}

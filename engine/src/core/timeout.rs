@@ -92,6 +92,23 @@ pub(crate) struct TimeoutStats {
     pub resets_requested: u64,
 }
 
+/// A command still owned by the device, as reported by
+/// [`crate::QueuePair::check_timeouts`] and
+/// [`crate::ufs::UfsQueuePair::check_timeouts`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Outstanding {
+    /// Tag given at submission.
+    pub tag: u64,
+    /// The command's identifier on the wire: NVMe's command identifier
+    /// (for [`crate::QueuePair::abort_command`]); UFS's task tag (what the
+    /// device and a cleanup by nexus name it by; to abort it, pass `tag` to
+    /// [`crate::ufs::UfsQueuePair::abort`]).
+    pub cid: u16,
+    /// Age, at the queue's coarse clock (updated once per poll): since
+    /// submission, or since the timeout policy last acted on it (Abort sent).
+    pub age: Duration,
+}
+
 /// A queue pair's timeout state: the policy, the coarse clock, the scan
 /// schedule.
 #[derive(Debug)]
@@ -139,6 +156,35 @@ impl Timeouts {
     #[inline(always)]
     pub fn enabled(&self) -> bool {
         self.timeout_ms != 0
+    }
+
+    /// Read the coarse clock, then report every busy slot of `trackers`
+    /// that `mine(slot)` accepts and that is at least `timeout` old, with
+    /// its wire identifier `wire_id(slot, cid)`. Reporting only: nothing
+    /// changes. Returns how many were reported.
+    pub fn report_overdue<B>(
+        &mut self,
+        trackers: &Trackers<B>,
+        timeout: Duration,
+        mine: impl Fn(u16) -> bool,
+        wire_id: impl Fn(u16, u16) -> u16,
+        mut f: impl FnMut(Outstanding),
+    ) -> usize {
+        self.tick();
+        let limit = timeout.as_millis().min(u128::from(u32::MAX)) as u32;
+        let mut n = 0;
+        for (slot, cid, tag, at) in trackers.busy() {
+            let age = self.now_ms.wrapping_sub(at);
+            if age >= limit && mine(slot) {
+                n += 1;
+                f(Outstanding {
+                    tag,
+                    cid: wire_id(slot, cid),
+                    age: Duration::from_millis(u64::from(age)),
+                });
+            }
+        }
+        n
     }
 
     /// Read the coarse clock.

@@ -41,7 +41,7 @@ use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErr
 use crate::core::mapped::{MappedQueuePair, MappingMode};
 use crate::core::split::{Routed, Splits};
 use crate::core::timeout::{
-    self, Expired, TimeoutActions, TimeoutPolicy, Timeouts, IDLE_CLOCK_INTERVAL,
+    self, Expired, Outstanding, TimeoutActions, TimeoutPolicy, Timeouts, IDLE_CLOCK_INTERVAL,
 };
 use crate::core::tracker::Trackers;
 use crate::{Error, Result};
@@ -1123,6 +1123,45 @@ impl<B: IoBuf> UfsQueuePair<B> {
             if matches!(self.poll(usize::MAX, &mut aborted), Ok(0)) {
                 std::thread::yield_now();
             }
+        }
+    }
+
+    /// Report every application command outstanding for longer than
+    /// `timeout` (`cid` is its task tag), as
+    /// [`QueuePair::check_timeouts`](crate::QueuePair::check_timeouts) does
+    /// on NVMe.
+    ///
+    /// Reporting only, independent of [`UfsQpairOptions::io_timeout`]
+    /// (which acts by itself inside [`poll`](Self::poll)); pass a reported
+    /// `tag` to [`abort`](Self::abort) to withdraw the command. HPB's own
+    /// map loads are not listed. Ages use the queue's coarse clock,
+    /// refreshed here.
+    pub fn check_timeouts(&mut self, timeout: Duration, f: impl FnMut(Outstanding)) -> usize {
+        let (hpb, tag_base) = (&self.hpb, self.tag_base);
+        self.timeouts.report_overdue(
+            &self.trackers,
+            timeout,
+            |slot| !hpb.is_internal(slot),
+            |slot, _| u16::from(tag_base.wrapping_add(slot as u8)),
+            f,
+        )
+    }
+
+    /// Read IS; if the host controller reports a fatal error or is gone,
+    /// record that at the controller (a fatal controller is disabled, so no
+    /// DMA stays in flight) and return the error. The next
+    /// [`poll`](Self::poll) ends the outstanding commands with
+    /// [`IoError::ControllerFailed`], as on NVMe
+    /// ([`QueuePair::check_health`](crate::QueuePair::check_health)). For an
+    /// application that waits without polling; a polling one learns the same
+    /// from `poll`. A reset in progress or finished is not a failure.
+    pub fn check_health(&mut self) -> Result<()> {
+        if let Some(h) = self.failed {
+            return Err(health_error(h));
+        }
+        match state::failure(self.ctrl.check_health()) {
+            health::OK => Ok(()),
+            h => Err(health_error(h)),
         }
     }
 

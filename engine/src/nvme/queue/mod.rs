@@ -13,7 +13,8 @@ pub(crate) mod doorbell;
 pub mod pair;
 pub(crate) mod sq;
 
-pub use pair::{Outstanding, QpairOptions, QpairStats, QueuePair};
+pub use crate::core::timeout::Outstanding;
+pub use pair::{QpairOptions, QpairStats, QueuePair};
 
 /// NVMe memory page size used by mcqio (CC.MPS = 0).
 pub const PAGE_SIZE: u64 = 4096;

@@ -20,7 +20,9 @@ use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::core::block::{self, BlockQueue, Blocking};
 use crate::core::deliver::{self, drain_all};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::core::timeout::{self, Expired, TimeoutActions, Timeouts, IDLE_CLOCK_INTERVAL};
+use crate::core::timeout::{
+    self, Expired, Outstanding, TimeoutActions, Timeouts, IDLE_CLOCK_INTERVAL,
+};
 use crate::core::tracker::Trackers;
 use crate::nvme::ctrl::{state, Controller, TimeoutPolicy};
 use crate::nvme::spec::regs;
@@ -127,18 +129,6 @@ pub struct QpairStats {
     pub failed_by_controller: u64,
     /// Times this queue re-created its queues after a controller reset.
     pub recoveries: u64,
-}
-
-/// A command still owned by the device, as reported by the timeout scan.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct Outstanding {
-    /// Tag given at submission.
-    pub tag: u64,
-    /// Command identifier (for Abort).
-    pub cid: u16,
-    /// Age, at the queue's coarse clock (updated once per poll): since
-    /// submission, or since the timeout policy last acted on it (Abort sent).
-    pub age: Duration,
 }
 
 #[derive(Copy, Clone, Debug)]
@@ -1378,23 +1368,9 @@ impl<B: IoBuf> QueuePair<B> {
     /// Reporting only, independent of [`QpairOptions::io_timeout`] (which
     /// acts by itself inside [`poll`](Self::poll)). Ages use the queue's
     /// coarse clock, refreshed here.
-    pub fn check_timeouts(&mut self, timeout: Duration, mut f: impl FnMut(Outstanding)) -> usize {
-        self.timeouts.tick();
-        let limit = timeout.as_millis().min(u32::MAX as u128) as u32;
-        let now = self.timeouts.now_ms;
-        let mut n = 0;
-        for (_, cid, tag, at) in self.trackers.busy() {
-            let age = now.wrapping_sub(at);
-            if age >= limit {
-                n += 1;
-                f(Outstanding {
-                    tag,
-                    cid,
-                    age: Duration::from_millis(age as u64),
-                });
-            }
-        }
-        n
+    pub fn check_timeouts(&mut self, timeout: Duration, f: impl FnMut(Outstanding)) -> usize {
+        self.timeouts
+            .report_overdue(&self.trackers, timeout, |_| true, |_, cid| cid, f)
     }
 
     /// Ask the controller to abort the command with `cid` (from
