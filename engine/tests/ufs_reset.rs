@@ -422,3 +422,50 @@ fn a_shallower_owner_after_a_deeper_one_on_qemu() {
         assert!(back == pattern(i, 4096));
     }
 }
+
+/// A different device behind the controller after a reset (here: LU 0
+/// reports another capacity, as after a reformat by someone else) is the
+/// typed `DeviceChanged`, not a generic bad value: the application must
+/// re-open the controller, its LBAs may mean something else now. The
+/// controller stays failed; commands in flight end once with their
+/// buffers (it was disabled), new ones are refused.
+#[test]
+fn a_different_device_after_a_reset_is_device_changed() {
+    for mcq in [true, false] {
+        let (f, ctrl) = up(sync_cfg(mcq), opts(1));
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let blocks = f.config().lus[0].blocks();
+        f.set_reported_capacity(0, Some(blocks / 2));
+        qp.read(
+            0,
+            0,
+            1,
+            ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+            1,
+        )
+        .unwrap();
+        let e = ctrl.reset().expect_err("the LU changed");
+        assert!(
+            matches!(e, UfsCtrlError::DeviceChanged(ref why) if why.contains("LU 0")),
+            "mcq={mcq}: {e}"
+        );
+        let mut done = Vec::new();
+        let r = qp.poll(8, |c| done.push(c));
+        assert!(r.is_err(), "mcq={mcq}: {r:?}");
+        assert_eq!(done.len(), 1);
+        assert!(done[0].buf.is_some());
+        assert!(qp
+            .read(
+                0,
+                0,
+                1,
+                ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+                2,
+            )
+            .is_err());
+        // The same device again: a reset brings it back.
+        f.set_reported_capacity(0, None);
+        ctrl.reset().expect("the original device again");
+        qp.write_blocking(0, 0, &pattern(3, 4096)).unwrap();
+    }
+}

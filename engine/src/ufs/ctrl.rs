@@ -124,6 +124,27 @@ impl LogicalUnit {
     }
 }
 
+/// What differs between the logical units found at bring-up (`was`) and
+/// after a reset (`now`), for [`UfsCtrlError::DeviceChanged`].
+fn lus_changed(was: &[LogicalUnit], now: &[LogicalUnit]) -> String {
+    for w in was {
+        match now.iter().find(|n| n.lun == w.lun) {
+            None => return format!("LU {} is gone", w.lun),
+            Some(n) if n != w => {
+                return format!(
+                    "LU {} has {} blocks of {} B, {} of {} B at bring-up",
+                    w.lun, n.blocks, n.block_len, w.blocks, w.block_len
+                )
+            }
+            Some(_) => {}
+        }
+    }
+    match now.iter().find(|n| !was.iter().any(|w| w.lun == n.lun)) {
+        Some(n) => format!("LU {} is new", n.lun),
+        None => "the logical units differ".into(),
+    }
+}
+
 /// Controller health, shared by every queue pair.
 pub(crate) mod health {
     pub const OK: u8 = 0;
@@ -616,20 +637,18 @@ impl UfsController {
         let (bar, bar_len) = (mmio.base(), mmio.len());
         let r = Regs(mmio);
         let cap = self.layout.cap;
-        if Cap(r.read(regs::CAP)?) != cap {
-            return Err(UfsCtrlError::BadValue {
-                what: "CAP after a reset",
-                value: u64::from(r.read(regs::CAP)?),
-                why: "differs from the value at bring-up",
-            });
+        let now = r.read(regs::CAP)?;
+        if Cap(now) != cap {
+            return Err(UfsCtrlError::DeviceChanged(format!(
+                "CAP reads {now:#010x}, {:#010x} at bring-up",
+                cap.0
+            )));
         }
         let init = init_device(&r, self.dma(), cap, bar_len, self.opts.init_timeout)?;
         if init.lus != self.lus {
-            return Err(UfsCtrlError::BadValue {
-                what: "logical units after a reset",
-                value: init.lus.len() as u64,
-                why: "differ from those found at bring-up (a different device?)",
-            });
+            return Err(UfsCtrlError::DeviceChanged(lus_changed(
+                &self.lus, &init.lus,
+            )));
         }
         let mut dc = init.dc;
         if self.hpb.iter().any(Option::is_some) {

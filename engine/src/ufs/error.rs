@@ -75,6 +75,12 @@ pub enum UfsCtrlError {
         /// How it ended.
         err: UfsError,
     },
+    /// After a reset, the controller or the device behind it is not the
+    /// one brought up before (capabilities, logical units, their sizes):
+    /// addresses may mean something else now. The controller stays failed;
+    /// re-open it with [`UfsController::new`](super::UfsController::new).
+    #[error("the UFS controller changed across a reset: {0}; re-open it with UfsController::new")]
+    DeviceChanged(String),
     /// A register or device value is outside what the spec or the BAR allows.
     #[error("{what}: {value:#x} is invalid ({why})")]
     BadValue {
