@@ -469,3 +469,99 @@ fn a_different_device_after_a_reset_is_device_changed() {
         qp.write_blocking(0, 0, &pattern(3, 4096)).unwrap();
     }
 }
+
+/// Poll with a small `max` until `want` completions arrived: no call may
+/// deliver more than `max` (nor report another count than it delivered),
+/// and `outstanding()` counts what is still to be delivered. Returns them
+/// by tag, and the first error a poll returned.
+fn collect_by(
+    qp: &mut mcqio::ufs::UfsQueuePair<DmaBuf>,
+    max: usize,
+    want: usize,
+) -> (BTreeMap<u64, Completion<DmaBuf>>, Option<Error>) {
+    let mut done = BTreeMap::new();
+    let mut first_err = None;
+    let start = Instant::now();
+    while done.len() < want {
+        let mut got = 0;
+        let r = qp.poll(max, |c| {
+            got += 1;
+            let tag = c.tag;
+            assert!(done.insert(tag, c).is_none(), "tag {tag} completed twice");
+        });
+        assert!(got <= max, "one poll with max {max} delivered {got}");
+        match r {
+            Ok(n) => assert_eq!(n, got, "poll's count vs what it delivered"),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+        assert_eq!(
+            qp.outstanding(),
+            want - done.len(),
+            "outstanding() after {} of {want}",
+            done.len()
+        );
+        assert!(start.elapsed() < Duration::from_secs(10));
+    }
+    (done, first_err)
+}
+
+/// `poll(max, ..)` delivers at most `max` completions also when a reset or
+/// a failure ends many commands at once (the `BlockQueue::poll` contract,
+/// which the fio engine's `getevents` relies on for its events array): the
+/// rest wait for the next polls, each exactly once.
+#[test]
+fn poll_after_a_reset_delivers_at_most_max() {
+    for mcq in [true, false] {
+        for max in [1, 2] {
+            let (f, ctrl) = up(sync_cfg(mcq), opts(1));
+            let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+            for i in 0..6u64 {
+                if i >= 3 {
+                    f.faults()
+                        .inject_next(None, Some(WRITE10), UfsFault::DropCompletion);
+                }
+                qp.write(0, i, 1, buf_with(&ctrl, &pattern(i, 4096)), i)
+                    .unwrap();
+                qp.submit();
+            }
+            ctrl.reset().expect("reset");
+            let (done, err) = collect_by(&mut qp, max, 6);
+            assert!(err.is_none(), "mcq={mcq}: {err:?}");
+            for i in 0..6u64 {
+                let c = &done[&i];
+                assert!(c.buf.is_some());
+                let want = if i < 3 {
+                    Ok(())
+                } else {
+                    Err(IoError::AbortedByReset)
+                };
+                assert_eq!(c.result, want, "mcq={mcq} max={max} tag {i}");
+            }
+            // Working again afterwards.
+            let mut back = vec![0u8; 4096];
+            qp.read_blocking(0, 1, &mut back).unwrap();
+            assert!(back == pattern(1, 4096), "mcq={mcq}");
+
+            // A fatal controller ends the rest the same way.
+            for i in 0..5u64 {
+                let fault = if i == 4 {
+                    UfsFault::HostFatal
+                } else {
+                    UfsFault::DropCompletion
+                };
+                f.faults().inject_next(None, Some(WRITE10), fault);
+                qp.write(0, i, 1, buf_with(&ctrl, &pattern(i, 4096)), 10 + i)
+                    .unwrap();
+                qp.submit();
+            }
+            let (done, err) = collect_by(&mut qp, max, 5);
+            assert!(
+                matches!(err, Some(Error::ControllerFatal)),
+                "mcq={mcq}: {err:?}"
+            );
+            assert!(done.values().all(|c| c.result.is_err()));
+        }
+    }
+}

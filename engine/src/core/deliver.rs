@@ -17,9 +17,73 @@
 //!   confirmed, a disabled or reset controller). Otherwise it is
 //!   [leaked](leak): never freed, never reused, and counted.
 
+use std::collections::VecDeque;
+
 use super::io::{Completion, IoBuf, IoError};
 use super::split::Splits;
 use super::tracker::Trackers;
+
+/// Completions that ended (tracker slot freed, buffer owned by the
+/// completion) but did not fit in the `max` of the poll that ended them:
+/// recovery after a reset or a failure ends every command at once, and
+/// `poll` promises at most `max`. The next polls hand them out first, in
+/// order. Empty and unallocated on the I/O path.
+pub(crate) struct Held<B>(VecDeque<Completion<B>>);
+
+impl<B> Default for Held<B> {
+    fn default() -> Self {
+        Held(VecDeque::new())
+    }
+}
+
+impl<B: IoBuf> Held<B> {
+    /// Nothing waits.
+    #[inline(always)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// How many wait.
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Hand up to `max` to `f`, oldest first; returns how many. Each is
+    /// taken out before `f` sees it, so a panicking `f` delivers nothing twice.
+    #[cold]
+    pub(crate) fn deliver(&mut self, max: usize, f: &mut impl FnMut(Completion<B>)) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(c) = self.0.pop_front() else { break };
+            n += 1;
+            f(c);
+        }
+        n
+    }
+
+    /// Run `end` — which ends any number of commands through the callback
+    /// it is given — so that at most `budget` of them reach `f` and the
+    /// rest wait here. Returns `end`'s result and how many reached `f`.
+    #[cold]
+    pub(crate) fn budgeted<R>(
+        &mut self,
+        budget: usize,
+        f: &mut impl FnMut(Completion<B>),
+        end: impl FnOnce(&mut dyn FnMut(Completion<B>)) -> R,
+    ) -> (R, usize) {
+        let mut n = 0;
+        let r = end(&mut |c| {
+            if n < budget {
+                n += 1;
+                f(c);
+            } else {
+                self.0.push_back(c);
+            }
+        });
+        (r, n)
+    }
+}
 
 /// The command in `slot` finished with `result` and its tracker slot was
 /// just freed (`Trackers::complete`, which handed back `tag` and `buf`):

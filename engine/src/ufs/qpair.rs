@@ -36,7 +36,7 @@ use super::spec::upiu::trans;
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
 use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
 use crate::core::block::{self, BlockQueue, Blocking};
-use crate::core::deliver::{self, drain_all};
+use crate::core::deliver::{self, drain_all, Held};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::mapped::{MappedQueuePair, MappingMode};
 use crate::core::split::{Routed, Splits};
@@ -199,6 +199,9 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     bounce: Option<DmaBuf>,
     /// HPB: the read/write hooks and internal map loads (`super::hpb`).
     hpb: HpbQp,
+    /// Ended by a recovery beyond its poll's `max`; the next polls hand
+    /// them out first.
+    held: Held<B>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -326,6 +329,7 @@ impl UfsController {
             closed: false,
             bounce: None,
             hpb,
+            held: Held::default(),
             _not_sync: PhantomData,
         })
     }
@@ -386,7 +390,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// Commands submitted and not yet completed (the application's; HPB
     /// map loads in flight are not counted).
     pub fn outstanding(&self) -> usize {
-        self.trackers.outstanding() - self.hpb.inflight()
+        self.trackers.outstanding() - self.hpb.inflight() + self.held.len()
     }
 
     /// Whether a submission now would fail with `QueueFull`.
@@ -765,8 +769,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
         // One relaxed load: a reset, or another queue pair that saw the
         // controller fail.
-        if self.failed.is_some() || self.ctrl.state() != self.seen_state {
-            return self.on_state_change(&mut f);
+        if self.failed.is_some() || !self.held.is_empty() || self.ctrl.state() != self.seen_state {
+            return self.poll_cold(max, &mut f);
         }
         self.transport.flush();
         let outstanding = self.trackers.outstanding();
@@ -830,7 +834,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 f(c);
             }
         };
-        let (n, bad) = match &mut **transport {
+        let (mut n, bad) = match &mut **transport {
             // A UCD address that is not one of ours maps to an impossible
             // slot, which `deliver` counts as stale.
             Transport::Mcq(q) => match q.reap(max, outstanding, live, |ucd, ocs| {
@@ -849,7 +853,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             if (bad || self.empty_polls % HEALTH_CHECK_INTERVAL == 0)
                 && self.ctrl.check_health() != self.seen_state
             {
-                return self.on_state_change(&mut f);
+                return self.poll_cold(max, &mut f);
             }
             if self.empty_polls % IDLE_CLOCK_INTERVAL == 0 && self.timeouts.enabled() {
                 self.timeouts.tick();
@@ -864,7 +868,11 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // posted (fewer than `max`): a command whose completion waits in
         // the CQ is not a timeout.
         if self.timeouts.scan_due() && n < max && !bad {
-            self.scan_timeouts(&mut f);
+            // What the scan ends counts against `max` too; the rest is held.
+            let mut held = std::mem::take(&mut self.held);
+            let ((), k) = held.budgeted(max - n, &mut f, |mut g| self.scan_timeouts(&mut g));
+            self.held = held;
+            n += k;
         }
         // No new map loads once the queue pair is closing.
         if self.hpb.pass_due() && !self.closed {
@@ -1020,6 +1028,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             return;
         }
         self.closed = true;
+        self.held.deliver(usize::MAX, f);
         let limit = self.ctrl.options().close_timeout;
         let start = Instant::now();
         while self.trackers.outstanding() > 0 && self.failed.is_none() && start.elapsed() < limit {

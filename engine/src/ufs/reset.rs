@@ -27,12 +27,38 @@
 //! device may still write the buffers: the commands end with
 //! `ControllerFailed` and **no** buffer, and the pair's memory is leaked.
 //!
-//! Everything here is cold; it delivers every completion in one call,
-//! whatever `max` the poll passed (as the failure paths always did).
+//! Everything here is cold and runs in one call; what it ends beyond the
+//! poll's `max` waits in the pair's held completions
+//! (`core::deliver::Held`), which the next polls (and `close`) hand out
+//! first — `poll` never delivers more than `max`.
 
 use super::*;
 
 impl<B: IoBuf> UfsQueuePair<B> {
+    /// `poll` when completions are held, or the state word changed, or
+    /// the pair failed: hand out held completions, then recover, at most
+    /// `max` in all (the rest are held).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn poll_cold(
+        &mut self,
+        max: usize,
+        f: &mut impl FnMut(Completion<B>),
+    ) -> Result<usize> {
+        let mut n = self.held.deliver(max, f);
+        if self.failed.is_none() && self.ctrl.state() == self.seen_state {
+            return Ok(n);
+        }
+        // Taken while recovery runs: `f` is only called before anything
+        // new is held (the budget comes first), and older held ones are
+        // not passed to `f` here, so a panicking `f` loses none.
+        let mut held = std::mem::take(&mut self.held);
+        let (r, k) = held.budgeted(max - n, f, |mut g| self.on_state_change(&mut g));
+        self.held = held;
+        n += k;
+        r.map(|_| n)
+    }
+
     /// The controller's state word differs from what this pair saw, or the
     /// pair is failed. See the module docs.
     #[cold]
