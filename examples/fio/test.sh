@@ -6,7 +6,8 @@
 # on the fake UFS host controller (fake-ufs: MCQ, and the legacy
 # single-doorbell list with mcq=0). Every run must exit 0 and report no job
 # error in its JSON. Prints an IOPS table, then the same randread workload
-# through fio+engine and through mcqio-perf on the same fake device.
+# through fio+engine and through mcqio-perf on the same fake device, NVMe and
+# UFS.
 # The IOPS are printed, not asserted: a shared machine makes them noisy.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -255,25 +256,25 @@ if [ "${FIO_TEST_COMPARE:-1}" = 0 ]; then
 fi
 
 # The same workload through fio+engine and mcqio-perf: 4k randread, QD32,
-# one job, 2 s, RAM fake with 4 KiB blocks; the job on core 0 and the fake's
-# device thread on core 1 (what mcqio-perf does by itself). Each is run twice,
-# alternating, and the better run is shown (the machine may be shared).
-pin_fio=() pin_perf=()
+# one job, 2 s, on the RAM fake (4 KiB blocks) and on the fake UFS host
+# controller (MCQ); the job on core 0 and the fake's device thread on core 1
+# (what mcqio-perf does by itself). Each is run twice, alternating, and the
+# better run is shown (the machine may be shared).
+pin_fio=() pin_perf=() core=
 if [ "$ncpu" -ge 2 ]; then
 	pin_fio=(--cpus_allowed=0 --fake_core=1)
 	pin_perf=(--cpus 0)
-	dev=fake,size=64M,lbs=4k,core=1
-else
-	dev=fake,size=64M,lbs=4k
+	core=,core=1
 fi
 (cd "$root" && cargo build --release --bin mcqio-perf -q)
-cmp_fio() { # cmp_fio [fio options...]: prints the job's read IOPS
-	local rc=0
+cmp_fio() { # cmp_fio FILENAME [fio options...]: prints the job's read IOPS
+	local file=$1 rc=0
+	shift
 	fio --output-format=json --output="$work/cmp.out" --name=cmp --ioengine=external:"$so" --thread \
-		--filename=fake --fake_size=64m --rw=randread --bs=4k --iodepth=32 --numjobs=1 \
+		--filename="$file" --fake_size=64m --rw=randread --bs=4k --iodepth=32 --numjobs=1 \
 		--time_based --runtime=2 "${pin_fio[@]}" "$@" >"$work/cmp.log" 2>&1 || rc=$?
 	if [ "$rc" != 0 ] || [ "$(json_of "$work/cmp.out" | jq '.jobs[0].error')" != 0 ]; then
-		echo "FAIL: fio comparison run (exit $rc)" >&2
+		echo "FAIL: fio comparison run on $file (exit $rc)" >&2
 		cat "$work/cmp.log" >&2
 		failed=1
 		echo 0
@@ -281,8 +282,8 @@ cmp_fio() { # cmp_fio [fio options...]: prints the job's read IOPS
 	fi
 	json_of "$work/cmp.out" | jq '.jobs[0].read.iops'
 }
-cmp_perf() {
-	"$root/target/release/mcqio-perf" -d "$dev" -w randread -o 4k -q 32 -j 1 -t 2 \
+cmp_perf() { # cmp_perf DEVICE: prints mcqio-perf's total IOPS
+	"$root/target/release/mcqio-perf" -d "$1" -w randread -o 4k -q 32 -j 1 -t 2 \
 		"${pin_perf[@]}" --json --quiet | jq '.total.iops'
 }
 # fio's own cost per I/O, with no device: its null engine, same job, same core.
@@ -293,27 +294,36 @@ cmp_null() {
 	json_of "$work/null.out" | jq '.jobs[0].read.iops'
 }
 best() { printf '%s\n' "$@" | sort -g | tail -n1; }
+ratio() { jq -n "$1 / $2 * 1000 | round / 1000"; }
 # "lean": no per-I/O clock reads in fio, and one doorbell per batch of up to
 # 32 as mcqio-perf rings it (fio's default rings once per I/O).
 lean=(--gtod_reduce=1 --iodepth_batch_submit=32 --iodepth_batch_complete_max=32)
-f1=$(cmp_fio) g1=$(cmp_fio "${lean[@]}") p1=$(cmp_perf) n1=$(cmp_null)
-f2=$(cmp_fio) g2=$(cmp_fio "${lean[@]}") p2=$(cmp_perf) n2=$(cmp_null)
-for v in "$f1" "$g1" "$f2" "$g2"; do [ "$v" != 0 ] || failed=1; done
-fio_iops=$(best "$f1" "$f2") lean_iops=$(best "$g1" "$g2") perf_iops=$(best "$p1" "$p2")
+n1=$(cmp_null) n2=$(cmp_null)
 null_iops=$(best "$n1" "$n2")
-# If the job thread is the bottleneck, fio+engine spends per I/O what
-# mcqio-perf spends plus what fio spends with its null engine: a lower bound
-# (when the fake's device thread is the bottleneck, fio's work overlaps it).
-expect=$(jq -n "1 / (1 / $perf_iops + 1 / $null_iops)")
-ratio() { jq -n "$1 / $2 * 1000 | round / 1000"; }
-printf '\n4k randread QD32, 1 job, fake (RAM, 4 KiB blocks), 2 s, better of 2 runs:\n'
-printf '  %-38s %10.0f IOPS\n' "mcqio-perf" "$perf_iops" \
-	"fio + mcqio engine" "$fio_iops" \
-	"fio + mcqio engine, lean options" "$lean_iops" \
-	"fio ioengine=null (fio's own cost)" "$null_iops" \
-	"expected: 1/(1/mcqio-perf + 1/null)" "$expect"
-printf '  fio/mcqio-perf = %s (lean: %s); fio/expected = %s\n' \
-	"$(ratio "$fio_iops" "$perf_iops")" "$(ratio "$lean_iops" "$perf_iops")" "$(ratio "$fio_iops" "$expect")"
+# compare TITLE FIO_FILENAME PERF_DEVICE: the table for one device.
+compare() {
+	local f1 g1 p1 f2 g2 p2
+	f1=$(cmp_fio "$2") g1=$(cmp_fio "$2" "${lean[@]}") p1=$(cmp_perf "$3")
+	f2=$(cmp_fio "$2") g2=$(cmp_fio "$2" "${lean[@]}") p2=$(cmp_perf "$3")
+	for v in "$f1" "$g1" "$f2" "$g2"; do [ "$v" != 0 ] || failed=1; done
+	local fio_iops lean_iops perf_iops expect
+	fio_iops=$(best "$f1" "$f2") lean_iops=$(best "$g1" "$g2") perf_iops=$(best "$p1" "$p2")
+	# If the job thread is the bottleneck, fio+engine spends per I/O what
+	# mcqio-perf spends plus what fio spends with its null engine: a lower
+	# bound (when the fake's device thread is the bottleneck, fio's work
+	# overlaps it).
+	expect=$(jq -n "1 / (1 / $perf_iops + 1 / $null_iops)")
+	printf '\n4k randread QD32, 1 job, %s, 2 s, better of 2 runs:\n' "$1"
+	printf '  %-38s %10.0f IOPS\n' "mcqio-perf -d $3" "$perf_iops" \
+		"fio + mcqio engine (filename=$2)" "$fio_iops" \
+		"fio + mcqio engine, lean options" "$lean_iops" \
+		"fio ioengine=null (fio's own cost)" "$null_iops" \
+		"expected: 1/(1/mcqio-perf + 1/null)" "$expect"
+	printf '  fio/mcqio-perf = %s (lean: %s); fio/expected = %s\n' \
+		"$(ratio "$fio_iops" "$perf_iops")" "$(ratio "$lean_iops" "$perf_iops")" "$(ratio "$fio_iops" "$expect")"
+}
+compare "fake NVMe (RAM, 4 KiB blocks)" fake "fake,size=64M,lbs=4k$core"
+compare "fake UFS (MCQ, RAM LU of 64 MiB)" fake-ufs "fake-ufs,size=64M$core"
 
 if [ "$failed" != 0 ]; then
 	echo "test.sh: FAILED" >&2
