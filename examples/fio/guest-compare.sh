@@ -6,6 +6,9 @@
 #
 #   BDF=0000:00:04.0 guest-compare.sh    # guest: switches the controller's driver
 #   MCQIO_FILE=fake KDEV=/tmp/f guest-compare.sh   # host self-test (no binding)
+#   MCQIO_FILE=vfio-0000.00.02.0 KDEV=/dev/sda guest-compare.sh
+#                                        # two controllers, none switched: the UFS
+#                                        # guest's (one on vfio-pci, one on ufshcd-pci)
 #
 # Environment:
 #   FIO                   the fio binary (default: ./fio next to this script, else
