@@ -21,6 +21,9 @@
 #   KDEV=/dev/nvme0n1     the kernel's block device for io_uring
 #   MCQIO_FILE            the engine's --filename (default vfio-<BDF with dots>)
 #   SECS=3 SIZE=64m       run time per point and the region read
+#   KERNEL_FAILS=warn     a failed io_uring point is reported, not a failure
+#                         (default: fail); for a kernel driver known to lose
+#                         completions on the emulated controller
 # Prints a table; exit status non-zero when any run fails.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,6 +36,7 @@ BDF=${BDF:-}
 KDEV=${KDEV:-/dev/nvme0n1}
 SECS=${SECS:-3}
 SIZE=${SIZE:-64m}
+KERNEL_FAILS=${KERNEL_FAILS:-fail}
 if [ -z "${MCQIO_FILE:-}" ]; then
 	if [ -z "$BDF" ]; then
 		for d in /sys/bus/pci/devices/*; do
@@ -124,7 +128,15 @@ fi
 m1=$(point mcqio "external:$ENGINE" "$MCQIO_FILE" 1)
 m32=$(point mcqio "external:$ENGINE" "$MCQIO_FILE" 32)
 bind nvme "$KDEV" || fail=1
-for r in "$k1" "$k32" "$m1" "$m32"; do ok "$r" || fail=1; done
+for r in "$m1" "$m32"; do ok "$r" || fail=1; done
+for r in "$k1" "$k32"; do
+	ok "$r" && continue
+	if [ "$KERNEL_FAILS" = warn ]; then
+		echo "guest-compare: the kernel's io_uring point failed (KERNEL_FAILS=warn: reported, not a failure)" >&2
+	else
+		fail=1
+	fi
+done
 
 echo
 echo "fio 4k randread, ${SECS} s per point, same job file ($SIZE region)"

@@ -128,6 +128,8 @@ impl Device {
                 let transport = vfio_transport(&SysRoots::default(), bdf)?;
                 let mut vo = VfioOpenOptions {
                     huge_pages: o.huge_pages,
+                    // The default refuses anything but an NVMe controller.
+                    require_nvme: transport == Transport::Nvme,
                     ..VfioOpenOptions::default()
                 };
                 if o.dma_budget > 0 {
