@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use mcqio::core::block::BlockQueue;
 use mcqio::nvme::spec::sqe::Command as _;
 use mcqio::vfio::{
     AppBuffer, Backend, DmaDir, DmaMapper, DmaMode, IoBuffer, Mapped, MapperConfig, PoolConfig,
@@ -33,7 +34,11 @@ use rand::{Rng, SeedableRng};
 
 /// The guest test program of the mcqio VM harness.
 #[derive(Parser, Debug)]
-#[command(name = "mcqio-vm-tests", version, about)]
+#[command(
+    name = "mcqio-vm-tests",
+    version,
+    about = "The guest side of mcqio's VM harness: one check per subcommand, on vfio:<BDF> or a fake"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -93,14 +98,14 @@ struct DevArgs {
     no_shadow_doorbells: bool,
 }
 
+/// The shape of an `rw`/`ufs-rw` run, the same on both transports.
 #[derive(clap::Args, Debug, Clone)]
-struct RwArgs {
-    #[command(flatten)]
-    dev: DevArgs,
+struct RwShape {
     /// Bytes to write and read back in total, over all threads.
     #[arg(long, default_value_t = 64 << 20)]
     bytes: u64,
-    /// Threads, each with its own queue pair (default: one per CPU).
+    /// Threads, each with its own queue pair (default: one per CPU; UFS in
+    /// legacy mode: 1).
     #[arg(long)]
     threads: Option<usize>,
     /// Commands in flight per queue pair.
@@ -109,15 +114,81 @@ struct RwArgs {
     /// Smallest I/O in bytes (a multiple of 4 KiB).
     #[arg(long, default_value_t = 4 << 10)]
     min_io: u64,
-    /// Largest I/O in bytes (a multiple of 4 KiB; capped at the controller's transfer limit).
+    /// Largest I/O in bytes (a multiple of 4 KiB; capped at the queue pair's transfer limit).
     #[arg(long, default_value_t = 1 << 20)]
     max_io: u64,
-    /// Buffers from a DMA mapping mode (premapped, strict, lazy) instead of the engine's DmaBufs.
-    #[arg(long)]
-    dma: Option<DmaMode>,
     /// Seed for LBAs, sizes and data (default: from the clock).
     #[arg(long)]
     seed: Option<u64>,
+    /// Buffers from a DMA mapping mode (premapped pool, strict, lazy:
+    /// mapped per command through a `QueueMapper`) instead of the engine's
+    /// DmaBufs.
+    #[arg(long)]
+    dma: Option<DmaMode>,
+}
+
+impl RwShape {
+    /// The seed given, else one from the clock.
+    fn seed(&self) -> u64 {
+        self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+    }
+
+    /// Check the sizes and the depth against a queue pair that moves at
+    /// most `max_transfer` bytes per command and keeps at most `max_qd` in
+    /// flight; returns the largest I/O to use.
+    fn check(&self, max_transfer: u64, max_qd: usize) -> Result<u64, Failure> {
+        let max_io = self.max_io.min(max_transfer);
+        if self.min_io == 0 || self.min_io % 4096 != 0 || max_io % 4096 != 0 || max_io < self.min_io
+        {
+            return Err(format!(
+                "I/O sizes {}..{} must be multiples of 4 KiB with min <= max (the queue pair allows up to {max_transfer} bytes)",
+                self.min_io, self.max_io
+            ));
+        }
+        if self.qd == 0 || self.qd > max_qd {
+            return Err(format!("--qd must be 1..={max_qd}"));
+        }
+        Ok(max_io)
+    }
+
+    /// Each thread's extents over its own slice of a `size`-byte unit, and
+    /// its random generator.
+    fn plans(
+        &self,
+        seed: u64,
+        threads: usize,
+        size: u64,
+        max_io: u64,
+    ) -> Result<Vec<(Vec<Extent>, SmallRng)>, Failure> {
+        let span = (size / threads as u64) & !((1 << 20) - 1);
+        let per_thread = self.bytes.div_ceil(threads as u64);
+        (0..threads)
+            .map(|i| {
+                let mut rng = SmallRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9e37_79b9));
+                make_extents(
+                    &mut rng,
+                    i as u64 * span,
+                    span,
+                    per_thread,
+                    self.min_io,
+                    max_io,
+                )
+                .map(|v| (v, rng))
+            })
+            .collect()
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct RwArgs {
+    #[command(flatten)]
+    dev: DevArgs,
+    #[command(flatten)]
+    shape: RwShape,
     /// Vectored I/O: each command's buffer is a list of 4 KiB DmaBufs in
     /// shuffled IOVA order (one PRP entry per segment, none contiguous).
     #[arg(long)]
@@ -155,29 +226,8 @@ struct UfsDevArgs {
 struct UfsRwArgs {
     #[command(flatten)]
     dev: UfsDevArgs,
-    /// Bytes to write and read back in total, over all threads.
-    #[arg(long, default_value_t = 64 << 20)]
-    bytes: u64,
-    /// Threads, each with its own queue pair (default: one per CPU; 1 in legacy mode).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Commands in flight per queue pair.
-    #[arg(long, default_value_t = 8)]
-    qd: usize,
-    /// Smallest I/O in bytes (a multiple of 4 KiB).
-    #[arg(long, default_value_t = 4 << 10)]
-    min_io: u64,
-    /// Largest I/O in bytes (a multiple of 4 KiB; capped at the queue pair's transfer limit).
-    #[arg(long, default_value_t = 1 << 20)]
-    max_io: u64,
-    /// Seed for LBAs, sizes and data (default: from the clock).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Buffers from a DMA mapping mode (premapped pool, strict, lazy:
-    /// mapped per command through a `QueueMapper`) instead of the engine's
-    /// DmaBufs.
-    #[arg(long)]
-    dma: Option<DmaMode>,
+    #[command(flatten)]
+    shape: RwShape,
     /// With `--dma strict|lazy`: the engine's own wrapper maps at
     /// submission and unmaps before it hands a buffer back
     /// (`UfsController::create_mapped_qpair`, application buffers), instead
@@ -328,12 +378,13 @@ fn check_range(ctrl: &Controller, offset: u64, len: u64) -> Result<u32, Failure>
     Ok(shift)
 }
 
-/// Poll until the command with `tag` completes (a queue with nothing else in flight).
-fn wait_tag<B: IoBuf>(
-    qp: &mut QueuePair<B>,
+/// Poll until the command with `tag` completes (a queue with nothing else
+/// in flight); NVMe and UFS alike.
+fn wait_tag<Q: BlockQueue>(
+    qp: &mut Q,
     tag: u64,
     what: &str,
-) -> Result<mcqio::Completion<B>, Failure> {
+) -> Result<mcqio::Completion<Q::Buf>, Failure> {
     qp.submit();
     let deadline = Instant::now() + COMMAND_TIMEOUT;
     loop {
@@ -916,20 +967,50 @@ trait Blk {
     fn id(&self) -> u16;
 }
 
-impl<B: IoBuf> Blk for QueuePair<B> {
-    type B = B;
-    fn rw(&mut self, write: bool, lba: u64, blocks: u32, buf: B, tag: u64) -> Result<(), Failure> {
+/// Where a queue pair's checks send their I/O and which hardware queue it
+/// is: with [`BlockQueue`], all [`Blk`] needs.
+trait Target: BlockQueue {
+    /// The namespace (NVMe) or LU (UFS) every check uses.
+    const AT: Self::Addr;
+    /// NVMe qid; UFS hardware queue, 0 in legacy mode.
+    fn queue_id(&self) -> u16;
+}
+
+impl<B: IoBuf> Target for QueuePair<B> {
+    const AT: u32 = NSID;
+    fn queue_id(&self) -> u16 {
+        self.qid()
+    }
+}
+
+impl<B: IoBuf> Target for mcqio::ufs::UfsQueuePair<B> {
+    const AT: u8 = ufs::LUN;
+    fn queue_id(&self) -> u16 {
+        self.hw_queue().unwrap_or(0)
+    }
+}
+
+impl<Q: Target> Blk for Q {
+    type B = Q::Buf;
+    fn rw(
+        &mut self,
+        write: bool,
+        lba: u64,
+        blocks: u32,
+        buf: Q::Buf,
+        tag: u64,
+    ) -> Result<(), Failure> {
         let r = if write {
-            self.write(NSID, lba, blocks, buf, tag)
+            self.write(Q::AT, lba, blocks, buf, tag)
         } else {
-            self.read(NSID, lba, blocks, buf, tag)
+            self.read(Q::AT, lba, blocks, buf, tag)
         };
         r.map_err(|e| e.to_string())
     }
     fn ring(&mut self) {
         self.submit();
     }
-    fn reap(&mut self, out: &mut Vec<mcqio::Completion<B>>) -> Result<usize, Failure> {
+    fn reap(&mut self, out: &mut Vec<mcqio::Completion<Q::Buf>>) -> Result<usize, Failure> {
         self.poll(usize::MAX, |c| out.push(c))
             .map_err(|e| e.to_string())
     }
@@ -937,7 +1018,7 @@ impl<B: IoBuf> Blk for QueuePair<B> {
         self.outstanding()
     }
     fn id(&self) -> u16 {
-        self.qid()
+        self.queue_id()
     }
 }
 
@@ -973,31 +1054,6 @@ impl Blk for mcqio::MappedQueuePair<mcqio::ufs::UfsQueuePair<Mapped>> {
     }
     fn id(&self) -> u16 {
         self.queue_pair().and_then(|q| q.hw_queue()).unwrap_or(0)
-    }
-}
-
-impl<B: IoBuf> Blk for mcqio::ufs::UfsQueuePair<B> {
-    type B = B;
-    fn rw(&mut self, write: bool, lba: u64, blocks: u32, buf: B, tag: u64) -> Result<(), Failure> {
-        let r = if write {
-            self.write(ufs::LUN, lba, blocks, buf, tag)
-        } else {
-            self.read(ufs::LUN, lba, blocks, buf, tag)
-        };
-        r.map_err(|e| e.to_string())
-    }
-    fn ring(&mut self) {
-        self.submit();
-    }
-    fn reap(&mut self, out: &mut Vec<mcqio::Completion<B>>) -> Result<usize, Failure> {
-        self.poll(usize::MAX, |c| out.push(c))
-            .map_err(|e| e.to_string())
-    }
-    fn in_flight(&self) -> usize {
-        self.outstanding()
-    }
-    fn id(&self) -> u16 {
-        self.hw_queue().unwrap_or(0)
     }
 }
 
@@ -1117,35 +1173,24 @@ fn worker<Q: Blk<B = L::B>, L: Lane>(
     })
 }
 
-fn rw(a: &RwArgs) -> Result<(), Failure> {
-    let ctrl = open(&a.dev)?;
+fn rw(args: &RwArgs) -> Result<(), Failure> {
+    let (dev, vectored, a) = (&args.dev, args.vectored, &args.shape);
+    let ctrl = open(dev)?;
     let (shift, size) = ns1(&ctrl)?;
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if a.vectored && a.dma.is_some() {
+    if vectored && a.dma.is_some() {
         return Err(
             "--vectored uses the engine's DmaBufs; it cannot be combined with --dma".into(),
         );
     }
-    let max_io = a.max_io.min(ctrl.max_transfer());
-    if a.min_io == 0 || a.min_io % 4096 != 0 || max_io % 4096 != 0 || max_io < a.min_io {
-        return Err(format!(
-            "I/O sizes {}..{} must be multiples of 4 KiB with min <= max (the controller allows up to {} bytes)",
-            a.min_io,
-            a.max_io,
-            ctrl.max_transfer()
-        ));
-    }
-    if a.qd == 0 || a.qd >= usize::from(QpairOptions::default().depth) {
-        return Err(format!("--qd must be 1..{}", QpairOptions::default().depth));
-    }
-    let seed = a.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-    });
-    let span = (size / threads as u64) & !((1 << 20) - 1);
+    // An NVMe queue of depth D holds D - 1 commands.
+    let max_io = a.check(
+        ctrl.max_transfer(),
+        usize::from(QpairOptions::default().depth) - 1,
+    )?;
+    let seed = a.seed();
     let per_thread = a.bytes.div_ceil(threads as u64);
     println!(
         "rw: {} thread(s) x 1 queue pair, {} MiB each in I/Os of {}..{} KiB at QD {}, buffers: {}, seed {seed:#x}",
@@ -1154,29 +1199,16 @@ fn rw(a: &RwArgs) -> Result<(), Failure> {
         a.min_io >> 10,
         max_io >> 10,
         a.qd,
-        match (a.dma, a.vectored) {
+        match (a.dma, vectored) {
             (Some(m), _) => format!("{m} mapping"),
             (None, true) => "vectored: scattered 4 KiB DmaBufs per command".to_string(),
             (None, false) => "engine DmaBufs".to_string(),
         }
     );
-    let plans: Vec<(Vec<Extent>, SmallRng)> = (0..threads)
-        .map(|i| {
-            let mut rng = SmallRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9e37_79b9));
-            make_extents(
-                &mut rng,
-                i as u64 * span,
-                span,
-                per_thread,
-                a.min_io,
-                max_io,
-            )
-            .map(|v| (v, rng))
-        })
-        .collect::<Result<_, _>>()?;
+    let plans = a.plans(seed, threads, size, max_io)?;
     let t0 = Instant::now();
     let reports: Vec<Result<WorkerReport, Failure>> = match a.dma {
-        None if a.vectored => Vec::new(),
+        None if vectored => Vec::new(),
         None => mcqio::run_per_core(&ctrl, threads, QpairOptions::default(), |i, qp| {
             let (extents, mut rng) = plans[i].clone();
             let mut lane = DmaBufLane::new(&ctrl, a.qd, max_io as usize)?;
@@ -1189,7 +1221,7 @@ fn rw(a: &RwArgs) -> Result<(), Failure> {
             })
         }
     };
-    let reports = match (reports, a.vectored) {
+    let reports = match (reports, vectored) {
         (r, false) => r,
         (_, true) => {
             spawn_workers::<Vec<DmaBuf>, _, _>(&ctrl, threads, (shift, seed), &plans, |ctrl| {
@@ -1439,23 +1471,74 @@ fn dma_after_unmap(a: &DevArgs) -> Result<(), Failure> {
     let mut qp = ctrl
         .create_qpair(QpairOptions::default())
         .map_err(ctx("creating a queue pair"))?;
+    check_dma_after_unmap(
+        &mut qp,
+        ctrl.dma(),
+        NSID,
+        shift,
+        size,
+        0x6d63_7169_6f5f_756d,
+    )
+}
+
+/// One command through `qp` and back: `data` written at `lba` of `at`
+/// (`write`), or read from there into `data`.
+fn io_once<Q: BlockQueue<Buf = DmaBuf>>(
+    qp: &mut Q,
+    dma: &Arc<mcqio::vfio::DmaSpace>,
+    at: Q::Addr,
+    shift: u32,
+    lba: u64,
+    data: &mut [u8],
+    write: bool,
+) -> Result<(), Failure> {
+    let what = if write { "write" } else { "read" };
+    let mut buf = DmaBuf::alloc(dma, data.len(), DmaDir::Bidirectional)
+        .map_err(ctx("allocating a buffer"))?;
+    let blocks = (data.len() >> shift) as u32;
+    if write {
+        buf.write_at(0, data).map_err(ctx("filling the buffer"))?;
+        qp.write(at, lba, blocks, buf, u64::MAX)
+            .map_err(ctx(what))?;
+    } else {
+        qp.read(at, lba, blocks, buf, u64::MAX).map_err(ctx(what))?;
+    }
+    let c = wait_tag(qp, u64::MAX, what)?;
+    c.result.map_err(ctx(what))?;
+    if !write {
+        let buf = c.buf.ok_or("a read lost its buffer")?;
+        buf.read_at(0, data).map_err(ctx("reading the buffer"))?;
+    }
+    Ok(())
+}
+
+/// `dma-after-unmap` and `ufs-dma-after-unmap`: a read into a buffer that
+/// was unmapped from the IOMMU must leave the buffer untouched (the
+/// IOMMU blocked the DMA), after a control read into a mapped buffer
+/// delivered the data; and the controller must read correctly after the
+/// fault. Uses 64 KiB, 8 MiB before the end of `at` (`size` bytes).
+fn check_dma_after_unmap<Q: BlockQueue<Buf = DmaBuf>>(
+    qp: &mut Q,
+    dma: &Arc<mcqio::vfio::DmaSpace>,
+    at: Q::Addr,
+    shift: u32,
+    size: u64,
+    seed: u64,
+) -> Result<(), Failure> {
     const LEN: u64 = 64 << 10;
-    let offset = size - 8 * (1 << 20);
-    let seed = 0x6d63_7169_6f5f_756d;
+    let offset = size - (8 << 20);
     let mut data = vec![0u8; LEN as usize];
     pattern::fill(seed, offset, &mut data);
-    qp.write_blocking(NSID, offset >> shift, &data)
-        .map_err(ctx("write"))?;
-    let nlb = (LEN >> shift) as u32;
+    io_once(qp, dma, at, shift, offset >> shift, &mut data.clone(), true)?;
+    let blocks = (LEN >> shift) as u32;
 
     // Control: with the mapping in place, the read lands in the buffer.
-    let mut buf = ctrl
-        .alloc_buf(LEN as usize, DmaDir::Bidirectional)
+    let mut buf = DmaBuf::alloc(dma, LEN as usize, DmaDir::Bidirectional)
         .map_err(ctx("allocating a buffer"))?;
     buf.fill(POISON);
-    qp.read(NSID, offset >> shift, nlb, buf, 1)
+    qp.read(at, offset >> shift, blocks, buf, 1)
         .map_err(ctx("read"))?;
-    let c = wait_tag(&mut qp, 1, "control read")?;
+    let c = wait_tag(qp, 1, "control read")?;
     c.result.map_err(ctx("control read"))?;
     let buf = c.buf.ok_or("control read lost its buffer")?;
     if buf.to_vec() != data {
@@ -1465,13 +1548,12 @@ fn dma_after_unmap(a: &DevArgs) -> Result<(), Failure> {
 
     // The real check: unmap the buffer in the IOMMU (its memory and IOVA stay
     // owned by `victim`, so nothing else can be there), point a read at it.
-    let mut victim = ctrl
-        .alloc_buf(LEN as usize, DmaDir::Bidirectional)
+    let mut victim = DmaBuf::alloc(dma, LEN as usize, DmaDir::Bidirectional)
         .map_err(ctx("allocating a buffer"))?;
     victim.fill(POISON);
     let iova = victim.iova();
     let region = Arc::clone(victim.region());
-    let iommu = Arc::clone(ctrl.dma().iommu());
+    let iommu = Arc::clone(dma.iommu());
     iommu
         .unmap(region.iova(), region.len() as u64)
         .map_err(ctx("unmapping the buffer"))?;
@@ -1479,9 +1561,9 @@ fn dma_after_unmap(a: &DevArgs) -> Result<(), Failure> {
         "unmapped {} bytes at IOVA {iova} from the IOMMU; reading {LEN} bytes into it",
         region.len()
     );
-    qp.read(NSID, offset >> shift, nlb, victim, 2)
+    qp.read(at, offset >> shift, blocks, victim, 2)
         .map_err(ctx("read into the unmapped IOVA"))?;
-    let c = wait_tag(&mut qp, 2, "read into the unmapped IOVA")?;
+    let c = wait_tag(qp, 2, "read into the unmapped IOVA")?;
     let status = match c.result {
         Ok(()) => "success".to_string(),
         Err(e) => format!("error ({e})"),
@@ -1496,12 +1578,11 @@ fn dma_after_unmap(a: &DevArgs) -> Result<(), Failure> {
     drop(victim);
     drop(region);
     let untouched = after.iter().all(|&b| b == POISON);
-    let landed = after == data;
     println!(
         "read into unmapped IOVA {iova}: command status {status}; buffer {}",
         if untouched {
             "unchanged (DMA blocked)"
-        } else if landed {
+        } else if after == data {
             "holds the disk data (DMA went through!)"
         } else {
             "partly changed"
@@ -1511,8 +1592,9 @@ fn dma_after_unmap(a: &DevArgs) -> Result<(), Failure> {
         return Err("the device wrote to memory that was unmapped from the IOMMU".into());
     }
     // The controller must still work after the fault.
-    let got = read_range(&mut qp, shift, offset, LEN)?;
-    if got != data {
+    let mut back = vec![POISON; LEN as usize];
+    io_once(qp, dma, at, shift, offset >> shift, &mut back, false)?;
+    if back != data {
         return Err("after the blocked DMA, a normal read returned wrong data".into());
     }
     println!("after the fault the controller still reads correctly");
@@ -1727,28 +1809,6 @@ mod ufs {
         Ok((lu.block_shift(), size))
     }
 
-    /// Poll until the command with `tag` completes (nothing else in flight).
-    fn wait_tag<B: IoBuf>(
-        qp: &mut UfsQueuePair<B>,
-        tag: u64,
-        what: &str,
-    ) -> Result<mcqio::Completion<B>, Failure> {
-        qp.submit();
-        let deadline = Instant::now() + COMMAND_TIMEOUT;
-        loop {
-            let mut done = None;
-            qp.poll(1, |c| done = Some(c)).map_err(ctx(what))?;
-            match done {
-                Some(c) if c.tag == tag => return Ok(c),
-                Some(c) => return Err(format!("{what}: completion for unexpected tag {}", c.tag)),
-                None if Instant::now() > deadline => {
-                    return Err(format!("{what}: no completion within {COMMAND_TIMEOUT:?}"))
-                }
-                None => std::thread::yield_now(),
-            }
-        }
-    }
-
     pub fn bringup(a: &UfsDevArgs) -> Result<(), Failure> {
         let t0 = Instant::now();
         let ctrl = open(a, None)?;
@@ -1917,56 +1977,38 @@ mod ufs {
     pub fn rw(a: &UfsRwArgs) -> Result<(), Failure> {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = a
+            .shape
             .threads
             .unwrap_or(if a.dev.legacy { 1 } else { cpus })
             .max(1);
         let ctrl = open(&a.dev, Some(threads.min(32) as u16))?;
         let (shift, size) = lu0(&ctrl)?;
         let threads = match ctrl.mode() {
-            UfsMode::Legacy if threads > 1 && a.threads.is_none() => 1,
+            UfsMode::Legacy if threads > 1 && a.shape.threads.is_none() => 1,
             _ => threads,
         };
-        let seed = a.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
+        let seed = a.shape.seed();
         let probe: UfsQueuePair = ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
-        let max_io = a.max_io.min(probe.max_transfer());
+        let max_io = a
+            .shape
+            .check(probe.max_transfer(), usize::from(ctrl.depth()))?;
         drop(probe);
-        if a.min_io == 0 || a.min_io % 4096 != 0 || max_io % 4096 != 0 || max_io < a.min_io {
-            return Err(format!(
-                "I/O sizes {}..{} must be multiples of 4 KiB with min <= max (the queue pair allows up to {max_io} bytes)",
-                a.min_io, a.max_io
-            ));
-        }
-        if a.qd == 0 || a.qd > usize::from(ctrl.depth()) {
-            return Err(format!("--qd must be 1..={}", ctrl.depth()));
-        }
-        let span = (size / threads as u64) & !((1 << 20) - 1);
-        let per_thread = a.bytes.div_ceil(threads as u64);
+        let per_thread = a.shape.bytes.div_ceil(threads as u64);
         println!(
             "ufs-rw: {:?}, {threads} thread(s) x 1 queue pair, {} MiB each in I/Os of {}..{} KiB at QD {}, seed {seed:#x}",
             ctrl.mode(),
             per_thread >> 20,
-            a.min_io >> 10,
+            a.shape.min_io >> 10,
             max_io >> 10,
-            a.qd
+            a.shape.qd
         );
-        let plans: Vec<Vec<Extent>> = (0..threads)
-            .map(|i| {
-                let mut rng = SmallRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9e37_79b9));
-                make_extents(
-                    &mut rng,
-                    i as u64 * span,
-                    span,
-                    per_thread,
-                    a.min_io,
-                    max_io,
-                )
-            })
-            .collect::<Result<_, _>>()?;
-        if let Some(mode) = a.dma {
+        let plans: Vec<Vec<Extent>> = a
+            .shape
+            .plans(seed, threads, size, max_io)?
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect();
+        if let Some(mode) = a.shape.dma {
             let engine = a.engine_mapped;
             if engine && mode == DmaMode::Premapped {
                 return Err("--engine-mapped maps per I/O: use --dma strict or lazy".into());
@@ -1977,7 +2019,7 @@ mod ufs {
                 engine,
                 threads,
                 (shift, seed),
-                a.qd,
+                a.shape.qd,
                 max_io,
                 plans,
             );
@@ -1988,7 +2030,7 @@ mod ufs {
                 .iter()
                 .map(|ext| {
                     let ctrl = &ctrl;
-                    s.spawn(move || worker(ctrl, shift, seed, a.qd, max_io as usize, ext))
+                    s.spawn(move || worker(ctrl, shift, seed, a.shape.qd, max_io as usize, ext))
                 })
                 .collect();
             hs.into_iter()
@@ -2524,82 +2566,8 @@ mod ufs {
         let ctrl = open(a, Some(1))?;
         let (shift, size) = lu0(&ctrl)?;
         let mut qp: UfsQueuePair = ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
-        const LEN: u64 = 64 << 10;
-        let offset = size - (8 << 20);
-        let seed = 0x6d63_7169_6f5f_7566;
-        let mut data = vec![0u8; LEN as usize];
-        pattern::fill(seed, offset, &mut data);
-        qp.write_blocking(LUN, offset >> shift, &data)
-            .map_err(ctx("write"))?;
-        let blocks = (LEN >> shift) as u32;
-
-        // Control: with the mapping in place, the read lands in the buffer.
-        let mut buf = ctrl
-            .alloc_buf(LEN as usize, DmaDir::Bidirectional)
-            .map_err(ctx("allocating a buffer"))?;
-        buf.fill(POISON);
-        qp.read(LUN, offset >> shift, blocks, buf, 1)
-            .map_err(|e| format!("read: {:?}", e.kind))?;
-        let c = wait_tag(&mut qp, 1, "control read")?;
-        c.result.map_err(ctx("control read"))?;
-        let buf = c.buf.ok_or("control read lost its buffer")?;
-        if buf.to_vec() != data {
-            return Err("control read into a mapped buffer did not return the data written".into());
-        }
-        println!("control: a read into a mapped buffer delivers the data");
-
-        let mut victim = ctrl
-            .alloc_buf(LEN as usize, DmaDir::Bidirectional)
-            .map_err(ctx("allocating a buffer"))?;
-        victim.fill(POISON);
-        let iova = victim.iova();
-        let region = Arc::clone(victim.region());
-        let iommu = Arc::clone(ctrl.dma().iommu());
-        iommu
-            .unmap(region.iova(), region.len() as u64)
-            .map_err(ctx("unmapping the buffer"))?;
-        println!(
-            "unmapped {} bytes at IOVA {iova} from the IOMMU; reading {LEN} bytes into it",
-            region.len()
-        );
-        qp.read(LUN, offset >> shift, blocks, victim, 2)
-            .map_err(|e| format!("read into the unmapped IOVA: {:?}", e.kind))?;
-        let c = wait_tag(&mut qp, 2, "read into the unmapped IOVA")?;
-        let status = match c.result {
-            Ok(()) => "success".to_string(),
-            Err(e) => format!("error ({e})"),
-        };
-        let victim = c.buf.ok_or("the read lost its buffer")?;
-        let after = victim.to_vec();
-        // SAFETY: the pages belong to `region`, which stays allocated until
-        // its drop, and that drop unmaps this mapping before freeing them.
-        unsafe { iommu.map(region.iova(), region.as_ptr(), region.len(), region.dir()) }
-            .map_err(ctx("remapping the buffer"))?;
-        drop(victim);
-        drop(region);
-        let untouched = after.iter().all(|&b| b == POISON);
-        println!(
-            "read into unmapped IOVA {iova}: command status {status}; buffer {}",
-            if untouched {
-                "unchanged (DMA blocked)"
-            } else if after == data {
-                "holds the disk data (DMA went through!)"
-            } else {
-                "partly changed"
-            }
-        );
-        if !untouched {
-            return Err("the device wrote to memory that was unmapped from the IOMMU".into());
-        }
-        let mut back = vec![POISON; LEN as usize];
-        qp.read_blocking(LUN, offset >> shift, &mut back)
-            .map_err(ctx("read after the fault"))?;
-        if back != data {
-            return Err("after the blocked DMA, a normal read returned wrong data".into());
-        }
-        println!("after the fault the controller still reads correctly");
-        qp.close(|_| {}).map_err(ctx("closing the queue pair"))?;
-        Ok(())
+        check_dma_after_unmap(&mut qp, ctrl.dma(), LUN, shift, size, 0x6d63_7169_6f5f_7566)?;
+        qp.close(|_| {}).map_err(ctx("closing the queue pair"))
     }
 }
 
