@@ -549,3 +549,62 @@ fn a_restarted_queue_rings_its_first_doorbell() {
     qp.write_blocking(1, 0, &[3; 512]).unwrap();
     assert!(qp.stats().sq_doorbell_writes > 0, "{:?}", qp.stats());
 }
+
+/// `poll(max, ..)` delivers at most `max` also when a reset or a failure
+/// ends many commands at once, and `outstanding()` counts what is still to
+/// come (the `BlockQueue::poll` contract; UFS has the same test in
+/// `ufs_reset.rs`).
+#[test]
+fn poll_after_a_reset_or_failure_delivers_at_most_max() {
+    for mode in modes() {
+        for max in [1usize, 2] {
+            let (fake, ctrl) = open(config(mode.clone(), 5));
+            let opts = QpairOptions {
+                io_timeout: None,
+                ..qopts(0, TimeoutPolicy::Abort)
+            };
+            let mut qp = ctrl.create_qpair(opts).unwrap();
+            let round = |qp: &mut QueuePair, fail: bool| {
+                for i in 0..5u64 {
+                    fake.faults()
+                        .inject_next(None, None, Fault::Delay(Duration::from_secs(3600)));
+                    write_one(qp, &ctrl, i, 10 * u64::from(fail) + i);
+                }
+                let start = Instant::now();
+                while fake.faults().pending() > 0 {
+                    assert_eq!(qp.poll(16, |_| {}).unwrap(), 0);
+                    assert!(start.elapsed() < HANG);
+                    std::thread::yield_now();
+                }
+                if fail {
+                    fake.set_fatal();
+                } else {
+                    ctrl.reset().unwrap();
+                }
+                let mut done = Vec::new();
+                let start = Instant::now();
+                while done.len() < 5 {
+                    let mut got = 0;
+                    let r = qp.poll(max, |c| {
+                        got += 1;
+                        done.push(c);
+                    });
+                    assert!(got <= max, "mode {mode:?}: max {max}, delivered {got}");
+                    if let Ok(n) = r {
+                        assert_eq!(n, got);
+                    }
+                    assert_eq!(qp.outstanding(), 5 - done.len());
+                    assert!(start.elapsed() < HANG, "{} of 5", done.len());
+                }
+                let mut tags: Vec<u64> = done.iter().map(|c| c.tag).collect();
+                tags.sort_unstable();
+                tags.dedup();
+                assert_eq!(tags.len(), 5, "each once");
+                assert!(done.iter().all(|c| c.result.is_err()));
+            };
+            round(&mut qp, false);
+            works(&mut qp, 7, 0x5a);
+            round(&mut qp, true);
+        }
+    }
+}
