@@ -372,3 +372,35 @@ fn hpb_flag_reports_counters() {
     assert_eq!(code, 0, "{err}\n{out}");
     assert!(out.contains("HPB LU0 (device control): "), "{out}");
 }
+
+/// With a device thread (not `sync=1`) the report says how far apart the
+/// job's core and the device thread's core are, before and after the run;
+/// a synchronous fake has no such note. The numbers are not checked, and
+/// on a busy machine the measurement may give none (never a made-up one).
+#[test]
+fn the_cores_distance_is_noted_for_threaded_fakes_only() {
+    let notes = |dev: &str| -> Vec<String> {
+        let (code, out, err) = perf(&["-d", dev, "-n", "2000", "--json"]);
+        assert_eq!(code, 0, "{err}\n{out}");
+        json(&out)["notes"]
+            .as_array()
+            .expect("notes")
+            .iter()
+            .filter_map(|n| n.as_str())
+            .filter(|n| n.contains("ns one way"))
+            .map(String::from)
+            .collect()
+    };
+    for dev in ["fake-ufs:null,sync=1", "fake:null,sync=1"] {
+        assert!(notes(dev).is_empty(), "{dev}: {:?}", notes(dev));
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for dev in ["fake-ufs:null", "fake:null"] {
+        for n in notes(dev) {
+            assert!(cores >= 2, "{dev}: one core, yet {n}");
+            let ok = (n.starts_with("cores ") && n.contains("(before the run)"))
+                || n.contains("ns one way after the run");
+            assert!(ok, "{dev}: {n}");
+        }
+    }
+}

@@ -29,6 +29,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod clock;
+mod corelat;
 mod dmabench;
 mod job;
 mod nvme;

@@ -44,6 +44,8 @@ pub struct NvmeTarget {
     lbads: u32,
     describe: String,
     notes: Vec<String>,
+    /// The first job's core and the fake's device-thread core.
+    cores: Option<(usize, usize)>,
 }
 
 impl std::fmt::Debug for NvmeTarget {
@@ -59,6 +61,8 @@ impl NvmeTarget {
     pub fn open(spec: &DeviceSpec, plan: &OpenPlan) -> Result<Self, String> {
         let jobs = plan.jobs.max(1);
         let mut notes = Vec::new();
+        // Job core and the fake's device-thread core (threaded fakes only).
+        let mut cores = None;
         let (backend, fake, describe): (Arc<dyn Backend>, _, String) = match &spec.kind {
             DeviceKind::Fake { null } => {
                 let o = &spec.opts;
@@ -116,6 +120,10 @@ impl NvmeTarget {
                         as u16,
                     ..cfg
                 };
+                if !sync {
+                    cores = plan.job_cores.first().copied().zip(pin);
+                    notes.extend(cores.and_then(crate::corelat::note_before));
+                }
                 if !sync {
                     notes.push(
                         "the fake's device thread busy-polls its own core, doing in software what a controller does in hardware: \
@@ -198,6 +206,7 @@ impl NvmeTarget {
             lbads,
             describe,
             notes,
+            cores,
         })
     }
 
@@ -219,6 +228,12 @@ impl NvmeTarget {
     /// A one-line description.
     pub fn describe(&self) -> &str {
         &self.describe
+    }
+
+    /// The first job's core and the fake's device-thread core, when the
+    /// device is a threaded fake pinned to a core.
+    pub fn fake_cores(&self) -> Option<(usize, usize)> {
+        self.cores
     }
 
     /// Remarks for the report.

@@ -427,8 +427,20 @@ pub fn run_devices(
     bar.finish();
     let mut results = Vec::with_capacity(o.jobs);
     let mut job_err = None;
-    for (i, h) in handles.into_iter().enumerate() {
-        match h.join() {
+    let joined: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+    // Measured again once the jobs stopped: a run whose cores moved apart
+    // or together meanwhile shows two numbers.
+    for (t, spec) in targets.iter().zip(devices) {
+        if let Some(n) = t.fake_cores().and_then(crate::corelat::note_after) {
+            notes.push(if ndev > 1 {
+                format!("{}: {n}", spec.label())
+            } else {
+                n
+            });
+        }
+    }
+    for (i, h) in joined.into_iter().enumerate() {
+        match h {
             Ok((Ok(r), pinned)) => {
                 if !pinned {
                     notes.push(format!("job {i}: could not pin to core {}", o.cpus[i]));

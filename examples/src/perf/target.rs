@@ -153,6 +153,16 @@ impl Target {
         }
     }
 
+    /// The first job's core and the fake's device-thread core, when the
+    /// device is a threaded fake pinned to a core.
+    pub fn fake_cores(&self) -> Option<(usize, usize)> {
+        match self {
+            Target::Uring(_) => None,
+            Target::Nvme(t) => t.fake_cores(),
+            Target::Ufs(t) => t.fake_cores(),
+        }
+    }
+
     /// Remarks for the report.
     pub fn notes(&self) -> Vec<String> {
         match self {

@@ -47,6 +47,8 @@ pub struct UfsTarget {
     lbads: u32,
     describe: String,
     notes: Vec<String>,
+    /// The first job's core and the fake's device-thread core.
+    cores: Option<(usize, usize)>,
     /// Legacy mode with more than one job: the one list, shared.
     shared: Option<Arc<Mutex<LegacyList>>>,
 }
@@ -78,6 +80,8 @@ impl UfsTarget {
         let jobs = plan.jobs.max(1);
         let depth = plan.depth.clamp(1, MAX_UFS_DEPTH);
         let mut notes = Vec::new();
+        // Job core and the fake's device-thread core (threaded fakes only).
+        let mut cores = None;
         let (backend, fake, what): (Arc<dyn Backend>, _, String) = match &spec.kind {
             DeviceKind::FakeUfs { null } => {
                 let o = &spec.opts;
@@ -94,6 +98,10 @@ impl UfsTarget {
                         "every core runs a job: the fake's device thread shares a core with a job"
                             .into(),
                     );
+                }
+                if !sync {
+                    cores = plan.job_cores.first().copied().zip(pin);
+                    notes.extend(cores.and_then(crate::corelat::note_before));
                 }
                 if !sync {
                     notes.push(
@@ -245,6 +253,7 @@ impl UfsTarget {
             lbads,
             describe,
             notes,
+            cores,
             shared,
         })
     }
@@ -262,6 +271,12 @@ impl UfsTarget {
     /// A one-line description.
     pub fn describe(&self) -> &str {
         &self.describe
+    }
+
+    /// The first job's core and the fake's device-thread core, when the
+    /// device is a threaded fake pinned to a core.
+    pub fn fake_cores(&self) -> Option<(usize, usize)> {
+        self.cores
     }
 
     /// Remarks for the report.
