@@ -11,7 +11,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use mcqio::{Controller, ControllerOptions, QpairOptions, QueuePair, SubmitErrorKind};
-use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, Fault, NamespaceConfig};
+use mcqio_fixtures::{FakeConfig, FakeController, Fault, NamespaceConfig};
 use mcqio_vfio::{
     AppBuffer, Backend, DmaDir, DmaMapper, DmaMode as VfioDmaMode, IoBuffer, IommuStats,
     LazyConfig, Mapped, MapperConfig, OpenOptions as VfioOpenOptions, QueueMapper, Returned,
@@ -21,7 +21,7 @@ use mcqio_vfio::{
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::slots::{BlockJobQueue, SlotBuf, SlotBuffers};
 use crate::spec::{DeviceKind, DeviceSpec};
-use crate::target::{Namespace, OpenPlan};
+use crate::target::{CtrlInfo, FakeThread, Namespace, OpenPlan};
 use crate::workload::Op;
 
 /// The most I/O queue pairs the fake offers when `qpairs=` does not say:
@@ -40,18 +40,13 @@ pub fn fake_queue_pairs(spec: &DeviceSpec, jobs: usize) -> u16 {
 pub struct NvmeTarget {
     ctrl: Arc<Controller>,
     fake: Option<Arc<FakeController>>,
-    namespaces: Vec<Namespace>,
-    lbads: u32,
-    describe: String,
-    notes: Vec<String>,
-    /// The first job's core and the fake's device-thread core.
-    cores: Option<(usize, usize)>,
+    info: CtrlInfo,
 }
 
 impl std::fmt::Debug for NvmeTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NvmeTarget")
-            .field("describe", &self.describe)
+            .field("describe", &self.info.describe)
             .finish_non_exhaustive()
     }
 }
@@ -83,30 +78,13 @@ impl NvmeTarget {
                     None => return Err("the fake has no namespace".into()),
                 };
                 let ns = base.namespaces.len();
-                // Keep the device thread off the job cores, as hardware is.
-                let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
-                let pin = o
-                    .core
-                    .or_else(|| (0..ncpu).rev().find(|c| !plan.job_cores.contains(c)));
-                let sync = o.sync == Some(true);
-                if pin.is_none() && !sync {
-                    notes.push(
-                        "every core runs a job: the fake's device thread shares a core with a job"
-                            .into(),
-                    );
-                }
+                let thread = FakeThread::place(o.core, o.sync == Some(true), plan, &mut notes);
+                cores = thread.cores;
                 let qpairs = fake_queue_pairs(spec, jobs);
                 let cfg = FakeConfig {
                     io_queue_pairs: qpairs,
                     mqes: (plan.depth.clamp(1023, 4095)) as u16,
-                    exec: if o.sync == Some(true) {
-                        ExecMode::Sync
-                    } else {
-                        ExecMode::Threaded {
-                            workers: 1,
-                            pin_core: pin,
-                        }
-                    },
+                    exec: thread.exec(),
                     seed: plan.seed,
                     ..base
                 };
@@ -120,17 +98,6 @@ impl NvmeTarget {
                         as u16,
                     ..cfg
                 };
-                if !sync {
-                    cores = plan.job_cores.first().copied().zip(pin);
-                    notes.extend(cores.and_then(crate::corelat::note_before));
-                }
-                if !sync {
-                    notes.push(
-                        "the fake's device thread busy-polls its own core, doing in software what a controller does in hardware: \
-                         job-thread CPU is the host's cost, process CPU adds the device's"
-                            .into(),
-                    );
-                }
                 let fake = FakeController::new(cfg).map_err(|e| e.to_string())?;
                 if let Some(p) = o.corrupt {
                     fake.faults().set_probability(Fault::CorruptReadData, p);
@@ -147,11 +114,7 @@ impl NvmeTarget {
                 let d = format!(
                     "mcqio engine on the fake controller ({}, {ns} ns x {size} B, {lbads} B blocks, device thread on {})",
                     if *null { "null namespaces" } else { "RAM namespaces" },
-                    match (sync, pin) {
-                        (true, _) => "none: synchronous in the doorbell store".to_string(),
-                        (false, Some(c)) => format!("core {c}"),
-                        (false, None) => "any core".to_string(),
-                    }
+                    thread.describe()
                 );
                 (fake.clone() as Arc<dyn Backend>, Some(fake), d)
             }
@@ -202,11 +165,13 @@ impl NvmeTarget {
         Ok(NvmeTarget {
             ctrl,
             fake,
-            namespaces,
-            lbads,
-            describe,
-            notes,
-            cores,
+            info: CtrlInfo {
+                namespaces,
+                lbads,
+                describe,
+                notes,
+                cores,
+            },
         })
     }
 
@@ -215,38 +180,15 @@ impl NvmeTarget {
         self.ctrl.granted_io_queues()
     }
 
-    /// Logical block size.
-    pub fn lbads(&self) -> u32 {
-        self.lbads
+    /// What the run and the report need to know.
+    pub fn info(&self) -> &CtrlInfo {
+        &self.info
     }
 
-    /// Active namespaces.
-    pub fn namespaces(&self) -> &[Namespace] {
-        &self.namespaces
-    }
-
-    /// A one-line description.
-    pub fn describe(&self) -> &str {
-        &self.describe
-    }
-
-    /// The first job's core and the fake's device-thread core, when the
-    /// device is a threaded fake pinned to a core.
-    pub fn fake_cores(&self) -> Option<(usize, usize)> {
-        self.cores
-    }
-
-    /// Remarks for the report.
+    /// Remarks for the report, with what the fake injected so far.
     pub fn notes(&self) -> Vec<String> {
-        let mut n = self.notes.clone();
-        if let Some(f) = &self.fake {
-            let c = f.faults().counts();
-            let corrupted: u64 = c.values().sum();
-            if corrupted > 0 {
-                n.push(format!("the fake injected {corrupted} fault(s): {c:?}"));
-            }
-        }
-        n
+        self.info
+            .notes_with(self.fake.as_ref().map(|f| f.faults().counts()))
     }
 
     /// The IOMMU counters of the controller's DMA space.
@@ -357,7 +299,7 @@ impl NvmeTarget {
             qp,
             mapper,
             nsid,
-            lbads: self.lbads,
+            lbads: self.info.lbads,
             depth,
             buf_len,
             free,
@@ -544,7 +486,7 @@ mod tests {
         let req = IoReq {
             op: Op::Read,
             slba: 0,
-            nlb: 4096 / t.lbads(),
+            nlb: 4096 / t.info().lbads,
         };
         q.push(0, req).expect("push");
         q.submit(1).expect("submit");

@@ -15,6 +15,108 @@ use crate::spec::{DeviceKind, DeviceSpec};
 use crate::ufs::{UfsOpenError, UfsTarget};
 use crate::uring::UringTarget;
 
+/// What an NVMe or UFS controller target tells the run and the report,
+/// kept the same way for both.
+pub struct CtrlInfo {
+    /// Namespaces (UFS: logical units, `nsid` = LUN + 1).
+    pub namespaces: Vec<Namespace>,
+    /// Logical block size in bytes.
+    pub lbads: u32,
+    /// A one-line description.
+    pub describe: String,
+    /// Remarks for the report, fixed at open.
+    pub notes: Vec<String>,
+    /// The first job's core and the fake's device-thread core, when the
+    /// device is a threaded fake pinned to a core.
+    pub cores: Option<(usize, usize)>,
+}
+
+/// Where a fake's device thread runs (the same rules for the NVMe and the
+/// UFS fake): pinned to `core=` if given, else to the highest core no job
+/// uses (kept off the job cores, as hardware is); or nowhere with `sync=1`.
+#[derive(Clone, Copy, Debug)]
+pub struct FakeThread {
+    /// `sync=1`: the device runs in the doorbell store, on the job's thread.
+    pub sync: bool,
+    /// The core the device thread is pinned to.
+    pub pin: Option<usize>,
+    /// The first job's core and `pin`, when both are known and not `sync`.
+    pub cores: Option<(usize, usize)>,
+}
+
+impl FakeThread {
+    /// Place the device thread for `plan`; the report's notes about it go
+    /// to `notes` (including how far its core is from the first job's).
+    pub fn place(
+        core: Option<usize>,
+        sync: bool,
+        plan: &OpenPlan,
+        notes: &mut Vec<String>,
+    ) -> Self {
+        let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let pin = core.or_else(|| (0..ncpu).rev().find(|c| !plan.job_cores.contains(c)));
+        if sync {
+            return FakeThread {
+                sync,
+                pin,
+                cores: None,
+            };
+        }
+        if pin.is_none() {
+            notes.push(
+                "every core runs a job: the fake's device thread shares a core with a job".into(),
+            );
+        }
+        let cores = plan.job_cores.first().copied().zip(pin);
+        notes.extend(cores.and_then(crate::corelat::note_before));
+        notes.push(
+            "the fake's device thread busy-polls its own core, doing in software what a controller does in hardware: \
+             job-thread CPU is the host's cost, process CPU adds the device's"
+                .into(),
+        );
+        FakeThread { sync, pin, cores }
+    }
+
+    /// The fake's execution mode.
+    pub fn exec(&self) -> mcqio_fixtures::ExecMode {
+        if self.sync {
+            mcqio_fixtures::ExecMode::Sync
+        } else {
+            mcqio_fixtures::ExecMode::Threaded {
+                workers: 1,
+                pin_core: self.pin,
+            }
+        }
+    }
+
+    /// "device thread on …" for the description.
+    pub fn describe(&self) -> String {
+        match (self.sync, self.pin) {
+            (true, _) => "none: synchronous in the doorbell store".to_string(),
+            (false, Some(c)) => format!("core {c}"),
+            (false, None) => "any core".to_string(),
+        }
+    }
+}
+
+impl CtrlInfo {
+    /// The notes, plus what the fake injected so far (`counts`: its
+    /// fault counts by kind; `None` for a real device).
+    pub fn notes_with<K: std::fmt::Debug>(
+        &self,
+        counts: Option<std::collections::BTreeMap<K, u64>>,
+    ) -> Vec<String> {
+        let mut n = self.notes.clone();
+        if let Some(c) = counts {
+            let injected: u64 = c.values().sum();
+            if injected > 0 {
+                n.push(format!("the fake injected {injected} fault(s): {c:?}"));
+            }
+        }
+        n
+    }
+}
+
 /// A namespace the jobs can use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Namespace {
@@ -127,8 +229,8 @@ impl Target {
     pub fn lbads(&self) -> u32 {
         match self {
             Target::Uring(t) => t.lbads(),
-            Target::Nvme(t) => t.lbads(),
-            Target::Ufs(t) => t.lbads(),
+            Target::Nvme(t) => t.info().lbads,
+            Target::Ufs(t) => t.info().lbads,
         }
     }
 
@@ -139,8 +241,8 @@ impl Target {
                 nsid: 1,
                 blocks: t.blocks(),
             }],
-            Target::Nvme(t) => t.namespaces().to_vec(),
-            Target::Ufs(t) => t.namespaces().to_vec(),
+            Target::Nvme(t) => t.info().namespaces.clone(),
+            Target::Ufs(t) => t.info().namespaces.clone(),
         }
     }
 
@@ -148,8 +250,8 @@ impl Target {
     pub fn describe(&self) -> String {
         match self {
             Target::Uring(t) => t.describe(),
-            Target::Nvme(t) => t.describe().to_string(),
-            Target::Ufs(t) => t.describe().to_string(),
+            Target::Nvme(t) => t.info().describe.clone(),
+            Target::Ufs(t) => t.info().describe.clone(),
         }
     }
 
@@ -158,8 +260,8 @@ impl Target {
     pub fn fake_cores(&self) -> Option<(usize, usize)> {
         match self {
             Target::Uring(_) => None,
-            Target::Nvme(t) => t.fake_cores(),
-            Target::Ufs(t) => t.fake_cores(),
+            Target::Nvme(t) => t.info().cores,
+            Target::Ufs(t) => t.info().cores,
         }
     }
 

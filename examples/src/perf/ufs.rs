@@ -27,13 +27,12 @@ use mcqio_fixtures::ufs::{
     FakeUfs, FtlConfig, HpbConfig as DevHpb, HpbControl as DevControl, LuConfig, ModelClock,
     UfsConfig,
 };
-use mcqio_fixtures::ExecMode;
 use mcqio_vfio::{Backend, IommuStats, OpenOptions as VfioOpenOptions, VfioBackend};
 
 use crate::queue::{IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::slots::{push_err, status_of, BlockJobQueue, SlotBuf, SlotBuffers};
 use crate::spec::{DeviceKind, DeviceSpec};
-use crate::target::{Namespace, OpenPlan};
+use crate::target::{CtrlInfo, FakeThread, Namespace, OpenPlan};
 use crate::workload::Op;
 
 /// The most commands per queue the engine keeps outstanding on UFS.
@@ -43,12 +42,7 @@ const MAX_UFS_DEPTH: usize = 256;
 pub struct UfsTarget {
     ctrl: Arc<UfsController>,
     fake: Option<Arc<FakeUfs>>,
-    namespaces: Vec<Namespace>,
-    lbads: u32,
-    describe: String,
-    notes: Vec<String>,
-    /// The first job's core and the fake's device-thread core.
-    cores: Option<(usize, usize)>,
+    info: CtrlInfo,
     /// Legacy mode with more than one job: the one list, shared.
     shared: Option<Arc<Mutex<LegacyList>>>,
 }
@@ -56,7 +50,7 @@ pub struct UfsTarget {
 impl std::fmt::Debug for UfsTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UfsTarget")
-            .field("describe", &self.describe)
+            .field("describe", &self.info.describe)
             .finish_non_exhaustive()
     }
 }
@@ -88,28 +82,8 @@ impl UfsTarget {
                 let base = spec
                     .fake_ufs_config()
                     .ok_or_else(|| UfsOpenError::Other("not a fake-ufs".into()))?;
-                let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
-                let pin = o
-                    .core
-                    .or_else(|| (0..ncpu).rev().find(|c| !plan.job_cores.contains(c)));
-                let sync = o.sync == Some(true);
-                if pin.is_none() && !sync {
-                    notes.push(
-                        "every core runs a job: the fake's device thread shares a core with a job"
-                            .into(),
-                    );
-                }
-                if !sync {
-                    cores = plan.job_cores.first().copied().zip(pin);
-                    notes.extend(cores.and_then(crate::corelat::note_before));
-                }
-                if !sync {
-                    notes.push(
-                        "the fake's device thread busy-polls its own core, doing in software what a host controller does in hardware: \
-                         job-thread CPU is the host's cost, process CPU adds the device's"
-                            .into(),
-                    );
-                }
+                let thread = FakeThread::place(o.core, o.sync == Some(true), plan, &mut notes);
+                cores = thread.cores;
                 let lus = base.lus.len();
                 let lu_bytes = base.lus.first().map_or(0, |l| l.blocks() * 4096);
                 let base = match plan.hpb {
@@ -123,14 +97,7 @@ impl UfsTarget {
                     // the smallest of MAC, bQueueDepth and its own limit).
                     mac: depth.clamp(64, 512) as u16,
                     queue_depth: depth.clamp(32, 255) as u8,
-                    exec: if sync {
-                        ExecMode::Sync
-                    } else {
-                        ExecMode::Threaded {
-                            workers: 1,
-                            pin_core: pin,
-                        }
-                    },
+                    exec: thread.exec(),
                     seed: plan.seed,
                     ..base
                 };
@@ -138,11 +105,7 @@ impl UfsTarget {
                 let d = format!(
                     "fake UFS host controller ({}, {lus} LU x {lu_bytes} B, 4096 B blocks, device thread on {})",
                     if *null { "null LUs" } else { "RAM LUs" },
-                    match (sync, pin) {
-                        (true, _) => "none: synchronous in the doorbell store".to_string(),
-                        (false, Some(c)) => format!("core {c}"),
-                        (false, None) => "any core".to_string(),
-                    }
+                    thread.describe()
                 );
                 (fake.clone() as Arc<dyn Backend>, Some(fake), d)
             }
@@ -249,47 +212,26 @@ impl UfsTarget {
         Ok(UfsTarget {
             ctrl,
             fake,
-            namespaces,
-            lbads,
-            describe,
-            notes,
-            cores,
+            info: CtrlInfo {
+                namespaces,
+                lbads,
+                describe,
+                notes,
+                cores,
+            },
             shared,
         })
     }
 
-    /// Logical block size.
-    pub fn lbads(&self) -> u32 {
-        self.lbads
+    /// What the run and the report need to know.
+    pub fn info(&self) -> &CtrlInfo {
+        &self.info
     }
 
-    /// Logical units as namespaces (`nsid` = LUN + 1).
-    pub fn namespaces(&self) -> &[Namespace] {
-        &self.namespaces
-    }
-
-    /// A one-line description.
-    pub fn describe(&self) -> &str {
-        &self.describe
-    }
-
-    /// The first job's core and the fake's device-thread core, when the
-    /// device is a threaded fake pinned to a core.
-    pub fn fake_cores(&self) -> Option<(usize, usize)> {
-        self.cores
-    }
-
-    /// Remarks for the report.
+    /// Remarks for the report, with what the fake injected so far.
     pub fn notes(&self) -> Vec<String> {
-        let mut n = self.notes.clone();
-        if let Some(f) = &self.fake {
-            let c = f.faults().counts();
-            let injected: u64 = c.values().sum();
-            if injected > 0 {
-                n.push(format!("the fake injected {injected} fault(s): {c:?}"));
-            }
-        }
-        n
+        self.info
+            .notes_with(self.fake.as_ref().map(|f| f.faults().counts()))
     }
 
     /// HPB counters of every LU with HPB on.
