@@ -45,8 +45,9 @@ fn dma_after_unmap_on_both_fakes() {
     }
 }
 
-/// Write/read/verify through every kind of queue pair the checks drive:
-/// NVMe's, UFS's, and UFS's behind the engine's mapping wrapper.
+/// Write/read/verify through every kind of queue pair the checks drive
+/// (NVMe's, UFS's, and UFS's behind the engine's mapping wrapper) and every
+/// kind of buffer lane.
 #[test]
 fn rw_on_both_fakes_and_through_the_mapping_wrapper() {
     let out = ok(&["rw", "fake", "--bytes", "1048576"]);
@@ -66,6 +67,16 @@ fn rw_on_both_fakes_and_through_the_mapping_wrapper() {
             m,
             "--engine-mapped",
         ]);
+        assert!(out.contains("ufs-rw: OK"), "{m}: {out}");
+    }
+    // The other buffer lanes: scattered 4 KiB DmaBufs, and a QueueMapper
+    // per thread in each DMA mode.
+    let out = ok(&["rw", "fake", "--bytes", "1048576", "--vectored"]);
+    assert!(out.contains("rw: OK"), "{out}");
+    for m in ["premapped", "strict", "lazy"] {
+        let out = ok(&["rw", "fake", "--bytes", "1048576", "--dma", m]);
+        assert!(out.contains("rw: OK"), "{m}: {out}");
+        let out = ok(&["ufs-rw", "fake-ufs", "--bytes", "1048576", "--dma", m]);
         assert!(out.contains("ufs-rw: OK"), "{m}: {out}");
     }
 }

@@ -520,9 +520,14 @@ trait Lane {
         done: &mut dyn FnMut(u64, &[u8]),
     ) -> Result<(), Failure>;
     /// Called on every reaping pass (lazy mode flushes on a timer here).
-    fn tick(&mut self, done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure>;
+    /// Lanes that defer nothing have nothing to do.
+    fn tick(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
+        Ok(())
+    }
     /// Force every deferred release (end of a phase).
-    fn drain(&mut self, done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure>;
+    fn drain(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
+        Ok(())
+    }
     /// One line about the lane's mapping work.
     fn describe(&self) -> String;
 }
@@ -578,12 +583,6 @@ impl Lane for DmaBufLane {
         b.read_at(0, data).map_err(ctx("reading a buffer"))?;
         done(tag, data);
         self.free.push(b);
-        Ok(())
-    }
-    fn tick(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
-        Ok(())
-    }
-    fn drain(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
         Ok(())
     }
     fn describe(&self) -> String {
@@ -646,12 +645,6 @@ impl Lane for AppLane {
         let len = self.lens.remove(&tag).unwrap_or(0);
         done(tag, &b.as_slice()[..len]);
         self.free.push(b);
-        Ok(())
-    }
-    fn tick(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
-        Ok(())
-    }
-    fn drain(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
         Ok(())
     }
     fn describe(&self) -> String {
@@ -875,12 +868,6 @@ impl Lane for VecLane {
         done(tag, &self.scratch[..len]);
         pages.extend(self.spare.remove(&tag).unwrap_or_default());
         self.free.push(pages);
-        Ok(())
-    }
-    fn tick(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
-        Ok(())
-    }
-    fn drain(&mut self, _done: &mut dyn FnMut(u64, &[u8])) -> Result<(), Failure> {
         Ok(())
     }
     fn describe(&self) -> String {
