@@ -468,3 +468,24 @@ fn check_health_reports_a_fatal_controller_before_the_next_poll() {
         assert!(matches!(qp.check_health(), Err(Error::ControllerFatal)));
     }
 }
+
+/// Every committed fault is counted, in MCQ and in legacy mode alike (the
+/// counts are what `mcqio-perf` reports as "the fake injected …").
+#[test]
+fn committed_faults_are_counted_in_both_modes() {
+    for mcq in [true, false] {
+        let (f, ctrl) = up(sync_cfg(mcq), opts(1));
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        f.faults()
+            .inject_next(None, Some(READ10), UfsFault::Ocs(Ocs::ABORTED.0));
+        let mut back = vec![0u8; 4096];
+        assert!(qp.read_blocking(0, 0, &mut back).is_err(), "mcq={mcq}");
+        assert_eq!(f.faults().pending(), 0, "mcq={mcq}");
+        assert_eq!(
+            f.faults().count(fake::UfsFaultKind::Ocs),
+            1,
+            "mcq={mcq}: {:?}",
+            f.faults().counts()
+        );
+    }
+}
