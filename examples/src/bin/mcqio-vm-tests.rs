@@ -1468,35 +1468,29 @@ fn dma_after_unmap(a: &DevArgs) -> Result<(), Failure> {
     )
 }
 
-/// One command through `qp` and back: `data` written at `lba` of `at`
-/// (`write`), or read from there into `data`.
-fn io_once<Q: BlockQueue<Buf = DmaBuf>>(
-    qp: &mut Q,
-    dma: &Arc<mcqio::vfio::DmaSpace>,
-    at: Q::Addr,
-    shift: u32,
-    lba: u64,
-    data: &mut [u8],
-    write: bool,
-) -> Result<(), Failure> {
-    let what = if write { "write" } else { "read" };
-    let mut buf = DmaBuf::alloc(dma, data.len(), DmaDir::Bidirectional)
-        .map_err(ctx("allocating a buffer"))?;
-    let blocks = (data.len() >> shift) as u32;
-    if write {
-        buf.write_at(0, data).map_err(ctx("filling the buffer"))?;
-        qp.write(at, lba, blocks, buf, u64::MAX)
-            .map_err(ctx(what))?;
-    } else {
-        qp.read(at, lba, blocks, buf, u64::MAX).map_err(ctx(what))?;
+/// The engine's blocking helpers (bounce buffer, split at the transfer
+/// limit, timeout), which each transport offers as inherent methods.
+trait BlockingIo: BlockQueue<Buf = DmaBuf> {
+    fn write_all(&mut self, at: Self::Addr, lba: u64, src: &[u8]) -> mcqio::Result<()>;
+    fn read_all(&mut self, at: Self::Addr, lba: u64, dst: &mut [u8]) -> mcqio::Result<()>;
+}
+
+impl BlockingIo for QueuePair {
+    fn write_all(&mut self, at: u32, lba: u64, src: &[u8]) -> mcqio::Result<()> {
+        self.write_blocking(at, lba, src)
     }
-    let c = wait_tag(qp, u64::MAX, what)?;
-    c.result.map_err(ctx(what))?;
-    if !write {
-        let buf = c.buf.ok_or("a read lost its buffer")?;
-        buf.read_at(0, data).map_err(ctx("reading the buffer"))?;
+    fn read_all(&mut self, at: u32, lba: u64, dst: &mut [u8]) -> mcqio::Result<()> {
+        self.read_blocking(at, lba, dst)
     }
-    Ok(())
+}
+
+impl BlockingIo for mcqio::ufs::UfsQueuePair {
+    fn write_all(&mut self, at: u8, lba: u64, src: &[u8]) -> mcqio::Result<()> {
+        self.write_blocking(at, lba, src)
+    }
+    fn read_all(&mut self, at: u8, lba: u64, dst: &mut [u8]) -> mcqio::Result<()> {
+        self.read_blocking(at, lba, dst)
+    }
 }
 
 /// `dma-after-unmap` and `ufs-dma-after-unmap`: a read into a buffer that
@@ -1504,7 +1498,7 @@ fn io_once<Q: BlockQueue<Buf = DmaBuf>>(
 /// IOMMU blocked the DMA), after a control read into a mapped buffer
 /// delivered the data; and the controller must read correctly after the
 /// fault. Uses 64 KiB, 8 MiB before the end of `at` (`size` bytes).
-fn check_dma_after_unmap<Q: BlockQueue<Buf = DmaBuf>>(
+fn check_dma_after_unmap<Q: BlockingIo>(
     qp: &mut Q,
     dma: &Arc<mcqio::vfio::DmaSpace>,
     at: Q::Addr,
@@ -1516,7 +1510,8 @@ fn check_dma_after_unmap<Q: BlockQueue<Buf = DmaBuf>>(
     let offset = size - (8 << 20);
     let mut data = vec![0u8; LEN as usize];
     pattern::fill(seed, offset, &mut data);
-    io_once(qp, dma, at, shift, offset >> shift, &mut data.clone(), true)?;
+    qp.write_all(at, offset >> shift, &data)
+        .map_err(ctx("write"))?;
     let blocks = (LEN >> shift) as u32;
 
     // Control: with the mapping in place, the read lands in the buffer.
@@ -1580,7 +1575,8 @@ fn check_dma_after_unmap<Q: BlockQueue<Buf = DmaBuf>>(
     }
     // The controller must still work after the fault.
     let mut back = vec![POISON; LEN as usize];
-    io_once(qp, dma, at, shift, offset >> shift, &mut back, false)?;
+    qp.read_all(at, offset >> shift, &mut back)
+        .map_err(ctx("read after the fault"))?;
     if back != data {
         return Err("after the blocked DMA, a normal read returned wrong data".into());
     }
