@@ -238,6 +238,24 @@ impl Timeouts {
         }
     }
 
+    /// `slot` holds a command that is not the application's (UFS: an HPB
+    /// map load): this scan skips it, as a posted one; the transport times
+    /// it out its own way ([`Self::timeout_ms`], [`Self::scan_interval_ms`]).
+    /// Call between [`begin_scan`](Self::begin_scan) and [`scan`].
+    pub fn exclude(&mut self, slot: u16) {
+        self.mark_posted(slot);
+    }
+
+    /// The timeout, ms (0: none).
+    pub fn timeout_ms(&self) -> u32 {
+        self.timeout_ms
+    }
+
+    /// The interval between scans, ms.
+    pub fn scan_interval_ms(&self) -> u32 {
+        self.scan_interval_ms
+    }
+
     fn is_posted(&self, slot: u16) -> bool {
         self.posted
             .get(usize::from(slot) / 64)

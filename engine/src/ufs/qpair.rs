@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use mcqio_vfio::{DmaDir, DmaSpace, Mapped};
 
 use super::ctrl::{health, state, Pool, UfsController, UfsMode};
-use super::hpb::qp::{HpbQp, DEV_INFO_HPB};
+use super::hpb::qp::{HpbQp, Overdue, DEV_INFO_HPB};
 use super::mcq::{McqQueue, Reaped};
 use super::sdb::{SdbQueue, SdbReaped};
 use super::spec::regs::sq_op;
@@ -390,7 +390,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// Commands submitted and not yet completed (the application's; HPB
     /// map loads in flight are not counted).
     pub fn outstanding(&self) -> usize {
-        self.trackers.outstanding() - self.hpb.inflight() + self.held.len()
+        // Internal commands are in the trackers' count and in `inflight`
+        // until the same moment; saturating all the same: never a wrap.
+        self.trackers
+            .outstanding()
+            .saturating_sub(self.hpb.inflight())
+            + self.held.len()
     }
 
     /// Whether a submission now would fail with `QueueFull`.
@@ -452,7 +457,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // I/O): a failure another pair found is picked up by the next poll,
         // which then ends whatever was submitted meanwhile.
         if self.timeouts.enabled() {
-            self.timeouts.stamp_if_idle(self.trackers.outstanding());
+            // Idle for the application even with map loads in flight.
+            self.timeouts.stamp_if_idle(
+                self.trackers
+                    .outstanding()
+                    .saturating_sub(self.hpb.inflight()),
+            );
         }
         if self.failed.is_some() {
             return Err(SubmitErrorKind::ControllerFailed);
@@ -573,6 +583,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
         self.trackers
             .arm(slot, tag, Some(buf), self.timeouts.now_ms);
+        if !read {
+            self.hpb.note_write(slot, lun, lba, blocks);
+        }
         self.submitted += 1;
         Ok(())
     }
@@ -685,6 +698,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
             self.transport
                 .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
             self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
+            if !read {
+                self.hpb.note_write(slot, lun, clba, n);
+            }
             self.splits.link(slot, parent);
             self.submitted += 1;
         }
@@ -694,13 +710,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
 
     /// A command without a data buffer (or with a parameter list carried in
     /// its own command descriptor).
+    /// Returns the slot it went into.
     fn submit_nodata(
         &mut self,
         lun: u8,
         cdb: scsi::Cdb,
         param: Option<&[u8]>,
         tag: u64,
-    ) -> std::result::Result<(), SubmitError<()>> {
+    ) -> std::result::Result<u16, SubmitError<()>> {
         let Some(slot) = self.trackers.alloc() else {
             return Err(submit_err(SubmitErrorKind::QueueFull, ()));
         };
@@ -719,7 +736,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
         self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
         self.submitted += 1;
-        Ok(())
+        Ok(slot)
     }
 
     /// SYNCHRONIZE CACHE(10) of LU `lun`.
@@ -728,6 +745,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             return Err(submit_err(k, ()));
         }
         self.submit_nodata(lun, scsi::synchronize_cache(), None, tag)
+            .map(|_| ())
     }
 
     /// UNMAP `blocks` blocks from `lba` of LU `lun` (the UFS form of
@@ -745,7 +763,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
         }
         self.hpb.dirty(lun, lba, blocks);
         let list = scsi::unmap_list(lba, blocks);
-        self.submit_nodata(lun, scsi::unmap(list.len() as u16), Some(&list), tag)
+        let slot = self.submit_nodata(lun, scsi::unmap(list.len() as u16), Some(&list), tag)?;
+        self.hpb.note_write(slot, lun, lba, blocks);
+        Ok(())
     }
 
     /// Ring the doorbell once for everything queued since the last ring.
@@ -888,7 +908,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
         self.hpb
             .pass(self.trackers.depth() - self.trackers.outstanding());
         let mut posted = false;
+        // Internal commands are stamped with their own submission time
+        // (the clock may not have been read for a while on a quiet queue).
+        let mut stamped = !self.timeouts.enabled();
         while let Some(cmd) = self.hpb.next_cmd() {
+            if !stamped {
+                self.timeouts.tick();
+                stamped = true;
+            }
             let Some(slot) = self.trackers.alloc() else {
                 self.hpb.refused(cmd);
                 continue;
@@ -906,7 +933,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 .write_command(slot, cmd.lun, task_tag, cmd.cdb, bytes, bytes > 0);
             self.transport
                 .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
-            self.trackers.arm(slot, u64::MAX, None, 0);
+            self.trackers
+                .arm(slot, u64::MAX, None, self.timeouts.now_ms);
             self.hpb.posted(slot, cmd);
             posted = true;
         }
@@ -923,7 +951,78 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // Nothing is marked posted: the scan runs only after a poll that
         // reaped everything posted.
         self.timeouts.begin_scan();
+        // HPB's internal commands are not the application's: its policy and
+        // statistics never see them; they have their own handling below.
+        if self.hpb.inflight() > 0 {
+            for slot in 0..self.trackers.slots() as u16 {
+                if self.hpb.is_internal(slot) {
+                    self.timeouts.exclude(slot);
+                }
+            }
+        }
         timeout::scan(&mut UfsTimeouts { qp: self, f });
+        if self.failed.is_none() && self.ctrl.state() == self.seen_state {
+            self.scan_internal_timeouts();
+        }
+    }
+
+    /// HPB's internal commands past the I/O timeout: withdrawn (MCQ cleanup
+    /// by nexus, UTRLCLR) once, whatever the application's policy, so that
+    /// its ABORTED completion ends it as a failed command inside the queue
+    /// pair; given up (slot retired until a controller reset, buffer never
+    /// reused) if the controller refuses, or does not give it back within
+    /// another timeout. Never a controller reset, never in
+    /// [`UfsQpairStats`]: counted in [`HpbStats`](super::HpbStats).
+    #[cold]
+    fn scan_internal_timeouts(&mut self) {
+        if self.hpb.inflight() == 0 {
+            return;
+        }
+        let (now, limit, scan) = (
+            self.timeouts.now_ms,
+            self.timeouts.timeout_ms(),
+            self.timeouts.scan_interval_ms(),
+        );
+        for slot in 0..self.trackers.slots() as u16 {
+            let s = self.trackers.slot(slot);
+            if !s.busy {
+                continue;
+            }
+            match self
+                .hpb
+                .timeout_step(slot, s.submitted_ms, now, limit, scan)
+            {
+                None => continue,
+                Some(Overdue::Withdraw) => {
+                    log::warn!(
+                        "UFS queue pair (tag base {}): HPB command in slot {slot} has no completion after {} ms; withdrawing it",
+                        self.tag_base,
+                        now.wrapping_sub(s.submitted_ms)
+                    );
+                    let accepted = self.withdraw(slot).unwrap_or(false);
+                    self.hpb.withdrawn(slot, now, accepted);
+                }
+                Some(Overdue::GiveUp) => self.give_up_internal(slot),
+            }
+            if self.failed.is_some() || self.ctrl.state() != self.seen_state {
+                return;
+            }
+        }
+    }
+
+    /// End the internal command in busy `slot` that the controller may
+    /// still hold: its slot is retired (never reused until a controller
+    /// reset succeeds), and the queue's memory leaked at drop. No
+    /// completion: it is not the application's.
+    #[cold]
+    fn give_up_internal(&mut self, slot: u16) {
+        log::warn!(
+            "UFS queue pair (tag base {}): giving up the HPB command in slot {slot}",
+            self.tag_base
+        );
+        self.leak = true;
+        let _ = self.trackers.retire(slot);
+        self.hpb.give_up(slot);
     }
 
     /// A command needs a host controller reset (policy `Reset`, or an abort
@@ -934,6 +1033,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// reset.
     #[cold]
     fn reset_for_timeout(&mut self, slot: u16, f: &mut impl FnMut(Completion<B>)) -> bool {
+        if self.hpb.is_internal(slot) {
+            // Not the application's (the scan excludes them): never a reset
+            // or a completion for it.
+            self.give_up_internal(slot);
+            return false;
+        }
         self.timeouts.stats.resets_requested += 1;
         if self.ctrl.reset_for_timeout() {
             // The reset ends every command in flight (the next poll sees it).
@@ -945,6 +1050,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         self.leak = true;
         self.splits.poison(slot);
         let (tag, buf) = self.trackers.retire(slot);
+        self.hpb.write_ended(slot);
         let mut leaked = deliver::leak(buf);
         let routed = self.splits.finish(slot, Err(IoError::TimedOut));
         leaked += self.splits.take_leaked();
@@ -972,6 +1078,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     #[cold]
     fn end_all(&mut self, err: IoError, keep_bufs: bool, f: &mut impl FnMut(Completion<B>)) -> u64 {
         let mut leaked = 0u64;
+        self.hpb.all_writes_ended();
         // Internal commands (HPB map loads) are the HPB state's, not the
         // application's: they end there, without a completion.
         if self.hpb.inflight() > 0 {
@@ -1278,7 +1385,9 @@ fn failed_result(
 /// If `slot` (its tracker already freed) held an internal HPB command, end
 /// it in the HPB state — never as an application completion — and return
 /// true. A map load must have moved every byte: a short one would publish
-/// whatever the buffer held before.
+/// whatever the buffer held before. An application write or unmap
+/// dirties its sub-regions again here, before the application hears of it
+/// (`HpbQp::write_ended`).
 #[inline(always)]
 fn end_internal(
     hpb: &mut HpbQp,
@@ -1287,6 +1396,7 @@ fn end_internal(
     result: &std::result::Result<(), IoError>,
 ) -> bool {
     if !hpb.is_internal(slot) {
+        hpb.write_ended(slot);
         return false;
     }
     let whole = result.is_ok() && ucds.response(slot).residual() == 0;

@@ -210,6 +210,15 @@ pub struct HpbStats {
     /// READ BUFFERs completed after a write dirtied their sub-region (not
     /// published; loaded again).
     pub map_loads_discarded: u64,
+    /// Internal commands (map loads, inactivations) still in flight after
+    /// the queue pair's I/O timeout: withdrawn by the queue pair itself
+    /// (never counted in [`UfsQpairStats`](crate::ufs::UfsQpairStats),
+    /// never a controller reset).
+    pub internal_timeouts: u64,
+    /// Of those, the ones the controller would not give up: ended inside
+    /// the queue pair with their slot retired (until a controller reset)
+    /// and their buffer never reused.
+    pub internal_given_up: u64,
     /// HPB READs whose entry the device rejected and served with its own
     /// lookup (the device's report).
     pub stale_fallbacks: u64,

@@ -44,6 +44,28 @@ enum Internal {
     },
 }
 
+/// Where an internal command stands with its timeout (see
+/// [`HpbQp::timeout_step`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Watch {
+    /// Not past its timeout.
+    None,
+    /// Withdrawn at this time (ms): its ABORTED completion is due.
+    Withdrawn(u32),
+    /// The withdrawal was refused at this time (ms): given up unless it
+    /// completes soon.
+    Refused(u32),
+}
+
+/// What the queue pair does about an internal command past its time.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Overdue {
+    /// Ask the controller to give it up (MCQ cleanup, UTRLCLR).
+    Withdraw,
+    /// Give it up: retire its slot ([`HpbQp::give_up`]).
+    GiveUp,
+}
+
 /// An internal command for the queue pair to post.
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct Cmd {
@@ -74,6 +96,11 @@ pub(crate) struct HpbQp {
     internal: Vec<Internal>,
     /// Per tracker slot: (map, LBA) of the HPB READ in it.
     hpb_lba: Vec<(u8, u64)>,
+    /// Per tracker slot: (map, blocks, LBA) of the write or unmap in it
+    /// (blocks 0: none), dirtied again when it ends.
+    writes: Vec<(u8, u32, u64)>,
+    /// Per tracker slot: the timeout state of the internal command in it.
+    watch: Vec<Watch>,
     bufs: ManuallyDrop<Option<DmaBuf>>,
     buf_len: usize,
     buf_free: Vec<u16>,
@@ -149,6 +176,16 @@ impl HpbQp {
                 Vec::new()
             },
             hpb_lba: if on { vec![(0, 0); depth] } else { Vec::new() },
+            writes: if on {
+                vec![(0, 0, 0); depth]
+            } else {
+                Vec::new()
+            },
+            watch: if on {
+                vec![Watch::None; depth]
+            } else {
+                Vec::new()
+            },
             bufs: ManuallyDrop::new(bufs),
             buf_len,
             buf_free: (0..max_inflight as u16).rev().collect(),
@@ -220,6 +257,58 @@ impl HpbQp {
         }
     }
 
+    /// The write or unmap of `[lba, lba + blocks)` of `lun` in tracker
+    /// `slot` was posted (after [`Self::dirty`]): when it ends, its
+    /// sub-regions are dirtied again ([`Self::write_ended`]).
+    #[inline]
+    pub(crate) fn note_write(&mut self, slot: u16, lun: u8, lba: u64, blocks: u32) {
+        if !self.on {
+            return;
+        }
+        if let Some(mi) = self.map_of(lun) {
+            self.writes[usize::from(slot)] = (mi, blocks, lba);
+        }
+    }
+
+    /// The application command in `slot` ended (any way: completion, reset,
+    /// failure, withdrawal, given up), before the application hears of it.
+    /// A write or unmap dirties its sub-regions again: a map load the
+    /// device ran before the write, but that completed after the write's
+    /// submission dirtied them (same generation), is then not used by any
+    /// read submitted after the write's end.
+    #[inline(always)]
+    pub(crate) fn write_ended(&mut self, slot: u16) {
+        if !self.on {
+            return;
+        }
+        self.write_ended_cold(slot);
+    }
+
+    #[inline]
+    fn write_ended_cold(&mut self, slot: u16) {
+        let Some(w) = self.writes.get_mut(usize::from(slot)) else {
+            return;
+        };
+        let (mi, blocks, lba) = std::mem::replace(w, (0, 0, 0));
+        if blocks != 0 {
+            if let Some(m) = self.maps.get(usize::from(mi)) {
+                m.dirty(lba, blocks);
+            }
+        }
+    }
+
+    /// Every command in flight is ending at once (reset, failure, close):
+    /// [`Self::write_ended`] for each write among them.
+    #[cold]
+    pub(crate) fn all_writes_ended(&mut self) {
+        if !self.on {
+            return;
+        }
+        for slot in 0..self.writes.len() {
+            self.write_ended_cold(slot as u16);
+        }
+    }
+
     /// Whether `slot` holds an internal command.
     #[inline(always)]
     pub(crate) fn is_internal(&self, slot: u16) -> bool {
@@ -259,8 +348,9 @@ impl HpbQp {
     /// slot is already free.
     #[cold]
     pub(crate) fn complete(&mut self, slot: u16, ok: bool) {
-        let k = std::mem::replace(&mut self.internal[usize::from(slot)], Internal::None);
-        self.inflight = self.inflight.saturating_sub(1);
+        let Some(k) = self.take(slot) else {
+            return;
+        };
         match k {
             Internal::Load { map, s, gen, buf } => {
                 let m = Arc::clone(&self.maps[usize::from(map)]);
@@ -299,6 +389,96 @@ impl HpbQp {
             }
             Internal::None => {}
         }
+    }
+
+    /// Clear `slot`'s internal mark and timeout state: the command in it
+    /// ends now. `None` if it held none.
+    fn take(&mut self, slot: u16) -> Option<Internal> {
+        let k = std::mem::replace(self.internal.get_mut(usize::from(slot))?, Internal::None);
+        if k == Internal::None {
+            return None;
+        }
+        self.watch[usize::from(slot)] = Watch::None;
+        self.inflight = self.inflight.saturating_sub(1);
+        Some(k)
+    }
+
+    /// The internal command in `slot`, submitted at `submitted_ms`: what to
+    /// do about it at `now_ms` with a timeout of `limit_ms` (`scan_ms`:
+    /// the scan interval). Never the application's policy: an internal
+    /// command is withdrawn once, and given up (never a controller reset)
+    /// if the controller refuses, or does not give it back within another
+    /// timeout.
+    pub(crate) fn timeout_step(
+        &self,
+        slot: u16,
+        submitted_ms: u32,
+        now_ms: u32,
+        limit_ms: u32,
+        scan_ms: u32,
+    ) -> Option<Overdue> {
+        if !self.is_internal(slot) {
+            return None;
+        }
+        match self.watch[usize::from(slot)] {
+            Watch::None if now_ms.wrapping_sub(submitted_ms) >= limit_ms => Some(Overdue::Withdraw),
+            Watch::Withdrawn(t) if now_ms.wrapping_sub(t) >= limit_ms => Some(Overdue::GiveUp),
+            // Refused: it may have completed meanwhile; give it a scan.
+            Watch::Refused(t) if now_ms.wrapping_sub(t) >= scan_ms => Some(Overdue::GiveUp),
+            _ => None,
+        }
+    }
+
+    /// The internal command in `slot` was found past its timeout and its
+    /// withdrawal sent at `now_ms` (`accepted`: the controller gave it up;
+    /// its ABORTED completion ends it as a failed command).
+    pub(crate) fn withdrawn(&mut self, slot: u16, now_ms: u32, accepted: bool) {
+        if !self.is_internal(slot) {
+            return;
+        }
+        let map = match self.internal[usize::from(slot)] {
+            Internal::Load { map, .. } | Internal::Inactivate { map, .. } => map,
+            Internal::None => return,
+        };
+        if let Some(m) = self.maps.get(usize::from(map)) {
+            m.c.internal_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        self.watch[usize::from(slot)] = if accepted {
+            Watch::Withdrawn(now_ms)
+        } else {
+            Watch::Refused(now_ms)
+        };
+    }
+
+    /// Give up the internal command in `slot`, whose tracker slot the
+    /// queue pair retires (the device may still hold it): it ends as a
+    /// failed command, and its map-load buffer is never reused (leaked with
+    /// the others at drop). Returns whether it was internal.
+    #[cold]
+    pub(crate) fn give_up(&mut self, slot: u16) -> bool {
+        let Some(k) = self.take(slot) else {
+            return false;
+        };
+        self.leak = true;
+        match k {
+            Internal::Load { map, s, gen, .. } => {
+                // The buffer stays out of `buf_free`: the device may still
+                // write it.
+                let m = &self.maps[usize::from(map)];
+                m.finish_load(s as usize, gen, None);
+                m.c.map_load_errors.fetch_add(1, Ordering::Relaxed);
+                m.c.internal_given_up.fetch_add(1, Ordering::Relaxed);
+            }
+            Internal::Inactivate { map, rgn } => {
+                let m = &self.maps[usize::from(map)];
+                m.c.internal_given_up.fetch_add(1, Ordering::Relaxed);
+                if self.wb_done.len() < self.wb_done.capacity() {
+                    self.wb_done.push((map, rgn));
+                }
+            }
+            Internal::None => {}
+        }
+        true
     }
 
     /// The queue pair ends the command in `slot` without a completion
