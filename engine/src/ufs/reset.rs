@@ -233,3 +233,119 @@ impl<B: IoBuf> UfsQueuePair<B> {
         self.recoveries
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ufs::{HpbConfig, UfsOptions, UfsQpairOptions};
+    use mcqio_fixtures::ufs::{
+        FakeUfs, FtlConfig, HpbConfig as DevHpb, HpbControl as DevControl, LuConfig, UfsConfig,
+        UfsFault,
+    };
+
+    /// Issue 27 item 4: an internal command the controller will not give
+    /// up (withdrawal refused, no completion) is given up inside the queue
+    /// pair: no completion reaches the application, `outstanding()` stays
+    /// 0, its slot is retired and its mark cleared with it, so after a
+    /// successful reset the slot carries an application command that
+    /// completes (it was swallowed as internal before).
+    #[test]
+    fn a_given_up_internal_command_ends_inside_and_its_slot_serves_after_a_reset() {
+        for mcq in [true, false] {
+            let fake = FakeUfs::new(UfsConfig {
+                exec: mcqio_fixtures::ExecMode::Sync,
+                mcq,
+                lus: vec![LuConfig::Sparse { blocks: 4096 }],
+                ftl: Some(FtlConfig::default()),
+                hpb: Some(DevHpb {
+                    control: DevControl::Host,
+                    region_size: 9,
+                    subregion_size: 7,
+                    max_active_regions: 16,
+                    ..DevHpb::default()
+                }),
+                ..UfsConfig::default()
+            })
+            .expect("fake");
+            let backend: Arc<dyn mcqio_vfio::Backend> = fake.clone();
+            let ctrl = UfsController::new(
+                backend,
+                UfsOptions {
+                    queues: 1,
+                    depth: 8,
+                    hpb: Some(HpbConfig {
+                        activation_threshold: 2,
+                        eviction_enter: 0,
+                        eviction_exit: u32::MAX,
+                        ..HpbConfig::default()
+                    }),
+                    ..UfsOptions::default()
+                },
+            )
+            .expect("bring-up");
+            let mut qp = ctrl
+                .create_qpair_with::<DmaBuf>(UfsQpairOptions {
+                    io_timeout: Some(Duration::from_millis(40)),
+                    timeout_policy: crate::TimeoutPolicy::Reset,
+                })
+                .expect("qpair");
+            let depth = qp.depth();
+            fake.faults()
+                .inject_next(None, Some(0xF9), UfsFault::DropCompletion);
+            let mut v = vec![0u8; 4096];
+            for _ in 0..3 {
+                qp.read_blocking(0, 40, &mut v).expect("read");
+            }
+            let slot = (0..qp.trackers.slots() as u16)
+                .find(|&s| qp.hpb.is_internal(s))
+                .expect("a map load in flight");
+            // As if its withdrawal had been refused.
+            qp.hpb.withdrawn(slot, qp.timeouts.now_ms, false);
+            let start = Instant::now();
+            while qp.depth() == depth {
+                qp.poll(8, |c| {
+                    panic!("mcq={mcq}: the application got tag {}", c.tag)
+                })
+                .expect("poll");
+                assert!(start.elapsed() < Duration::from_secs(10), "mcq={mcq}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(!qp.hpb.is_internal(slot), "mcq={mcq}: mark cleared");
+            assert_eq!((qp.outstanding(), qp.hpb.inflight()), (0, 0), "mcq={mcq}");
+            let s = qp.stats();
+            assert_eq!((s.timeouts, s.resets_requested), (0, 0), "mcq={mcq}");
+            let h = ctrl.hpb_stats(0).expect("HPB");
+            assert_eq!(
+                (h.internal_timeouts, h.internal_given_up),
+                (1, 1),
+                "mcq={mcq}"
+            );
+            ctrl.reset().expect("reset");
+            while qp.recoveries() == 0 {
+                qp.poll(8, |c| {
+                    panic!("mcq={mcq}: the application got tag {}", c.tag)
+                })
+                .expect("poll");
+                assert!(start.elapsed() < Duration::from_secs(10), "mcq={mcq}");
+            }
+            assert_eq!(qp.depth(), depth, "mcq={mcq}");
+            for i in 0..depth as u64 {
+                let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf");
+                qp.read(0, 2000 + i, 1, b, i).expect("read");
+            }
+            qp.submit();
+            let mut n = 0;
+            while n < depth {
+                n += qp
+                    .poll(8, |c| {
+                        assert!(c.result.is_ok(), "mcq={mcq}: {:?}", c.result)
+                    })
+                    .expect("poll");
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "mcq={mcq}: {n} of {depth}"
+                );
+            }
+        }
+    }
+}
