@@ -96,7 +96,10 @@ pub struct UfsQpairOptions {
     /// queue's coarse clock; a command is acted on about 1 to 1.25 timeouts
     /// after its submission. A command whose completion the controller
     /// already posted is never taken for timed out (the scan runs only
-    /// after a poll that reaped everything posted).
+    /// after a poll that reaped everything posted). The same timeout bounds
+    /// HPB's internal commands, which have their own handling (withdrawn,
+    /// never a controller reset, never in [`UfsQpairStats`]; see
+    /// [`super::hpb`]).
     pub io_timeout: Option<Duration>,
     /// What a timeout does ([`TimeoutPolicy`]): `ReportOnly` counts it
     /// ([`UfsQpairStats::timeouts`]); `Abort` withdraws the command (MCQ:

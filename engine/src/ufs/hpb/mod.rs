@@ -4,9 +4,11 @@
 //! DRAM; a random read outside it costs an extra NAND read. With HPB the
 //! host keeps 8-byte L2P entries of the regions it reads (loaded with HPB
 //! READ BUFFER) and sends the first block's entry inside the read (HPB
-//! READ), so the device can skip its lookup. The device checks the entry
-//! and falls back to its own lookup when it is stale; data is never wrong
-//! because of a bad entry, only slower.
+//! READ), so the device can skip its lookup. A device may check the entry
+//! and fall back to its own lookup when it is stale (the fake does, unless
+//! told to trust entries), or may use it as it is: so the host never sends
+//! an entry older than a write that completed before the read was
+//! submitted (see below).
 //!
 //! Enabled per LU at bring-up with [`HpbConfig`] in
 //! [`UfsOptions::hpb`](super::UfsOptions::hpb): the controller reads the
@@ -40,15 +42,36 @@
 //!   whose sub-regions are all valid goes out as HPB READ with the first
 //!   block's entry; any other read as a normal READ.
 //! - A write or unmap dirties every sub-region it touches **before** it is
-//!   posted, so a read submitted after its completion never carries an
-//!   entry older than it.
+//!   posted, and again **when it ends** (completion, error, reset,
+//!   withdrawal — before the application hears of it). The first stops
+//!   reads and in-flight loads from using older entries; the second stops
+//!   a map load that was issued after the write's submission but run by
+//!   the device before the write (same generation, pre-write entries) from
+//!   being used once the write completed. So a read submitted after a
+//!   write's completion never carries an entry older than that write.
+//!   Exception: a write the queue pair had to give up without the device
+//!   confirming it (a controller that cannot be disabled) may still
+//!   execute later, and so change data under any entry (or none).
 //! - Map loads (READ BUFFER) and inactivations (WRITE BUFFER) are internal
 //!   commands on the same queue pairs: posted from `poll`, at most
 //!   [`HpbConfig::inflight_map_loads`] per queue pair and never into a full
 //!   queue; their completions are consumed by the queue pair, never handed
-//!   to the application. Their data lands in DMA buffers the queue pair
-//!   owns (leaked with the queue's memory if the device may still write
-//!   them).
+//!   to the application, in every path (completion, timeout, withdrawal,
+//!   failed or successful reset, close, drop). Their data lands in DMA
+//!   buffers the queue pair owns (leaked with the queue's memory if the
+//!   device may still write them).
+//! - Internal commands are stamped with their own submission time and are
+//!   not the application's for timeouts: the application's
+//!   [`TimeoutPolicy`](crate::TimeoutPolicy), `check_timeouts`, `abort` and
+//!   [`UfsQpairStats`](crate::ufs::UfsQpairStats) never see them. One still
+//!   in flight after the queue pair's `io_timeout` is withdrawn (MCQ
+//!   cleanup by nexus, UTRLCLR) and ends as a failed load (loaded again when
+//!   needed); if the controller refuses, or does not give it back within
+//!   another timeout, it is given up: its slot is retired until a
+//!   controller reset and its buffer never reused. Never a controller
+//!   reset; counted in [`HpbStats::internal_timeouts`] and
+//!   [`HpbStats::internal_given_up`]. Without an `io_timeout` they wait
+//!   like the application's commands (until close, which withdraws them).
 //!
 //! ## Concurrency: lock-free readers over a per-sub-region seqlock
 //!
