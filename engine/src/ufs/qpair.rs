@@ -461,10 +461,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // which then ends whatever was submitted meanwhile.
         if self.timeouts.enabled() {
             // Idle for the application even with map loads in flight.
+            // `inflight <= outstanding` always; a wrap would only skip a
+            // clock read.
             self.timeouts.stamp_if_idle(
                 self.trackers
                     .outstanding()
-                    .saturating_sub(self.hpb.inflight()),
+                    .wrapping_sub(self.hpb.inflight()),
             );
         }
         if self.failed.is_some() {
@@ -546,9 +548,6 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if !buf.is_mapped_in(&self.space) {
             return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
         }
-        if !read {
-            self.hpb.dirty(lun, lba, blocks);
-        }
         if bytes > self.max_xfer {
             return self.submit_split(lun, lba, blocks, g.shift, buf, tag, read);
         }
@@ -580,15 +579,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let dir = if read {
             DataDir::FromDevice
         } else {
+            // HPB: dirtied before the doorbell, and again when it ends.
+            self.hpb.dirty_write(slot, lun, lba, blocks);
             DataDir::ToDevice
         };
         self.transport
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
         self.trackers
             .arm(slot, tag, Some(buf), self.timeouts.now_ms);
-        if !read {
-            self.hpb.note_write(slot, lun, lba, blocks);
-        }
         self.submitted += 1;
         Ok(())
     }
@@ -681,6 +679,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let dir = if read {
             DataDir::FromDevice
         } else {
+            self.hpb.dirty(lun, lba, blocks);
             DataDir::ToDevice
         };
         for &(slot, prdt, clba, n) in &scratch {
@@ -1398,6 +1397,10 @@ fn end_internal(
     slot: u16,
     result: &std::result::Result<(), IoError>,
 ) -> bool {
+    // One test when HPB is off.
+    if !hpb.on() {
+        return false;
+    }
     if !hpb.is_internal(slot) {
         hpb.write_ended(slot);
         return false;

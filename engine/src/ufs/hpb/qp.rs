@@ -257,6 +257,26 @@ impl HpbQp {
         }
     }
 
+    /// Whether HPB is on for this queue pair.
+    #[inline(always)]
+    pub(crate) fn on(&self) -> bool {
+        self.on
+    }
+
+    /// A write of `[lba, lba + blocks)` of `lun` goes into tracker `slot`
+    /// and is about to be posted: [`Self::dirty`] now and
+    /// [`Self::note_write`] for its end.
+    #[inline]
+    pub(crate) fn dirty_write(&mut self, slot: u16, lun: u8, lba: u64, blocks: u32) {
+        if !self.on {
+            return;
+        }
+        if let Some(mi) = self.map_of(lun) {
+            self.maps[usize::from(mi)].dirty(lba, blocks);
+            self.writes[usize::from(slot)] = (mi, blocks, lba);
+        }
+    }
+
     /// The write or unmap of `[lba, lba + blocks)` of `lun` in tracker
     /// `slot` was posted (after [`Self::dirty`]): when it ends, its
     /// sub-regions are dirtied again ([`Self::write_ended`]).
