@@ -421,15 +421,16 @@ fn worker(
     Ok((reads, qp.stats().submitted))
 }
 
-fn randomized(control: DevControl) {
+fn randomized(control: DevControl, trust: bool) {
     // 1 MiB of 64 KiB sub-regions (16 blocks: two chunks of different
     // threads each), 256 KiB regions; a budget of 8 sub-regions of the 16.
     let threads = 3u64;
     let blocks = 256u64;
-    let (fake, ctrl) = up(
-        dev_cfg(control, blocks, 9, 7, true),
-        hpb_opts(threads as u16, host(8 * 128)),
-    );
+    let mut cfg = dev_cfg(control, blocks, 9, 7, true);
+    if let Some(h) = cfg.hpb.as_mut() {
+        h.trust_entries = trust;
+    }
+    let (fake, ctrl) = up(cfg, hpb_opts(threads as u16, host(8 * 128)));
     let go = Arc::new(Barrier::new(threads as usize));
     let hs: Vec<_> = (0..threads)
         .map(|t| {
@@ -446,7 +447,15 @@ fn randomized(control: DevControl) {
     assert!(d.hpb_accepted > 0, "{control:?}: {d:?}");
     assert!(s.dirtied > 0, "{s:?}");
     assert!(s.host_map_bytes_peak <= 8 * 128, "{s:?}");
-    eprintln!("{control:?}: host {s:?}\ndevice {d:?}");
+    // No read carried an entry older than the last acknowledged write of
+    // its block (a validating device would have served it right anyway, a
+    // trusting one returned old data).
+    assert_eq!(
+        (d.hpb_rejected_stale, d.hpb_trusted_superseded),
+        (0, 0),
+        "{control:?} trust={trust}: {d:?}"
+    );
+    eprintln!("{control:?} trust={trust}: host {s:?}\ndevice {d:?}");
 }
 
 /// Issue 14 item 5: three threads interleave writes, unmaps and reads on
@@ -454,13 +463,27 @@ fn randomized(control: DevControl) {
 /// last acknowledged data.
 #[test]
 fn randomized_device_control_reads_last_acknowledged_data() {
-    randomized(DevControl::Device);
+    randomized(DevControl::Device, false);
+}
+
+/// Issue 27 item 3: the same against a device that trusts the host's
+/// entries (`trust_entries`): an entry older than an acknowledged write
+/// would return old data.
+#[test]
+fn randomized_device_control_trusting_device_reads_last_acknowledged_data() {
+    randomized(DevControl::Device, true);
+}
+
+/// The same in host-control mode, trusting device.
+#[test]
+fn randomized_host_control_trusting_device_reads_last_acknowledged_data() {
+    randomized(DevControl::Host, true);
 }
 
 /// The same in host-control mode.
 #[test]
 fn randomized_host_control_reads_last_acknowledged_data() {
-    randomized(DevControl::Host);
+    randomized(DevControl::Host, false);
 }
 
 /// Issue 14 item 3: map loads are the queue pair's own commands. A failed
