@@ -1434,6 +1434,10 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
         };
         if self.leak {
             self.hpb.leak_buffers();
+        }
+        // Counted once, here; `HpbQp`'s drop leaks them.
+        self.ctrl.add_leaked(self.hpb.leaking_bytes());
+        if self.leak {
             // The controller may still write these: never free or reuse them.
             self.ctrl
                 .add_leaked((self.trackers.slots() * UCD_SIZE) as u64);

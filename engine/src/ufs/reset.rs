@@ -346,6 +346,17 @@ mod tests {
                     "mcq={mcq}: {n} of {depth}"
                 );
             }
+            // The given-up load's buffer (and the queue's memory, which the
+            // device may have held meanwhile) are leaked, and counted.
+            assert_eq!(ctrl.leaked_bytes(), 0, "mcq={mcq}");
+            let hpb_bytes = qp.hpb.leaking_bytes();
+            assert_eq!(hpb_bytes, 2 * 128, "mcq={mcq}: two 16-entry load buffers");
+            drop(qp);
+            assert_eq!(
+                ctrl.leaked_bytes(),
+                (depth * UCD_SIZE) as u64 + hpb_bytes,
+                "mcq={mcq}"
+            );
         }
     }
 }

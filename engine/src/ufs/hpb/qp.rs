@@ -705,6 +705,15 @@ impl HpbQp {
     pub(crate) fn leak_buffers(&mut self) {
         self.leak = true;
     }
+
+    /// Bytes of map-load buffers the drop will leak (the device may still
+    /// write them), for [`UfsController::leaked_bytes`](crate::ufs::UfsController::leaked_bytes).
+    pub(crate) fn leaking_bytes(&self) -> u64 {
+        match self.bufs.as_ref() {
+            Some(b) if self.leak || self.inflight > 0 => b.len() as u64,
+            _ => 0,
+        }
+    }
 }
 
 impl Drop for HpbQp {
