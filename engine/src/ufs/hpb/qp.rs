@@ -309,7 +309,7 @@ impl HpbQp {
         let Some(w) = self.writes.get_mut(usize::from(slot)) else {
             return;
         };
-        let (mi, blocks, lba) = std::mem::replace(w, (0, 0, 0));
+        let (mi, blocks, lba) = std::mem::take(w);
         if blocks != 0 {
             if let Some(m) = self.maps.get(usize::from(mi)) {
                 m.dirty(lba, blocks);
