@@ -253,7 +253,9 @@ fn a_slow_map_load_on_an_old_queue_pair_is_not_a_timeout() {
 /// time: it is not timed out for the time the queue sat idle.
 #[test]
 fn a_command_after_an_idle_spell_with_only_a_map_load_outstanding_is_stamped_now() {
-    let timeout = Duration::from_millis(400);
+    // The read takes 150 ms: a timeout of 600 ms leaves room for a loaded
+    // machine; the idle spell is twice the timeout.
+    let timeout = Duration::from_millis(600);
     let (fake, ctrl) = up(dev(true, false), host_opts(1));
     let mut qp = qpair(&ctrl, Some(timeout), TimeoutPolicy::Abort);
     fake.faults()
@@ -264,7 +266,7 @@ fn a_command_after_an_idle_spell_with_only_a_map_load_outstanding_is_stamped_now
     fake.faults().inject_next(
         None,
         Some(READ10),
-        UfsFault::Delay(Duration::from_millis(100)),
+        UfsFault::Delay(Duration::from_millis(150)),
     );
     let b = ctrl.alloc_buf(BLOCK, DmaDir::Bidirectional).unwrap();
     qp.read(0, 1000, 1, b, 7).unwrap();
