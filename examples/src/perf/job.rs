@@ -23,7 +23,7 @@ use crossbeam::utils::CachePadded;
 use hdrhistogram::Histogram;
 
 use crate::clock::Clock;
-use crate::queue::{IoReq, IoStatus, JobQueue, PushError, QueueError};
+use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::verify::{self, Mismatch, VerifyMap, UNKNOWN};
 use crate::workload::{Distribution, IoGen, Op, Pattern};
 
@@ -177,6 +177,9 @@ pub struct JobResult {
     pub cpu_sys: Duration,
     /// Blocks written by the verify prefill.
     pub prefill_blocks: u64,
+    /// Slots retired because a command ended without its buffer (the
+    /// device may still access it); they count in `errors` too.
+    pub lost_slots: u64,
 }
 
 /// What one direction (reads or writes) of a job measured.
@@ -236,6 +239,7 @@ impl JobResult {
             cpu_usr: Duration::ZERO,
             cpu_sys: Duration::ZERO,
             prefill_blocks: 0,
+            lost_slots: 0,
         }
     }
 
@@ -350,11 +354,19 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
         let nlb = self.spec.nlb;
         self.inflight -= 1;
         self.completed_total += 1;
-        self.free.push(slot as u32);
-        if let IoStatus::Failed(why) = status {
-            self.res.errors += 1;
-            let op = s.op;
-            self.fail(|| format!("{op:?} of {nlb} blocks at LBA {} failed: {why}", s.slba));
+        match status {
+            IoStatus::Ok => self.free.push(slot as u32),
+            IoStatus::Failed(why) => {
+                self.free.push(slot as u32);
+                self.res.errors += 1;
+                let op = s.op;
+                self.fail(|| format!("{op:?} of {nlb} blocks at LBA {} failed: {why}", s.slba));
+            }
+            IoStatus::Lost(why) => {
+                // Not freed: the device may still access the slot's memory.
+                self.lose(slot, s, why);
+                return;
+            }
         }
         if V {
             let ok = status == IoStatus::Ok;
@@ -392,6 +404,33 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
                 }
             }
         }
+    }
+
+    /// Every slot is retired (see [`State::lose`]): nothing can be issued.
+    #[cold]
+    fn all_lost(&self) -> QueueError {
+        QueueError(format!(
+            "job {}: every slot's buffer may still be accessed by the device ({} lost); stopping",
+            self.spec.index, self.res.lost_slots
+        ))
+    }
+
+    /// A command ended without its buffer: its slot is retired (never
+    /// pushed again) and, under verification, its blocks stay claimed (a
+    /// lost write may still land, so they are never rewritten or checked).
+    #[cold]
+    fn lose(&mut self, slot: usize, s: Slot, why: Failure) {
+        let nlb = self.spec.nlb;
+        self.res.errors += 1;
+        self.res.lost_slots += 1;
+        let op = s.op;
+        self.fail(|| {
+            format!(
+                "{op:?} of {nlb} blocks at LBA {} failed: {why}; its buffer did not come back \
+                 (the device may still access it), so slot {slot} is never used again",
+                s.slba
+            )
+        });
     }
 
     #[cold]
@@ -506,7 +545,13 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
     /// Fill free slots from `gen`, up to `budget` more I/Os.
     #[inline(always)]
     fn fill(&mut self, gen: &mut IoGen, budget: &mut u64) -> Result<(), QueueError> {
-        if self.st.free.is_empty() || *budget == 0 {
+        if self.st.free.is_empty() {
+            if self.st.inflight == 0 {
+                return Err(self.st.all_lost());
+            }
+            return Ok(());
+        }
+        if *budget == 0 {
             return Ok(());
         }
         let st = &mut self.st;
@@ -773,7 +818,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::{Failure, IoStatus, PushError};
+    use crate::queue::{IoStatus, PushError};
 
     /// An in-memory device: every pushed I/O completes at the next reap.
     struct MemQueue {
@@ -1031,6 +1076,206 @@ mod tests {
             "{}",
             r.failures[0]
         );
+    }
+
+    /// A queue pair that ends its first command without the buffer (as a
+    /// failed reset or an unconfirmed withdrawal does: the device may
+    /// still write it) and completes every other at the next poll. It
+    /// counts submissions that hand the device the lost buffer again.
+    struct LosingQueue {
+        pending: Vec<mcqio::Completion<crate::slots::SlotBuf>>,
+        lost: Option<mcqio_vfio::Iova>,
+        reused: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl LosingQueue {
+        fn take(&mut self, buf: crate::slots::SlotBuf, tag: u64) {
+            match self.lost {
+                Some(l) => {
+                    if buf.iova() == l {
+                        self.reused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.pending.push(mcqio::Completion {
+                        tag,
+                        result: Ok(()),
+                        buf: Some(buf),
+                        dw0: 0,
+                    });
+                }
+                None => {
+                    self.lost = Some(buf.iova());
+                    self.pending.push(mcqio::Completion {
+                        tag,
+                        result: Err(mcqio::IoError::TimedOut),
+                        buf: None,
+                        dw0: 0,
+                    });
+                }
+            }
+        }
+    }
+
+    impl mcqio::core::block::BlockQueue for LosingQueue {
+        type Addr = u32;
+        type Buf = crate::slots::SlotBuf;
+        fn read(
+            &mut self,
+            _: u32,
+            _: u64,
+            _: u32,
+            buf: Self::Buf,
+            tag: u64,
+        ) -> Result<(), mcqio::SubmitError<Self::Buf>> {
+            self.take(buf, tag);
+            Ok(())
+        }
+        fn write(
+            &mut self,
+            _: u32,
+            _: u64,
+            _: u32,
+            buf: Self::Buf,
+            tag: u64,
+        ) -> Result<(), mcqio::SubmitError<Self::Buf>> {
+            self.take(buf, tag);
+            Ok(())
+        }
+        fn flush(&mut self, _: u32, _: u64) -> Result<(), mcqio::SubmitError<()>> {
+            unreachable!("the job never flushes")
+        }
+        fn deallocate(
+            &mut self,
+            _: u32,
+            _: u64,
+            _: u32,
+            _: u64,
+        ) -> Result<(), mcqio::SubmitError<()>> {
+            unreachable!("the job never trims")
+        }
+        fn submit(&mut self) -> bool {
+            true
+        }
+        fn poll<F: FnMut(mcqio::Completion<Self::Buf>)>(
+            &mut self,
+            max: usize,
+            mut f: F,
+        ) -> mcqio::Result<usize> {
+            let n = max.min(self.pending.len());
+            for c in self.pending.drain(..n) {
+                f(c);
+            }
+            Ok(n)
+        }
+        fn depth(&self) -> usize {
+            64
+        }
+        fn outstanding(&self) -> usize {
+            self.pending.len()
+        }
+        fn max_transfer(&self) -> u64 {
+            1 << 20
+        }
+        fn block_shift(&self, _: u32) -> Option<u32> {
+            Some(9)
+        }
+        fn close<F: FnMut(mcqio::Completion<Self::Buf>)>(mut self, f: F) -> mcqio::Result<()> {
+            self.poll(usize::MAX, f).map(|_| ())
+        }
+    }
+
+    /// Issue 27 item 9(f): a completion without its buffer means the device
+    /// may still write that slot's memory; the job must never put the slot
+    /// back in use (and the region is leaked at the end).
+    #[test]
+    fn a_slot_whose_buffer_did_not_come_back_is_never_reused() {
+        let fake =
+            mcqio_fixtures::FakeController::new(mcqio_fixtures::FakeConfig::sync()).expect("fake");
+        let space = mcqio_vfio::Backend::dma(&*fake).clone();
+        for verify in [false, true] {
+            let s = spec(verify, 200);
+            let mem = crate::slots::SlotBuffers::alloc(&space, s.depth, 1024).expect("buffers");
+            let reused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let q = crate::slots::BlockJobQueue::new(
+                LosingQueue {
+                    pending: Vec::new(),
+                    lost: None,
+                    reused: reused.clone(),
+                },
+                1,
+                mem,
+            );
+            let mapped = fake.iommu().mapping_count();
+            let r = go_with(q, &s);
+            assert_eq!(
+                reused.load(Ordering::Relaxed),
+                0,
+                "verify={verify}: the lost slot's buffer went to the device again"
+            );
+            assert_eq!(r.errors, 1, "verify={verify}: {:?}", r.failures);
+            assert!(
+                r.failures[0].contains("did not come back"),
+                "{}",
+                r.failures[0]
+            );
+            assert_eq!(
+                fake.iommu().mapping_count(),
+                mapped,
+                "verify={verify}: the region was unmapped"
+            );
+        }
+    }
+
+    /// A job whose every slot's buffer is lost stops with an error instead
+    /// of waiting for a free slot forever.
+    #[test]
+    fn a_job_that_lost_every_slot_stops() {
+        struct AllLost(Vec<usize>);
+        impl JobQueue for AllLost {
+            fn depth(&self) -> usize {
+                2
+            }
+            fn buffer_len(&self) -> usize {
+                1024
+            }
+            fn buffer(&self, _: usize) -> NonNull<u8> {
+                NonNull::dangling()
+            }
+            fn push(&mut self, slot: usize, _: IoReq) -> Result<(), PushError> {
+                self.0.push(slot);
+                Ok(())
+            }
+            fn submit(&mut self, _: usize) -> Result<(), QueueError> {
+                Ok(())
+            }
+            fn reap<F: FnMut(usize, IoStatus)>(
+                &mut self,
+                mut done: F,
+            ) -> Result<usize, QueueError> {
+                let n = self.0.len();
+                for slot in self.0.drain(..) {
+                    done(
+                        slot,
+                        IoStatus::Lost(Failure::Host(mcqio::IoError::TimedOut)),
+                    );
+                }
+                Ok(n)
+            }
+        }
+        let mut s = spec(false, 100);
+        s.depth = 2;
+        let shared = Shared::new(1);
+        shared.phase.store(PHASE_MEASURE, Ordering::Release);
+        let e = run(AllLost(Vec::new()), &s, &shared, Clock::instant(), |_| {}).unwrap_err();
+        assert!(e.to_string().contains("every slot"), "{e}");
+    }
+
+    fn go_with<Q: JobQueue>(q: Q, spec: &JobSpec) -> JobResult {
+        let shared = Shared::new(1);
+        shared.phase.store(PHASE_MEASURE, Ordering::Release);
+        let mut ready = None;
+        let r = run(q, spec, &shared, Clock::instant(), |r| ready = Some(r)).unwrap();
+        assert_eq!(ready, Some(Ok(())));
+        r
     }
 
     #[test]

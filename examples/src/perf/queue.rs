@@ -57,6 +57,11 @@ pub enum IoStatus {
     Ok,
     /// It failed.
     Failed(Failure),
+    /// It failed and its buffer did not come back: the device may still
+    /// access the slot's memory (a controller that could not be disabled,
+    /// a withdrawal it did not confirm), so the slot must never be used
+    /// again.
+    Lost(Failure),
 }
 
 /// Why a queue did not take an I/O.

@@ -28,7 +28,8 @@ use crate::workload::Op;
 /// completion without its buffer (a fatal controller that could not be
 /// disabled, or a queue whose deletion failed) means the device may still
 /// access that slice, and then the region is leaked, never unmapped or
-/// reused ([`SlotBuffers::release`]).
+/// reused ([`SlotBuffers::release`]). Such a completion reaches the job as
+/// [`IoStatus::Lost`], and the job never uses that slot again.
 pub(crate) type SlotBuf = DmaSlice;
 
 /// A job's premapped buffers: `depth` slots of `buf_len` bytes in one
@@ -95,14 +96,32 @@ impl SlotBuffers {
     }
 }
 
-/// The job's view of a completion's result.
+/// The job's view of a completion of one of its reads or writes (every
+/// one carries its slot's buffer): [`IoStatus::Lost`] when the buffer did
+/// not come back, so the job never uses that slot again.
 #[inline]
-pub(crate) fn status_of<B>(c: &Completion<B>) -> IoStatus {
-    match c.result {
-        Ok(()) => IoStatus::Ok,
-        Err(IoError::Nvme(s)) => IoStatus::Failed(Failure::Nvme(s)),
-        Err(e) => IoStatus::Failed(Failure::Host(e)),
+pub(crate) fn status_of(c: &Completion<SlotBuf>) -> IoStatus {
+    let failure = match c.result {
+        Ok(()) if c.buf.is_some() => return IoStatus::Ok,
+        Err(e) if c.buf.is_some() => return IoStatus::Failed(failure_of(e)),
+        Err(e) => failure_of(e),
+        // Not a promise the engine makes; treated as the failure it would be.
+        Ok(()) => Failure::Host(IoError::ControllerFailed),
+    };
+    lost(failure)
+}
+
+#[inline]
+fn failure_of(e: IoError) -> Failure {
+    match e {
+        IoError::Nvme(s) => Failure::Nvme(s),
+        e => Failure::Host(e),
     }
+}
+
+#[cold]
+fn lost(f: Failure) -> IoStatus {
+    IoStatus::Lost(f)
 }
 
 /// The job's view of a refused submission.

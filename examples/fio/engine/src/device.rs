@@ -8,6 +8,7 @@
 //! NVMe, `fake-ufs` UFS, and a `vfio-` function is whichever its PCI class
 //! code says ([`mcqio_vfio::sysfs::transport_of`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use mcqio::ufs::{UfsController, UfsMode, UfsOptions};
@@ -47,6 +48,9 @@ pub struct Device {
     key: String,
     opts: DeviceOptions,
     ctrl: Ctrl,
+    /// Bytes of job buffers leaked because the device may still access
+    /// them (see `Job::free_buffers`).
+    leaked: AtomicU64,
     // Kept so the fake lives exactly as long as its controller handle.
     _fake: Option<Arc<dyn Backend>>,
 }
@@ -155,6 +159,7 @@ impl Device {
             key,
             opts: o.clone(),
             ctrl,
+            leaked: AtomicU64::new(0),
             _fake: fake,
         })
     }
@@ -171,6 +176,33 @@ impl Device {
             key,
             opts: o.clone(),
             ctrl,
+            leaked: AtomicU64::new(0),
+            _fake: Some(b),
+        };
+        (Arc::new(dev), fake)
+    }
+
+    /// A private fake NVMe controller (not shared through the registry),
+    /// with its handle for fault injection.
+    #[cfg(test)]
+    pub(crate) fn private_fake_nvme(o: &DeviceOptions) -> (Arc<Device>, Arc<FakeController>) {
+        let size = o.fake_size / u64::from(o.fake_lbs) * u64::from(o.fake_lbs);
+        let cfg = FakeConfig {
+            namespaces: (0..o.fake_namespaces)
+                .map(|_| NamespaceConfig::ram(size, o.fake_lbs))
+                .collect(),
+            io_queue_pairs: o.qpairs,
+            exec: fake_exec(o),
+            ..FakeConfig::default()
+        };
+        let fake = FakeController::new(cfg).unwrap();
+        let b = fake.clone() as Arc<dyn Backend>;
+        let ctrl = Controller::new(b.clone(), ControllerOptions::default()).unwrap();
+        let dev = Device {
+            key: "fake (private)".to_string(),
+            opts: o.clone(),
+            ctrl: Ctrl::Nvme(ctrl),
+            leaked: AtomicU64::new(0),
             _fake: Some(b),
         };
         (Arc::new(dev), fake)
@@ -211,6 +243,18 @@ impl Device {
     /// The key jobs share it by (`fake`, `vfio:0000:01:00.0`).
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// Bytes of job buffers leaked (never unmapped, never reused) because
+    /// the device may still access them: a command came back without its
+    /// buffer.
+    pub fn leaked_bytes(&self) -> u64 {
+        self.leaked.load(Ordering::Relaxed)
+    }
+
+    /// Count `bytes` of job buffers leaked.
+    pub(crate) fn note_leak(&self, bytes: u64) {
+        self.leaked.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// The options it was opened with.

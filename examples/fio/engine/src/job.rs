@@ -87,7 +87,11 @@ impl FileInfo {
 /// Only created by [`Job::queue`], from a range checked to lie inside the
 /// job's region; the only place it lives after that is the job's queue
 /// pair, which is closed before the region is freed ([`Job::free_buffers`],
-/// and `Job`'s field order).
+/// also run by `Job`'s `Drop`). A read or write that ends without its
+/// buffer (the device may still access it: a failed controller that could
+/// not be disabled, a withdrawal the controller did not confirm) poisons
+/// the region: it is then leaked, never unmapped or reused (the
+/// [`DmaSlice::new`] contract), and counted ([`Device::leaked_bytes`]).
 type FioBuf = DmaSlice;
 
 /// fio's buffers: one region, and where it starts in the host and device
@@ -122,10 +126,53 @@ impl Qp {
         }
     }
 
-    fn close(self) -> mcqio::Result<()> {
+    /// Close: every command still in flight ends here, those that carried
+    /// a buffer and got it back are counted off `bufs`.
+    fn close(self, bufs: &mut BufsOut) -> mcqio::Result<()> {
+        let f = |c: mcqio::Completion<FioBuf>| bufs.returned(c.buf.is_some());
         match self {
-            Qp::Nvme(q) => BlockQueue::close(q, |_| {}),
-            Qp::Ufs(q) => BlockQueue::close(q, |_| {}),
+            Qp::Nvme(q) => BlockQueue::close(q, f),
+            Qp::Ufs(q) => BlockQueue::close(q, f),
+        }
+    }
+}
+
+/// Which of the job's buffers the device may still access.
+///
+/// A completion names no command kind, and a trim or flush comes back
+/// without a buffer as a leaked read or write does; so the job counts the
+/// reads and writes whose buffer has not come back. More of them than
+/// commands outstanding means one ended without its buffer (seen at the
+/// latest when the queue is idle or closed): the region is poisoned.
+#[derive(Debug, Default)]
+struct BufsOut {
+    /// Reads and writes submitted whose buffer has not come back.
+    out: usize,
+    /// One of them ended without it: the device may still access the
+    /// region, which must never be freed or handed to the device again.
+    poisoned: bool,
+}
+
+impl BufsOut {
+    #[inline]
+    fn submitted(&mut self) {
+        self.out += 1;
+    }
+
+    /// A completion; `buf` says whether it brought a buffer back.
+    #[inline]
+    fn returned(&mut self, buf: bool) {
+        if buf {
+            // Every buffer handed back was counted when it was submitted.
+            self.out = self.out.saturating_sub(1);
+        }
+    }
+
+    /// Compare with the commands still outstanding.
+    #[inline]
+    fn check(&mut self, outstanding: usize) {
+        if self.out > outstanding {
+            self.poisoned = true;
         }
     }
 }
@@ -157,6 +204,7 @@ fn submit<Q: BlockQueue<Buf = FioBuf>>(
 #[inline]
 fn reap<Q: BlockQueue<Buf = FioBuf>>(
     qp: &mut Q,
+    bufs: &mut BufsOut,
     events: &mut [Event],
     min: usize,
     max: usize,
@@ -169,6 +217,7 @@ fn reap<Q: BlockQueue<Buf = FioBuf>>(
     let mut deadline = None;
     loop {
         let r = qp.poll(max - n, |c| {
+            bufs.returned(c.buf.is_some());
             let errno = match c.result {
                 Ok(()) => 0,
                 Err(IoError::TimedOut) => libc::ETIMEDOUT,
@@ -180,6 +229,7 @@ fn reap<Q: BlockQueue<Buf = FioBuf>>(
                 n += 1;
             }
         });
+        bufs.check(qp.outstanding());
         if let Err(e) = r {
             if n > 0 {
                 return Ok(n);
@@ -205,10 +255,12 @@ fn reap<Q: BlockQueue<Buf = FioBuf>>(
 
 /// One job's engine state.
 pub struct Job {
-    // Field order matters: the queue pair (which may hold FioBufs) drops
-    // before the buffers they point into, and both before the device.
+    // `Drop` closes the queue pair (which may hold FioBufs) before it frees
+    // the buffers they point into (or leaks them), and both go before the
+    // device.
     qp: Option<Qp>,
     bufs: Option<Buffers>,
+    out: BufsOut,
     events: Vec<Event>,
     files: Vec<FileInfo>,
     dev: Arc<Device>,
@@ -271,6 +323,7 @@ impl Job {
         let job = Job {
             qp: None,
             bufs: None,
+            out: BufsOut::default(),
             events: Vec::new(),
             files: files.clone(),
             dev,
@@ -338,19 +391,38 @@ impl Job {
 
     /// Free fio's buffers. If commands are still in flight (fio frees its
     /// buffers before it cleans up the engine) the queue pair is closed
-    /// first, so the device cannot reach the memory any more.
+    /// first, so the device cannot reach the memory any more. If a read or
+    /// write came back without its buffer the device may still access the
+    /// region: it is leaked instead (never unmapped, never reused) and
+    /// counted at the device ([`Device::leaked_bytes`]).
     pub fn free_buffers(&mut self) {
         if self.bufs.is_none() {
             return;
         }
         if self.qp.as_ref().is_some_and(|q| q.outstanding() > 0) {
             if let Some(qp) = self.qp.take() {
-                let _ = qp.close();
+                let _ = qp.close(&mut self.out);
             }
         }
+        let outstanding = self.qp.as_ref().map_or(0, Qp::outstanding);
+        self.out.check(outstanding);
         if let Some(b) = self.bufs.take() {
-            drop(b.region);
+            if self.out.poisoned {
+                let len = b.region.len() as u64;
+                eprintln!(
+                    "mcqio fio engine ({}): the device may still access this job's buffers; leaking {len} bytes",
+                    self.dev.key()
+                );
+                self.dev.note_leak(len);
+                // The device may still write it: never unmapped, never
+                // freed (the DmaSlice contract).
+                std::mem::forget(b.region);
+            } else {
+                drop(b.region);
+            }
         }
+        // Nothing of the next region is in flight.
+        self.out = BufsOut::default();
     }
 
     /// Queue one command (the doorbell rings in [`Job::commit`]).
@@ -383,6 +455,11 @@ impl Job {
                 let Some(b) = self.bufs.as_ref() else {
                     return Queued::Failed(libc::EFAULT);
                 };
+                // The device may still access some buffer of the region:
+                // none of it goes to the device again.
+                if self.out.poisoned {
+                    return Queued::Failed(libc::EIO);
+                }
                 // The buffer must lie inside the region fio got from us.
                 let start = (buf as usize).wrapping_sub(b.base);
                 let inside = (buf as usize) >= b.base
@@ -419,7 +496,12 @@ impl Job {
             },
         };
         match r {
-            Ok(()) => Queued::Queued,
+            Ok(()) => {
+                if matches!(op, Op::Read | Op::Write) {
+                    self.out.submitted();
+                }
+                Queued::Queued
+            }
             Err(SubmitErrorKind::QueueFull) => Queued::Busy,
             Err(SubmitErrorKind::ControllerFailed) => Queued::Failed(libc::EIO),
             Err(SubmitErrorKind::Unsupported(_)) => Queued::Failed(libc::EOPNOTSUPP),
@@ -452,8 +534,8 @@ impl Job {
         timeout: Option<Duration>,
     ) -> Result<usize, EngineError> {
         match self.qp.as_mut() {
-            Some(Qp::Nvme(q)) => reap(q, &mut self.events, min, max, timeout),
-            Some(Qp::Ufs(q)) => reap(q, &mut self.events, min, max, timeout),
+            Some(Qp::Nvme(q)) => reap(q, &mut self.out, &mut self.events, min, max, timeout),
+            Some(Qp::Ufs(q)) => reap(q, &mut self.out, &mut self.events, min, max, timeout),
             None => Err(EngineError::NotInitialised),
         }
     }
@@ -465,16 +547,29 @@ impl Job {
     }
 
     /// Close the queue pair (every command still in flight completes as
-    /// aborted) and free the buffers.
+    /// aborted) and free the buffers (or leak them: see
+    /// [`Job::free_buffers`]).
     pub fn close(mut self) -> Result<(), EngineError> {
         let r = match self.qp.take() {
             Some(qp) => qp
-                .close()
+                .close(&mut self.out)
                 .map_err(|e| EngineError::Controller(e.to_string())),
             None => Ok(()),
         };
         self.free_buffers();
         r
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        // A job dropped without `close` (or unwinding): the queue pair must
+        // still end before the region is freed, and a region the device may
+        // still access must still be leaked.
+        if let Some(qp) = self.qp.take() {
+            let _ = qp.close(&mut self.out);
+        }
+        self.free_buffers();
     }
 }
 
@@ -929,6 +1024,91 @@ mod tests {
         job.close().unwrap();
     }
 
+    /// Issue 27 item 5: a read the device still holds when the controller
+    /// fails and cannot be disabled comes back without its buffer; the job's
+    /// region must then stay mapped (never unmapped or reused) and be
+    /// counted as leaked, on close and on drop alike.
+    #[test]
+    fn a_buffer_the_device_may_still_write_keeps_the_region_mapped() {
+        for close in [true, false] {
+            let (mut job, c, fake) = private_ufs_job(&ufs_opts(), 4);
+            let dev = Arc::clone(&job.dev);
+            let base = job.alloc_buffers(8192).unwrap();
+            let (iova, len) = job.bufs.as_ref().map(|b| (b.iova, b.len)).unwrap();
+            fake.set_ignore_disable(true);
+            fake.faults().inject_next(None, None, UfsFault::HostFatal);
+            assert_eq!(job.queue(c, Op::Read, 0, base, 4096, 7), Queued::Queued);
+            job.commit();
+            let ev = wait(&mut job, 1);
+            assert_eq!(
+                ev,
+                vec![Event {
+                    tag: 7,
+                    errno: libc::EIO
+                }]
+            );
+            // The region is poisoned: no other buffer of it reaches the device.
+            // SAFETY: pointer arithmetic inside the 8 KiB region.
+            let second = unsafe { base.add(4096) };
+            assert_eq!(
+                job.queue(c, Op::Write, 4096, second, 4096, 8),
+                Queued::Failed(libc::EIO)
+            );
+            if close {
+                let _ = job.close();
+            } else {
+                drop(job);
+            }
+            assert!(
+                fake.iommu().is_mapped(iova, len as u64),
+                "close={close}: the region was unmapped while the device may write it"
+            );
+            assert_eq!(dev.leaked_bytes(), len as u64, "close={close}");
+        }
+    }
+
+    /// Issue 27 item 5, NVMe: the controller refuses to delete the queue, so
+    /// the command in flight is withdrawn unconfirmed (no buffer): the
+    /// region stays mapped and is counted.
+    #[test]
+    fn refused_queue_deletion_keeps_the_region_mapped() {
+        use mcqio::nvme::spec::opcodes::admin::DELETE_IO_SQ;
+        use mcqio_fixtures::Fault;
+        let (dev, fake) = Device::private_fake_nvme(&opts());
+        let name = "fake,ns=1";
+        let (mut job, files) = Job::on_device(
+            Arc::clone(&dev),
+            &[Target::parse(name).unwrap()],
+            &[name],
+            4096,
+        )
+        .unwrap();
+        job.init(4).unwrap();
+        let c = files[0].cookie();
+        let base = job.alloc_buffers(8192).unwrap();
+        let (iova, len) = job.bufs.as_ref().map(|b| (b.iova, b.len)).unwrap();
+        fake.faults()
+            .inject_next(None, None, Fault::Delay(Duration::from_secs(3600)));
+        assert_eq!(job.queue(c, Op::Read, 0, base, 4096, 1), Queued::Queued);
+        job.commit();
+        assert_eq!(job.getevents(0, 1, None).unwrap(), 0);
+        fake.faults().inject_next(
+            Some(0),
+            Some(DELETE_IO_SQ),
+            Fault::Status {
+                sct: 1,
+                sc: 0x01,
+                dnr: true,
+            },
+        );
+        assert!(job.close().is_err(), "the deletion failed");
+        assert!(
+            fake.iommu().is_mapped(iova, len as u64),
+            "the region was unmapped while the device may write it"
+        );
+        assert_eq!(dev.leaked_bytes(), len as u64);
+    }
+
     #[test]
     fn ufs_legacy_list_job() {
         let o = DeviceOptions {
@@ -958,6 +1138,7 @@ mod tests {
         let mut second = Job {
             qp: None,
             bufs: None,
+            out: BufsOut::default(),
             events: Vec::new(),
             files: Vec::new(),
             dev: job.dev.clone(),
