@@ -194,3 +194,60 @@ fn a_removed_controller_fails_bring_up() {
         Err(UfsCtrlError::DeviceGone)
     ));
 }
+
+/// Issue 27 item 8: an LU whose blocks the per-command transfer limit
+/// cannot carry does not take the controller down: bring-up succeeds, the
+/// LU is marked unusable, and reads and writes to it are a typed error.
+#[test]
+fn an_lu_with_blocks_above_the_transfer_limit_is_unusable_not_fatal() {
+    for mcq in [true, false] {
+        let cfg = UfsConfig {
+            lus: vec![
+                mcqio_fixtures::ufs::LuConfig::Ram { blocks: 64 },
+                mcqio_fixtures::ufs::LuConfig::Ram { blocks: 64 },
+            ],
+            ..sync_cfg(mcq)
+        };
+        let (_f, ctrl) = up(
+            cfg,
+            UfsOptions {
+                mcq,
+                max_transfer: 2048,
+                ..opts(1)
+            },
+        );
+        for lu in ctrl.logical_units() {
+            assert_eq!(lu.block_len, 4096);
+            assert!(!lu.usable, "{lu:?}");
+        }
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let buf = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+        let e = qp.read(1, 0, 1, buf, 1).unwrap_err();
+        assert!(
+            matches!(
+                e.kind,
+                mcqio::SubmitErrorKind::TransferTooLarge {
+                    bytes: 4096,
+                    max: 2048
+                }
+            ),
+            "{:?}",
+            e.kind
+        );
+        let e = qp.write(0, 0, 1, e.buf, 2).unwrap_err();
+        assert!(
+            matches!(e.kind, mcqio::SubmitErrorKind::TransferTooLarge { .. }),
+            "{:?}",
+            e.kind
+        );
+        let mut block = vec![0u8; 4096];
+        assert!(matches!(
+            qp.read_blocking(0, 0, &mut block),
+            Err(mcqio::Error::Submit(
+                mcqio::SubmitErrorKind::TransferTooLarge { .. }
+            ))
+        ));
+        assert_eq!(qp.outstanding(), 0);
+        qp.close(|_| {}).unwrap();
+    }
+}

@@ -115,6 +115,12 @@ pub struct LogicalUnit {
     pub blocks: u64,
     /// Logical block length in bytes (a power of two, ≥ 512).
     pub block_len: u32,
+    /// Whether reads and writes can reach it: `false` when one block is
+    /// larger than [`UfsOptions::max_transfer`] lets one command move. The
+    /// controller and its other LUs stay usable; every read or write to
+    /// this one is refused before submission with
+    /// [`crate::SubmitErrorKind::TransferTooLarge`].
+    pub usable: bool,
 }
 
 impl LogicalUnit {
@@ -330,7 +336,7 @@ impl UfsController {
         let cap = Cap(r.read(regs::CAP)?);
         let t = opts.init_timeout;
 
-        let init = init_device(&r, backend.dma(), cap, bar_len, t)?;
+        let init = init_device(&r, backend.dma(), cap, bar_len, opts.max_transfer, t)?;
         let (device, geometry, lus) = (init.device, init.geometry, init.lus);
         let space = backend.dma();
         let mut dc = init.dc;
@@ -644,7 +650,14 @@ impl UfsController {
                 cap.0
             )));
         }
-        let init = init_device(&r, self.dma(), cap, bar_len, self.opts.init_timeout)?;
+        let init = init_device(
+            &r,
+            self.dma(),
+            cap,
+            bar_len,
+            self.opts.max_transfer,
+            self.opts.init_timeout,
+        )?;
         if init.lus != self.lus {
             return Err(UfsCtrlError::DeviceChanged(lus_changed(
                 &self.lus, &init.lus,
@@ -805,6 +818,7 @@ fn init_device(
     space: &Arc<DmaSpace>,
     cap: Cap,
     bar_len: usize,
+    max_transfer: u32,
     t: Duration,
 ) -> UfsResult<Init> {
     // 1. Host controller enable.
@@ -933,7 +947,18 @@ fn init_device(
                 c.blocks.min(u.blocks)
             },
             block_len: c.block_len,
+            // One block must fit in one command (the PRDT limit, 64 MiB,
+            // is above any block length accepted here): else this LU alone
+            // is unusable, not the controller.
+            usable: c.block_len <= max_transfer,
         });
+        if c.block_len > max_transfer {
+            log::warn!(
+                "LU {}: {} B blocks but one command moves at most {max_transfer} B: reads and writes to it are refused",
+                u.lun,
+                c.block_len
+            );
+        }
     }
     if lus.is_empty() {
         return Err(UfsCtrlError::NoLogicalUnits);
