@@ -251,3 +251,75 @@ fn an_lu_with_blocks_above_the_transfer_limit_is_unusable_not_fatal() {
         qp.close(|_| {}).unwrap();
     }
 }
+
+// ---- the hostile wrapper (issue 27 item 7) ----
+
+use mcqio_fixtures::ufs::{
+    CqeKind, HceLie, HostileUfs, Pointer, UfsDeviceLies, UfsRegisterLies, UpiuKind, UpiuLie,
+};
+
+fn quick(queues: u16) -> UfsOptions {
+    UfsOptions {
+        init_timeout: std::time::Duration::from_millis(50),
+        close_timeout: std::time::Duration::from_millis(50),
+        blocking_timeout: std::time::Duration::from_millis(100),
+        ..opts(queues)
+    }
+}
+
+fn liar(cfg: UfsConfig, regs: UfsRegisterLies, dev: UfsDeviceLies) -> Arc<HostileUfs> {
+    HostileUfs::new(cfg, regs, dev).expect("hostile UFS")
+}
+
+fn open_liar(h: &Arc<HostileUfs>, o: UfsOptions) -> Result<Arc<UfsController>, UfsCtrlError> {
+    UfsController::new(Arc::clone(h) as Arc<dyn Backend>, o)
+}
+
+/// A bring-up that fails after HCE = 1 must disable the controller before
+/// it frees the memory the controller was given (the legacy list, the
+/// command descriptor, the data page, MCQ rings) — or leak that memory.
+#[test]
+fn a_failed_bring_up_disables_the_controller_before_freeing_its_memory() {
+    let cases: Vec<(&str, bool, UfsRegisterLies, UfsDeviceLies)> = vec![
+        (
+            "NOP IN with the wrong transaction code",
+            true,
+            UfsRegisterLies::default(),
+            UfsDeviceLies {
+                upius: vec![UpiuLie {
+                    kind: UpiuKind::NopIn,
+                    nth: None,
+                    patches: vec![(0, 0x3F)],
+                }],
+                ..Default::default()
+            },
+        ),
+        (
+            "a legacy doorbell that never clears",
+            true,
+            UfsRegisterLies {
+                utrldbr_stuck: true,
+                ..Default::default()
+            },
+            UfsDeviceLies::default(),
+        ),
+        (
+            "SQHP after enable beyond the ring",
+            true,
+            UfsRegisterLies {
+                pointers: vec![(0, Pointer::Sqhp, 0x7FE0)],
+                ..Default::default()
+            },
+            UfsDeviceLies::default(),
+        ),
+    ];
+    for (what, mcq, regs, dev) in cases {
+        let h = liar(sync_cfg(mcq), regs, dev);
+        let e = open_liar(&h, UfsOptions { mcq, ..quick(2) }).unwrap_err();
+        let mapped = h.fake().iommu().mapping_count();
+        assert!(
+            !h.really_enabled() || mapped > 0,
+            "{what}: bring-up failed ({e}) with HCE still 1 and all {mapped} mappings gone"
+        );
+    }
+}

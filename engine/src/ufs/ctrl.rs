@@ -341,45 +341,70 @@ impl UfsController {
         let space = backend.dma();
         let mut dc = init.dc;
         let legacy_list = dc.utrl.iova().raw();
-        let hpb = match &opts.hpb {
-            Some(h) => super::hpb::enable(
-                h,
-                &init.dev_raw,
-                &init.geo_raw,
-                &init.unit_raw,
-                &lus,
-                &mut |q| dc.hpb_query(&r, t, q),
-            )?,
-            None => Vec::new(),
-        };
-
-        // 4. MCQ or legacy.
+        // Memory the controller was given by a step that failed: freed only
+        // once the controller is disabled.
+        let mut given = Vec::new();
+        let mut rings = Vec::new();
         let mut depth = opts.depth.min(MAX_DEPTH);
-        if device.queue_depth != 0 {
-            depth = depth.min(u16::from(device.queue_depth));
-        }
-        let bar = mmio.base();
-        let (mode, pool) = if cap.mcq() && opts.mcq {
-            in_bar(
-                "MEM_CFG / MCQ_CFG",
-                regs::MEM_CFG as u64,
-                regs::MCQ_CFG + 4 - regs::MEM_CFG,
-                bar_len,
-            )?;
-            depth = depth.min(cap.mcq_mac() as u16);
-            let (n, rings) = setup_mcq(&r, space, bar, bar_len, depth, opts.queues)?;
-            select_mcq(&r, cap)?;
-            (
+        let up = (|| {
+            let hpb = match &opts.hpb {
+                Some(h) => super::hpb::enable(
+                    h,
+                    &init.dev_raw,
+                    &init.geo_raw,
+                    &init.unit_raw,
+                    &lus,
+                    &mut |q| dc.hpb_query(&r, t, q),
+                )?,
+                None => Vec::new(),
+            };
+
+            // 4. MCQ or legacy.
+            if device.queue_depth != 0 {
+                depth = depth.min(u16::from(device.queue_depth));
+            }
+            let bar = mmio.base();
+            let mcq = if cap.mcq() && opts.mcq {
+                in_bar(
+                    "MEM_CFG / MCQ_CFG",
+                    regs::MEM_CFG as u64,
+                    regs::MCQ_CFG + 4 - regs::MEM_CFG,
+                    bar_len,
+                )?;
+                depth = depth.min(cap.mcq_mac() as u16);
+                let n = setup_mcq(
+                    &r,
+                    space,
+                    (bar, bar_len),
+                    depth,
+                    opts.queues,
+                    (&mut rings, &mut given),
+                )?;
+                select_mcq(&r, cap)?;
+                Some(n)
+            } else {
+                depth = depth.min(cap.sdb_slots() as u16);
+                None
+            };
+            r.check_fatal()?;
+            Ok((hpb, mcq))
+        })();
+        let (hpb, mcq) = match up {
+            Ok(x) => x,
+            Err(e) => {
+                abandon(&r, t, (dc, given, rings));
+                return Err(e);
+            }
+        };
+        let (mode, pool) = match mcq {
+            Some(n) => (
                 UfsMode::Mcq { queues: n },
                 Pool::Mcq(rings.into_iter().map(Some).collect()),
-            )
-        } else {
-            depth = depth.min(cap.sdb_slots() as u16);
+            ),
             // The list (idle: every request above completed) goes to the
             // one queue pair legacy mode has.
-            (UfsMode::Legacy, Pool::Legacy(Some(dc.utrl)))
+            None => (UfsMode::Legacy, Pool::Legacy(Some(dc.utrl))),
         };
-        r.check_fatal()?;
         Ok(Arc::new(UfsController {
             mode,
             depth,
@@ -855,114 +880,125 @@ fn init_device(
         data: space.alloc(DEV_DATA, DmaDir::Bidirectional)?,
         next_tag: 0,
     };
-    wait_until(t, "set HCS.UTRLRDY", || {
-        Ok(Hcs(r.read(regs::HCS)?).utrl_ready())
-    })?;
-    let utrl = dc.utrl.iova().raw();
-    if utrl % 1024 != 0 || (!cap.addr64() && utrl >> 32 != 0) {
-        return Err(UfsCtrlError::BadValue {
-            what: "UTRL address",
-            value: utrl,
-            why: "the list must be 1 KiB aligned and reachable by the controller",
-        });
-    }
-    r.write(regs::UTRLBA, utrl as u32);
-    r.write(regs::UTRLBAU, (utrl >> 32) as u32);
-    r.write(regs::UTRLRSR, 1);
+    // From here on the controller may hold the list and what it points at.
+    let found = (|| {
+        wait_until(t, "set HCS.UTRLRDY", || {
+            Ok(Hcs(r.read(regs::HCS)?).utrl_ready())
+        })?;
+        let utrl = dc.utrl.iova().raw();
+        if utrl % 1024 != 0 || (!cap.addr64() && utrl >> 32 != 0) {
+            return Err(UfsCtrlError::BadValue {
+                what: "UTRL address",
+                value: utrl,
+                why: "the list must be 1 KiB aligned and reachable by the controller",
+            });
+        }
+        r.write(regs::UTRLBA, utrl as u32);
+        r.write(regs::UTRLBAU, (utrl >> 32) as u32);
+        r.write(regs::UTRLRSR, 1);
 
-    dc.nop(r, t)?;
-    dc.device_init(r, t)?;
-    let dev_raw = dc.read_desc(r, t, desc::idn::DEVICE, 0)?;
-    let geo_raw = dc.read_desc(r, t, desc::idn::GEOMETRY, 0)?;
-    let device = DeviceDesc::parse(&dev_raw)?;
-    let geometry = GeometryDesc::parse(&geo_raw)?;
-    let mut unit_raw = Vec::new();
-    let mut units = Vec::new();
-    for i in 0..geometry.max_lus {
-        // bNumberLU counts the enabled LUs: past the last one there is
-        // nothing to find (and QEMU has no descriptor to read).
-        if units.len() >= usize::from(device.lus) {
-            break;
+        dc.nop(r, t)?;
+        dc.device_init(r, t)?;
+        let dev_raw = dc.read_desc(r, t, desc::idn::DEVICE, 0)?;
+        let geo_raw = dc.read_desc(r, t, desc::idn::GEOMETRY, 0)?;
+        let device = DeviceDesc::parse(&dev_raw)?;
+        let geometry = GeometryDesc::parse(&geo_raw)?;
+        let mut unit_raw = Vec::new();
+        let mut units = Vec::new();
+        for i in 0..geometry.max_lus {
+            // bNumberLU counts the enabled LUs: past the last one there is
+            // nothing to find (and QEMU has no descriptor to read).
+            if units.len() >= usize::from(device.lus) {
+                break;
+            }
+            let d = match dc.read_desc(r, t, desc::idn::UNIT, i) {
+                Ok(d) => d,
+                // No unit descriptor at this index. UFS 4.0 devices return
+                // one with bLUEnable = 0 for an absent LU; QEMU (10.0)
+                // answers INVALID_INDEX instead and also fails the request
+                // with OCS INVALID_CMD_TABLE_ATTR. Either way: no LU here.
+                Err(UfsCtrlError::Query { code, .. }) if code == QUERY_INVALID_INDEX => continue,
+                Err(UfsCtrlError::DevCmd {
+                    err: UfsError::Transport(ocs),
+                    ..
+                }) if ocs == Ocs::INVALID_CMD_TABLE_ATTR => continue,
+                Err(e) => return Err(e),
+            };
+            // A disabled LU's descriptor holds no usable geometry: look at
+            // bLUEnable (byte 3) before asking the rest to make sense
+            // (1 = enabled, 2 = enabled HPB LU).
+            if !matches!(d.get(3), Some(&1) | Some(&2)) {
+                continue;
+            }
+            let u = UnitDesc::parse(&d)?;
+            if u.enabled {
+                if u.lun != i {
+                    return Err(UfsCtrlError::BadValue {
+                        what: "unit descriptor bUnitIndex",
+                        value: u64::from(u.lun),
+                        why: "differs from the index asked for",
+                    });
+                }
+                units.push(u);
+                unit_raw.push((i, d));
+            }
         }
-        let d = match dc.read_desc(r, t, desc::idn::UNIT, i) {
-            Ok(d) => d,
-            // No unit descriptor at this index. UFS 4.0 devices return
-            // one with bLUEnable = 0 for an absent LU; QEMU (10.0)
-            // answers INVALID_INDEX instead and also fails the request
-            // with OCS INVALID_CMD_TABLE_ATTR. Either way: no LU here.
-            Err(UfsCtrlError::Query { code, .. }) if code == QUERY_INVALID_INDEX => continue,
-            Err(UfsCtrlError::DevCmd {
-                err: UfsError::Transport(ocs),
-                ..
-            }) if ocs == Ocs::INVALID_CMD_TABLE_ATTR => continue,
-            Err(e) => return Err(e),
-        };
-        // A disabled LU's descriptor holds no usable geometry: look at
-        // bLUEnable (byte 3) before asking the rest to make sense
-        // (1 = enabled, 2 = enabled HPB LU).
-        if !matches!(d.get(3), Some(&1) | Some(&2)) {
-            continue;
+        if units.is_empty() {
+            return Err(UfsCtrlError::NoLogicalUnits);
         }
-        let u = UnitDesc::parse(&d)?;
-        if u.enabled {
-            if u.lun != i {
+        let reported = dc.report_luns(r, t, units[0].lun)?;
+        let mut lus = Vec::new();
+        for u in units.iter().filter(|u| reported.contains(&u.lun)) {
+            dc.clear_unit_attention(r, t, u.lun)?;
+            let c = dc.read_capacity(r, t, u.lun)?;
+            if !c.block_len.is_power_of_two() || c.block_len < 512 || c.block_len > 1 << 20 {
                 return Err(UfsCtrlError::BadValue {
-                    what: "unit descriptor bUnitIndex",
-                    value: u64::from(u.lun),
-                    why: "differs from the index asked for",
+                    what: "READ CAPACITY(16) block length",
+                    value: u64::from(c.block_len),
+                    why: "not a power of two between 512 B and 1 MiB",
                 });
             }
-            units.push(u);
-            unit_raw.push((i, d));
-        }
-    }
-    if units.is_empty() {
-        return Err(UfsCtrlError::NoLogicalUnits);
-    }
-    let reported = dc.report_luns(r, t, units[0].lun)?;
-    let mut lus = Vec::new();
-    for u in units.iter().filter(|u| reported.contains(&u.lun)) {
-        dc.clear_unit_attention(r, t, u.lun)?;
-        let c = dc.read_capacity(r, t, u.lun)?;
-        if !c.block_len.is_power_of_two() || c.block_len < 512 || c.block_len > 1 << 20 {
-            return Err(UfsCtrlError::BadValue {
-                what: "READ CAPACITY(16) block length",
-                value: u64::from(c.block_len),
-                why: "not a power of two between 512 B and 1 MiB",
+            if c.block_len != 1 << u.block_shift {
+                return Err(UfsCtrlError::BadValue {
+                    what: "unit descriptor bLogicalBlockSize",
+                    value: u64::from(u.block_shift),
+                    why: "disagrees with the block length READ CAPACITY(16) reports",
+                });
+            }
+            lus.push(LogicalUnit {
+                lun: u.lun,
+                // The smaller of the two counts: never address past either.
+                blocks: if u.blocks == 0 {
+                    c.blocks
+                } else {
+                    c.blocks.min(u.blocks)
+                },
+                block_len: c.block_len,
+                // One block must fit in one command (the PRDT limit, 64 MiB,
+                // is above any block length accepted here): else this LU alone
+                // is unusable, not the controller.
+                usable: c.block_len <= max_transfer,
             });
+            if c.block_len > max_transfer {
+                log::warn!(
+                    "LU {}: {} B blocks but one command moves at most {max_transfer} B: reads and writes to it are refused",
+                    u.lun,
+                    c.block_len
+                );
+            }
         }
-        if c.block_len != 1 << u.block_shift {
-            return Err(UfsCtrlError::BadValue {
-                what: "unit descriptor bLogicalBlockSize",
-                value: u64::from(u.block_shift),
-                why: "disagrees with the block length READ CAPACITY(16) reports",
-            });
+        if lus.is_empty() {
+            return Err(UfsCtrlError::NoLogicalUnits);
         }
-        lus.push(LogicalUnit {
-            lun: u.lun,
-            // The smaller of the two counts: never address past either.
-            blocks: if u.blocks == 0 {
-                c.blocks
-            } else {
-                c.blocks.min(u.blocks)
-            },
-            block_len: c.block_len,
-            // One block must fit in one command (the PRDT limit, 64 MiB,
-            // is above any block length accepted here): else this LU alone
-            // is unusable, not the controller.
-            usable: c.block_len <= max_transfer,
-        });
-        if c.block_len > max_transfer {
-            log::warn!(
-                "LU {}: {} B blocks but one command moves at most {max_transfer} B: reads and writes to it are refused",
-                u.lun,
-                c.block_len
-            );
+        Ok((device, geometry, lus, dev_raw, geo_raw, unit_raw))
+    })();
+    let (device, geometry, lus, dev_raw, geo_raw, unit_raw) = match found {
+        Ok(x) => x,
+        Err(e) => {
+            abandon(r, t, dc);
+            return Err(e);
         }
-    }
-    if lus.is_empty() {
-        return Err(UfsCtrlError::NoLogicalUnits);
-    }
+    };
     Ok(Init {
         dc,
         device,
@@ -1003,15 +1039,18 @@ fn link_startup(r: &Regs<'_>, t: Duration) -> UfsResult<()> {
 }
 
 /// Program `min(requested, MAXQ, 32)` queues; each ring gets `MAX_DEPTH + 1`
-/// slots (at most `depth` commands are ever outstanding on it).
+/// slots (at most `depth` commands are ever outstanding on it). The rings
+/// go to `rings` as they are enabled; those of a queue whose enable failed
+/// half-way go to `given`: the controller may hold either, so the caller
+/// frees them only once the controller is disabled.
 fn setup_mcq(
     r: &Regs<'_>,
     space: &Arc<DmaSpace>,
-    bar: NonNull<u8>,
-    bar_len: usize,
+    (bar, bar_len): (NonNull<u8>, usize),
     depth: u16,
     requested: u16,
-) -> UfsResult<(u16, Vec<McqRings>)> {
+    (rings, given): (&mut Vec<McqRings>, &mut Vec<DmaRegion>),
+) -> UfsResult<u16> {
     let mcap = McqCap(r.read(regs::MCQCAP)?);
     let maxq = mcap.max_queues();
     let cfg = mcap.config_offset();
@@ -1038,12 +1077,19 @@ fn setup_mcq(
     // after QD 32: "SQHP after enable: 0xa0"). 2 × 257 × 32 B per queue.
     let entries = (depth + 1).max(MAX_DEPTH + 1);
     disable_queues(r, mcap)?;
-    let mut rings = Vec::with_capacity(n as usize);
+    rings.reserve(n as usize);
     for i in 0..n {
         let sq = space.alloc(usize::from(entries) * 32, DmaDir::Bidirectional)?;
         let cq = space.alloc(usize::from(entries) * 32, DmaDir::Bidirectional)?;
         let (regs, sq_tail, cq_head) =
-            enable_queue(r, mcap, i, &sq, &cq, entries, (bar, bar_len), false)?;
+            match enable_queue(r, mcap, i, &sq, &cq, entries, (bar, bar_len), false) {
+                Ok(x) => x,
+                Err(e) => {
+                    given.push(sq);
+                    given.push(cq);
+                    return Err(e);
+                }
+            };
         rings.push(McqRings {
             index: i as u16,
             entries,
@@ -1054,7 +1100,31 @@ fn setup_mcq(
             cq_head,
         });
     }
-    Ok((n as u16, rings))
+    Ok(n as u16)
+}
+
+/// Disable the controller (HCE = 0) and wait, bounded by `t`, until it
+/// reads disabled. Whether it did: only then has it stopped touching host
+/// memory.
+fn disable(r: &Regs<'_>, t: Duration) -> bool {
+    r.write(regs::HCE, 0);
+    wait_until(t, "clear HCE", || {
+        Ok(r.read(regs::HCE)? & regs::HCE_ENABLE == 0)
+    })
+    .is_ok()
+}
+
+/// A bring-up step failed after the controller was given `memory`
+/// (queues, the legacy list, command descriptors, data pages): disable the
+/// controller before that memory is freed; one that cannot be disabled
+/// (or is gone) might still write it, so it is leaked.
+fn abandon<T>(r: &Regs<'_>, t: Duration, memory: T) {
+    if !disable(r, t) {
+        log::error!(
+            "UFS bring-up failed and the controller cannot be disabled: leaking its memory"
+        );
+        std::mem::forget(memory);
+    }
 }
 
 /// Disable every queue still enabled (each SQ before its CQ). QEMU (10.0)
