@@ -323,3 +323,31 @@ fn a_failed_bring_up_disables_the_controller_before_freeing_its_memory() {
         );
     }
 }
+
+/// Dropping the controller frees its pooled queue memory only once the
+/// controller reads disabled; one that ignores HCE = 0 keeps it mapped.
+#[test]
+fn drop_leaks_the_pooled_queues_of_a_controller_that_cannot_be_disabled() {
+    for mcq in [true, false] {
+        let h = liar(
+            sync_cfg(mcq),
+            UfsRegisterLies {
+                hce: HceLie::NeverClears,
+                ..Default::default()
+            },
+            UfsDeviceLies::default(),
+        );
+        // The first HCE = 0 (before enabling) is honoured; from then on not.
+        let ctrl = open_liar(&h, UfsOptions { mcq, ..quick(2) }).unwrap();
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut v = vec![0u8; 4096];
+        qp.read_blocking(0, 0, &mut v).unwrap();
+        qp.close(|_| {}).unwrap();
+        drop(ctrl);
+        assert!(h.really_enabled(), "the lie holds");
+        assert!(
+            h.fake().iommu().mapping_count() > 0,
+            "mcq {mcq}: queue memory freed under a controller that is still enabled"
+        );
+    }
+}

@@ -815,9 +815,21 @@ impl Drop for UfsController {
     /// Every queue pair is gone (each holds the controller): disable the
     /// controller before the pooled queue memory is freed, so nothing the
     /// controller might still fetch is unmapped under it.
+    /// A controller that does not read disabled within
+    /// [`UfsOptions::init_timeout`] might still write that memory: it is
+    /// leaked instead.
     fn drop(&mut self) {
-        if self.health() != health::GONE {
-            self.backend.regs().write32(regs::HCE, 0);
+        if self.health() == health::GONE {
+            return;
+        }
+        let r = Regs(self.backend.regs());
+        if !disable(&r, self.opts.init_timeout) {
+            log::error!("UFS host controller cannot be disabled: leaking its queue memory");
+            let pool = std::mem::replace(
+                self.pool.get_mut().unwrap_or_else(|p| p.into_inner()),
+                Pool::Legacy(None),
+            );
+            std::mem::forget(pool);
         }
     }
 }
