@@ -351,3 +351,79 @@ fn drop_leaks_the_pooled_queues_of_a_controller_that_cannot_be_disabled() {
         );
     }
 }
+
+/// The harness finds a buffer handed back early: a write fails with an
+/// error OCS; a read takes its slot and the device holds it; the device
+/// re-posts the write's entry. A command that ended on that entry would
+/// hand its buffer back while the device still owns it, and the device's
+/// later data lands in freed memory (an IOMMU fault here).
+#[test]
+#[ignore = "issue 27 item 1 (owned elsewhere): a stale entry with an error OCS ends the read in the reused slot early"]
+fn a_replayed_error_entry_does_not_end_the_command_in_its_slot() {
+    let h = liar(
+        sync_cfg(true),
+        UfsRegisterLies::default(),
+        UfsDeviceLies::default(),
+    );
+    let ctrl = open_liar(
+        &h,
+        UfsOptions {
+            depth: 1,
+            ..quick(1)
+        },
+    )
+    .unwrap();
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let faults = h.fake().faults();
+    faults.inject_next(None, None, mcqio_fixtures::ufs::UfsFault::Ocs(0x5));
+    qp.write(
+        0,
+        0,
+        1,
+        ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+        1,
+    )
+    .unwrap();
+    let mut done = Vec::new();
+    for _ in 0..10 {
+        qp.submit();
+        qp.poll(4, |c| done.push((c.tag, c.result.is_ok())))
+            .unwrap();
+    }
+    assert_eq!(done, [(1, false)], "the write fails");
+    faults.inject_next(
+        None,
+        None,
+        mcqio_fixtures::ufs::UfsFault::Delay(std::time::Duration::from_millis(30)),
+    );
+    qp.read(
+        0,
+        0,
+        1,
+        ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+        2,
+    )
+    .unwrap();
+    qp.submit();
+    assert!(h.replay_last(0), "the write's entry is posted again");
+    let mut early = Vec::new();
+    for _ in 0..10 {
+        qp.poll(4, |c| {
+            early.push((c.tag, c.result));
+            // Freed at once: a device still holding it faults.
+            drop(c.buf);
+        })
+        .unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(40));
+    h.poll();
+    let faults = h.fake().iommu().faults();
+    assert!(
+        early.is_empty() && faults.is_empty(),
+        "read ended on the write's stale entry: {early:?}; device wrote freed memory: {faults:?}"
+    );
+    assert_eq!(qp.stats().stale_completions, 1);
+    qp.poll(4, |c| early.push((c.tag, c.result))).unwrap();
+    assert_eq!(early, [(2, Ok(()))]);
+    qp.close(|_| {}).unwrap();
+}
