@@ -255,7 +255,7 @@ fn an_lu_with_blocks_above_the_transfer_limit_is_unusable_not_fatal() {
 // ---- the hostile wrapper (issue 27 item 7) ----
 
 use mcqio_fixtures::ufs::{
-    CqeKind, HceLie, HostileUfs, Pointer, UfsDeviceLies, UfsRegisterLies, UpiuKind, UpiuLie,
+    HceLie, HostileUfs, Pointer, UfsDeviceLies, UfsRegisterLies, UpiuKind, UpiuLie,
 };
 
 fn quick(queues: u16) -> UfsOptions {
@@ -426,4 +426,52 @@ fn a_replayed_error_entry_does_not_end_the_command_in_its_slot() {
     qp.poll(4, |c| early.push((c.tag, c.result))).unwrap();
     assert_eq!(early, [(2, Ok(()))]);
     qp.close(|_| {}).unwrap();
+}
+
+/// Doorbell and interrupt blocks that overlap each other, the host
+/// registers or the configuration array, or are unaligned, are refused at
+/// bring-up: a doorbell store there would land in another register.
+#[test]
+fn overlapping_or_unaligned_queue_blocks_are_refused() {
+    let cfg = sync_cfg(true);
+    let (qc, op) = (usize::from(cfg.qcfgptr) * 0x200, cfg.op_base);
+    // (what, queue, register in the block, value)
+    let cases: Vec<(&str, u8, usize, u32)> = vec![
+        ("queue 1's SQ doorbells on queue 0's", 1, 0x0C, op as u32),
+        (
+            "queue 0's CQ doorbells on its SQ doorbells",
+            0,
+            0x2C,
+            op as u32,
+        ),
+        ("SQ doorbells on IS/IE", 0, 0x0C, 0x20),
+        (
+            "CQ interrupt block on the configuration array",
+            1,
+            0x30,
+            qc as u32,
+        ),
+        ("SQ doorbells unaligned", 1, 0x0C, (op + 0x82) as u32),
+        (
+            "SQ interrupt block on queue 0's CQ doorbells",
+            1,
+            0x10,
+            (op + 0x40) as u32,
+        ),
+    ];
+    for (what, q, reg, v) in cases {
+        let h = liar(
+            cfg.clone(),
+            UfsRegisterLies {
+                qcfg: vec![(q, reg, v)],
+                ..Default::default()
+            },
+            UfsDeviceLies::default(),
+        );
+        match open_liar(&h, quick(2)) {
+            Err(UfsCtrlError::BadValue { .. } | UfsCtrlError::OutsideBar { .. }) => {}
+            Err(e) => panic!("{what}: {e}"),
+            Ok(c) => panic!("{what}: accepted ({:?})", c.mode()),
+        }
+    }
 }

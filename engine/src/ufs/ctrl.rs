@@ -1088,6 +1088,13 @@ fn setup_mcq(
     // large as `depth + 1` could not follow an earlier, deeper owner (QD 1
     // after QD 32: "SQHP after enable: 0xa0"). 2 × 257 × 32 B per queue.
     let entries = (depth + 1).max(MAX_DEPTH + 1);
+    // Every queue's register blocks, clear of each other's, before any
+    // queue is enabled.
+    let mut taken = Vec::with_capacity(4 * n as usize);
+    for i in 0..n {
+        let b = queue_blocks(r, mcap, i, bar_len, &taken)?;
+        taken.extend(b);
+    }
     disable_queues(r, mcap)?;
     rings.reserve(n as usize);
     for i in 0..n {
@@ -1159,6 +1166,57 @@ fn disable_queues(r: &Regs<'_>, mcap: McqCap) -> UfsResult<()> {
     Ok(())
 }
 
+/// A register block the controller placed: what it is, its offset, its
+/// length in bytes.
+type Block = (&'static str, usize, usize);
+
+/// Read queue `i`'s SQ doorbell, SQ interrupt, CQ doorbell and CQ
+/// interrupt blocks (DAO/ISAO) and check them: inside the BAR, 4-byte
+/// aligned, clear of the host registers, of the queue configuration array,
+/// of each other and of `others` (blocks already accepted). A doorbell
+/// store into an overlapping block would land in another register.
+fn queue_blocks(
+    r: &Regs<'_>,
+    mcap: McqCap,
+    i: u32,
+    bar_len: usize,
+    others: &[Block],
+) -> UfsResult<[Block; 4]> {
+    let q = QueueConfig::new(mcap, i);
+    let mut blocks = [
+        ("SQ doorbell block (SQDAO)", qcfg::SQDAO, 0x14),
+        ("SQ interrupt block (SQISAO)", qcfg::SQISAO, 8),
+        ("CQ doorbell block (CQDAO)", qcfg::CQDAO, 8),
+        ("CQ interrupt block (CQISAO)", qcfg::CQISAO, 8),
+    ];
+    let host = ("the host controller registers", 0, regs::MCQ_CFG + 4);
+    let array = (
+        "the queue configuration array",
+        mcap.config_offset(),
+        regs::QCFG_SIZE * mcap.max_queues() as usize,
+    );
+    let overlap = |a: &Block, b: &Block| a.1 < b.1.saturating_add(b.2) && b.1 < a.1 + a.2;
+    for k in 0..blocks.len() {
+        let (what, reg, len) = blocks[k];
+        let at = in_bar(what, u64::from(r.read(q.reg(reg))?), len, bar_len)?;
+        blocks[k] = (what, at, len);
+        let b = blocks[k];
+        let clash = [host, array]
+            .iter()
+            .chain(&blocks[..k])
+            .chain(others)
+            .any(|o| overlap(&b, o));
+        if clash {
+            return Err(UfsCtrlError::BadValue {
+                what,
+                value: at as u64,
+                why: "overlaps the host registers, the configuration array or another queue register block",
+            });
+        }
+    }
+    Ok(blocks)
+}
+
 /// Program queue `i` (disabled) on rings `sq`/`cq` of `entries` slots and
 /// enable it, CQ before SQ; read the DAO/ISAO offsets back and check them
 /// against the BAR. `resync` (after a reset, on a nullified SQ ring): an
@@ -1182,30 +1240,8 @@ fn enable_queue(
     r.write(q.reg(qcfg::CQLBA), c as u32);
     r.write(q.reg(qcfg::CQUBA), (c >> 32) as u32);
     // The offsets are the controller's: read them back and use them.
-    let sqdao = in_bar(
-        "SQ doorbell block (SQDAO)",
-        u64::from(r.read(q.reg(qcfg::SQDAO))?),
-        0x14,
-        bar_len,
-    )?;
-    in_bar(
-        "SQ interrupt block (SQISAO)",
-        u64::from(r.read(q.reg(qcfg::SQISAO))?),
-        8,
-        bar_len,
-    )?;
-    let cqdao = in_bar(
-        "CQ doorbell block (CQDAO)",
-        u64::from(r.read(q.reg(qcfg::CQDAO))?),
-        8,
-        bar_len,
-    )?;
-    in_bar(
-        "CQ interrupt block (CQISAO)",
-        u64::from(r.read(q.reg(qcfg::CQISAO))?),
-        8,
-        bar_len,
-    )?;
+    let blocks = queue_blocks(r, mcap, i, bar_len, &[])?;
+    let (sqdao, cqdao) = (blocks[0].1, blocks[2].1);
     r.write(q.reg(qcfg::CQATTR), QueueAttr::enabled(entries, 0).0);
     if !QueueAttr(r.read(q.reg(qcfg::CQATTR))?).is_enabled() {
         return Err(UfsCtrlError::QueueRefused {
