@@ -289,6 +289,7 @@ fn a_failed_bring_up_disables_the_controller_before_freeing_its_memory() {
                 upius: vec![UpiuLie {
                     kind: UpiuKind::NopIn,
                     nth: None,
+                    when: None,
                     patches: vec![(0, 0x3F)],
                 }],
                 ..Default::default()
@@ -473,5 +474,39 @@ fn overlapping_or_unaligned_queue_blocks_are_refused() {
             Err(e) => panic!("{what}: {e}"),
             Ok(c) => panic!("{what}: accepted ({:?})", c.mode()),
         }
+    }
+}
+
+/// A capacity whose size in bytes overflows 64 bits (READ CAPACITY's last
+/// LBA near 2^63, the unit descriptor's block count 0 = "ask READ
+/// CAPACITY") is refused with a typed error, as NVMe refuses such a
+/// namespace: nothing downstream can compute its size.
+#[test]
+fn a_capacity_that_overflows_is_refused() {
+    let h = liar(
+        sync_cfg(true),
+        UfsRegisterLies::default(),
+        UfsDeviceLies {
+            upius: vec![UpiuLie {
+                kind: UpiuKind::QueryResponse,
+                nth: None,
+                // A unit descriptor: qLogicalBlockCount (data 0x0B..0x13) = 0.
+                when: Some((33, 0x02)),
+                patches: (43..51).map(|o| (o, 0)).collect(),
+            }],
+            data: vec![mcqio_fixtures::ufs::DataLie {
+                opcode: 0x9E,
+                nth: None,
+                patches: (0..8)
+                    .map(|o| (o, if o == 0 { 0x7F } else { 0xFF }))
+                    .collect(),
+            }],
+            ..Default::default()
+        },
+    );
+    match open_liar(&h, quick(1)) {
+        Err(UfsCtrlError::BadValue { .. }) => {}
+        Err(e) => panic!("{e}"),
+        Ok(c) => panic!("accepted: {:?}", c.logical_units()),
     }
 }

@@ -160,6 +160,7 @@ fn device_lies(rng: &mut SmallRng) -> UfsDeviceLies {
         d.upius.push(UpiuLie {
             kind: UpiuKind::NopIn,
             nth: nth(rng),
+            when: None,
             patches: vec![(pick(rng, &[0, 1, 3, 5, 6, 7]), rng.gen())],
         });
     }
@@ -174,6 +175,7 @@ fn device_lies(rng: &mut SmallRng) -> UfsDeviceLies {
         d.upius.push(UpiuLie {
             kind: UpiuKind::QueryResponse,
             nth: nth(rng),
+            when: None,
             patches: (0..rng.gen_range(1..4))
                 .map(|_| (pick(rng, &offs), byte(rng, &[0, 1, 0x7F, 0xFF])))
                 .collect(),
@@ -186,6 +188,7 @@ fn device_lies(rng: &mut SmallRng) -> UfsDeviceLies {
         d.upius.push(UpiuLie {
             kind: UpiuKind::Response,
             nth: nth(rng),
+            when: None,
             patches: (0..rng.gen_range(1..4))
                 .map(|_| (pick(rng, &offs), byte(rng, &[0, 2, 0x7F, 0xFF])))
                 .collect(),

@@ -977,14 +977,22 @@ fn init_device(
                     why: "disagrees with the block length READ CAPACITY(16) reports",
                 });
             }
+            // The smaller of the two counts: never address past either.
+            let blocks = if u.blocks == 0 {
+                c.blocks
+            } else {
+                c.blocks.min(u.blocks)
+            };
+            if blocks.checked_mul(u64::from(c.block_len)).is_none() {
+                return Err(UfsCtrlError::BadValue {
+                    what: "LU capacity (READ CAPACITY(16), qLogicalBlockCount)",
+                    value: blocks,
+                    why: "blocks of this length overflow 64 bits of bytes",
+                });
+            }
             lus.push(LogicalUnit {
                 lun: u.lun,
-                // The smaller of the two counts: never address past either.
-                blocks: if u.blocks == 0 {
-                    c.blocks
-                } else {
-                    c.blocks.min(u.blocks)
-                },
+                blocks,
                 block_len: c.block_len,
                 // One block must fit in one command (the PRDT limit, 64 MiB,
                 // is above any block length accepted here): else this LU alone
