@@ -681,3 +681,85 @@ fn a_short_read_is_not_ok() {
         qp.close(|_| {}).unwrap();
     }
 }
+
+/// A controller that never sets HCE, never clears it, or never sets a
+/// ready bit ends bring-up in a typed error within the bounded waits.
+#[test]
+fn hce_and_ready_bits_that_never_move_end_in_typed_errors() {
+    let cases: Vec<(&str, UfsRegisterLies)> = vec![
+        (
+            "HCE never sets",
+            UfsRegisterLies {
+                hce: HceLie::NeverSets,
+                ..Default::default()
+            },
+        ),
+        (
+            "UCRDY never sets",
+            UfsRegisterLies {
+                hcs_clear: 1 << 3,
+                ..Default::default()
+            },
+        ),
+        (
+            "UTRLRDY never sets",
+            UfsRegisterLies {
+                hcs_clear: 1 << 1,
+                ..Default::default()
+            },
+        ),
+        (
+            "no device present",
+            UfsRegisterLies {
+                hcs_clear: 1 << 0,
+                ..Default::default()
+            },
+        ),
+        (
+            "the UIC result is an error",
+            UfsRegisterLies {
+                uic_result: Some(0x0A),
+                ..Default::default()
+            },
+        ),
+        (
+            "IS reports a host controller fatal error",
+            UfsRegisterLies {
+                is_flood: 1 << 16,
+                ..Default::default()
+            },
+        ),
+    ];
+    for (what, regs) in cases {
+        let h = liar(sync_cfg(true), regs, UfsDeviceLies::default());
+        let start = std::time::Instant::now();
+        let e = open_liar(&h, quick(1)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                UfsCtrlError::Timeout { .. }
+                    | UfsCtrlError::NoDevice
+                    | UfsCtrlError::Uic { .. }
+                    | UfsCtrlError::ControllerFatal { .. }
+            ),
+            "{what}: {e}"
+        );
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(2),
+            "{what}"
+        );
+    }
+    // A controller that never clears HCE: the next owner cannot start.
+    let h = liar(
+        sync_cfg(true),
+        UfsRegisterLies {
+            hce: HceLie::NeverClears,
+            ..Default::default()
+        },
+        UfsDeviceLies::default(),
+    );
+    let ctrl = open_liar(&h, quick(1)).unwrap();
+    drop(ctrl);
+    let e = open_liar(&h, quick(1)).unwrap_err();
+    assert!(matches!(e, UfsCtrlError::Timeout { .. }), "{e}");
+}

@@ -19,8 +19,19 @@
 //!    lie inside the BAR) and [`UfsOptions::queues`]; queues a previous
 //!    owner left enabled are disabled first; each queue's rings programmed,
 //!    CQ enabled before SQ, the DAO/ISAO offsets **read back** and checked
-//!    to lie inside the BAR, the rings started where the controller's
-//!    head/tail pointers stand; MCQ_CFG.MAC; MEM_CFG MCQ mode.
+//!    to lie inside the BAR, 4-byte aligned and clear of the host
+//!    registers, the configuration array and every other queue's blocks,
+//!    the rings started where the controller's head/tail pointers stand;
+//!    MCQ_CFG.MAC; MEM_CFG MCQ mode.
+//!
+//! If a step fails after the controller was given memory (the legacy list,
+//! its command descriptor and data page, MCQ rings), the controller is
+//! disabled (HCE = 0, read back, bounded) before that memory is freed; a
+//! controller that will not stop keeps it: it is leaked. Dropping the
+//! controller does the same with its pooled queue memory. An LU whose
+//! capacity in bytes overflows 64 bits is refused; one whose blocks are
+//! larger than [`UfsOptions::max_transfer`] is kept with
+//! [`LogicalUnit::usable`] = `false`.
 //!
 //! QEMU's UFS model (10.0) needs several of these: it keeps queues, their
 //! pointers and MCQ mode across the HCE reset, has no unit descriptor for
