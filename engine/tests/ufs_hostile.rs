@@ -763,3 +763,84 @@ fn hce_and_ready_bits_that_never_move_end_in_typed_errors() {
     let e = open_liar(&h, quick(1)).unwrap_err();
     assert!(matches!(e, UfsCtrlError::Timeout { .. }), "{e}");
 }
+
+/// A CQ tail that is unaligned, past the ring, or ahead of what the device
+/// wrote (over entries never posted, or posted long ago) delivers nothing
+/// it cannot prove; the commands still end once, and the device never
+/// reaches memory handed back.
+#[test]
+fn a_lying_cq_tail_delivers_nothing_unproven() {
+    for (what, ahead) in [
+        ("unaligned", None),
+        ("past the ring", None),
+        ("4 slots ahead", Some(4u32)),
+        ("the whole ring ahead", Some(256)),
+    ] {
+        let h = liar(
+            sync_cfg(true),
+            UfsRegisterLies::default(),
+            UfsDeviceLies::default(),
+        );
+        let ctrl = open_liar(&h, quick(1)).unwrap();
+        let mut qp = ctrl
+            .create_qpair_with::<DmaBuf>(mcqio::ufs::UfsQpairOptions {
+                io_timeout: Some(std::time::Duration::from_millis(5)),
+                timeout_policy: mcqio::TimeoutPolicy::Abort,
+            })
+            .unwrap();
+        // Some history in the ring, then commands the device holds.
+        let mut v = vec![0u8; 4096];
+        for lba in 0..8 {
+            qp.read_blocking(0, lba, &mut v).unwrap();
+        }
+        let q = usize::from(qp.hw_queue().unwrap());
+        h.fake().faults().set_probability(
+            mcqio_fixtures::ufs::UfsFault::Delay(std::time::Duration::from_millis(20)),
+            1.0,
+        );
+        for tag in 0..4 {
+            qp.read(
+                0,
+                tag,
+                1,
+                ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap(),
+                tag,
+            )
+            .unwrap();
+        }
+        qp.submit();
+        // The host's head is at slot 8 (+ 4 held commands' entries to come).
+        let tail = match (what, ahead) {
+            ("unaligned", _) => 8 * 32 + 5,
+            ("past the ring", _) => 0x10_0000,
+            (_, Some(n)) => ((8 + n) % 257) * 32,
+            _ => unreachable!(),
+        };
+        h.set_cqtp(q, tail);
+        let mut seen = std::collections::HashMap::<u64, u32>::new();
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(100) && qp.outstanding() > 0 {
+            let _ = qp.poll(16, |c| {
+                *seen.entry(c.tag).or_default() += 1;
+                drop(c.buf);
+            });
+            h.poll();
+        }
+        if std::env::var("HOSTILE_DEBUG").is_ok() {
+            eprintln!("{what}: {:?} {seen:?}", qp.stats());
+        }
+        let closed = qp.close(|c| {
+            *seen.entry(c.tag).or_default() += 1;
+            drop(c.buf);
+        });
+        drop(ctrl);
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        h.poll();
+        assert!(seen.values().all(|&k| k == 1), "{what}: {seen:?}");
+        if closed.is_ok() {
+            assert_eq!(seen.len(), 4, "{what}: {seen:?}");
+        }
+        let f = h.fake().iommu().faults();
+        assert!(f.is_empty(), "{what}: device reached freed memory: {f:?}");
+    }
+}
