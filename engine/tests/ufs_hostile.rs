@@ -844,3 +844,72 @@ fn a_lying_cq_tail_delivers_nothing_unproven() {
         assert!(f.is_empty(), "{what}: device reached freed memory: {f:?}");
     }
 }
+
+/// Interrupt-status floods while I/O is in flight (bring-up saw the
+/// truth): completion and UIC bits that are always set change nothing; a
+/// fatal bit that is always set fails the controller, and every command
+/// still ends exactly once.
+#[test]
+fn interrupt_status_floods_during_io_end_every_command_once() {
+    for (what, bits) in [
+        ("CQES", 1u32 << 20),
+        ("UTRCS | UE", 1 | 1 << 2),
+        ("UCCS | ULSS", 1 << 10 | 1 << 8),
+        ("HCFES", 1 << 16),
+        ("SBFES", 1 << 17),
+        ("DFES", 1 << 11),
+    ] {
+        for mcq in [true, false] {
+            let h = liar(
+                sync_cfg(mcq),
+                UfsRegisterLies::default(),
+                UfsDeviceLies::default(),
+            );
+            let ctrl = open_liar(&h, UfsOptions { mcq, ..quick(1) }).unwrap();
+            let mut qp = ctrl
+                .create_qpair_with::<DmaBuf>(mcqio::ufs::UfsQpairOptions {
+                    io_timeout: Some(std::time::Duration::from_millis(5)),
+                    timeout_policy: mcqio::TimeoutPolicy::Reset,
+                })
+                .unwrap();
+            h.fake().faults().set_probability(
+                mcqio_fixtures::ufs::UfsFault::Delay(std::time::Duration::from_millis(2)),
+                0.5,
+            );
+            h.set_register_lies(UfsRegisterLies {
+                is_flood: bits,
+                ..Default::default()
+            });
+            let mut seen = std::collections::HashMap::<u64, u32>::new();
+            for tag in 0..6u64 {
+                let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+                let _ = qp.read(0, tag, 1, b, tag);
+            }
+            qp.submit();
+            let start = std::time::Instant::now();
+            let mut err = None;
+            while qp.outstanding() > 0 && start.elapsed() < std::time::Duration::from_millis(100) {
+                h.poll();
+                if let Err(e) = qp.poll(16, |c| {
+                    *seen.entry(c.tag).or_default() += 1;
+                    drop(c.buf);
+                }) {
+                    err = Some(e);
+                    break;
+                }
+            }
+            let closed = qp.close(|c| {
+                *seen.entry(c.tag).or_default() += 1;
+                drop(c.buf);
+            });
+            drop(ctrl);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            h.poll();
+            let ctx = format!("{what} (mcq {mcq}): poll {err:?}, close {closed:?}");
+            assert!(seen.values().all(|&k| k == 1), "{ctx}: {seen:?}");
+            assert_eq!(seen.len(), 6, "{ctx}: {seen:?}");
+            let f = h.fake().iommu().faults();
+            assert!(f.is_empty(), "{ctx}: device reached freed memory: {f:?}");
+        }
+    }
+}
