@@ -432,18 +432,7 @@ fn a_cid_of_another_generation_of_the_same_slot_is_stale() {
 
 #[test]
 fn a_block_larger_than_one_command_is_a_typed_error() {
-    let b = hostile(
-        cfg(),
-        RegisterLies::default(),
-        DeviceLies {
-            // LBAF0.LBADS = 20: 1 MiB blocks, above the fake's 128 KiB MDTS.
-            identify_namespace: vec![(130, 20)],
-            ..DeviceLies::default()
-        },
-    );
-    let e = open(&b, quick()).unwrap_err();
-    assert!(matches!(e, Error::BadDevice { .. }), "{e:?}");
-    // The same block size under a caller's smaller cap is the caller's.
+    // The caller's own cap below a block is the caller's mistake.
     let b = hostile(
         cfg(),
         RegisterLies::default(),
@@ -461,6 +450,81 @@ fn a_block_larger_than_one_command_is_a_typed_error() {
     )
     .unwrap_err();
     assert!(matches!(e, Error::InvalidOption(_)), "{e:?}");
+}
+
+/// Issue 27 item 8: a namespace whose blocks are larger than MDTS does not
+/// take the controller (and its other namespaces) down: bring-up succeeds,
+/// the namespace is marked unusable, and I/O to it is a typed error.
+#[test]
+fn a_namespace_with_blocks_above_mdts_is_unusable_not_fatal() {
+    let fake = FakeController::new(FakeConfig {
+        // NSID 1: 512 B blocks; NSID 2: 64 KiB blocks; MDTS = 8 KiB.
+        namespaces: vec![
+            NamespaceConfig::ram(1 << 20, 512),
+            NamespaceConfig::ram(1 << 20, 65536),
+        ],
+        mdts: 1,
+        ..cfg()
+    })
+    .unwrap();
+    let ctrl = Controller::new(fake.clone(), quick()).expect("bring-up");
+    assert_eq!(ctrl.max_transfer(), 8192);
+    let ns1 = ctrl.namespace(1).expect("namespace 1").clone();
+    let ns2 = ctrl.namespace(2).expect("namespace 2 is listed").clone();
+    assert!(ns1.usable, "{ns1:?}");
+    assert!(!ns2.usable, "{ns2:?}");
+    assert_eq!(ns2.lba_size, 65536);
+
+    let mut qp = ctrl.create_qpair(QpairOptions::default()).unwrap();
+    // I/O to the odd namespace: a typed error, the buffer back at once.
+    let buf = ctrl.alloc_buf(65536, DmaDir::Bidirectional).unwrap();
+    let e = qp.read(2, 0, 1, buf, 1).unwrap_err();
+    assert!(
+        matches!(
+            e.kind,
+            mcqio::SubmitErrorKind::TransferTooLarge {
+                bytes: 65536,
+                max: 8192
+            }
+        ),
+        "{:?}",
+        e.kind
+    );
+    let e = qp.write(2, 0, 1, e.buf, 2).unwrap_err();
+    assert!(
+        matches!(
+            e.kind,
+            mcqio::SubmitErrorKind::TransferTooLarge {
+                bytes: 65536,
+                max: 8192
+            }
+        ),
+        "{:?}",
+        e.kind
+    );
+    let mut block = vec![0u8; 65536];
+    assert!(
+        matches!(
+            qp.read_blocking(2, 0, &mut block),
+            Err(Error::Submit(mcqio::SubmitErrorKind::TransferTooLarge {
+                bytes: 65536,
+                max: 8192
+            }))
+        ),
+        "blocking read of the odd namespace"
+    );
+    // The other namespace works, before and after a reset (which finds
+    // the same odd namespace again: not a different device).
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
+    qp.write_blocking(1, 8, &data).unwrap();
+    ctrl.reset().unwrap();
+    assert!(!ctrl.namespace(2).unwrap().usable);
+    let mut back = vec![0u8; 8192];
+    qp.read_blocking(1, 8, &mut back).unwrap();
+    assert_eq!(back, data);
+    // Commands that move no data still reach it.
+    qp.flush_blocking(2).unwrap();
+    qp.close(|_| {}).unwrap();
 }
 
 #[test]

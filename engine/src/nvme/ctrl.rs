@@ -30,7 +30,11 @@
 //! namespace whose size overflows 64 bits or more than [`MAX_NAMESPACES`]
 //! active namespaces are [`Error::BadDevice`]; the active namespace list is
 //! sorted and deduplicated and may be sparse (any NSID up to FFFFFFFEh);
-//! malformed Identify data is [`Error::Identify`]. An admin command waits
+//! malformed Identify data is [`Error::Identify`]. A namespace whose blocks
+//! are larger than one command may move (LBADS above MDTS) is kept with
+//! [`Namespace::usable`] = `false` — its reads and writes are refused with
+//! [`crate::SubmitErrorKind::TransferTooLarge`] — rather than failing the
+//! bring-up of the controller and its other namespaces. An admin command waits
 //! at most [`ControllerOptions::admin_timeout`] however many completions
 //! that are not its own (stale CIDs, completions in the AER range that no
 //! outstanding Asynchronous Event Request owns) the device posts meanwhile;
@@ -196,17 +200,26 @@ pub struct Namespace {
     pub lba_shift: u32,
     /// The full identify data.
     pub identify: IdentifyNamespace,
+    /// Whether reads and writes can reach it. `false` when one block is
+    /// larger than the controller lets one command move (LBADS above
+    /// MDTS): bring-up keeps the controller and its other namespaces, and
+    /// every read or write to this one is refused before submission with
+    /// [`crate::SubmitErrorKind::TransferTooLarge`] (commands that move no
+    /// data — Flush, Write Zeroes, Dataset Management — still go through).
+    pub usable: bool,
 }
 
 impl Namespace {
     /// Check what the controller reported for namespace `id`: its capacity
-    /// in bytes must fit in a `u64`.
-    fn new(id: u32, identify: IdentifyNamespace) -> Result<Self> {
+    /// in bytes must fit in a `u64`. Usable if one block fits in
+    /// `max_transfer` bytes.
+    fn new(id: u32, identify: IdentifyNamespace, max_transfer: u64) -> Result<Self> {
         let ns = Namespace {
             id,
             nsze: identify.nsze,
             lba_size: identify.lba_size(),
             lba_shift: identify.lba_shift(),
+            usable: identify.lba_size() <= max_transfer,
             identify,
         };
         if ns.checked_size_bytes().is_none() {
@@ -1499,21 +1512,20 @@ fn bring_up(
         if ns.nsze == 0 {
             continue;
         }
-        let ns = Namespace::new(id, ns)?;
+        let ns = Namespace::new(id, ns, max_transfer)?;
         // A block must fit in one command, or no I/O to it can be built.
-        if ns.lba_size > max_transfer {
+        // Below the caller's own cap that is the caller's mistake; above
+        // what the controller allows (MDTS) it is this namespace's alone:
+        // the controller and its other namespaces stay usable.
+        if !ns.usable {
             let detail = format!(
                 "namespace {id} has {} B blocks but one command moves at most {max_transfer} B",
                 ns.lba_size
             );
-            return Err(if max_transfer < mdts {
-                Error::InvalidOption(format!("max_transfer: {detail}"))
-            } else {
-                Error::BadDevice {
-                    what: "LBA format (LBADS above MDTS)",
-                    detail,
-                }
-            });
+            if ns.lba_size <= mdts {
+                return Err(Error::InvalidOption(format!("max_transfer: {detail}")));
+            }
+            log::warn!("{detail} (LBADS above MDTS): reads and writes to it are refused");
         }
         namespaces.push(ns);
     }

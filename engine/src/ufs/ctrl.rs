@@ -19,8 +19,19 @@
 //!    lie inside the BAR) and [`UfsOptions::queues`]; queues a previous
 //!    owner left enabled are disabled first; each queue's rings programmed,
 //!    CQ enabled before SQ, the DAO/ISAO offsets **read back** and checked
-//!    to lie inside the BAR, the rings started where the controller's
-//!    head/tail pointers stand; MCQ_CFG.MAC; MEM_CFG MCQ mode.
+//!    to lie inside the BAR, 4-byte aligned and clear of the host
+//!    registers, the configuration array and every other queue's blocks,
+//!    the rings started where the controller's head/tail pointers stand;
+//!    MCQ_CFG.MAC; MEM_CFG MCQ mode.
+//!
+//! If a step fails after the controller was given memory (the legacy list,
+//! its command descriptor and data page, MCQ rings), the controller is
+//! disabled (HCE = 0, read back, bounded) before that memory is freed; a
+//! controller that will not stop keeps it: it is leaked. Dropping the
+//! controller does the same with its pooled queue memory. An LU whose
+//! capacity in bytes overflows 64 bits is refused; one whose blocks are
+//! larger than [`UfsOptions::max_transfer`] is kept with
+//! [`LogicalUnit::usable`] = `false`.
 //!
 //! QEMU's UFS model (10.0) needs several of these: it keeps queues, their
 //! pointers and MCQ mode across the HCE reset, has no unit descriptor for
@@ -115,6 +126,12 @@ pub struct LogicalUnit {
     pub blocks: u64,
     /// Logical block length in bytes (a power of two, ≥ 512).
     pub block_len: u32,
+    /// Whether reads and writes can reach it: `false` when one block is
+    /// larger than [`UfsOptions::max_transfer`] lets one command move. The
+    /// controller and its other LUs stay usable; every read or write to
+    /// this one is refused before submission with
+    /// [`crate::SubmitErrorKind::TransferTooLarge`].
+    pub usable: bool,
 }
 
 impl LogicalUnit {
@@ -330,50 +347,75 @@ impl UfsController {
         let cap = Cap(r.read(regs::CAP)?);
         let t = opts.init_timeout;
 
-        let init = init_device(&r, backend.dma(), cap, bar_len, t)?;
+        let init = init_device(&r, backend.dma(), cap, bar_len, opts.max_transfer, t)?;
         let (device, geometry, lus) = (init.device, init.geometry, init.lus);
         let space = backend.dma();
         let mut dc = init.dc;
         let legacy_list = dc.utrl.iova().raw();
-        let hpb = match &opts.hpb {
-            Some(h) => super::hpb::enable(
-                h,
-                &init.dev_raw,
-                &init.geo_raw,
-                &init.unit_raw,
-                &lus,
-                &mut |q| dc.hpb_query(&r, t, q),
-            )?,
-            None => Vec::new(),
-        };
-
-        // 4. MCQ or legacy.
+        // Memory the controller was given by a step that failed: freed only
+        // once the controller is disabled.
+        let mut given = Vec::new();
+        let mut rings = Vec::new();
         let mut depth = opts.depth.min(MAX_DEPTH);
-        if device.queue_depth != 0 {
-            depth = depth.min(u16::from(device.queue_depth));
-        }
-        let bar = mmio.base();
-        let (mode, pool) = if cap.mcq() && opts.mcq {
-            in_bar(
-                "MEM_CFG / MCQ_CFG",
-                regs::MEM_CFG as u64,
-                regs::MCQ_CFG + 4 - regs::MEM_CFG,
-                bar_len,
-            )?;
-            depth = depth.min(cap.mcq_mac() as u16);
-            let (n, rings) = setup_mcq(&r, space, bar, bar_len, depth, opts.queues)?;
-            select_mcq(&r, cap)?;
-            (
+        let up = (|| {
+            let hpb = match &opts.hpb {
+                Some(h) => super::hpb::enable(
+                    h,
+                    &init.dev_raw,
+                    &init.geo_raw,
+                    &init.unit_raw,
+                    &lus,
+                    &mut |q| dc.hpb_query(&r, t, q),
+                )?,
+                None => Vec::new(),
+            };
+
+            // 4. MCQ or legacy.
+            if device.queue_depth != 0 {
+                depth = depth.min(u16::from(device.queue_depth));
+            }
+            let bar = mmio.base();
+            let mcq = if cap.mcq() && opts.mcq {
+                in_bar(
+                    "MEM_CFG / MCQ_CFG",
+                    regs::MEM_CFG as u64,
+                    regs::MCQ_CFG + 4 - regs::MEM_CFG,
+                    bar_len,
+                )?;
+                depth = depth.min(cap.mcq_mac() as u16);
+                let n = setup_mcq(
+                    &r,
+                    space,
+                    (bar, bar_len),
+                    depth,
+                    opts.queues,
+                    (&mut rings, &mut given),
+                )?;
+                select_mcq(&r, cap)?;
+                Some(n)
+            } else {
+                depth = depth.min(cap.sdb_slots() as u16);
+                None
+            };
+            r.check_fatal()?;
+            Ok((hpb, mcq))
+        })();
+        let (hpb, mcq) = match up {
+            Ok(x) => x,
+            Err(e) => {
+                abandon(&r, t, (dc, given, rings));
+                return Err(e);
+            }
+        };
+        let (mode, pool) = match mcq {
+            Some(n) => (
                 UfsMode::Mcq { queues: n },
                 Pool::Mcq(rings.into_iter().map(Some).collect()),
-            )
-        } else {
-            depth = depth.min(cap.sdb_slots() as u16);
+            ),
             // The list (idle: every request above completed) goes to the
             // one queue pair legacy mode has.
-            (UfsMode::Legacy, Pool::Legacy(Some(dc.utrl)))
+            None => (UfsMode::Legacy, Pool::Legacy(Some(dc.utrl))),
         };
-        r.check_fatal()?;
         Ok(Arc::new(UfsController {
             mode,
             depth,
@@ -644,7 +686,14 @@ impl UfsController {
                 cap.0
             )));
         }
-        let init = init_device(&r, self.dma(), cap, bar_len, self.opts.init_timeout)?;
+        let init = init_device(
+            &r,
+            self.dma(),
+            cap,
+            bar_len,
+            self.opts.max_transfer,
+            self.opts.init_timeout,
+        )?;
         if init.lus != self.lus {
             return Err(UfsCtrlError::DeviceChanged(lus_changed(
                 &self.lus, &init.lus,
@@ -777,9 +826,21 @@ impl Drop for UfsController {
     /// Every queue pair is gone (each holds the controller): disable the
     /// controller before the pooled queue memory is freed, so nothing the
     /// controller might still fetch is unmapped under it.
+    /// A controller that does not read disabled within
+    /// [`UfsOptions::init_timeout`] might still write that memory: it is
+    /// leaked instead.
     fn drop(&mut self) {
-        if self.health() != health::GONE {
-            self.backend.regs().write32(regs::HCE, 0);
+        if self.health() == health::GONE {
+            return;
+        }
+        let r = Regs(self.backend.regs());
+        if !disable(&r, self.opts.init_timeout) {
+            log::error!("UFS host controller cannot be disabled: leaking its queue memory");
+            let pool = std::mem::replace(
+                self.pool.get_mut().unwrap_or_else(|p| p.into_inner()),
+                Pool::Legacy(None),
+            );
+            std::mem::forget(pool);
         }
     }
 }
@@ -805,6 +866,7 @@ fn init_device(
     space: &Arc<DmaSpace>,
     cap: Cap,
     bar_len: usize,
+    max_transfer: u32,
     t: Duration,
 ) -> UfsResult<Init> {
     // 1. Host controller enable.
@@ -841,103 +903,133 @@ fn init_device(
         data: space.alloc(DEV_DATA, DmaDir::Bidirectional)?,
         next_tag: 0,
     };
-    wait_until(t, "set HCS.UTRLRDY", || {
-        Ok(Hcs(r.read(regs::HCS)?).utrl_ready())
-    })?;
-    let utrl = dc.utrl.iova().raw();
-    if utrl % 1024 != 0 || (!cap.addr64() && utrl >> 32 != 0) {
-        return Err(UfsCtrlError::BadValue {
-            what: "UTRL address",
-            value: utrl,
-            why: "the list must be 1 KiB aligned and reachable by the controller",
-        });
-    }
-    r.write(regs::UTRLBA, utrl as u32);
-    r.write(regs::UTRLBAU, (utrl >> 32) as u32);
-    r.write(regs::UTRLRSR, 1);
+    // From here on the controller may hold the list and what it points at.
+    let found = (|| {
+        wait_until(t, "set HCS.UTRLRDY", || {
+            Ok(Hcs(r.read(regs::HCS)?).utrl_ready())
+        })?;
+        let utrl = dc.utrl.iova().raw();
+        if utrl % 1024 != 0 || (!cap.addr64() && utrl >> 32 != 0) {
+            return Err(UfsCtrlError::BadValue {
+                what: "UTRL address",
+                value: utrl,
+                why: "the list must be 1 KiB aligned and reachable by the controller",
+            });
+        }
+        r.write(regs::UTRLBA, utrl as u32);
+        r.write(regs::UTRLBAU, (utrl >> 32) as u32);
+        r.write(regs::UTRLRSR, 1);
 
-    dc.nop(r, t)?;
-    dc.device_init(r, t)?;
-    let dev_raw = dc.read_desc(r, t, desc::idn::DEVICE, 0)?;
-    let geo_raw = dc.read_desc(r, t, desc::idn::GEOMETRY, 0)?;
-    let device = DeviceDesc::parse(&dev_raw)?;
-    let geometry = GeometryDesc::parse(&geo_raw)?;
-    let mut unit_raw = Vec::new();
-    let mut units = Vec::new();
-    for i in 0..geometry.max_lus {
-        // bNumberLU counts the enabled LUs: past the last one there is
-        // nothing to find (and QEMU has no descriptor to read).
-        if units.len() >= usize::from(device.lus) {
-            break;
+        dc.nop(r, t)?;
+        dc.device_init(r, t)?;
+        let dev_raw = dc.read_desc(r, t, desc::idn::DEVICE, 0)?;
+        let geo_raw = dc.read_desc(r, t, desc::idn::GEOMETRY, 0)?;
+        let device = DeviceDesc::parse(&dev_raw)?;
+        let geometry = GeometryDesc::parse(&geo_raw)?;
+        let mut unit_raw = Vec::new();
+        let mut units = Vec::new();
+        for i in 0..geometry.max_lus {
+            // bNumberLU counts the enabled LUs: past the last one there is
+            // nothing to find (and QEMU has no descriptor to read).
+            if units.len() >= usize::from(device.lus) {
+                break;
+            }
+            let d = match dc.read_desc(r, t, desc::idn::UNIT, i) {
+                Ok(d) => d,
+                // No unit descriptor at this index. UFS 4.0 devices return
+                // one with bLUEnable = 0 for an absent LU; QEMU (10.0)
+                // answers INVALID_INDEX instead and also fails the request
+                // with OCS INVALID_CMD_TABLE_ATTR. Either way: no LU here.
+                Err(UfsCtrlError::Query { code, .. }) if code == QUERY_INVALID_INDEX => continue,
+                Err(UfsCtrlError::DevCmd {
+                    err: UfsError::Transport(ocs),
+                    ..
+                }) if ocs == Ocs::INVALID_CMD_TABLE_ATTR => continue,
+                Err(e) => return Err(e),
+            };
+            // A disabled LU's descriptor holds no usable geometry: look at
+            // bLUEnable (byte 3) before asking the rest to make sense
+            // (1 = enabled, 2 = enabled HPB LU).
+            if !matches!(d.get(3), Some(&1) | Some(&2)) {
+                continue;
+            }
+            let u = UnitDesc::parse(&d)?;
+            if u.enabled {
+                if u.lun != i {
+                    return Err(UfsCtrlError::BadValue {
+                        what: "unit descriptor bUnitIndex",
+                        value: u64::from(u.lun),
+                        why: "differs from the index asked for",
+                    });
+                }
+                units.push(u);
+                unit_raw.push((i, d));
+            }
         }
-        let d = match dc.read_desc(r, t, desc::idn::UNIT, i) {
-            Ok(d) => d,
-            // No unit descriptor at this index. UFS 4.0 devices return
-            // one with bLUEnable = 0 for an absent LU; QEMU (10.0)
-            // answers INVALID_INDEX instead and also fails the request
-            // with OCS INVALID_CMD_TABLE_ATTR. Either way: no LU here.
-            Err(UfsCtrlError::Query { code, .. }) if code == QUERY_INVALID_INDEX => continue,
-            Err(UfsCtrlError::DevCmd {
-                err: UfsError::Transport(ocs),
-                ..
-            }) if ocs == Ocs::INVALID_CMD_TABLE_ATTR => continue,
-            Err(e) => return Err(e),
-        };
-        // A disabled LU's descriptor holds no usable geometry: look at
-        // bLUEnable (byte 3) before asking the rest to make sense
-        // (1 = enabled, 2 = enabled HPB LU).
-        if !matches!(d.get(3), Some(&1) | Some(&2)) {
-            continue;
+        if units.is_empty() {
+            return Err(UfsCtrlError::NoLogicalUnits);
         }
-        let u = UnitDesc::parse(&d)?;
-        if u.enabled {
-            if u.lun != i {
+        let reported = dc.report_luns(r, t, units[0].lun)?;
+        let mut lus = Vec::new();
+        for u in units.iter().filter(|u| reported.contains(&u.lun)) {
+            dc.clear_unit_attention(r, t, u.lun)?;
+            let c = dc.read_capacity(r, t, u.lun)?;
+            if !c.block_len.is_power_of_two() || c.block_len < 512 || c.block_len > 1 << 20 {
                 return Err(UfsCtrlError::BadValue {
-                    what: "unit descriptor bUnitIndex",
-                    value: u64::from(u.lun),
-                    why: "differs from the index asked for",
+                    what: "READ CAPACITY(16) block length",
+                    value: u64::from(c.block_len),
+                    why: "not a power of two between 512 B and 1 MiB",
                 });
             }
-            units.push(u);
-            unit_raw.push((i, d));
-        }
-    }
-    if units.is_empty() {
-        return Err(UfsCtrlError::NoLogicalUnits);
-    }
-    let reported = dc.report_luns(r, t, units[0].lun)?;
-    let mut lus = Vec::new();
-    for u in units.iter().filter(|u| reported.contains(&u.lun)) {
-        dc.clear_unit_attention(r, t, u.lun)?;
-        let c = dc.read_capacity(r, t, u.lun)?;
-        if !c.block_len.is_power_of_two() || c.block_len < 512 || c.block_len > 1 << 20 {
-            return Err(UfsCtrlError::BadValue {
-                what: "READ CAPACITY(16) block length",
-                value: u64::from(c.block_len),
-                why: "not a power of two between 512 B and 1 MiB",
-            });
-        }
-        if c.block_len != 1 << u.block_shift {
-            return Err(UfsCtrlError::BadValue {
-                what: "unit descriptor bLogicalBlockSize",
-                value: u64::from(u.block_shift),
-                why: "disagrees with the block length READ CAPACITY(16) reports",
-            });
-        }
-        lus.push(LogicalUnit {
-            lun: u.lun,
+            if c.block_len != 1 << u.block_shift {
+                return Err(UfsCtrlError::BadValue {
+                    what: "unit descriptor bLogicalBlockSize",
+                    value: u64::from(u.block_shift),
+                    why: "disagrees with the block length READ CAPACITY(16) reports",
+                });
+            }
             // The smaller of the two counts: never address past either.
-            blocks: if u.blocks == 0 {
+            let blocks = if u.blocks == 0 {
                 c.blocks
             } else {
                 c.blocks.min(u.blocks)
-            },
-            block_len: c.block_len,
-        });
-    }
-    if lus.is_empty() {
-        return Err(UfsCtrlError::NoLogicalUnits);
-    }
+            };
+            if blocks.checked_mul(u64::from(c.block_len)).is_none() {
+                return Err(UfsCtrlError::BadValue {
+                    what: "LU capacity (READ CAPACITY(16), qLogicalBlockCount)",
+                    value: blocks,
+                    why: "blocks of this length overflow 64 bits of bytes",
+                });
+            }
+            lus.push(LogicalUnit {
+                lun: u.lun,
+                blocks,
+                block_len: c.block_len,
+                // One block must fit in one command (the PRDT limit, 64 MiB,
+                // is above any block length accepted here): else this LU alone
+                // is unusable, not the controller.
+                usable: c.block_len <= max_transfer,
+            });
+            if c.block_len > max_transfer {
+                log::warn!(
+                    "LU {}: {} B blocks but one command moves at most {max_transfer} B: reads and writes to it are refused",
+                    u.lun,
+                    c.block_len
+                );
+            }
+        }
+        if lus.is_empty() {
+            return Err(UfsCtrlError::NoLogicalUnits);
+        }
+        Ok((device, geometry, lus, dev_raw, geo_raw, unit_raw))
+    })();
+    let (device, geometry, lus, dev_raw, geo_raw, unit_raw) = match found {
+        Ok(x) => x,
+        Err(e) => {
+            abandon(r, t, dc);
+            return Err(e);
+        }
+    };
     Ok(Init {
         dc,
         device,
@@ -978,15 +1070,18 @@ fn link_startup(r: &Regs<'_>, t: Duration) -> UfsResult<()> {
 }
 
 /// Program `min(requested, MAXQ, 32)` queues; each ring gets `MAX_DEPTH + 1`
-/// slots (at most `depth` commands are ever outstanding on it).
+/// slots (at most `depth` commands are ever outstanding on it). The rings
+/// go to `rings` as they are enabled; those of a queue whose enable failed
+/// half-way go to `given`: the controller may hold either, so the caller
+/// frees them only once the controller is disabled.
 fn setup_mcq(
     r: &Regs<'_>,
     space: &Arc<DmaSpace>,
-    bar: NonNull<u8>,
-    bar_len: usize,
+    (bar, bar_len): (NonNull<u8>, usize),
     depth: u16,
     requested: u16,
-) -> UfsResult<(u16, Vec<McqRings>)> {
+    (rings, given): (&mut Vec<McqRings>, &mut Vec<DmaRegion>),
+) -> UfsResult<u16> {
     let mcap = McqCap(r.read(regs::MCQCAP)?);
     let maxq = mcap.max_queues();
     let cfg = mcap.config_offset();
@@ -1012,13 +1107,27 @@ fn setup_mcq(
     // large as `depth + 1` could not follow an earlier, deeper owner (QD 1
     // after QD 32: "SQHP after enable: 0xa0"). 2 × 257 × 32 B per queue.
     let entries = (depth + 1).max(MAX_DEPTH + 1);
+    // Every queue's register blocks, clear of each other's, before any
+    // queue is enabled.
+    let mut taken = Vec::with_capacity(4 * n as usize);
+    for i in 0..n {
+        let b = queue_blocks(r, mcap, i, bar_len, &taken)?;
+        taken.extend(b);
+    }
     disable_queues(r, mcap)?;
-    let mut rings = Vec::with_capacity(n as usize);
+    rings.reserve(n as usize);
     for i in 0..n {
         let sq = space.alloc(usize::from(entries) * 32, DmaDir::Bidirectional)?;
         let cq = space.alloc(usize::from(entries) * 32, DmaDir::Bidirectional)?;
         let (regs, sq_tail, cq_head) =
-            enable_queue(r, mcap, i, &sq, &cq, entries, (bar, bar_len), false)?;
+            match enable_queue(r, mcap, i, &sq, &cq, entries, (bar, bar_len), false) {
+                Ok(x) => x,
+                Err(e) => {
+                    given.push(sq);
+                    given.push(cq);
+                    return Err(e);
+                }
+            };
         rings.push(McqRings {
             index: i as u16,
             entries,
@@ -1029,7 +1138,31 @@ fn setup_mcq(
             cq_head,
         });
     }
-    Ok((n as u16, rings))
+    Ok(n as u16)
+}
+
+/// Disable the controller (HCE = 0) and wait, bounded by `t`, until it
+/// reads disabled. Whether it did: only then has it stopped touching host
+/// memory.
+fn disable(r: &Regs<'_>, t: Duration) -> bool {
+    r.write(regs::HCE, 0);
+    wait_until(t, "clear HCE", || {
+        Ok(r.read(regs::HCE)? & regs::HCE_ENABLE == 0)
+    })
+    .is_ok()
+}
+
+/// A bring-up step failed after the controller was given `memory`
+/// (queues, the legacy list, command descriptors, data pages): disable the
+/// controller before that memory is freed; one that cannot be disabled
+/// (or is gone) might still write it, so it is leaked.
+fn abandon<T>(r: &Regs<'_>, t: Duration, memory: T) {
+    if !disable(r, t) {
+        log::error!(
+            "UFS bring-up failed and the controller cannot be disabled: leaking its memory"
+        );
+        std::mem::forget(memory);
+    }
 }
 
 /// Disable every queue still enabled (each SQ before its CQ). QEMU (10.0)
@@ -1050,6 +1183,57 @@ fn disable_queues(r: &Regs<'_>, mcap: McqCap) -> UfsResult<()> {
         }
     }
     Ok(())
+}
+
+/// A register block the controller placed: what it is, its offset, its
+/// length in bytes.
+type Block = (&'static str, usize, usize);
+
+/// Read queue `i`'s SQ doorbell, SQ interrupt, CQ doorbell and CQ
+/// interrupt blocks (DAO/ISAO) and check them: inside the BAR, 4-byte
+/// aligned, clear of the host registers, of the queue configuration array,
+/// of each other and of `others` (blocks already accepted). A doorbell
+/// store into an overlapping block would land in another register.
+fn queue_blocks(
+    r: &Regs<'_>,
+    mcap: McqCap,
+    i: u32,
+    bar_len: usize,
+    others: &[Block],
+) -> UfsResult<[Block; 4]> {
+    let q = QueueConfig::new(mcap, i);
+    let mut blocks = [
+        ("SQ doorbell block (SQDAO)", qcfg::SQDAO, 0x14),
+        ("SQ interrupt block (SQISAO)", qcfg::SQISAO, 8),
+        ("CQ doorbell block (CQDAO)", qcfg::CQDAO, 8),
+        ("CQ interrupt block (CQISAO)", qcfg::CQISAO, 8),
+    ];
+    let host = ("the host controller registers", 0, regs::MCQ_CFG + 4);
+    let array = (
+        "the queue configuration array",
+        mcap.config_offset(),
+        regs::QCFG_SIZE * mcap.max_queues() as usize,
+    );
+    let overlap = |a: &Block, b: &Block| a.1 < b.1.saturating_add(b.2) && b.1 < a.1 + a.2;
+    for k in 0..blocks.len() {
+        let (what, reg, len) = blocks[k];
+        let at = in_bar(what, u64::from(r.read(q.reg(reg))?), len, bar_len)?;
+        blocks[k] = (what, at, len);
+        let b = blocks[k];
+        let clash = [host, array]
+            .iter()
+            .chain(&blocks[..k])
+            .chain(others)
+            .any(|o| overlap(&b, o));
+        if clash {
+            return Err(UfsCtrlError::BadValue {
+                what,
+                value: at as u64,
+                why: "overlaps the host registers, the configuration array or another queue register block",
+            });
+        }
+    }
+    Ok(blocks)
 }
 
 /// Program queue `i` (disabled) on rings `sq`/`cq` of `entries` slots and
@@ -1075,30 +1259,8 @@ fn enable_queue(
     r.write(q.reg(qcfg::CQLBA), c as u32);
     r.write(q.reg(qcfg::CQUBA), (c >> 32) as u32);
     // The offsets are the controller's: read them back and use them.
-    let sqdao = in_bar(
-        "SQ doorbell block (SQDAO)",
-        u64::from(r.read(q.reg(qcfg::SQDAO))?),
-        0x14,
-        bar_len,
-    )?;
-    in_bar(
-        "SQ interrupt block (SQISAO)",
-        u64::from(r.read(q.reg(qcfg::SQISAO))?),
-        8,
-        bar_len,
-    )?;
-    let cqdao = in_bar(
-        "CQ doorbell block (CQDAO)",
-        u64::from(r.read(q.reg(qcfg::CQDAO))?),
-        8,
-        bar_len,
-    )?;
-    in_bar(
-        "CQ interrupt block (CQISAO)",
-        u64::from(r.read(q.reg(qcfg::CQISAO))?),
-        8,
-        bar_len,
-    )?;
+    let blocks = queue_blocks(r, mcap, i, bar_len, &[])?;
+    let (sqdao, cqdao) = (blocks[0].1, blocks[2].1);
     r.write(q.reg(qcfg::CQATTR), QueueAttr::enabled(entries, 0).0);
     if !QueueAttr(r.read(q.reg(qcfg::CQATTR))?).is_enabled() {
         return Err(UfsCtrlError::QueueRefused {

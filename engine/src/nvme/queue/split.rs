@@ -57,11 +57,14 @@ impl<B: IoBuf> QueuePair<B> {
             (nlb as u64).div_ceil(per_child)
         };
         if children > depth {
+            // A block above the per-command limit (a namespace marked
+            // unusable) reports that limit, not 0.
+            let max = match per_child {
+                0 => self.max_xfer,
+                n => (n << lba_shift).saturating_mul(depth),
+            };
             return Err(SubmitError {
-                kind: SubmitErrorKind::TransferTooLarge {
-                    bytes,
-                    max: (per_child << lba_shift).saturating_mul(depth),
-                },
+                kind: SubmitErrorKind::TransferTooLarge { bytes, max },
                 buf,
             });
         }
