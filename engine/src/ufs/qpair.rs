@@ -32,9 +32,8 @@ use super::sdb::{SdbQueue, SdbReaped};
 use super::spec::regs::sq_op;
 use super::spec::scsi;
 use super::spec::status::{command_result, UfsError};
-use super::spec::upiu::trans;
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
-use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
+use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, SLOT_BYTES};
 use crate::core::block::{self, BlockQueue, Blocking};
 use crate::core::deliver::{self, drain_all, Held};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
@@ -269,7 +268,7 @@ impl UfsController {
         drop(reset_guard);
         let ucd_mem = match self
             .dma()
-            .alloc(usize::from(depth) * UCD_SIZE, DmaDir::Bidirectional)
+            .alloc(usize::from(depth) * SLOT_BYTES, DmaDir::Bidirectional)
         {
             Ok(m) => m,
             Err(e) => {
@@ -277,10 +276,11 @@ impl UfsController {
                 return Err(e.into());
             }
         };
-        if ucd_mem.iova().raw() % Ucd::ALIGN != 0 {
+        if ucd_mem.iova().raw() % Ucd::ALIGN != 0 || ucd_mem.iova().raw() == 0 {
             self.give_back(transport);
             return Err(Error::InvalidOption(format!(
-                "the DMA space gave command descriptors at IOVA {:#x}, not {}-byte aligned as UFSHCI requires",
+                "the DMA space gave command descriptors at IOVA {:#x}: UFSHCI needs {}-byte alignment, \
+                 and address 0 is what a consumed completion entry is cleared to",
                 ucd_mem.iova().raw(),
                 Ucd::ALIGN
             )));
@@ -439,6 +439,17 @@ impl<B: IoBuf> UfsQueuePair<B> {
         s
     }
 
+    /// Reserve a free slot for a new command and move its command
+    /// descriptor to the slot's next base, so that no completion entry of
+    /// an earlier command in the slot names this one (`UcdSlice::begin`).
+    /// Every command takes its slot here.
+    #[inline(always)]
+    fn alloc_slot(&mut self) -> Option<u16> {
+        let slot = self.trackers.alloc()?;
+        self.ucds.begin(slot);
+        Some(slot)
+    }
+
     /// Every command passes here first, so this is also where an idle
     /// queue reads the clock (`Timeouts::stamp_if_idle`).
     #[inline]
@@ -539,7 +550,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if bytes > self.max_xfer {
             return self.submit_split(lun, lba, blocks, g.shift, buf, tag, read);
         }
-        let Some(slot) = self.trackers.alloc() else {
+        let Some(slot) = self.alloc_slot() else {
             return Err(submit_err(SubmitErrorKind::QueueFull, buf));
         };
         let prdt = match self.ucds.build_prdt(slot, &buf, 0, bytes) {
@@ -627,7 +638,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         for i in 0..children {
             let first = u64::from(i) * u64::from(per);
             let n = per.min(blocks - i * per);
-            let Some(slot) = self.trackers.alloc() else {
+            let Some(slot) = self.alloc_slot() else {
                 err = Some(SubmitErrorKind::QueueFull);
                 break;
             };
@@ -701,7 +712,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         param: Option<&[u8]>,
         tag: u64,
     ) -> std::result::Result<(), SubmitError<()>> {
-        let Some(slot) = self.trackers.alloc() else {
+        let Some(slot) = self.alloc_slot() else {
             return Err(submit_err(SubmitErrorKind::QueueFull, ()));
         };
         let task_tag = self.tag_base.wrapping_add(slot as u8);
@@ -795,10 +806,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // (MMIO accesses stay in program order with these loads).
         let (ctrl, seen) = (&*ctrl, *seen_state);
         let live = || ctrl.state() == seen;
-        // `definitive`: the transport cannot report a command twice (legacy:
-        // a doorbell bit we set cleared), so a malformed response is this
-        // command's error, not a stale entry.
-        let mut deliver = |slot: u16, ocs: Ocs, definitive: bool| {
+        // `slot` is proven to be the command the completion is for, or past
+        // the depth: MCQ, the entry's UCD address is exactly the current
+        // UCD of a slot (`UcdSlice::command_of`: an earlier command in the
+        // slot had another); legacy, a doorbell bit we set cleared (it
+        // clears once per ring). Whatever the OCS, an unproven one is
+        // counted as stale and hands back nothing. A proven command's
+        // malformed RESPONSE is its own error (`failed_result`).
+        let mut deliver = |slot: u16, ocs: Ocs| {
             if usize::from(slot) >= trackers.slots() || !trackers.slot(slot).busy {
                 trackers.stale += 1;
                 return;
@@ -807,16 +822,6 @@ impl<B: IoBuf> UfsQueuePair<B> {
             let head = ucds_ref.response_head(slot);
             let result = if ocs == Ocs::SUCCESS && head.is_good(task_tag) {
                 Ok(())
-            } else if !definitive
-                && ocs == Ocs::SUCCESS
-                && (head.trans_type != trans::RESPONSE || head.task_tag != task_tag)
-            {
-                // Transported, but this command's RESPONSE is not there: the
-                // entry is a stale or duplicate one for an earlier command in
-                // this slot (the device writes the response before the
-                // entry). Never hand back a buffer on its word.
-                trackers.stale += 1;
-                return;
             } else {
                 let timed_out = timeouts.was_aborted(trackers, slot);
                 failed_result(ocs, ucds_ref, slot, task_tag, timed_out)
@@ -835,15 +840,15 @@ impl<B: IoBuf> UfsQueuePair<B> {
             }
         };
         let (mut n, bad) = match &mut **transport {
-            // A UCD address that is not one of ours maps to an impossible
-            // slot, which `deliver` counts as stale.
+            // A UCD address that is not the current one of a slot maps to
+            // an impossible slot, which `deliver` counts as stale.
             Transport::Mcq(q) => match q.reap(max, outstanding, live, |ucd, ocs| {
-                deliver(ucds_slot(ucd, ucds_ref), ocs, false)
+                deliver(ucds_ref.command_of(ucd), ocs)
             }) {
                 Reaped::Entries(n) => (n, false),
                 Reaped::BadTail => (0, true),
             },
-            Transport::Sdb(q) => match q.reap(max, live, |slot, ocs| deliver(slot, ocs, true)) {
+            Transport::Sdb(q) => match q.reap(max, live, &mut deliver) {
                 SdbReaped::Entries(n) => (n, false),
                 SdbReaped::AllOnes => (0, true),
             },
@@ -889,7 +894,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             .pass(self.trackers.depth() - self.trackers.outstanding());
         let mut posted = false;
         while let Some(cmd) = self.hpb.next_cmd() {
-            let Some(slot) = self.trackers.alloc() else {
+            let Some(slot) = self.alloc_slot() else {
                 self.hpb.refused(cmd);
                 continue;
             };
@@ -1253,7 +1258,6 @@ impl<B: IoBuf, F: FnMut(Completion<B>)> TimeoutActions for UfsTimeouts<'_, B, F>
     }
 }
 
-/// The slot of `ucd` in `ucds`, or `u16::MAX` (past any depth: stale).
 #[inline(always)]
 /// The result of the command in `slot` that did not complete plainly
 /// GOOD: its OCS and SCSI status decoded, and an ABORTED one that we asked
@@ -1294,10 +1298,6 @@ fn end_internal(
     true
 }
 
-fn ucds_slot(ucd: u64, ucds: &UcdSlice) -> u16 {
-    ucds.slot_of(ucd).unwrap_or(u16::MAX)
-}
-
 fn health_error(h: u8) -> Error {
     if h == health::GONE {
         Error::DeviceGone
@@ -1320,7 +1320,7 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
             self.hpb.leak_buffers();
             // The controller may still write these: never free or reuse them.
             self.ctrl
-                .add_leaked((self.trackers.slots() * UCD_SIZE) as u64);
+                .add_leaked((self.trackers.slots() * SLOT_BYTES) as u64);
             std::mem::forget(u);
             std::mem::forget(t);
         } else {

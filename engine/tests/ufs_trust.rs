@@ -1,0 +1,124 @@
+//! What a UFS completion must prove before anything is delivered: an MCQ
+//! completion entry names its command by the command descriptor's (UCD)
+//! address, and a slot's address changes every time the slot is reused, so
+//! a stale or duplicate entry of an earlier command in the same slot — with
+//! any OCS, and on the reset path too — is counted as stale and never ends
+//! the command now in that slot (nor hands back its buffer).
+
+mod ufs_common;
+use ufs_common::*;
+
+use std::time::{Duration, Instant};
+
+use mcqio::ufs::spec::utrd::Ocs;
+use mcqio::vfio::DmaDir;
+use mcqio::{Completion, DmaBuf, IoError, UfsError};
+use mcqio_fixtures::ufs::UfsFault;
+
+const WRITE10: u8 = 0x2A;
+const READ10: u8 = 0x28;
+
+/// Known data at LBA 20, then a write that fails with an error OCS (its
+/// completion entry is the one the device will repeat), then a read of LBA
+/// 20 placed in the slot the failed write used, which the device holds for
+/// `hold` after re-posting the failed write's entry. Returns the read's
+/// buffer pattern.
+fn failed_write_then_held_read(
+    f: &mcqio_fixtures::ufs::FakeUfs,
+    ctrl: &mcqio::ufs::UfsController,
+    qp: &mut mcqio::ufs::UfsQueuePair<DmaBuf>,
+    hold: Duration,
+) -> Vec<u8> {
+    let data = pattern(20, 4096);
+    qp.write_blocking(0, 20, &data).expect("known data");
+    f.faults()
+        .inject_next(None, Some(WRITE10), UfsFault::Ocs(Ocs::PEER_COMM_FAILURE.0));
+    qp.write(0, 30, 1, buf_with(ctrl, &pattern(30, 4096)), 1)
+        .unwrap();
+    let c = wait_n(qp, 1).pop().unwrap();
+    assert_eq!(c.tag, 1);
+    assert_eq!(
+        c.result,
+        Err(IoError::Ufs(UfsError::Transport(Ocs::PEER_COMM_FAILURE))),
+        "the write fails with its OCS"
+    );
+    assert!(c.buf.is_some());
+    f.faults()
+        .inject_next(None, Some(READ10), UfsFault::StaleErrorCompletion(hold));
+    let rb = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+    qp.read(0, 20, 1, rb, 2).unwrap();
+    assert!(qp.submit());
+    data
+}
+
+/// The issue's scenario: today the read completes at once with the failed
+/// write's error and its buffer, and the device then writes 4 KiB into
+/// the returned buffer.
+#[test]
+fn a_stale_error_entry_never_ends_the_command_now_in_its_slot() {
+    let (f, ctrl) = up(sync_cfg(true), opts(1));
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let hold = Duration::from_millis(300);
+    let data = failed_write_then_held_read(&f, &ctrl, &mut qp, hold);
+    let start = Instant::now();
+    let mut done: Vec<Completion<DmaBuf>> = Vec::new();
+    while done.is_empty() {
+        qp.poll(64, |c| done.push(c)).unwrap();
+        assert!(start.elapsed() < Duration::from_secs(20), "no completion");
+        std::thread::yield_now();
+    }
+    let c = done.pop().unwrap();
+    assert_eq!(c.tag, 2);
+    assert_eq!(
+        c.result,
+        Ok(()),
+        "the read ended by the failed write's stale entry ({} ms after submission)",
+        start.elapsed().as_millis()
+    );
+    assert!(
+        start.elapsed() >= hold - Duration::from_millis(50),
+        "completed before the device executed it"
+    );
+    let b = c.buf.expect("buffer");
+    assert_eq!(b.to_vec()[..4096], data[..], "the read's own data");
+    assert_eq!(
+        qp.stats().stale_completions,
+        1,
+        "the stale entry is counted"
+    );
+    for _ in 0..5 {
+        qp.poll(64, |c| panic!("completed twice: tag {}", c.tag))
+            .unwrap();
+    }
+    assert_eq!(qp.outstanding(), 0);
+}
+
+/// The same entry found by a controller reset's "deliver what was already
+/// posted": it is counted as stale and the read ends as every other
+/// command in flight at a reset does (its buffer back: the controller is
+/// disabled).
+#[test]
+fn a_stale_error_entry_found_after_a_reset_is_stale_too() {
+    let (f, ctrl) = up(sync_cfg(true), opts(1));
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    failed_write_then_held_read(&f, &ctrl, &mut qp, Duration::from_secs(30));
+    ctrl.reset().expect("reset");
+    let done = wait_n(&mut qp, 1);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].tag, 2);
+    assert_eq!(
+        done[0].result,
+        Err(IoError::AbortedByReset),
+        "the reset's drain took the failed write's stale entry for the read's"
+    );
+    assert!(done[0].buf.is_some());
+    assert_eq!(
+        qp.stats().stale_completions,
+        1,
+        "the stale entry is counted"
+    );
+    // The queue works after the reset.
+    let mut out = vec![0u8; 4096];
+    qp.read_blocking(0, 20, &mut out).expect("read after reset");
+    assert_eq!(out, pattern(20, 4096));
+}
