@@ -57,6 +57,9 @@ const HEALTH_CHECK_INTERVAL: u32 = 1024;
 struct LuGeom {
     blocks: u64,
     shift: u32,
+    /// HPB has a map of this LU: only then can a read become an HPB READ
+    /// (the HPB call is skipped for the others).
+    hpb: bool,
 }
 
 /// The wire a queue pair uses, chosen once at creation.
@@ -294,6 +297,7 @@ impl UfsController {
             lus[i] = Some(LuGeom {
                 blocks: l.blocks,
                 shift: l.block_shift(),
+                hpb: self.hpb_maps().get(i).is_some_and(Option::is_some),
             });
         }
         let max_xfer = u64::from(self.options().max_transfer)
@@ -564,7 +568,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // `bytes <= max_xfer <= 16 MiB`: fits the 32-bit length field.
         // An HPB READ when the host map holds this block's entry; else the
         // plain READ/WRITE, built straight into the descriptor.
-        match read
+        match (read && g.hpb)
             .then(|| self.hpb.read_cdb(slot, lun, lba, blocks))
             .flatten()
         {

@@ -40,6 +40,14 @@ pub(crate) const GENERATIONS: u8 = 16;
 /// A power of two, so an address's slot is a shift.
 pub(crate) const SLOT_BYTES: usize = 8192;
 const SLOT_SHIFT: u32 = SLOT_BYTES.trailing_zeros();
+/// The bit a generation offset carries into past the last generation.
+const GEN_CARRY: u32 = GENERATIONS as u32 * Ucd::ALIGN as u32;
+
+const _: () = assert!(GENERATIONS.is_power_of_two() && (GEN_CARRY as usize) < SLOT_BYTES);
+const _: () = assert!(
+    256 * SLOT_BYTES <= u32::MAX as usize,
+    "a slice of the deepest queue's slots has u32 offsets"
+);
 
 const _: () = assert!(SLOT_BYTES.is_power_of_two());
 const _: () = assert!(
@@ -57,10 +65,9 @@ const _: () = assert!(PARAM_OFFSET + 64 <= Ucd::PRDT_OFFSET + MAX_PRDT_ENTRIES *
 /// The fast-path view of a RESPONSE UPIU header.
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct RspHead {
-    pub trans_type: u8,
-    pub task_tag: u8,
-    pub response: u8,
-    pub status: u8,
+    /// Bytes 0..8 as a little-endian word: transaction code (byte 0), task
+    /// tag (3), response (6), SCSI status (7).
+    pub w0: u64,
     /// Device information (bit 1: HPB update alert).
     pub dev_info: u8,
 }
@@ -70,9 +77,9 @@ pub(crate) struct UcdSlice {
     ptr: NonNull<u8>,
     base: u64,
     slots: usize,
-    /// Per slot: the byte offset in its region of the UCD of the command
-    /// being built or in flight (`generation * 128`).
-    gen_off: Box<[u16]>,
+    /// Per slot: the byte offset in the slice of the UCD of the command
+    /// being built or in flight, `slot * SLOT_BYTES + generation * 128`.
+    ucd_off: Box<[u32]>,
 }
 
 // SAFETY: `ptr` points into `mem`, which this value owns; accessed through
@@ -91,7 +98,7 @@ impl UcdSlice {
             base: mem.iova().raw(),
             mem,
             slots,
-            gen_off: vec![0; slots].into_boxed_slice(),
+            ucd_off: (0..slots).map(|s| (s * SLOT_BYTES) as u32).collect(),
         }
     }
 
@@ -100,13 +107,11 @@ impl UcdSlice {
     /// it. Every command built in a slot starts here.
     #[inline(always)]
     pub fn begin(&mut self, slot: u16) {
-        let g = &mut self.gen_off[usize::from(slot)];
-        let next = *g + Ucd::ALIGN as u16;
-        *g = if next == u16::from(GENERATIONS) * Ucd::ALIGN as u16 {
-            0
-        } else {
-            next
-        };
+        let o = &mut self.ucd_off[usize::from(slot)];
+        // The generation is bits 7..11 of the offset: adding 128 to the
+        // last one carries into bit 11, which the mask clears (back to the
+        // slot's first base); the slot's bits above are untouched.
+        *o = (*o + Ucd::ALIGN as u32) & !GEN_CARRY;
     }
 
     /// The slot whose command now built or in flight has its UCD at `ucd`
@@ -117,8 +122,8 @@ impl UcdSlice {
     pub fn command_of(&self, ucd: u64) -> u16 {
         let off = ucd.wrapping_sub(self.base);
         let slot = off >> SLOT_SHIFT;
-        match self.gen_off.get(slot as usize) {
-            Some(&g) if off & (SLOT_BYTES as u64 - 1) == u64::from(g) => slot as u16,
+        match self.ucd_off.get(slot as usize) {
+            Some(&o) if u64::from(o) == off => slot as u16,
             _ => u16::MAX,
         }
     }
@@ -132,10 +137,9 @@ impl UcdSlice {
     fn ucd_off(&self, slot: u16) -> usize {
         debug_assert!(usize::from(slot) < self.slots);
         // SAFETY: every caller passes a tracker slot of this queue pair,
-        // `< slots == gen_off.len()` (the same contract `at` relies on);
+        // `< slots == ucd_off.len()` (the same contract `at` relies on);
         // a device-reported address goes through `command_of`, which checks.
-        let g = unsafe { *self.gen_off.get_unchecked(usize::from(slot)) };
-        (usize::from(slot) << SLOT_SHIFT) + usize::from(g)
+        (unsafe { *self.ucd_off.get_unchecked(usize::from(slot)) }) as usize
     }
 
     /// Device address of `slot`'s current UCD (the one [`Self::begin`]
@@ -327,10 +331,7 @@ impl UcdSlice {
                 .read_volatile()
         };
         RspHead {
-            trans_type: h[0],
-            task_tag: h[3],
-            response: h[6],
-            status: h[7],
+            w0: u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]),
             dev_info: h[9],
         }
     }
@@ -348,12 +349,12 @@ impl UcdSlice {
 }
 
 impl RspHead {
-    /// Whether this is a GOOD response to `task_tag`.
+    /// Whether this is a GOOD response to `task_tag`: transaction code
+    /// RESPONSE, the task tag, response 0 (target success) and status GOOD,
+    /// in one masked compare.
     #[inline(always)]
     pub fn is_good(&self, task_tag: u8) -> bool {
-        self.trans_type == trans::RESPONSE
-            && self.task_tag == task_tag
-            && self.response == 0
-            && self.status == 0
+        const MASK: u64 = 0xFF | 0xFF << 24 | 0xFF << 48 | 0xFF << 56;
+        self.w0 & MASK == u64::from(trans::RESPONSE) | u64::from(task_tag) << 24
     }
 }
