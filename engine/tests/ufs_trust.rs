@@ -122,3 +122,92 @@ fn a_stale_error_entry_found_after_a_reset_is_stale_too() {
     qp.read_blocking(0, 20, &mut out).expect("read after reset");
     assert_eq!(out, pattern(20, 4096));
 }
+
+/// A fake with 16 MCQ queues and room for 32 commands on each: asked for
+/// 16 queue pairs of depth 32, the engine must not hand out one task tag to
+/// two commands outstanding at once (the fake completes an overlapped one
+/// with CHECK CONDITION, ABORTED COMMAND, TAGGED OVERLAPPED COMMANDS).
+fn many_queues(
+    queues: u8,
+) -> (
+    std::sync::Arc<mcqio_fixtures::ufs::FakeUfs>,
+    std::sync::Arc<mcqio::ufs::UfsController>,
+) {
+    let cfg = mcqio_fixtures::ufs::UfsConfig {
+        queues,
+        mac: 512,
+        ..sync_cfg(true)
+    };
+    up(
+        cfg,
+        mcqio::ufs::UfsOptions {
+            depth: 32,
+            ..opts(u16::from(queues))
+        },
+    )
+}
+
+#[test]
+fn task_tags_of_two_queue_pairs_never_collide() {
+    let (f, ctrl) = many_queues(16);
+    let mut qps: Vec<_> = (0..9)
+        .map(|_| ctrl.create_qpair::<DmaBuf>().unwrap())
+        .collect();
+    assert_eq!(qps[8].hw_queue(), Some(8));
+    // Queue pair 0's first command stays outstanding at the device.
+    f.faults()
+        .inject_next(Some(0), Some(READ10), UfsFault::DropCompletion);
+    let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+    qps[0].read(0, 1, 1, b, 10).unwrap();
+    assert!(qps[0].submit());
+    // Queue pair 8's first command, while it is.
+    let data = pattern(7, 4096);
+    qps[0]
+        .poll(64, |c| panic!("completed: tag {}", c.tag))
+        .unwrap();
+    let mut out = vec![0u8; 4096];
+    qps[8].write_blocking(0, 7, &data).expect(
+        "a command of queue pair 8 while queue pair 0's first one is outstanding \
+         (an overlapped task tag is refused by the device)",
+    );
+    qps[8].read_blocking(0, 7, &mut out).unwrap();
+    assert_eq!(out, data);
+    // Queue pair 0's command ends through the cleanup at close.
+    let mut ended = Vec::new();
+    qps.remove(0).close(|c| ended.push(c)).unwrap();
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0].result, Err(IoError::Aborted));
+}
+
+/// Every slot of every queue pair busy at once: each task tag is unique
+/// (queues × depth fits the 8-bit task tag).
+#[test]
+fn every_slot_of_every_queue_pair_has_its_own_task_tag() {
+    let (f, ctrl) = many_queues(32);
+    let n = match ctrl.mode() {
+        mcqio::ufs::UfsMode::Mcq { queues } => usize::from(queues),
+        m => panic!("{m:?}"),
+    };
+    assert_eq!(n, 32);
+    let depth = usize::from(ctrl.depth());
+    let mut qps: Vec<_> = (0..n)
+        .map(|_| ctrl.create_qpair::<DmaBuf>().unwrap())
+        .collect();
+    // Everything stays outstanding for a while, so all of it overlaps.
+    f.faults()
+        .set_probability(UfsFault::Delay(Duration::from_millis(100)), 1.0);
+    for (q, qp) in qps.iter_mut().enumerate() {
+        for i in 0..depth {
+            let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+            qp.read(0, i as u64, 1, b, (q * 1000 + i) as u64).unwrap();
+        }
+        assert!(qp.submit());
+    }
+    for qp in qps.iter_mut() {
+        for c in wait_n(qp, depth) {
+            assert_eq!(c.result, Ok(()), "tag {}: a task tag used twice", c.tag);
+        }
+    }
+    f.faults().clear();
+    assert!(n * depth <= 256, "{n} queues × depth {depth}");
+}

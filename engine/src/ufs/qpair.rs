@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use mcqio_vfio::{DmaDir, DmaSpace, Mapped};
 
-use super::ctrl::{health, state, Pool, UfsController, UfsMode};
+use super::ctrl::{health, state, Pool, UfsController, UfsMode, TASK_TAGS};
 use super::hpb::qp::{HpbQp, DEV_INFO_HPB};
 use super::mcq::{McqQueue, Reaped};
 use super::sdb::{SdbQueue, SdbReaped};
@@ -177,8 +177,9 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     /// Reads and writes above `max_xfer` as child commands; per child being
     /// built: slot, PRDT entries, LBA, blocks.
     splits: Splits<B, (u16, u16, u64, u32)>,
-    /// Task tag of slot 0 (tags are `tag_base + slot`, unique across queue
-    /// pairs while the total depth is at most 256).
+    /// Task tag of slot 0: tags are `tag_base + slot`, hardware queue `i`
+    /// has `i * depth ..`, unique device-wide because the controller bounds
+    /// queues × depth to the 256 task tags (`UfsOptions::depth`).
     tag_base: u8,
     lus: Vec<Option<LuGeom>>,
     max_xfer: u64,
@@ -248,7 +249,20 @@ impl UfsController {
                         granted: usize::from(queues),
                     });
                 };
-                let base = (u32::from(r.index) * u32::from(depth)) as u8;
+                // Bring-up bounded queues × depth to the tag space; a queue
+                // whose tags would not fit is refused rather than share them.
+                let end = (u32::from(r.index) + 1) * u32::from(depth);
+                let Some(base) = (end <= u32::from(TASK_TAGS))
+                    .then(|| u8::try_from(end - u32::from(depth)).ok())
+                    .flatten()
+                else {
+                    let index = r.index;
+                    rings[usize::from(index)] = Some(r);
+                    return Err(Error::InvalidOption(format!(
+                        "UFS queue {index} at depth {depth} would need task tags past {}",
+                        TASK_TAGS - 1
+                    )));
+                };
                 (Transport::Mcq(McqQueue::new(r, hook)), base)
             }
             (Pool::Legacy(list), _) => {
