@@ -211,3 +211,52 @@ fn every_slot_of_every_queue_pair_has_its_own_task_tag() {
     f.faults().clear();
     assert!(n * depth <= 256, "{n} queues × depth {depth}");
 }
+
+/// An entry the previous owner of a hardware queue left unread (here a
+/// duplicate the device posted behind the real one) must not complete the
+/// next owner's command: the next queue pair's descriptors may sit at the
+/// same addresses.
+#[test]
+fn an_entry_left_on_a_pooled_queue_is_not_the_next_owners() {
+    let (f, ctrl) = up(sync_cfg(true), opts(1));
+    let data = pattern(40, 4096);
+    // Each queue pair below is the only one: its descriptors take the
+    // same IOVA, and its first command the same slot and generation.
+    ctrl.create_qpair::<DmaBuf>()
+        .unwrap()
+        .write_blocking(0, 40, &data)
+        .unwrap();
+    {
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        f.faults()
+            .inject_next(None, Some(READ10), UfsFault::DuplicateCompletion);
+        let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+        qp.read(0, 41, 1, b, 1).unwrap();
+        qp.submit();
+        // Take only the real entry; the duplicate stays in the CQ.
+        let mut got = Vec::new();
+        let start = Instant::now();
+        while got.is_empty() {
+            qp.poll(1, |c| got.push(c)).unwrap();
+            assert!(start.elapsed() < Duration::from_secs(10));
+        }
+        assert_eq!(got[0].result, Ok(()));
+        qp.close(|c| panic!("nothing left: tag {}", c.tag)).unwrap();
+    }
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    f.faults().inject_next(
+        None,
+        Some(READ10),
+        UfsFault::Delay(Duration::from_millis(200)),
+    );
+    let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+    qp.read(0, 40, 1, b, 2).unwrap();
+    let c = wait_n(&mut qp, 1).pop().unwrap();
+    assert_eq!(c.tag, 2);
+    assert_eq!(c.result, Ok(()));
+    assert_eq!(
+        c.buf.unwrap().to_vec(),
+        data,
+        "the read completed on the previous owner's leftover entry, before the device ran it"
+    );
+}

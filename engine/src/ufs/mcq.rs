@@ -159,7 +159,7 @@ impl McqQueue {
         let entries = u32::from(rings.entries);
         debug_assert!(rings.sq.len() >= entries as usize * ENTRY_SIZE as usize);
         debug_assert!(rings.cq.len() >= entries as usize * ENTRY_SIZE as usize);
-        McqQueue {
+        let mut q = McqQueue {
             sq_ring: rings.sq.as_ptr().cast(),
             cq_ring: rings.cq.as_ptr().cast(),
             sq_tail: rings.sq_tail,
@@ -169,7 +169,45 @@ impl McqQueue {
             entries,
             hook,
             stats: McqStats::default(),
+        };
+        q.discard_leftovers();
+        q
+    }
+
+    /// A new owner of pooled rings: entries the controller posted after the
+    /// previous owner's last poll (nothing was outstanding then, so each is
+    /// a stale or duplicate one) are cleared and released unread. Their
+    /// addresses name the previous owner's command descriptors, which the
+    /// new owner's may reuse.
+    fn discard_leftovers(&mut self) {
+        let tail = self.rings.regs.cqtp.read();
+        if tail % ENTRY_SIZE != 0 || tail / ENTRY_SIZE >= self.entries {
+            return;
         }
+        let tail = tail / ENTRY_SIZE;
+        if tail == self.cq_head {
+            return;
+        }
+        let mut n = 0u32;
+        while self.cq_head != tail {
+            // SAFETY: `cq_head < entries`, inside the CQ ring this value
+            // owns; the entry was posted (before CQTP, read above) and is
+            // not touched by the controller until CQHP releases it.
+            unsafe { clear_entry(self.cq_ring.as_ptr().add(self.cq_head as usize)) };
+            self.cq_head = (self.cq_head + 1) % self.entries;
+            n += 1;
+        }
+        // The clears are visible before the store that frees the slots.
+        barrier::stores_before_doorbell();
+        let v = self.cq_head * ENTRY_SIZE;
+        self.rings.regs.cqhp.write(v);
+        if let Some(h) = &self.hook {
+            h.rung(self.rings.regs.cqhp.offset(), v);
+        }
+        log::debug!(
+            "UFS queue {}: {n} completion entries left by the previous owner discarded",
+            self.rings.index
+        );
     }
 
     /// Hardware queue index (the SQ id in CQEs).
