@@ -260,3 +260,43 @@ fn an_entry_left_on_a_pooled_queue_is_not_the_next_owners() {
         "the read completed on the previous owner's leftover entry, before the device ran it"
     );
 }
+
+/// An entry of a closed queue pair's command, posted again once the next
+/// queue pair owns the hardware queue, must not end the next owner's
+/// command: the descriptors (and their generations) stay with the queue.
+#[test]
+fn a_stale_entry_of_the_previous_owner_is_stale_for_the_next() {
+    let (f, ctrl) = up(sync_cfg(true), opts(1));
+    let data = pattern(50, 4096);
+    ctrl.create_qpair::<DmaBuf>()
+        .unwrap()
+        .write_blocking(0, 50, &data)
+        .unwrap();
+    {
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        f.faults()
+            .inject_next(None, Some(READ10), UfsFault::Ocs(Ocs::PEER_COMM_FAILURE.0));
+        let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+        qp.read(0, 50, 1, b, 1).unwrap();
+        let c = wait_n(&mut qp, 1).pop().unwrap();
+        assert!(c.result.is_err());
+        qp.close(|c| panic!("nothing left: tag {}", c.tag)).unwrap();
+    }
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    f.faults().inject_next(
+        None,
+        Some(READ10),
+        UfsFault::StaleErrorCompletion(Duration::from_millis(200)),
+    );
+    let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+    qp.read(0, 50, 1, b, 2).unwrap();
+    let c = wait_n(&mut qp, 1).pop().unwrap();
+    assert_eq!(c.tag, 2);
+    assert_eq!(
+        c.result,
+        Ok(()),
+        "the previous owner's stale entry ended the read"
+    );
+    assert_eq!(c.buf.unwrap().to_vec(), data);
+    assert_eq!(qp.stats().stale_completions, 1);
+}

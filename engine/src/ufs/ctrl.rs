@@ -1036,6 +1036,7 @@ fn setup_mcq(
             regs,
             sq_tail,
             cq_head,
+            ucds: None,
         });
     }
     Ok((n as u16, rings))

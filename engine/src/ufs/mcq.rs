@@ -29,6 +29,7 @@ use mcqio_vfio::{barrier, DmaRegion, DoorbellHook};
 
 use super::spec::regs::ENTRY_SIZE;
 use super::spec::utrd::{McqCqe, Ocs, Utrd};
+use super::ucd::UcdSlice;
 
 /// A 32-bit operational register in the BAR, addressed once at setup.
 pub(crate) struct OpReg {
@@ -101,6 +102,11 @@ pub(crate) struct McqRings {
     /// these rings continues from here, not from 0.
     pub sq_tail: u32,
     pub cq_head: u32,
+    /// The command descriptors of the queue pairs on this queue, kept with
+    /// it across owners: their generations go on, so an entry naming an
+    /// earlier owner's command never proves a later owner's (`None` until
+    /// the first queue pair).
+    pub ucds: Option<UcdSlice>,
 }
 
 // SAFETY: the register pointers address the controller's BAR, kept alive by

@@ -242,9 +242,9 @@ impl UfsController {
         let seen_state = self.state();
         let mut pool = self.lock_pool();
         let hook = self.backend().doorbell_hook();
-        let (transport, tag_base) = match (&mut *pool, self.mode()) {
+        let (transport, tag_base, pooled) = match (&mut *pool, self.mode()) {
             (Pool::Mcq(rings), UfsMode::Mcq { queues }) => {
-                let Some(r) = rings.iter_mut().find_map(|r| r.take()) else {
+                let Some(mut r) = rings.iter_mut().find_map(|r| r.take()) else {
                     return Err(Error::NoFreeQueue {
                         granted: usize::from(queues),
                     });
@@ -263,7 +263,8 @@ impl UfsController {
                         TASK_TAGS - 1
                     )));
                 };
-                (Transport::Mcq(McqQueue::new(r, hook)), base)
+                let pooled = r.ucds.take();
+                (Transport::Mcq(McqQueue::new(r, hook)), base, pooled)
             }
             (Pool::Legacy(list), _) => {
                 let Some(l) = list.take() else {
@@ -276,6 +277,7 @@ impl UfsController {
                         u32::from(depth),
                     )),
                     0,
+                    None,
                 )
             }
             // The pool always matches the mode.
@@ -283,25 +285,33 @@ impl UfsController {
         };
         drop(pool);
         drop(reset_guard);
-        let ucd_mem = match self
-            .dma()
-            .alloc(usize::from(depth) * SLOT_BYTES, DmaDir::Bidirectional)
-        {
-            Ok(m) => m,
-            Err(e) => {
-                self.give_back(transport);
-                return Err(e.into());
+        // MCQ: the descriptors of the queue's previous owner, if any (their
+        // generations go on); else new ones.
+        let ucds = match pooled {
+            Some(u) if u.slots() == usize::from(depth) => u,
+            _ => {
+                let ucd_mem = match self
+                    .dma()
+                    .alloc(usize::from(depth) * SLOT_BYTES, DmaDir::Bidirectional)
+                {
+                    Ok(m) => m,
+                    Err(e) => {
+                        self.give_back(transport, None);
+                        return Err(e.into());
+                    }
+                };
+                if ucd_mem.iova().raw() % Ucd::ALIGN != 0 || ucd_mem.iova().raw() == 0 {
+                    self.give_back(transport, None);
+                    return Err(Error::InvalidOption(format!(
+                        "the DMA space gave command descriptors at IOVA {:#x}: UFSHCI needs {}-byte alignment, \
+                         and address 0 is what a consumed completion entry is cleared to",
+                        ucd_mem.iova().raw(),
+                        Ucd::ALIGN
+                    )));
+                }
+                UcdSlice::new(ucd_mem, usize::from(depth))
             }
         };
-        if ucd_mem.iova().raw() % Ucd::ALIGN != 0 || ucd_mem.iova().raw() == 0 {
-            self.give_back(transport);
-            return Err(Error::InvalidOption(format!(
-                "the DMA space gave command descriptors at IOVA {:#x}: UFSHCI needs {}-byte alignment, \
-                 and address 0 is what a consumed completion entry is cleared to",
-                ucd_mem.iova().raw(),
-                Ucd::ALIGN
-            )));
-        }
         let mut lus = Vec::new();
         for l in self.logical_units() {
             let i = usize::from(l.lun);
@@ -319,14 +329,14 @@ impl UfsController {
         let hpb = match HpbQp::new(self.hpb_maps(), self.dma(), usize::from(depth)) {
             Ok(h) => h,
             Err(e) => {
-                self.give_back(transport);
+                self.give_back(transport, Some(ucds));
                 return Err(e);
             }
         };
         Ok(UfsQueuePair {
             ctrl: Arc::clone(self),
             transport: ManuallyDrop::new(transport),
-            ucds: ManuallyDrop::new(UcdSlice::new(ucd_mem, usize::from(depth))),
+            ucds: ManuallyDrop::new(ucds),
             trackers: Trackers::new(depth),
             splits: Splits::new(depth),
             tag_base,
@@ -375,12 +385,15 @@ impl UfsController {
         }
     }
 
-    /// Return a queue's memory to the pool (nothing outstanding on it).
-    fn give_back(&self, t: Transport) {
+    /// Return a queue's memory to the pool (nothing outstanding on it),
+    /// with the command descriptors used on it (MCQ: they stay with the
+    /// queue; legacy: freed).
+    fn give_back(&self, t: Transport, ucds: Option<UcdSlice>) {
         let mut pool = self.lock_pool();
         match (&mut *pool, t) {
             (Pool::Mcq(rings), Transport::Mcq(q)) => {
-                let r = q.into_rings();
+                let mut r = q.into_rings();
+                r.ucds = ucds;
                 let i = usize::from(r.index);
                 rings[i] = Some(r);
             }
@@ -1341,18 +1354,11 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
                 .add_leaked((self.trackers.slots() * SLOT_BYTES) as u64);
             std::mem::forget(u);
             std::mem::forget(t);
+        } else if self.failed.is_none() {
+            self.ctrl.give_back(t, Some(u));
         } else {
             drop(u.into_region());
-            if self.failed.is_none() {
-                self.ctrl_give_back(t);
-            }
         }
-    }
-}
-
-impl<B: IoBuf> UfsQueuePair<B> {
-    fn ctrl_give_back(&self, t: Transport) {
-        self.ctrl.give_back(t);
     }
 }
 

@@ -128,6 +128,11 @@ impl UcdSlice {
         }
     }
 
+    /// Slots this slice has room for.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
     pub fn into_region(self) -> DmaRegion {
         self.mem
     }
