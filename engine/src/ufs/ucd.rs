@@ -107,7 +107,10 @@ impl UcdSlice {
     /// it. Every command built in a slot starts here.
     #[inline(always)]
     pub fn begin(&mut self, slot: u16) {
-        let o = &mut self.ucd_off[usize::from(slot)];
+        debug_assert!(usize::from(slot) < self.slots);
+        // SAFETY: as in `ucd_off`: a tracker slot of this queue pair, so
+        // `< slots == ucd_off.len()`.
+        let o = unsafe { self.ucd_off.get_unchecked_mut(usize::from(slot)) };
         // The generation is bits 7..11 of the offset: adding 128 to the
         // last one carries into bit 11, which the mask clears (back to the
         // slot's first base); the slot's bits above are untouched.
