@@ -126,8 +126,11 @@ pub struct UfsQpairStats {
     pub submitted: u64,
     /// Completions delivered (a split transfer delivers one).
     pub completed: u64,
-    /// Completions that named no command in flight (stale, duplicate, bogus
-    /// UCD address), counted and dropped.
+    /// Completion entries that did not prove a command in flight — a
+    /// stale or duplicate entry of an earlier command in the slot (its UCD
+    /// address names an earlier use of the slot), one of no command in
+    /// flight, a bogus UCD address — whatever their OCS, also when a reset
+    /// delivers what was already posted: counted, nothing delivered.
     pub stale_completions: u64,
     /// Doorbell stores: SQTP (MCQ) or UTRLDBR (legacy), one per batch.
     pub doorbell_writes: u64,
