@@ -366,3 +366,59 @@ impl RspHead {
         self.w0 & MASK == u64::from(trans::RESPONSE) | u64::from(task_tag) << 24
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcqio_vfio::{Backend, DmaDir};
+
+    /// Each use of a slot places its UCD at its own address inside the
+    /// slot's region; only the current use's address proves the slot, and
+    /// every other address (earlier uses, other slots' earlier uses,
+    /// garbage) proves nothing.
+    #[test]
+    fn only_the_current_use_of_a_slot_proves_it() {
+        let fake = mcqio_fixtures::ufs::FakeUfs::new(mcqio_fixtures::ufs::UfsConfig {
+            exec: mcqio_fixtures::ExecMode::Sync,
+            ..Default::default()
+        })
+        .expect("fake");
+        let slots = 4usize;
+        let mem = fake
+            .dma()
+            .alloc(slots * SLOT_BYTES, DmaDir::Bidirectional)
+            .unwrap();
+        let mut u = UcdSlice::new(mem, slots);
+        let base = u.iova(0);
+        let mut seen: Vec<Vec<u64>> = vec![Vec::new(); slots];
+        for round in 0..3 * usize::from(GENERATIONS) {
+            for s in 0..slots as u16 {
+                u.begin(s);
+                let a = u.iova(s);
+                let off = a - base;
+                assert_eq!(a % Ucd::ALIGN, 0);
+                assert_eq!(off / SLOT_BYTES as u64, u64::from(s), "inside its slot");
+                assert!(off % SLOT_BYTES as u64 + UCD_SIZE as u64 <= SLOT_BYTES as u64);
+                assert_eq!(u.command_of(a), s);
+                let past = &seen[usize::from(s)];
+                // The last GENERATIONS - 1 uses of the slot had other addresses.
+                for &p in past.iter().rev().take(usize::from(GENERATIONS) - 1) {
+                    assert_ne!(p, a, "round {round}: an earlier use's address repeats");
+                    assert_eq!(u.command_of(p), u16::MAX);
+                }
+                seen[usize::from(s)].push(a);
+            }
+        }
+        for bad in [
+            0,
+            base - 128,
+            base + 1,
+            base + 64,
+            base + (slots * SLOT_BYTES) as u64,
+            !0x7F,
+        ] {
+            assert_eq!(u.command_of(bad), u16::MAX, "{bad:#x}");
+        }
+        drop(u.into_region());
+    }
+}
