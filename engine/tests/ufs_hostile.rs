@@ -359,7 +359,6 @@ fn drop_leaks_the_pooled_queues_of_a_controller_that_cannot_be_disabled() {
 /// hand its buffer back while the device still owns it, and the device's
 /// later data lands in freed memory (an IOMMU fault here).
 #[test]
-#[ignore = "issue 27 item 1 (owned elsewhere): a stale entry with an error OCS ends the read in the reused slot early"]
 fn a_replayed_error_entry_does_not_end_the_command_in_its_slot() {
     let h = liar(
         sync_cfg(true),

@@ -444,7 +444,6 @@ fn hostile_ufs_ends_in_typed_errors_and_never_hands_a_buffer_back_early() {
 /// The same with stale entries re-posted at random while commands are in
 /// flight.
 #[test]
-#[ignore = "issue 27 item 1 (owned elsewhere): a re-posted entry with an error OCS ends a held command early (seed 190: READ(10) data, 12 KiB, lands in the freed buffer)"]
 fn hostile_ufs_with_replayed_entries_never_hands_a_buffer_back_early() {
     seeds(true);
 }

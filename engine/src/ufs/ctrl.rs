@@ -72,7 +72,11 @@ pub struct UfsOptions {
     /// per queue pair, so one per thread.
     pub queues: u16,
     /// Commands outstanding per queue pair, bounded by MCQ MAC (or the 32
-    /// legacy slots), the device's bQueueDepth and 256.
+    /// legacy slots), the device's bQueueDepth, 256, and in MCQ mode by 256
+    /// divided by the number of queues set up: a task tag is 8 bits and
+    /// must be unique among the commands outstanding at the device, so
+    /// every queue pair has its own `depth` tags (the controller's
+    /// [`depth`](UfsController::depth) says what was granted).
     pub depth: u16,
     /// Largest read or write per command, in bytes. Bigger ones are split
     /// into child commands that complete once; `TransferTooLarge` only when
@@ -269,6 +273,8 @@ const NOP_ATTEMPTS: u32 = 3;
 const DEV_DATA: usize = 4096;
 /// Task tags per queue pair are unique device-wide up to this many commands.
 const MAX_DEPTH: u16 = 256;
+/// Task tags (8 bits), shared by every queue's commands.
+pub(crate) const TASK_TAGS: u16 = 256;
 
 fn wait_until(
     timeout: Duration,
@@ -391,6 +397,9 @@ impl UfsController {
                     opts.queues,
                     (&mut rings, &mut given),
                 )?;
+                // Task tags: queue `i` uses `i * depth ..` (see `create_qpair`);
+                // `n * depth` of them must fit the 8-bit tag.
+                depth = depth.min(TASK_TAGS / n.max(1));
                 select_mcq(&r, cap)?;
                 Some(n)
             } else {
@@ -1136,6 +1145,7 @@ fn setup_mcq(
             regs,
             sq_tail,
             cq_head,
+            ucds: None,
         });
     }
     Ok(n as u16)

@@ -8,7 +8,13 @@
 //!   nothing is outstanding.
 //! - A CQE names its command by the UCD address; [`McqQueue::reap`] hands
 //!   that address to the caller, which owns the slice of command
-//!   descriptors and turns it into a slot.
+//!   descriptors and checks that it is the command now in flight in its
+//!   slot (`UcdSlice::command_of`).
+//! - Every consumed entry's address word is cleared before CQHP releases
+//!   it (as Linux does), so the ring past what the controller wrote holds
+//!   no address of ours: after a reset, when CQTP cannot be trusted,
+//!   [`McqQueue::drain_posted`] stops at the first cleared entry instead
+//!   of reading entries of the ring's previous lap as new ones.
 //! - SQTP is written once per submit batch ([`McqQueue::flush`]), CQHP once
 //!   per poll that consumed entries.
 //!
@@ -23,6 +29,7 @@ use mcqio_vfio::{barrier, DmaRegion, DoorbellHook};
 
 use super::spec::regs::ENTRY_SIZE;
 use super::spec::utrd::{McqCqe, Ocs, Utrd};
+use super::ucd::UcdSlice;
 
 /// A 32-bit operational register in the BAR, addressed once at setup.
 pub(crate) struct OpReg {
@@ -95,6 +102,11 @@ pub(crate) struct McqRings {
     /// these rings continues from here, not from 0.
     pub sq_tail: u32,
     pub cq_head: u32,
+    /// The command descriptors of the queue pairs on this queue, kept with
+    /// it across owners: their generations go on, so an entry naming an
+    /// earlier owner's command never proves a later owner's (`None` until
+    /// the first queue pair).
+    pub ucds: Option<UcdSlice>,
 }
 
 // SAFETY: the register pointers address the controller's BAR, kept alive by
@@ -153,7 +165,7 @@ impl McqQueue {
         let entries = u32::from(rings.entries);
         debug_assert!(rings.sq.len() >= entries as usize * ENTRY_SIZE as usize);
         debug_assert!(rings.cq.len() >= entries as usize * ENTRY_SIZE as usize);
-        McqQueue {
+        let mut q = McqQueue {
             sq_ring: rings.sq.as_ptr().cast(),
             cq_ring: rings.cq.as_ptr().cast(),
             sq_tail: rings.sq_tail,
@@ -163,7 +175,45 @@ impl McqQueue {
             entries,
             hook,
             stats: McqStats::default(),
+        };
+        q.discard_leftovers();
+        q
+    }
+
+    /// A new owner of pooled rings: entries the controller posted after the
+    /// previous owner's last poll (nothing was outstanding then, so each is
+    /// a stale or duplicate one) are cleared and released unread. Their
+    /// addresses name the previous owner's command descriptors, which the
+    /// new owner's may reuse.
+    fn discard_leftovers(&mut self) {
+        let tail = self.rings.regs.cqtp.read();
+        if tail % ENTRY_SIZE != 0 || tail / ENTRY_SIZE >= self.entries {
+            return;
         }
+        let tail = tail / ENTRY_SIZE;
+        if tail == self.cq_head {
+            return;
+        }
+        let mut n = 0u32;
+        while self.cq_head != tail {
+            // SAFETY: `cq_head < entries`, inside the CQ ring this value
+            // owns; the entry was posted (before CQTP, read above) and is
+            // not touched by the controller until CQHP releases it.
+            unsafe { clear_entry(self.cq_ring.as_ptr().add(self.cq_head as usize)) };
+            self.cq_head = (self.cq_head + 1) % self.entries;
+            n += 1;
+        }
+        // The clears are visible before the store that frees the slots.
+        barrier::stores_before_doorbell();
+        let v = self.cq_head * ENTRY_SIZE;
+        self.rings.regs.cqhp.write(v);
+        if let Some(h) = &self.hook {
+            h.rung(self.rings.regs.cqhp.offset(), v);
+        }
+        log::debug!(
+            "UFS queue {}: {n} completion entries left by the previous owner discarded",
+            self.rings.index
+        );
     }
 
     /// Hardware queue index (the SQ id in CQEs).
@@ -189,8 +239,18 @@ impl McqQueue {
     }
 
     /// After a controller reset: continue on the re-created queue's
-    /// registers from `sq_tail` / `cq_head`.
+    /// registers from `sq_tail` / `cq_head`. The controller's head may skip
+    /// entries we never consumed (they were drained or ended with the
+    /// reset): the whole CQ ring is cleared, so none of them is read as a
+    /// new entry by a later reset's drain.
     pub fn restart(&mut self, regs: McqRegs, sq_tail: u32, cq_head: u32) {
+        for i in 0..self.entries as usize {
+            // SAFETY: `i < entries`, inside the CQ ring this value owns. The
+            // re-created queue has no command (its SQ was nullified before
+            // it was enabled and nothing was rung since), so the controller
+            // writes no entry now: volatile stores racing with nothing.
+            unsafe { clear_entry(self.cq_ring.as_ptr().add(i)) };
+        }
         self.rings.regs = regs;
         self.sq_tail = sq_tail;
         self.sq_rung = sq_tail;
@@ -210,33 +270,29 @@ impl McqQueue {
 
     /// After a controller reset (the controller disabled, CQTP not to be
     /// trusted): consume the entries the controller wrote from the host's
-    /// CQ head on, without any register access, while `accept(ucd, ocs)`
-    /// says the entry completes a command in flight; at most `limit`.
-    /// Returns how many were consumed.
-    pub fn drain_posted(
-        &mut self,
-        limit: usize,
-        mut accept: impl FnMut(u64, Ocs) -> bool,
-    ) -> usize {
+    /// CQ head on, without any register access, up to the first cleared
+    /// one (see the module docs) and at most a ring's worth, calling
+    /// `f(ucd, ocs)` for each; the caller proves each one as `reap`'s
+    /// does. Returns how many were consumed.
+    pub fn drain_posted(&mut self, mut f: impl FnMut(u64, Ocs)) -> usize {
         let mut n = 0;
-        while n < limit {
-            // SAFETY: `cq_head < entries`, inside the CQ ring this value
-            // owns; the controller is disabled and writes no more entries.
-            // Volatile copy, no reference.
-            let cqe = unsafe {
-                self.cq_ring
-                    .as_ptr()
-                    .add(self.cq_head as usize)
-                    .read_volatile()
-            };
-            if !accept(cqe.ucd(), cqe.ocs()) {
+        while n + 1 < self.entries as usize {
+            // `cq_head < entries`: inside the CQ ring this value owns.
+            let p = self.cq_ring.as_ptr().wrapping_add(self.cq_head as usize);
+            // SAFETY: in the ring (above); the controller is disabled and
+            // writes no more entries. Volatile copy, no reference.
+            let cqe = unsafe { p.read_volatile() };
+            if cqe.ucd() == 0 {
                 break;
             }
+            // SAFETY: as above; the controller is disabled.
+            unsafe { clear_entry(p) };
             self.cq_head += 1;
             if self.cq_head == self.entries {
                 self.cq_head = 0;
             }
             n += 1;
+            f(cqe.ucd(), cqe.ocs());
         }
         n
     }
@@ -325,17 +381,16 @@ impl McqQueue {
         // `dmb oshld` on aarch64 gives exactly that order).
         let mut n = 0;
         while self.cq_head != tail && n < max {
-            // SAFETY: `cq_head < entries`, inside the CQ ring this value
-            // owns; the controller finished writing this entry before
-            // moving CQTP past it (ordered by the CQTP read above) and does not
-            // touch it again until CQHP releases it. Volatile copy, no
-            // reference.
-            let cqe = unsafe {
-                self.cq_ring
-                    .as_ptr()
-                    .add(self.cq_head as usize)
-                    .read_volatile()
-            };
+            // `cq_head < entries`: inside the CQ ring this value owns.
+            let p = self.cq_ring.as_ptr().wrapping_add(self.cq_head as usize);
+            // SAFETY: in the ring (above); the controller finished writing
+            // this entry before moving CQTP past it (ordered by the CQTP
+            // read above) and does not touch it again until CQHP releases
+            // it. Volatile copy, no reference.
+            let cqe = unsafe { p.read_volatile() };
+            // SAFETY: the same entry, ours until CQHP releases it (below,
+            // after the barriers): one volatile store, no reference.
+            unsafe { clear_entry(p) };
             self.cq_head += 1;
             if self.cq_head == self.entries {
                 self.cq_head = 0;
@@ -346,10 +401,14 @@ impl McqQueue {
         if n == 0 {
             return Reaped::Entries(0);
         }
-        // Our reads of the consumed entries are done before the controller
-        // may reuse them: the CQHP store comes after them in program order
-        // and the loads are complete (Release orders them before the store).
+        // Our reads of the consumed entries, and the stores that cleared
+        // their addresses, are done before the controller may reuse them:
+        // the CQHP store comes after them in program order, the loads are
+        // complete (`dmb oshld` on aarch64) and the clearing stores visible
+        // to the device (`dmb oshst`) before the store that frees the slots
+        // — or a clear could land on the controller's next entry.
         barrier::loads_before_doorbell();
+        barrier::stores_before_doorbell();
         let v = self.cq_head * ENTRY_SIZE;
         self.rings.regs.cqhp.write(v);
         if let Some(h) = &self.hook {
@@ -358,4 +417,19 @@ impl McqQueue {
         self.stats.cq_doorbell_writes += 1;
         Reaped::Entries(n)
     }
+}
+
+/// Clear the address word of the completion entry at `p` (a consumed entry
+/// names no command: its UCD address reads 0, never one of ours).
+///
+/// # Safety
+///
+/// `p` must be a CQ entry inside a ring the caller owns, not being written
+/// by the controller (consumed and not yet released by CQHP, or the
+/// controller disabled).
+#[inline(always)]
+unsafe fn clear_entry(p: *mut McqCqe) {
+    // SAFETY: per the contract; `ucd_sqid` is the entry's first, 8-byte
+    // aligned word (the ring is 32-byte aligned): one volatile store.
+    unsafe { std::ptr::addr_of_mut!((*p).ucd_sqid).write_volatile(0) }
 }

@@ -25,16 +25,15 @@ use std::time::{Duration, Instant};
 
 use mcqio_vfio::{DmaDir, DmaSpace, Mapped};
 
-use super::ctrl::{health, state, Pool, UfsController, UfsMode};
+use super::ctrl::{health, state, Pool, UfsController, UfsMode, TASK_TAGS};
 use super::hpb::qp::{HpbQp, Overdue, DEV_INFO_HPB};
 use super::mcq::{McqQueue, Reaped};
 use super::sdb::{SdbQueue, SdbReaped};
 use super::spec::regs::sq_op;
 use super::spec::scsi;
 use super::spec::status::{command_result, UfsError};
-use super::spec::upiu::trans;
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
-use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, UCD_SIZE};
+use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, SLOT_BYTES};
 use crate::core::block::{self, BlockQueue, Blocking};
 use crate::core::deliver::{self, drain_all, Held};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
@@ -58,6 +57,9 @@ const HEALTH_CHECK_INTERVAL: u32 = 1024;
 struct LuGeom {
     blocks: u64,
     shift: u32,
+    /// HPB has a map of this LU: only then can a read become an HPB READ
+    /// (the HPB call is skipped for the others).
+    hpb: bool,
 }
 
 /// The wire a queue pair uses, chosen once at creation.
@@ -127,8 +129,11 @@ pub struct UfsQpairStats {
     pub submitted: u64,
     /// Completions delivered (a split transfer delivers one).
     pub completed: u64,
-    /// Completions that named no command in flight (stale, duplicate, bogus
-    /// UCD address), counted and dropped.
+    /// Completion entries that did not prove a command in flight — a
+    /// stale or duplicate entry of an earlier command in the slot (its UCD
+    /// address names an earlier use of the slot), one of no command in
+    /// flight, a bogus UCD address — whatever their OCS, also when a reset
+    /// delivers what was already posted: counted, nothing delivered.
     pub stale_completions: u64,
     /// Doorbell stores: SQTP (MCQ) or UTRLDBR (legacy), one per batch.
     pub doorbell_writes: u64,
@@ -178,8 +183,9 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     /// Reads and writes above `max_xfer` as child commands; per child being
     /// built: slot, PRDT entries, LBA, blocks.
     splits: Splits<B, (u16, u16, u64, u32)>,
-    /// Task tag of slot 0 (tags are `tag_base + slot`, unique across queue
-    /// pairs while the total depth is at most 256).
+    /// Task tag of slot 0: tags are `tag_base + slot`, hardware queue `i`
+    /// has `i * depth ..`, unique device-wide because the controller bounds
+    /// queues × depth to the 256 task tags (`UfsOptions::depth`).
     tag_base: u8,
     lus: Vec<Option<LuGeom>>,
     max_xfer: u64,
@@ -242,15 +248,29 @@ impl UfsController {
         let seen_state = self.state();
         let mut pool = self.lock_pool();
         let hook = self.backend().doorbell_hook();
-        let (transport, tag_base) = match (&mut *pool, self.mode()) {
+        let (transport, tag_base, pooled) = match (&mut *pool, self.mode()) {
             (Pool::Mcq(rings), UfsMode::Mcq { queues }) => {
-                let Some(r) = rings.iter_mut().find_map(|r| r.take()) else {
+                let Some(mut r) = rings.iter_mut().find_map(|r| r.take()) else {
                     return Err(Error::NoFreeQueue {
                         granted: usize::from(queues),
                     });
                 };
-                let base = (u32::from(r.index) * u32::from(depth)) as u8;
-                (Transport::Mcq(McqQueue::new(r, hook)), base)
+                // Bring-up bounded queues × depth to the tag space; a queue
+                // whose tags would not fit is refused rather than share them.
+                let end = (u32::from(r.index) + 1) * u32::from(depth);
+                let Some(base) = (end <= u32::from(TASK_TAGS))
+                    .then(|| u8::try_from(end - u32::from(depth)).ok())
+                    .flatten()
+                else {
+                    let index = r.index;
+                    rings[usize::from(index)] = Some(r);
+                    return Err(Error::InvalidOption(format!(
+                        "UFS queue {index} at depth {depth} would need task tags past {}",
+                        TASK_TAGS - 1
+                    )));
+                };
+                let pooled = r.ucds.take();
+                (Transport::Mcq(McqQueue::new(r, hook)), base, pooled)
             }
             (Pool::Legacy(list), _) => {
                 let Some(l) = list.take() else {
@@ -263,6 +283,7 @@ impl UfsController {
                         u32::from(depth),
                     )),
                     0,
+                    None,
                 )
             }
             // The pool always matches the mode.
@@ -270,24 +291,33 @@ impl UfsController {
         };
         drop(pool);
         drop(reset_guard);
-        let ucd_mem = match self
-            .dma()
-            .alloc(usize::from(depth) * UCD_SIZE, DmaDir::Bidirectional)
-        {
-            Ok(m) => m,
-            Err(e) => {
-                self.give_back(transport);
-                return Err(e.into());
+        // MCQ: the descriptors of the queue's previous owner, if any (their
+        // generations go on); else new ones.
+        let ucds = match pooled {
+            Some(u) if u.slots() == usize::from(depth) => u,
+            _ => {
+                let ucd_mem = match self
+                    .dma()
+                    .alloc(usize::from(depth) * SLOT_BYTES, DmaDir::Bidirectional)
+                {
+                    Ok(m) => m,
+                    Err(e) => {
+                        self.give_back(transport, None);
+                        return Err(e.into());
+                    }
+                };
+                if ucd_mem.iova().raw() % Ucd::ALIGN != 0 || ucd_mem.iova().raw() == 0 {
+                    self.give_back(transport, None);
+                    return Err(Error::InvalidOption(format!(
+                        "the DMA space gave command descriptors at IOVA {:#x}: UFSHCI needs {}-byte alignment, \
+                         and address 0 is what a consumed completion entry is cleared to",
+                        ucd_mem.iova().raw(),
+                        Ucd::ALIGN
+                    )));
+                }
+                UcdSlice::new(ucd_mem, usize::from(depth))
             }
         };
-        if ucd_mem.iova().raw() % Ucd::ALIGN != 0 {
-            self.give_back(transport);
-            return Err(Error::InvalidOption(format!(
-                "the DMA space gave command descriptors at IOVA {:#x}, not {}-byte aligned as UFSHCI requires",
-                ucd_mem.iova().raw(),
-                Ucd::ALIGN
-            )));
-        }
         let mut lus = Vec::new();
         for l in self.logical_units() {
             let i = usize::from(l.lun);
@@ -297,6 +327,7 @@ impl UfsController {
             lus[i] = Some(LuGeom {
                 blocks: l.blocks,
                 shift: l.block_shift(),
+                hpb: self.hpb_maps().get(i).is_some_and(Option::is_some),
             });
         }
         let max_xfer = u64::from(self.options().max_transfer)
@@ -304,14 +335,14 @@ impl UfsController {
         let hpb = match HpbQp::new(self.hpb_maps(), self.dma(), usize::from(depth)) {
             Ok(h) => h,
             Err(e) => {
-                self.give_back(transport);
+                self.give_back(transport, Some(ucds));
                 return Err(e);
             }
         };
         Ok(UfsQueuePair {
             ctrl: Arc::clone(self),
             transport: ManuallyDrop::new(transport),
-            ucds: ManuallyDrop::new(UcdSlice::new(ucd_mem, usize::from(depth))),
+            ucds: ManuallyDrop::new(ucds),
             trackers: Trackers::new(depth),
             splits: Splits::new(depth),
             tag_base,
@@ -360,12 +391,15 @@ impl UfsController {
         }
     }
 
-    /// Return a queue's memory to the pool (nothing outstanding on it).
-    fn give_back(&self, t: Transport) {
+    /// Return a queue's memory to the pool (nothing outstanding on it),
+    /// with the command descriptors used on it (MCQ: they stay with the
+    /// queue; legacy: freed).
+    fn give_back(&self, t: Transport, ucds: Option<UcdSlice>) {
         let mut pool = self.lock_pool();
         match (&mut *pool, t) {
             (Pool::Mcq(rings), Transport::Mcq(q)) => {
-                let r = q.into_rings();
+                let mut r = q.into_rings();
+                r.ucds = ucds;
                 let i = usize::from(r.index);
                 rings[i] = Some(r);
             }
@@ -445,6 +479,17 @@ impl<B: IoBuf> UfsQueuePair<B> {
             }
         }
         s
+    }
+
+    /// Reserve a free slot for a new command and move its command
+    /// descriptor to the slot's next base, so that no completion entry of
+    /// an earlier command in the slot names this one (`UcdSlice::begin`).
+    /// Every command takes its slot here.
+    #[inline(always)]
+    fn alloc_slot(&mut self) -> Option<u16> {
+        let slot = self.trackers.alloc()?;
+        self.ucds.begin(slot);
+        Some(slot)
     }
 
     /// Every command passes here first, so this is also where an idle
@@ -551,7 +596,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if bytes > self.max_xfer {
             return self.submit_split(lun, lba, blocks, g.shift, buf, tag, read);
         }
-        let Some(slot) = self.trackers.alloc() else {
+        let Some(slot) = self.alloc_slot() else {
             return Err(submit_err(SubmitErrorKind::QueueFull, buf));
         };
         let prdt = match self.ucds.build_prdt(slot, &buf, 0, bytes) {
@@ -565,7 +610,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // `bytes <= max_xfer <= 16 MiB`: fits the 32-bit length field.
         // An HPB READ when the host map holds this block's entry; else the
         // plain READ/WRITE, built straight into the descriptor.
-        match read
+        match (read && g.hpb)
             .then(|| self.hpb.read_cdb(slot, lun, lba, blocks))
             .flatten()
         {
@@ -641,7 +686,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         for i in 0..children {
             let first = u64::from(i) * u64::from(per);
             let n = per.min(blocks - i * per);
-            let Some(slot) = self.trackers.alloc() else {
+            let Some(slot) = self.alloc_slot() else {
                 err = Some(SubmitErrorKind::QueueFull);
                 break;
             };
@@ -720,7 +765,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         param: Option<&[u8]>,
         tag: u64,
     ) -> std::result::Result<u16, SubmitError<()>> {
-        let Some(slot) = self.trackers.alloc() else {
+        let Some(slot) = self.alloc_slot() else {
             return Err(submit_err(SubmitErrorKind::QueueFull, ()));
         };
         let task_tag = self.tag_base.wrapping_add(slot as u8);
@@ -817,10 +862,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // (MMIO accesses stay in program order with these loads).
         let (ctrl, seen) = (&*ctrl, *seen_state);
         let live = || ctrl.state() == seen;
-        // `definitive`: the transport cannot report a command twice (legacy:
-        // a doorbell bit we set cleared), so a malformed response is this
-        // command's error, not a stale entry.
-        let mut deliver = |slot: u16, ocs: Ocs, definitive: bool| {
+        // `slot` is proven to be the command the completion is for, or past
+        // the depth: MCQ, the entry's UCD address is exactly the current
+        // UCD of a slot (`UcdSlice::command_of`: an earlier command in the
+        // slot had another); legacy, a doorbell bit we set cleared (it
+        // clears once per ring). Whatever the OCS, an unproven one is
+        // counted as stale and hands back nothing. A proven command's
+        // malformed RESPONSE is its own error (`failed_result`).
+        let mut deliver = |slot: u16, ocs: Ocs| {
             if usize::from(slot) >= trackers.slots() || !trackers.slot(slot).busy {
                 trackers.stale += 1;
                 return;
@@ -829,16 +878,6 @@ impl<B: IoBuf> UfsQueuePair<B> {
             let head = ucds_ref.response_head(slot);
             let result = if ocs == Ocs::SUCCESS && head.is_good(task_tag) {
                 Ok(())
-            } else if !definitive
-                && ocs == Ocs::SUCCESS
-                && (head.trans_type != trans::RESPONSE || head.task_tag != task_tag)
-            {
-                // Transported, but this command's RESPONSE is not there: the
-                // entry is a stale or duplicate one for an earlier command in
-                // this slot (the device writes the response before the
-                // entry). Never hand back a buffer on its word.
-                trackers.stale += 1;
-                return;
             } else {
                 let timed_out = timeouts.was_aborted(trackers, slot);
                 failed_result(ocs, ucds_ref, slot, task_tag, timed_out)
@@ -857,15 +896,15 @@ impl<B: IoBuf> UfsQueuePair<B> {
             }
         };
         let (mut n, bad) = match &mut **transport {
-            // A UCD address that is not one of ours maps to an impossible
-            // slot, which `deliver` counts as stale.
+            // A UCD address that is not the current one of a slot maps to
+            // an impossible slot, which `deliver` counts as stale.
             Transport::Mcq(q) => match q.reap(max, outstanding, live, |ucd, ocs| {
-                deliver(ucds_slot(ucd, ucds_ref), ocs, false)
+                deliver(ucds_ref.command_of(ucd), ocs)
             }) {
                 Reaped::Entries(n) => (n, false),
                 Reaped::BadTail => (0, true),
             },
-            Transport::Sdb(q) => match q.reap(max, live, |slot, ocs| deliver(slot, ocs, true)) {
+            Transport::Sdb(q) => match q.reap(max, live, &mut deliver) {
                 SdbReaped::Entries(n) => (n, false),
                 SdbReaped::AllOnes => (0, true),
             },
@@ -918,7 +957,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 self.timeouts.tick();
                 stamped = true;
             }
-            let Some(slot) = self.trackers.alloc() else {
+            let Some(slot) = self.alloc_slot() else {
                 self.hpb.refused(cmd);
                 continue;
             };
@@ -1362,7 +1401,6 @@ impl<B: IoBuf, F: FnMut(Completion<B>)> TimeoutActions for UfsTimeouts<'_, B, F>
     }
 }
 
-/// The slot of `ucd` in `ucds`, or `u16::MAX` (past any depth: stale).
 #[inline(always)]
 /// The result of the command in `slot` that did not complete plainly
 /// GOOD: its OCS and SCSI status decoded, and an ABORTED one that we asked
@@ -1410,10 +1448,6 @@ fn end_internal(
     true
 }
 
-fn ucds_slot(ucd: u64, ucds: &UcdSlice) -> u16 {
-    ucds.slot_of(ucd).unwrap_or(u16::MAX)
-}
-
 fn health_error(h: u8) -> Error {
     if h == health::GONE {
         Error::DeviceGone
@@ -1440,21 +1474,14 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
         if self.leak {
             // The controller may still write these: never free or reuse them.
             self.ctrl
-                .add_leaked((self.trackers.slots() * UCD_SIZE) as u64);
+                .add_leaked((self.trackers.slots() * SLOT_BYTES) as u64);
             std::mem::forget(u);
             std::mem::forget(t);
+        } else if self.failed.is_none() {
+            self.ctrl.give_back(t, Some(u));
         } else {
             drop(u.into_region());
-            if self.failed.is_none() {
-                self.ctrl_give_back(t);
-            }
         }
-    }
-}
-
-impl<B: IoBuf> UfsQueuePair<B> {
-    fn ctrl_give_back(&self, t: Transport) {
-        self.ctrl.give_back(t);
     }
 }
 

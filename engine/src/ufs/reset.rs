@@ -9,11 +9,13 @@
 //! their memory. So, on a new epoch, the queue pair
 //!
 //! 1. delivers what the controller completed before it stopped — MCQ: the
-//!    completion entries from the host's CQ head on that name a command in
-//!    flight whose RESPONSE UPIU is there (the response area is cleared at
-//!    submission, and the controller writes it before the entry; CQTP is
-//!    not read, it may have been reset); legacy: rung slots whose UTRD
-//!    holds an OCS other than the host's pre-fill;
+//!    completion entries from the host's CQ head up to the first cleared
+//!    one (consumed entries are cleared, so older laps of the ring are not
+//!    read; CQTP is not read, it may have been reset), each proven as
+//!    `poll` proves it — its UCD address is the current one of a busy slot
+//!    (`UcdSlice::command_of`), in every OCS case — or counted as stale;
+//!    legacy: rung slots whose UTRD holds an OCS other than the host's
+//!    pre-fill;
 //! 2. completes every other command exactly once — with
 //!    [`IoError::AbortedByReset`] after a reset, [`IoError::ControllerFailed`]
 //!    after a failure — and hands its buffer back;
@@ -143,25 +145,20 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let mut done: Vec<(u16, Ocs)> = Vec::new();
         match &mut *self.transport {
             Transport::Mcq(q) => {
-                let (trackers, ucds, tag_base) = (&self.trackers, &*self.ucds, self.tag_base);
-                q.drain_posted(outstanding, |ucd, ocs| {
-                    let Some(slot) = ucds.slot_of(ucd) else {
-                        return false;
-                    };
-                    if usize::from(slot) >= trackers.depth()
+                // The same proof as `poll`'s, whatever the OCS: the entry's
+                // address is the current UCD of a busy slot, and the first
+                // such entry for it (a duplicate is stale).
+                let (trackers, ucds) = (&mut self.trackers, &*self.ucds);
+                q.drain_posted(|ucd, ocs| {
+                    let slot = ucds.command_of(ucd);
+                    if usize::from(slot) >= trackers.slots()
                         || !trackers.slot(slot).busy
                         || done.iter().any(|&(s, _)| s == slot)
                     {
-                        return false;
-                    }
-                    let head = ucds.response_head(slot);
-                    let answered = head.trans_type == trans::RESPONSE
-                        && head.task_tag == tag_base.wrapping_add(slot as u8);
-                    if ocs == Ocs::SUCCESS && !answered {
-                        return false;
+                        trackers.stale += 1;
+                        return;
                     }
                     done.push((slot, ocs));
-                    true
                 });
             }
             Transport::Sdb(q) => {
@@ -354,7 +351,7 @@ mod tests {
             drop(qp);
             assert_eq!(
                 ctrl.leaked_bytes(),
-                (depth * UCD_SIZE) as u64 + hpb_bytes,
+                (depth * SLOT_BYTES) as u64 + hpb_bytes,
                 "mcq={mcq}"
             );
         }

@@ -11,6 +11,18 @@
 //! through [`mcqio_vfio::Mmio`] (one call per submit batch and per poll
 //! with something outstanding, never per command). The list serves one
 //! queue pair; the slot of a command is its tracker slot.
+//!
+//! What a completion proves here: a doorbell bit we set reads clear, and a
+//! bit clears once per ring, so there is no stale or duplicate completion
+//! on this wire — the command the slot was rung for is the one that ended
+//! (UTRLCLR withdrawals are tracked, and a controller reset is told apart
+//! by the caller's `live` check). The OCS byte was pre-filled with
+//! INVALID_COMMAND_STATUS at the post, so any other value was written
+//! since; a slot that clears with the pre-fill still there ends as that
+//! transport error. What it cannot prove: that the OCS and RESPONSE bytes
+//! are complete when the bit clears, beyond the controller's word (the
+//! spec has it write them first), nor anything about a controller that
+//! clears bits it did not complete.
 
 use std::ptr::NonNull;
 use std::sync::Arc;

@@ -1,9 +1,25 @@
-//! A queue pair's own slice of UTP command descriptors (UCDs): one per
-//! tracker slot, back to back, each 128-byte aligned. A command's UCD holds
-//! its COMMAND UPIU, the RESPONSE UPIU the device writes, and its PRDT
-//! built from the buffer's segments. The CQE of an MCQ command names the
-//! UCD address, so the slot is `(ucd - base) / UCD_SIZE`: queues share no
-//! descriptor and need no shared tag space.
+//! A queue pair's own slice of UTP command descriptors (UCDs). A command's
+//! UCD holds its COMMAND UPIU, the RESPONSE UPIU the device writes, and its
+//! PRDT built from the buffer's segments. The CQE of an MCQ command names
+//! its command by the UCD address only (the entry has no tag), so the
+//! address must also say *which* use of a slot an entry is for:
+//!
+//! - each tracker slot owns [`SLOT_BYTES`] of the slice, and a command in
+//!   it places its UCD at one of [`GENERATIONS`] bases 128 bytes apart in
+//!   that region (the UTRD's UCD base address only needs 128-byte
+//!   alignment; the response and PRDT offsets are relative to it, so a
+//!   UCD may start anywhere), the next one each time the slot is reused —
+//!   the UFS form of NVMe's CID generations (`core/tracker.rs`);
+//! - a completion entry proves its command when its address is exactly the
+//!   UCD of the command now in flight in that slot
+//!   ([`UcdSlice::command_of`]): a stale or duplicate entry of an earlier
+//!   command in the slot names an earlier base, whatever its OCS, unless
+//!   the slot was reused a multiple of [`GENERATIONS`] times since — as
+//!   strong as NVMe's CIDs at their deepest queue (4 generation bits).
+//!
+//! Only one command at a time uses a slot's region, so the UCDs of its
+//! generations may overlap. Queues share no descriptor and need no shared
+//! tag space.
 
 use std::ptr::NonNull;
 
@@ -18,6 +34,26 @@ use crate::core::io::{IoBuf, SubmitErrorKind};
 pub const MAX_PRDT_ENTRIES: usize = Ucd::MAX_PRDT_ENTRIES;
 /// Bytes per command descriptor.
 pub(crate) const UCD_SIZE: usize = Ucd::size(MAX_PRDT_ENTRIES);
+/// UCD bases per slot, used in rotation (see the module docs).
+pub(crate) const GENERATIONS: u8 = 16;
+/// Bytes of the slice per tracker slot: room for the UCD at its last base.
+/// A power of two, so an address's slot is a shift.
+pub(crate) const SLOT_BYTES: usize = 8192;
+const SLOT_SHIFT: u32 = SLOT_BYTES.trailing_zeros();
+/// The bit a generation offset carries into past the last generation.
+const GEN_CARRY: u32 = GENERATIONS as u32 * Ucd::ALIGN as u32;
+
+const _: () = assert!(GENERATIONS.is_power_of_two() && (GEN_CARRY as usize) < SLOT_BYTES);
+const _: () = assert!(
+    256 * SLOT_BYTES <= u32::MAX as usize,
+    "a slice of the deepest queue's slots has u32 offsets"
+);
+
+const _: () = assert!(SLOT_BYTES.is_power_of_two());
+const _: () = assert!(
+    (GENERATIONS as usize - 1) * Ucd::ALIGN as usize + UCD_SIZE <= SLOT_BYTES,
+    "the UCD at a slot's last base fits its region"
+);
 /// Where an UNMAP parameter list goes: in the PRDT area past the one entry
 /// that names it (dword aligned, so a PRDT entry can name it; see [`Ucd`]).
 pub(crate) const PARAM_OFFSET: usize = 64;
@@ -29,10 +65,9 @@ const _: () = assert!(PARAM_OFFSET + 64 <= Ucd::PRDT_OFFSET + MAX_PRDT_ENTRIES *
 /// The fast-path view of a RESPONSE UPIU header.
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct RspHead {
-    pub trans_type: u8,
-    pub task_tag: u8,
-    pub response: u8,
-    pub status: u8,
+    /// Bytes 0..8 as a little-endian word: transaction code (byte 0), task
+    /// tag (3), response (6), SCSI status (7).
+    pub w0: u64,
     /// Device information (bit 1: HPB update alert).
     pub dev_info: u8,
 }
@@ -42,6 +77,9 @@ pub(crate) struct UcdSlice {
     ptr: NonNull<u8>,
     base: u64,
     slots: usize,
+    /// Per slot: the byte offset in the slice of the UCD of the command
+    /// being built or in flight, `slot * SLOT_BYTES + generation * 128`.
+    ucd_off: Box<[u32]>,
 }
 
 // SAFETY: `ptr` points into `mem`, which this value owns; accessed through
@@ -49,47 +87,90 @@ pub(crate) struct UcdSlice {
 unsafe impl Send for UcdSlice {}
 
 impl UcdSlice {
-    /// Take `mem` (at least `slots * UCD_SIZE` bytes, 128-byte aligned IOVA).
+    /// Take `mem` (at least `slots * SLOT_BYTES` bytes, 128-byte aligned,
+    /// non-zero IOVA: a zero address is what a consumed completion entry is
+    /// cleared to).
     pub fn new(mem: DmaRegion, slots: usize) -> Self {
-        debug_assert!(mem.len() >= slots * UCD_SIZE);
-        debug_assert!(mem.iova().raw() % Ucd::ALIGN == 0);
+        debug_assert!(mem.len() >= slots * SLOT_BYTES);
+        debug_assert!(mem.iova().raw() % Ucd::ALIGN == 0 && mem.iova().raw() != 0);
         UcdSlice {
             ptr: mem.as_ptr(),
             base: mem.iova().raw(),
             mem,
             slots,
+            ucd_off: (0..slots).map(|s| (s * SLOT_BYTES) as u32).collect(),
         }
+    }
+
+    /// Start a new command in free `slot`: its UCD moves to the slot's next
+    /// base, so no completion entry of an earlier command in the slot names
+    /// it. Every command built in a slot starts here.
+    #[inline(always)]
+    pub fn begin(&mut self, slot: u16) {
+        debug_assert!(usize::from(slot) < self.slots);
+        // SAFETY: as in `ucd_off`: a tracker slot of this queue pair, so
+        // `< slots == ucd_off.len()`.
+        let o = unsafe { self.ucd_off.get_unchecked_mut(usize::from(slot)) };
+        // The generation is bits 7..11 of the offset: adding 128 to the
+        // last one carries into bit 11, which the mask clears (back to the
+        // slot's first base); the slot's bits above are untouched.
+        *o = (*o + Ucd::ALIGN as u32) & !GEN_CARRY;
+    }
+
+    /// The slot whose command now built or in flight has its UCD at `ucd`
+    /// — the proof a completion entry gives of its command — or `u16::MAX`
+    /// (past any depth: stale). Whether that slot is busy is the caller's
+    /// check.
+    #[inline(always)]
+    pub fn command_of(&self, ucd: u64) -> u16 {
+        let off = ucd.wrapping_sub(self.base);
+        let slot = off >> SLOT_SHIFT;
+        match self.ucd_off.get(slot as usize) {
+            Some(&o) if u64::from(o) == off => slot as u16,
+            _ => u16::MAX,
+        }
+    }
+
+    /// Slots this slice has room for.
+    pub fn slots(&self) -> usize {
+        self.slots
     }
 
     pub fn into_region(self) -> DmaRegion {
         self.mem
     }
 
-    /// Device address of `slot`'s UCD.
+    /// Byte offset in the slice of `slot`'s current UCD.
     #[inline(always)]
-    pub fn iova(&self, slot: u16) -> u64 {
-        self.base + (usize::from(slot) * UCD_SIZE) as u64
+    fn ucd_off(&self, slot: u16) -> usize {
+        debug_assert!(usize::from(slot) < self.slots);
+        // SAFETY: every caller passes a tracker slot of this queue pair,
+        // `< slots == ucd_off.len()` (the same contract `at` relies on);
+        // a device-reported address goes through `command_of`, which checks.
+        (unsafe { *self.ucd_off.get_unchecked(usize::from(slot)) }) as usize
     }
 
-    /// The slot whose UCD is at `ucd`, if it is one of ours.
+    /// Device address of `slot`'s current UCD (the one [`Self::begin`]
+    /// chose).
     #[inline(always)]
-    pub fn slot_of(&self, ucd: u64) -> Option<u16> {
-        let off = ucd.checked_sub(self.base)?;
-        let slot = off / UCD_SIZE as u64;
-        (off % UCD_SIZE as u64 == 0 && slot < self.slots as u64).then_some(slot as u16)
+    pub fn iova(&self, slot: u16) -> u64 {
+        self.base + self.ucd_off(slot) as u64
     }
 
     #[inline(always)]
     fn at(&self, slot: u16, off: usize) -> *mut u8 {
         debug_assert!(usize::from(slot) < self.slots && off < UCD_SIZE);
-        // SAFETY: `slot < slots` (tracker slots) and `off < UCD_SIZE`, so the
-        // address is inside `mem`.
-        unsafe { self.ptr.as_ptr().add(usize::from(slot) * UCD_SIZE + off) }
+        // SAFETY: `slot < slots` (tracker slots; `gen_off` indexing checks
+        // it too), the slot's UCD offset is at most `(GENERATIONS - 1) *
+        // 128` and `off < UCD_SIZE`, so the address is inside the slot's
+        // `SLOT_BYTES` (asserted at compile time), inside `mem`.
+        unsafe { self.ptr.as_ptr().add(self.ucd_off(slot) + off) }
     }
 
-    /// Write the COMMAND UPIU of `slot` and clear the transaction code of
-    /// its response area, so a stale completion naming this slot is told
-    /// apart from this command's own (the device writes a fresh RESPONSE).
+    /// Write the COMMAND UPIU of `slot`. The response area is not cleared:
+    /// a completion entry proves its command by the UCD address
+    /// ([`Self::command_of`]), and one that proves it with OCS SUCCESS says
+    /// the controller wrote this command's RESPONSE before the entry.
     #[inline(always)]
     pub fn write_command(
         &mut self,
@@ -112,7 +193,6 @@ impl UcdSlice {
             p.add(1).write_volatile(w[1]);
             p.add(2).write_volatile(w[2]);
             p.add(3).write_volatile(w[3]);
-            self.at(slot, Ucd::RESPONSE_OFFSET).write_volatile(0);
         }
     }
 
@@ -141,7 +221,6 @@ impl UcdSlice {
             p.add(1).write_volatile(w[1].to_le());
             p.add(2).write_volatile(w[2].to_le());
             p.add(3).write_volatile(w[3].to_le());
-            self.at(slot, Ucd::RESPONSE_OFFSET).write_volatile(0);
         }
     }
 
@@ -260,10 +339,7 @@ impl UcdSlice {
                 .read_volatile()
         };
         RspHead {
-            trans_type: h[0],
-            task_tag: h[3],
-            response: h[6],
-            status: h[7],
+            w0: u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]),
             dev_info: h[9],
         }
     }
@@ -281,12 +357,68 @@ impl UcdSlice {
 }
 
 impl RspHead {
-    /// Whether this is a GOOD response to `task_tag`.
+    /// Whether this is a GOOD response to `task_tag`: transaction code
+    /// RESPONSE, the task tag, response 0 (target success) and status GOOD,
+    /// in one masked compare.
     #[inline(always)]
     pub fn is_good(&self, task_tag: u8) -> bool {
-        self.trans_type == trans::RESPONSE
-            && self.task_tag == task_tag
-            && self.response == 0
-            && self.status == 0
+        const MASK: u64 = 0xFF | 0xFF << 24 | 0xFF << 48 | 0xFF << 56;
+        self.w0 & MASK == u64::from(trans::RESPONSE) | u64::from(task_tag) << 24
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcqio_vfio::{Backend, DmaDir};
+
+    /// Each use of a slot places its UCD at its own address inside the
+    /// slot's region; only the current use's address proves the slot, and
+    /// every other address (earlier uses, other slots' earlier uses,
+    /// garbage) proves nothing.
+    #[test]
+    fn only_the_current_use_of_a_slot_proves_it() {
+        let fake = mcqio_fixtures::ufs::FakeUfs::new(mcqio_fixtures::ufs::UfsConfig {
+            exec: mcqio_fixtures::ExecMode::Sync,
+            ..Default::default()
+        })
+        .expect("fake");
+        let slots = 4usize;
+        let mem = fake
+            .dma()
+            .alloc(slots * SLOT_BYTES, DmaDir::Bidirectional)
+            .unwrap();
+        let mut u = UcdSlice::new(mem, slots);
+        let base = u.iova(0);
+        let mut seen: Vec<Vec<u64>> = vec![Vec::new(); slots];
+        for round in 0..3 * usize::from(GENERATIONS) {
+            for s in 0..slots as u16 {
+                u.begin(s);
+                let a = u.iova(s);
+                let off = a - base;
+                assert_eq!(a % Ucd::ALIGN, 0);
+                assert_eq!(off / SLOT_BYTES as u64, u64::from(s), "inside its slot");
+                assert!(off % SLOT_BYTES as u64 + UCD_SIZE as u64 <= SLOT_BYTES as u64);
+                assert_eq!(u.command_of(a), s);
+                let past = &seen[usize::from(s)];
+                // The last GENERATIONS - 1 uses of the slot had other addresses.
+                for &p in past.iter().rev().take(usize::from(GENERATIONS) - 1) {
+                    assert_ne!(p, a, "round {round}: an earlier use's address repeats");
+                    assert_eq!(u.command_of(p), u16::MAX);
+                }
+                seen[usize::from(s)].push(a);
+            }
+        }
+        for bad in [
+            0,
+            base - 128,
+            base + 1,
+            base + 64,
+            base + (slots * SLOT_BYTES) as u64,
+            !0x7F,
+        ] {
+            assert_eq!(u.command_of(bad), u16::MAX, "{bad:#x}");
+        }
+        drop(u.into_region());
     }
 }
