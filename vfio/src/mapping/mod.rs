@@ -167,7 +167,7 @@ pub mod testing;
 mod tests;
 
 pub use buffer::AppBuffer;
-pub use lazy::{LazyConfig, LazyMapper};
+pub use lazy::{LazyConfig, LazyMapper, MAX_FLUSH_BATCH};
 pub use pool::{BufPool, PoolBuf, PoolConfig, PremappedMapper};
 pub use strict::StrictMapper;
 
@@ -310,6 +310,25 @@ pub enum MapError {
     /// A configuration value is out of range.
     #[error("invalid DMA mapper configuration: {0}")]
     Config(String),
+    /// A lazy batch outside `1..=max` ([`LazyConfig::validate`]).
+    #[error("lazy flush batch of {batch} is out of range: use 1..={max} (no VFIO container holds more mappings)")]
+    LazyBatch {
+        /// The batch asked for.
+        batch: usize,
+        /// [`MAX_FLUSH_BATCH`].
+        max: usize,
+    },
+    /// A lazy flush's unmap failed: every mapping the flush queue held is
+    /// leaked (buffers and IOVAs kept), as the device may still reach
+    /// them. Whoever waited for one of those buffers will never get it.
+    #[error("lazy flush of {leaked} mappings failed, their buffers are leaked: {source}")]
+    FlushFailed {
+        /// Mappings (and buffers) leaked.
+        leaked: usize,
+        /// What the IOMMU said.
+        #[source]
+        source: IommuError,
+    },
     /// An unknown mode name.
     #[error("unknown DMA mode {0:?}: use premapped, strict or lazy")]
     UnknownMode(String),
