@@ -506,7 +506,7 @@ fn run_flaky<Q: BlockQueue<Buf = Mapped>>(mut rig: Rig<Q>, seed: u64, ios: u64, 
             }
         }
         burst += 1;
-        if burst >= 1 + rng.below(8) {
+        if burst > rng.below(8) {
             burst = 0;
             rig.qp.submit();
             poll_round(&mut rig, &mut ledger, rng.below(4) == 0);

@@ -518,7 +518,18 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
     /// `c.buf` is `None` only when the device might still reach the buffer
     /// (a queue that could not be deleted, a failed unmap): it is leaked.
     /// A failed unmap is also returned as [`Error::Mapping`], after the
-    /// completions were delivered.
+    /// completions were delivered. A lazy flush that fails leaks every
+    /// buffer it held, so all the I/Os that waited for it are delivered
+    /// then, without their buffers — also when the flush ran inside
+    /// [`read`](Self::read)/[`write`](Self::write) because the IOVA window
+    /// was full (that submission is refused with
+    /// [`MapError::FlushFailed`](mcqio_vfio::MapError::FlushFailed)).
+    ///
+    /// Panics: if `f` panics, the completions not yet handed to it stay
+    /// ready for the next `poll`, `flush_mappings` or `close`; none is
+    /// lost. If an IOMMU unmap panics, the mappings it covered are leaked,
+    /// and the I/Os waiting for them are delivered by the next call,
+    /// without their buffers.
     pub fn poll<F: FnMut(Completion<AppBuffer>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
         self.settle_unwound();
         let mut unmap_err = None;

@@ -47,6 +47,13 @@
 //!    tearing down a queue, or when the application waits for one specific
 //!    buffer. Dropping a mapper flushes too (returned buffers are then freed).
 //!
+//! A failed unmap — an error, or a panic unwinding through the IOMMU call —
+//! leaks every buffer and IOVA the call covered (strict: the one released;
+//! lazy: the whole flush queue, reported as [`MapError::FlushFailed`]), in
+//! every path including `map`'s full-window flush and `Drop`: which ranges
+//! were torn down is unknown, and memory the device may still reach is
+//! never freed or handed back.
+//!
 //! ```
 //! use mcqio_vfio::{AppBuffer, DmaDir, DmaMapper, Mapped, QueueMapper, Returned};
 //!
