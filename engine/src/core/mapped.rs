@@ -523,7 +523,7 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
     /// then, without their buffers — also when the flush ran inside
     /// [`read`](Self::read)/[`write`](Self::write) because the IOVA window
     /// was full (that submission is refused with
-    /// [`MapError::FlushFailed`](mcqio_vfio::MapError::FlushFailed)).
+    /// [`MapError::FlushFailed`]).
     ///
     /// Panics: if `f` panics, the completions not yet handed to it stay
     /// ready for the next `poll`, `flush_mappings` or `close`; none is
