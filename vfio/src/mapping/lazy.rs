@@ -207,7 +207,7 @@ impl LazyMapper {
         // the queue is held by a guard that leaks every buffer (and, as
         // the window is never told, every IOVA) if the call fails or
         // unwinds, rather than let the device reach freed memory.
-        let mut held = LeakOnUnwind(std::mem::take(&mut self.queue));
+        let mut held = LeakIfNotUnmapped(std::mem::take(&mut self.queue));
         self.stats.queued_bytes = 0;
         let iommu = self.win.space().iommu();
         let r = if let [(iova, len)] = self.runs[..] {
@@ -345,9 +345,9 @@ impl DmaMapper for LazyMapper {
 /// Holds a flush's entries while their unmap runs: dropped while still
 /// holding any (the unmap failed, or panicked and is unwinding), it leaks
 /// their buffers, which the device may still reach.
-struct LeakOnUnwind(Vec<Entry>);
+struct LeakIfNotUnmapped(Vec<Entry>);
 
-impl Drop for LeakOnUnwind {
+impl Drop for LeakIfNotUnmapped {
     fn drop(&mut self) {
         if self.0.is_empty() {
             return;
