@@ -808,4 +808,32 @@ mod tests {
         drop(r);
         assert_eq!(iommu.live_mappings(), 0);
     }
+
+    /// Issue 27 item 9 (e): the public `free_iova` refuses a range the
+    /// space never handed out (the MSI hole), so no later reservation can
+    /// land there.
+    #[test]
+    fn free_iova_of_the_msi_hole_is_not_allocated() {
+        let iommu = Arc::new(CountingIommu::new().with_ranges(vec![
+            crate::IovaRange::new(0x10_0000, 0xfee0_0000),
+            crate::IovaRange::new(0xfef0_0000, 1 << 40),
+        ]));
+        let space = DmaSpace::new(Arc::clone(&iommu) as Arc<dyn Iommu>, HugePages::Never);
+        let hole = Iova(0xfee0_0000);
+        assert_eq!(
+            space.free_iova(hole, 0x10_0000),
+            Err(IovaError::NotAllocated {
+                iova: hole,
+                len: 0x10_0000
+            })
+        );
+        let low = space.alloc_iova(0xfed0_0000, 4096).unwrap();
+        let next = space.alloc_iova(0x10_0000, 4096).unwrap();
+        assert!(
+            next.raw() >= 0xfef0_0000,
+            "reserved inside the MSI hole: {next:?}"
+        );
+        space.free_iova(next, 0x10_0000).unwrap();
+        space.free_iova(low, 0xfed0_0000).unwrap();
+    }
 }

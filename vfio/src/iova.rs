@@ -117,10 +117,15 @@ pub enum IovaError {
 ///
 /// Free space is kept as a map from start to end; allocation takes the
 /// lowest-addressed free range that fits after alignment, and `free` merges
-/// the returned range with its neighbours so fragmentation heals.
+/// the returned range with its neighbours so fragmentation heals. `free`
+/// accepts only a range that lies inside one valid window and is wholly
+/// allocated: a hole between windows (x86's MSI window) or space beyond
+/// them was never owned, and must never become allocatable.
 #[derive(Debug, Clone)]
 pub struct IovaAllocator {
     free: BTreeMap<u64, u64>,
+    /// The valid windows (merged, start to end), as at creation.
+    windows: BTreeMap<u64, u64>,
     allocated: u64,
 }
 
@@ -129,11 +134,13 @@ impl IovaAllocator {
     pub fn new(ranges: &[IovaRange]) -> Self {
         let mut a = Self {
             free: BTreeMap::new(),
+            windows: BTreeMap::new(),
             allocated: 0,
         };
         for r in ranges.iter().filter(|r| !r.is_empty()) {
             a.insert_free(r.start, r.end);
         }
+        a.windows = a.free.clone();
         a
     }
 
@@ -171,11 +178,23 @@ impl IovaAllocator {
         Ok(Iova(aligned))
     }
 
-    /// Return `[iova, iova+len)` to the free space.
+    /// Return `[iova, iova+len)` to the free space. It must have been
+    /// allocated (wholly): inside one valid window and free of no byte;
+    /// anything else is [`IovaError::NotAllocated`] and changes nothing.
     pub fn free(&mut self, iova: Iova, len: u64) -> Result<(), IovaError> {
-        let (start, end) = (iova.0, iova.0.saturating_add(len));
-        if len == 0 || self.overlaps_free(start, end) {
-            return Err(IovaError::NotAllocated { iova, len });
+        let start = iova.0;
+        let not_allocated = IovaError::NotAllocated { iova, len };
+        let Some(end) = start.checked_add(len).filter(|_| len > 0) else {
+            return Err(not_allocated);
+        };
+        // Inside one window and overlapping no free range = wholly allocated.
+        let in_window = self
+            .windows
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(_, &w_end)| end <= w_end);
+        if !in_window || self.overlaps_free(start, end) {
+            return Err(not_allocated);
         }
         self.insert_free(start, end);
         self.allocated = self.allocated.saturating_sub(len);
@@ -335,5 +354,57 @@ mod tests {
             assert_eq!(a.free_bytes(), total);
             assert_eq!(a.allocated_bytes(), 0);
         }
+    }
+
+    /// Issue 27 item 9 (e): a range the allocator never owned (x86's MSI
+    /// hole between the two windows, or beyond them) is not "allocated":
+    /// freeing it must fail, or the next alloc hands out an IOVA outside
+    /// every valid window.
+    #[test]
+    fn freeing_a_range_it_never_owned_is_refused() {
+        let windows = [
+            IovaRange::new(0x10_0000, 0xfee0_0000),
+            IovaRange::new(0xfef0_0000, 1 << 48),
+        ];
+        let mut a = IovaAllocator::new(&windows);
+        let hole = Iova(0xfee0_0000);
+        assert_eq!(
+            a.free(hole, 0x10_0000),
+            Err(IovaError::NotAllocated {
+                iova: hole,
+                len: 0x10_0000
+            })
+        );
+        // Straddling a window's edge, below the first window, past the
+        // last, and a length that overflows.
+        for (iova, len) in [
+            (0xfedf_f000, 0x2000),
+            (0, 0x1000),
+            (0xf_0000, 0x2_0000),
+            (1 << 48, 0x1000),
+            ((1 << 48) - 0x1000, 0x2000),
+            (u64::MAX - 0xfff, 0x2000),
+        ] {
+            assert_eq!(
+                a.free(Iova(iova), len),
+                Err(IovaError::NotAllocated {
+                    iova: Iova(iova),
+                    len
+                }),
+                "{iova:#x}+{len:#x}"
+            );
+        }
+        // Nothing was added: allocations stay inside the windows.
+        a.alloc(0xfed0_0000, 4096).unwrap();
+        let x = a.alloc(0x20_0000, 4096).unwrap();
+        assert!(x.raw() >= 0xfef0_0000, "allocated in the MSI hole: {x:?}");
+        assert_eq!(
+            a.free_bytes(),
+            windows.iter().map(|w| w.len()).sum::<u64>() - 0xfed0_0000 - 0x20_0000
+        );
+        // Real allocations still free, also one ending at a window's end.
+        a.free(x, 0x20_0000).unwrap();
+        a.free(Iova(0x10_0000), 0xfed0_0000).unwrap();
+        assert_eq!(a.allocated_bytes(), 0);
     }
 }

@@ -59,6 +59,7 @@
 //! # }
 //! ```
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,9 +91,12 @@ pub enum MappingMode {
     /// `batch` are queued or the oldest is `max_delay` old. Buffers come back
     /// after that flush. For [`Controller::create_mapped_qpair`].
     Lazy {
-        /// Unmaps per flush (1 behaves like `Strict`).
+        /// Unmaps per flush (1 behaves like `Strict`; at most
+        /// [`MAX_FLUSH_BATCH`](mcqio_vfio::mapping::MAX_FLUSH_BATCH)).
         batch: usize,
-        /// Longest a finished I/O waits for its flush (while the queue is polled).
+        /// Longest a finished I/O waits for its flush (while the queue is
+        /// polled). [`Duration::MAX`] means no time limit: flush on batch
+        /// only ([`MappingMode::lazy_batch_only`]).
         max_delay: Duration,
     },
 }
@@ -103,6 +107,16 @@ impl MappingMode {
         MappingMode::Lazy {
             batch: DEFAULT_FLUSH_BATCH,
             max_delay: DEFAULT_FLUSH_DELAY,
+        }
+    }
+
+    /// Lazy mode that flushes when `batch` unmaps are queued and never by
+    /// time (a full window, [`MappedQueuePair::flush_mappings`] and close
+    /// still flush).
+    pub fn lazy_batch_only(batch: usize) -> Self {
+        MappingMode::Lazy {
+            batch,
+            max_delay: Duration::MAX,
         }
     }
 }
@@ -168,8 +182,13 @@ pub struct MappedQueuePair<Q: BlockQueue<Buf = Mapped> = QueuePair<Mapped>> {
     slots: Vec<Slot>,
     free: Vec<u32>,
     /// Slots ready to deliver, in the order they became ready.
-    ready: Vec<u32>,
+    ready: VecDeque<u32>,
     returned: Vec<Returned>,
+    /// Set while a mapper call that may unmap runs; still set afterwards
+    /// only if that call unwound (an IOMMU unmap panicked). The mapper
+    /// then leaked every mapping the call covered, so the slots waiting
+    /// for an unmap are settled without their buffers by the next call.
+    unmap_unwound: bool,
 }
 
 impl<Q: BlockQueue<Buf = Mapped>> std::fmt::Debug for MappedQueuePair<Q> {
@@ -212,7 +231,9 @@ impl MappedQueuePair<QueuePair<Mapped>> {
 }
 
 impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
-    /// Refuse `Premapped` (and a lazy batch of 0) before a queue is made.
+    /// Refuse `Premapped` and a lazy batch outside
+    /// `1..=`[`MAX_FLUSH_BATCH`](mcqio_vfio::mapping::MAX_FLUSH_BATCH)
+    /// before a queue is made.
     pub(crate) fn check_mode(mapping: &MappingMode) -> Result<(DmaMode, LazyConfig)> {
         Ok(match *mapping {
             MappingMode::Premapped => {
@@ -222,12 +243,10 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
             }
             MappingMode::Strict => (DmaMode::Strict, LazyConfig::default()),
             MappingMode::Lazy { batch, max_delay } => {
-                if batch == 0 {
-                    return Err(Error::InvalidOption(
-                        "MappingMode::Lazy needs a batch of at least 1".into(),
-                    ));
-                }
-                (DmaMode::Lazy, LazyConfig { batch, max_delay })
+                let cfg = LazyConfig { batch, max_delay };
+                cfg.validate()
+                    .map_err(|e| Error::InvalidOption(format!("MappingMode::Lazy: {e}")))?;
+                (DmaMode::Lazy, cfg)
             }
         })
     }
@@ -270,8 +289,9 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
                 })
                 .collect(),
             free: (0..slots as u32).rev().collect(),
-            ready: Vec::with_capacity(slots),
+            ready: VecDeque::with_capacity(slots),
             returned: Vec::with_capacity(slots),
+            unmap_unwound: false,
         })
     }
 
@@ -365,7 +385,10 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
         if self.qp().is_full() {
             return Err(refuse(SubmitErrorKind::QueueFull, buf));
         }
-        let Some(slot) = self.free.pop() else {
+        self.settle_unwound();
+        // Taken off the free list only once mapped: a map that fails, or
+        // unwinds, leaves it free.
+        let Some(&slot) = self.free.last() else {
             return Err(refuse(SubmitErrorKind::QueueFull, buf));
         };
         let s = &mut self.slots[slot as usize];
@@ -376,16 +399,25 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
         } else {
             DmaDir::FromDevice
         };
-        let m = match self.mapper.map(IoBuffer::App(buf), len as usize, dir, key) {
+        // Lazy: a full window makes `map` flush synchronously.
+        self.unmap_unwound = true;
+        let mapped = self.mapper.map(IoBuffer::App(buf), len as usize, dir, key);
+        self.unmap_unwound = false;
+        let m = match mapped {
             Ok(m) => m,
             Err(f) => {
-                self.free.push(slot);
+                if matches!(f.error, MapError::FlushFailed { .. }) {
+                    // The flush leaked every queued mapping: the I/Os
+                    // waiting for it end now, without their buffers.
+                    settle(&mut self.slots, &mut self.ready, &mut self.returned, true);
+                }
                 return Err(MappedSubmitError {
                     kind: f.error.into(),
                     buf: f.buf.into_app(),
                 });
             }
         };
+        self.free.pop();
         let qp = self.qp();
         let r = if write {
             qp.write(nsid, slba, nlb, m, key)
@@ -402,11 +434,17 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
             Err(e) => {
                 // Never submitted: unmap it now (lazy: flush) and hand it back.
                 let kind = e.kind;
-                self.slots[slot as usize].state = SlotState::Unmapping;
+                let s = &mut self.slots[slot as usize];
+                s.state = SlotState::Unmapping;
+                // Only seen if the unmap below unwinds (then it is delivered).
+                s.result = Err(IoError::Aborted);
+                s.tag = tag;
+                self.unmap_unwound = true;
                 let mut r = self.mapper.release(e.into_buf(), &mut self.returned);
                 if r.is_ok() {
                     r = self.mapper.flush(&mut self.returned);
                 }
+                self.unmap_unwound = false;
                 settle(
                     &mut self.slots,
                     &mut self.ready,
@@ -418,6 +456,7 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
                     self.ready.remove(pos);
                 }
                 let s = &mut self.slots[slot as usize];
+                s.result = Ok(());
                 let buf = s.buf.take();
                 if matches!(s.state, SlotState::Ready) {
                     s.state = SlotState::Free;
@@ -439,9 +478,20 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
         self.qp().submit()
     }
 
+    /// An unmap unwound during an earlier call: settle what it leaked.
+    fn settle_unwound(&mut self) {
+        if std::mem::take(&mut self.unmap_unwound) {
+            settle(&mut self.slots, &mut self.ready, &mut self.returned, true);
+        }
+    }
+
+    /// Hand every ready slot to `f`, oldest first. Each slot is taken off
+    /// the ready list and freed before `f` sees it, so if `f` panics the
+    /// rest stay ready for the next `poll`, `flush_mappings` or `close`
+    /// (as the core tracker does with its slots).
     fn deliver<F: FnMut(Completion<AppBuffer>)>(&mut self, f: &mut F) -> usize {
         let mut n = 0;
-        for slot in self.ready.drain(..) {
+        while let Some(slot) = self.ready.pop_front() {
             let s = &mut self.slots[slot as usize];
             s.state = SlotState::Free;
             let result = std::mem::replace(&mut s.result, Ok(()));
@@ -468,8 +518,20 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
     /// `c.buf` is `None` only when the device might still reach the buffer
     /// (a queue that could not be deleted, a failed unmap): it is leaked.
     /// A failed unmap is also returned as [`Error::Mapping`], after the
-    /// completions were delivered.
+    /// completions were delivered. A lazy flush that fails leaks every
+    /// buffer it held, so all the I/Os that waited for it are delivered
+    /// then, without their buffers — also when the flush ran inside
+    /// [`read`](Self::read)/[`write`](Self::write) because the IOVA window
+    /// was full (that submission is refused with
+    /// [`MapError::FlushFailed`]).
+    ///
+    /// Panics: if `f` panics, the completions not yet handed to it stay
+    /// ready for the next `poll`, `flush_mappings` or `close`; none is
+    /// lost. If an IOMMU unmap panics, the mappings it covered are leaked,
+    /// and the I/Os waiting for them are delivered by the next call,
+    /// without their buffers.
     pub fn poll<F: FnMut(Completion<AppBuffer>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
+        self.settle_unwound();
         let mut unmap_err = None;
         let polled = {
             let Self {
@@ -478,6 +540,7 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
                 slots,
                 ready,
                 returned,
+                unmap_unwound,
                 ..
             } = self;
             let qp = match qp.as_mut() {
@@ -485,10 +548,21 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
                 None => unreachable!("only close and drop take the queue pair out"),
             };
             qp.poll(max, |c| {
-                on_device_done(c, mapper, slots, ready, returned, &mut unmap_err)
+                on_device_done(
+                    c,
+                    mapper,
+                    slots,
+                    ready,
+                    returned,
+                    unmap_unwound,
+                    &mut unmap_err,
+                )
             })
         };
-        if let Err(e) = self.mapper.poll(&mut self.returned) {
+        self.unmap_unwound = true;
+        let flushed = self.mapper.poll(&mut self.returned);
+        self.unmap_unwound = false;
+        if let Err(e) = flushed {
             unmap_err.get_or_insert(e);
             settle(&mut self.slots, &mut self.ready, &mut self.returned, true);
         }
@@ -505,7 +579,10 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
     /// I/Os (a no-op in strict mode). For when the application waits for a
     /// particular buffer and cannot wait for the batch or the time limit.
     pub fn flush_mappings<F: FnMut(Completion<AppBuffer>)>(&mut self, mut f: F) -> Result<usize> {
+        self.settle_unwound();
+        self.unmap_unwound = true;
         let r = self.mapper.flush(&mut self.returned);
+        self.unmap_unwound = false;
         settle(
             &mut self.slots,
             &mut self.ready,
@@ -524,6 +601,7 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
     }
 
     fn shut_down<F: FnMut(Completion<AppBuffer>)>(&mut self, f: &mut F) -> Result<()> {
+        self.settle_unwound();
         let mut unmap_err = None;
         let closed = match self.qp.take() {
             Some(qp) => {
@@ -532,13 +610,27 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
                     slots,
                     ready,
                     returned,
+                    unmap_unwound,
                     ..
                 } = self;
-                qp.close(|c| on_device_done(c, mapper, slots, ready, returned, &mut unmap_err))
+                qp.close(|c| {
+                    on_device_done(
+                        c,
+                        mapper,
+                        slots,
+                        ready,
+                        returned,
+                        unmap_unwound,
+                        &mut unmap_err,
+                    )
+                })
             }
             None => Ok(()),
         };
+        self.settle_unwound();
+        self.unmap_unwound = true;
         let r = self.mapper.flush(&mut self.returned);
+        self.unmap_unwound = false;
         settle(
             &mut self.slots,
             &mut self.ready,
@@ -563,10 +655,15 @@ fn on_device_done(
     c: Completion<Mapped>,
     mapper: &mut QueueMapper,
     slots: &mut [Slot],
-    ready: &mut Vec<u32>,
+    ready: &mut VecDeque<u32>,
     returned: &mut Vec<Returned>,
+    unmap_unwound: &mut bool,
     unmap_err: &mut Option<MapError>,
 ) {
+    if std::mem::take(unmap_unwound) {
+        // An earlier release in this close unwound (see the field).
+        settle(slots, ready, returned, true);
+    }
     let slot = (c.tag & u64::from(u32::MAX)) as usize;
     let Some(s) = slots.get_mut(slot) else {
         return; // the queue pair only hands back tags we gave it
@@ -576,7 +673,10 @@ fn on_device_done(
     s.state = SlotState::Unmapping;
     match c.buf {
         Some(m) => {
-            if let Err(e) = mapper.release(m, returned) {
+            *unmap_unwound = true;
+            let released = mapper.release(m, returned);
+            *unmap_unwound = false;
+            if let Err(e) = released {
                 // Every mapping the failed unmap covered is leaked: this
                 // one (strict) or the whole flush queue (lazy).
                 settle(slots, ready, returned, true);
@@ -586,7 +686,7 @@ fn on_device_done(
         None => {
             // The queue leaked it (the device may still own it).
             s.state = SlotState::Ready;
-            ready.push(slot as u32);
+            ready.push_back(slot as u32);
         }
     }
 }
@@ -603,7 +703,7 @@ fn key(slot: u32, gen: u32) -> u64 {
 /// without one.
 fn settle(
     slots: &mut [Slot],
-    ready: &mut Vec<u32>,
+    ready: &mut VecDeque<u32>,
     returned: &mut Vec<Returned>,
     unmap_failed: bool,
 ) {
@@ -614,7 +714,7 @@ fn settle(
             Some(s) if s.gen == gen && matches!(s.state, SlotState::Unmapping) => {
                 s.buf = r.buf.into_app();
                 s.state = SlotState::Ready;
-                ready.push(slot);
+                ready.push_back(slot);
             }
             // Unmapped, so safe to free; nobody waits for it any more.
             _ => drop(r.buf),
@@ -624,7 +724,7 @@ fn settle(
         for (i, s) in slots.iter_mut().enumerate() {
             if matches!(s.state, SlotState::Unmapping) {
                 s.state = SlotState::Ready;
-                ready.push(i as u32);
+                ready.push_back(i as u32);
             }
         }
     }

@@ -25,6 +25,10 @@ pub(crate) struct Slot<B> {
     pub submitted_ms: u32,
     /// Timeout handling state ([`tstate`]).
     pub tstate: u8,
+    /// Out of service ([`Trackers::retire`]) until [`Trackers::unretire_all`].
+    /// Kept apart from "not busy and not free", which is also what a slot
+    /// reserved by `alloc` and not yet armed looks like.
+    retired: bool,
 }
 
 /// Timeout handling states of a slot.
@@ -67,6 +71,7 @@ impl<B> Trackers<B> {
                 busy: false,
                 submitted_ms: 0,
                 tstate: tstate::NONE,
+                retired: false,
             })
             .collect();
         // Pop order: slot 0 first.
@@ -179,6 +184,7 @@ impl<B> Trackers<B> {
         // `complete` pushed it last onto the free list.
         let popped = self.free.pop();
         debug_assert_eq!(popped, Some(slot));
+        self.slots[slot as usize].retired = true;
         self.capacity -= 1;
         out
     }
@@ -186,13 +192,22 @@ impl<B> Trackers<B> {
     /// Return every retired slot to service (the device dropped every
     /// command: controller reset). For the UFS host-controller reset path
     /// that the timeout hook escalates to (`UfsController::reset_for_timeout`).
+    ///
+    /// Only slots marked by [`retire`](Self::retire) go back on the free
+    /// list. A slot reserved by [`alloc`](Self::alloc) and not yet armed is
+    /// also neither busy nor free, but its owner still holds it and will
+    /// arm or unreserve it: were it freed here too, it would sit on the
+    /// free list twice after that and two commands would share it. (No
+    /// caller resets between reserve and arm today — both transports
+    /// reserve and arm within one `&mut` submission — but the tracker does
+    /// not rely on it.)
     pub fn unretire_all(&mut self) {
         if self.capacity == self.slots.len() {
             return;
         }
-        for i in 0..self.slots.len() {
-            let s = &self.slots[i];
-            if !s.busy && !self.free.contains(&(i as u16)) {
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if std::mem::take(&mut s.retired) {
+                debug_assert!(!s.busy);
                 self.free.push(i as u16);
             }
         }
@@ -443,5 +458,143 @@ mod tests {
         seen.sort();
         assert_eq!(seen, vec![0, 1, 2, 3, 4]);
         assert_eq!(t.outstanding(), 0);
+    }
+
+    /// Every slot is handed out at most once at a time: `depth()` allocs
+    /// give distinct slots, then none.
+    fn assert_free_list_sound<B>(t: &mut Trackers<B>, held: &[u16]) {
+        let mut got: Vec<u16> = held.to_vec();
+        while let Some(s) = t.alloc() {
+            assert!(!got.contains(&s), "slot {s} handed out twice");
+            got.push(s);
+            assert!(got.len() <= t.depth(), "more slots than the depth");
+        }
+        for &s in &got[held.len()..] {
+            t.unreserve(s);
+        }
+    }
+
+    /// Issue 27 item 9 (g): a reset (`unretire_all`) between `alloc` and
+    /// `arm` must not put the reserved slot on the free list: once armed and
+    /// completed (or unreserved) it would be there twice, and two commands
+    /// would share a slot. Both transports' patterns: NVMe (reserve, then
+    /// arm or unreserve; children of a split reserved together) and UFS
+    /// (plus retire on a failed timeout reset, unretire on the next reset).
+    #[test]
+    fn a_reset_between_reserve_and_arm_frees_no_slot_twice() {
+        // Arm after the reset, then complete.
+        let mut t: Trackers<u8> = Trackers::new(4);
+        let old = t.alloc().unwrap();
+        t.arm(old, 1, None, 0);
+        t.retire(old);
+        let reserved = t.alloc().unwrap();
+        t.unretire_all();
+        assert_eq!(t.outstanding(), 1, "the reserved slot is still taken");
+        t.arm(reserved, 2, None, 0);
+        t.complete(reserved);
+        assert_eq!(t.outstanding(), 0);
+        assert_free_list_sound(&mut t, &[]);
+
+        // Unreserve after the reset (a refused submission; several children).
+        let mut t: Trackers<u8> = Trackers::new(8);
+        let old = t.alloc().unwrap();
+        t.arm(old, 1, None, 0);
+        t.retire(old);
+        let children: Vec<u16> = (0..3).map(|_| t.alloc().unwrap()).collect();
+        t.unretire_all();
+        for &c in children.iter().rev() {
+            t.unreserve(c);
+        }
+        assert_eq!(t.outstanding(), 0);
+        assert_free_list_sound(&mut t, &[]);
+
+        // No retired slot at all: unretire_all is a no-op for reserved ones.
+        let mut t: Trackers<u8> = Trackers::new(2);
+        let r = t.alloc().unwrap();
+        t.unretire_all();
+        assert_free_list_sound(&mut t, &[r]);
+        t.arm(r, 0, None, 0);
+        t.complete(r);
+        assert_free_list_sound(&mut t, &[]);
+    }
+
+    /// The same as a model over random streams of both transports' moves.
+    #[derive(Clone, Debug)]
+    enum Life {
+        /// Reserve a slot (held, not armed).
+        Reserve,
+        /// Arm the i-th held slot.
+        Arm(usize),
+        /// Give the i-th held slot back unarmed.
+        Unreserve(usize),
+        /// Complete the i-th armed slot.
+        Complete(usize),
+        /// Retire the i-th armed slot (a failed timeout reset).
+        Retire(usize),
+        /// A successful reset: end every armed slot, unretire all.
+        Reset,
+    }
+
+    fn life() -> impl proptest::strategy::Strategy<Value = Life> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => Just(Life::Reserve),
+            3 => any::<usize>().prop_map(Life::Arm),
+            1 => any::<usize>().prop_map(Life::Unreserve),
+            3 => any::<usize>().prop_map(Life::Complete),
+            1 => any::<usize>().prop_map(Life::Retire),
+            1 => Just(Life::Reset),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: if cfg!(miri) { 4 } else { 128 },
+            ..Default::default()
+        })]
+        #[test]
+        fn reserve_arm_retire_reset_never_share_a_slot(
+            depth in 1u16..=8,
+            ops in proptest::collection::vec(life(), 0..200),
+        ) {
+            let mut t: Trackers<()> = Trackers::new(depth);
+            let (mut held, mut armed, mut retired) = (Vec::new(), Vec::new(), Vec::new());
+            for op in ops {
+                match op {
+                    Life::Reserve => {
+                        if let Some(s) = t.alloc() {
+                            assert!(!held.contains(&s) && !armed.contains(&s) && !retired.contains(&s),
+                                "slot {s} handed out while in use");
+                            held.push(s);
+                        }
+                    }
+                    Life::Arm(i) if !held.is_empty() => {
+                        let s = held.remove(i % held.len());
+                        t.arm(s, 0, None, 0);
+                        armed.push(s);
+                    }
+                    Life::Unreserve(i) if !held.is_empty() => t.unreserve(held.remove(i % held.len())),
+                    Life::Complete(i) if !armed.is_empty() => {
+                        t.complete(armed.remove(i % armed.len()));
+                    }
+                    Life::Retire(i) if !armed.is_empty() => {
+                        let s = armed.remove(i % armed.len());
+                        t.retire(s);
+                        retired.push(s);
+                    }
+                    Life::Reset => {
+                        t.drain(|_, _| {});
+                        armed.clear();
+                        t.unretire_all();
+                        retired.clear();
+                    }
+                    _ => {}
+                }
+                assert_eq!(t.outstanding(), held.len() + armed.len());
+                assert_eq!(t.depth(), usize::from(depth) - retired.len());
+            }
+            let in_use: Vec<u16> = held.iter().chain(&armed).copied().collect();
+            assert_free_list_sound(&mut t, &in_use);
+        }
     }
 }

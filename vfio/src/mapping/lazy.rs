@@ -28,11 +28,20 @@ use crate::iova::Iova;
 /// Flush-queue policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LazyConfig {
-    /// Flush when this many unmaps are queued (1 behaves like strict mode).
+    /// Flush when this many unmaps are queued (1 behaves like strict mode;
+    /// at most [`MAX_FLUSH_BATCH`]).
     pub batch: usize,
     /// Flush when the oldest queued unmap is this old (checked by `poll`).
+    /// [`Duration::MAX`] (or any delay the clock cannot reach) means no
+    /// time limit: flush on batch only ([`LazyConfig::batch_only`]).
     pub max_delay: Duration,
 }
+
+/// The largest lazy batch: VFIO type1 holds at most 65535 mappings per
+/// container (`dma_entry_limit`), so a larger batch could never fill and
+/// would only size the flush queue (and the engine's request slots) for
+/// entries that cannot exist.
+pub const MAX_FLUSH_BATCH: usize = 65_535;
 
 impl Default for LazyConfig {
     /// Linux's per-CPU flush-queue defaults: 256 entries, 10 ms.
@@ -50,6 +59,28 @@ impl LazyConfig {
         Self {
             batch,
             ..Self::default()
+        }
+    }
+
+    /// Flush when `batch` unmaps are queued, and never by time (a full
+    /// window or an explicit flush still flushes).
+    pub fn batch_only(batch: usize) -> Self {
+        Self {
+            batch,
+            max_delay: Duration::MAX,
+        }
+    }
+
+    /// Check the policy: `batch` in `1..=`[`MAX_FLUSH_BATCH`]. Every
+    /// `max_delay` is valid.
+    pub fn validate(&self) -> Result<(), MapError> {
+        if (1..=MAX_FLUSH_BATCH).contains(&self.batch) {
+            Ok(())
+        } else {
+            Err(MapError::LazyBatch {
+                batch: self.batch,
+                max: MAX_FLUSH_BATCH,
+            })
         }
     }
 }
@@ -104,9 +135,7 @@ impl std::fmt::Debug for LazyMapper {
 impl LazyMapper {
     /// A mapper with its own `window_len`-byte IOVA window in `space`.
     pub fn new(space: &Arc<DmaSpace>, window_len: u64, cfg: LazyConfig) -> Result<Self, MapError> {
-        if cfg.batch == 0 {
-            return Err(MapError::Config("lazy batch must be at least 1".into()));
-        }
+        cfg.validate()?;
         Ok(Self {
             win: IovaWindow::new(space, window_len)?,
             id: next_mapper_id(),
@@ -174,25 +203,26 @@ impl LazyMapper {
                 }
             }
         }
+        // Until the unmap returns Ok, which runs were torn down is unknown:
+        // the queue is held by a guard that leaks every buffer (and, as
+        // the window is never told, every IOVA) if the call fails or
+        // unwinds, rather than let the device reach freed memory.
+        let mut held = LeakIfNotUnmapped(std::mem::take(&mut self.queue));
+        self.stats.queued_bytes = 0;
         let iommu = self.win.space().iommu();
         let r = if let [(iova, len)] = self.runs[..] {
             iommu.unmap(iova, len)
         } else {
             iommu.unmap_many(&self.runs)
         };
-        if let Err(e) = r {
-            // Which runs were torn down is unknown: keep every buffer and IOVA
-            // (leak them) rather than let the device reach reused memory.
-            log::error!(
-                "lazy flush of {} mappings failed, leaking their buffers: {e}",
-                self.queue.len()
-            );
-            for entry in self.queue.drain(..) {
-                std::mem::forget(entry.buf);
-            }
-            self.stats.queued_bytes = 0;
-            return Err(e.into());
+        if let Err(source) = r {
+            let leaked = held.0.len();
+            log::error!("lazy flush of {leaked} mappings failed, leaking their buffers: {source}");
+            drop(held);
+            return Err(MapError::FlushFailed { leaked, source });
         }
+        // Disarm: the entries go back (emptied below), the guard holds none.
+        self.queue = std::mem::take(&mut held.0);
         // The unmap returned: the device can no longer reach any of it. Only
         // now do the IOVAs and the buffers go back.
         for &(iova, len) in &self.runs {
@@ -204,7 +234,6 @@ impl LazyMapper {
                 .zip(&self.runs)
                 .map(|(&n, &(_, len))| (n, len)),
         );
-        self.stats.queued_bytes = 0;
         for e in self.queue.drain(..) {
             if let Some(buf) = e.buf {
                 out.push(Returned { tag: e.tag, buf });
@@ -282,8 +311,9 @@ impl DmaMapper for LazyMapper {
         if self.queue.len() >= self.cfg.batch {
             self.flush_now(Cause::Full, out)?;
         } else if self.queue.len() == 1 {
-            // The clock is read once per batch, when its first entry arrives.
-            self.deadline = Some(Instant::now() + self.cfg.max_delay);
+            // The clock is read once per batch, when its first entry
+            // arrives. A delay the clock cannot reach is no time limit.
+            self.deadline = Instant::now().checked_add(self.cfg.max_delay);
         }
         Ok(())
     }
@@ -312,10 +342,34 @@ impl DmaMapper for LazyMapper {
     }
 }
 
+/// Holds a flush's entries while their unmap runs: dropped while still
+/// holding any (the unmap failed, or panicked and is unwinding), it leaks
+/// their buffers, which the device may still reach.
+struct LeakIfNotUnmapped(Vec<Entry>);
+
+impl Drop for LeakIfNotUnmapped {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        if std::thread::panicking() {
+            log::error!(
+                "an IOMMU unmap of {} lazily queued mappings panicked: leaking their buffers",
+                self.0.len()
+            );
+        }
+        for entry in self.0.drain(..) {
+            std::mem::forget(entry.buf);
+        }
+    }
+}
+
 impl Drop for LazyMapper {
     fn drop(&mut self) {
         // Unmap what is queued before the window goes; the buffers are then
-        // unreachable by the device and are freed here.
+        // unreachable by the device and are freed here. If the unmap fails
+        // or panics, `flush_now` leaks them instead (and the window, which
+        // still holds their IOVAs).
         let mut out = Vec::new();
         if let Err(e) = self.flush_now(Cause::Forced, &mut out) {
             log::error!("flushing lazy DMA queue on drop: {e}");

@@ -47,6 +47,13 @@
 //!    tearing down a queue, or when the application waits for one specific
 //!    buffer. Dropping a mapper flushes too (returned buffers are then freed).
 //!
+//! A failed unmap — an error, or a panic unwinding through the IOMMU call —
+//! leaks every buffer and IOVA the call covered (strict: the one released;
+//! lazy: the whole flush queue, reported as [`MapError::FlushFailed`]), in
+//! every path including `map`'s full-window flush and `Drop`: which ranges
+//! were torn down is unknown, and memory the device may still reach is
+//! never freed or handed back.
+//!
 //! ```
 //! use mcqio_vfio::{AppBuffer, DmaDir, DmaMapper, Mapped, QueueMapper, Returned};
 //!
@@ -167,7 +174,7 @@ pub mod testing;
 mod tests;
 
 pub use buffer::AppBuffer;
-pub use lazy::{LazyConfig, LazyMapper};
+pub use lazy::{LazyConfig, LazyMapper, MAX_FLUSH_BATCH};
 pub use pool::{BufPool, PoolBuf, PoolConfig, PremappedMapper};
 pub use strict::StrictMapper;
 
@@ -310,6 +317,25 @@ pub enum MapError {
     /// A configuration value is out of range.
     #[error("invalid DMA mapper configuration: {0}")]
     Config(String),
+    /// A lazy batch outside `1..=max` ([`LazyConfig::validate`]).
+    #[error("lazy flush batch of {batch} is out of range: use 1..={max} (no VFIO container holds more mappings)")]
+    LazyBatch {
+        /// The batch asked for.
+        batch: usize,
+        /// [`MAX_FLUSH_BATCH`].
+        max: usize,
+    },
+    /// A lazy flush's unmap failed: every mapping the flush queue held is
+    /// leaked (buffers and IOVAs kept), as the device may still reach
+    /// them. Whoever waited for one of those buffers will never get it.
+    #[error("lazy flush of {leaked} mappings failed, their buffers are leaked: {source}")]
+    FlushFailed {
+        /// Mappings (and buffers) leaked.
+        leaked: usize,
+        /// What the IOMMU said.
+        #[source]
+        source: IommuError,
+    },
     /// An unknown mode name.
     #[error("unknown DMA mode {0:?}: use premapped, strict or lazy")]
     UnknownMode(String),

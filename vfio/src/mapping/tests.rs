@@ -330,8 +330,47 @@ fn queue_mapper_from_config() {
     };
     assert!(matches!(
         QueueMapper::new(&space, &bad),
-        Err(MapError::Config(_))
+        Err(MapError::LazyBatch { batch: 0, .. })
     ));
+}
+
+/// Issue 27 item 9 (d): a batch too large to ever fill is refused with a
+/// typed error instead of sizing the flush queue for it (`usize::MAX` used
+/// to panic with a capacity overflow), and no time limit is expressible
+/// without overflowing the clock.
+#[test]
+fn lazy_config_is_validated_at_creation() {
+    let (iommu, space) = space();
+    for batch in [0, super::MAX_FLUSH_BATCH + 1, usize::MAX] {
+        let cfg = LazyConfig {
+            batch,
+            max_delay: Duration::from_millis(1),
+        };
+        assert_eq!(
+            cfg.validate().map_err(|e| e.to_string()),
+            Err(MapError::LazyBatch {
+                batch,
+                max: super::MAX_FLUSH_BATCH
+            }
+            .to_string())
+        );
+        let r = LazyMapper::new(&space, 16 << 20, cfg);
+        assert!(
+            matches!(r, Err(MapError::LazyBatch { batch: b, .. }) if b == batch),
+            "{batch}: {r:?}"
+        );
+    }
+    // Batch only: Duration::MAX never expires, the batch flushes.
+    let mut m = LazyMapper::new(&space, 16 << 20, LazyConfig::batch_only(2)).unwrap();
+    let mut out = Vec::new();
+    let a = m.map(app(1), 4096, DmaDir::FromDevice, 1).unwrap();
+    m.release(a, &mut out).unwrap();
+    m.poll(&mut out).unwrap();
+    assert!(out.is_empty(), "no time limit");
+    let b = m.map(app(1), 4096, DmaDir::FromDevice, 2).unwrap();
+    m.release(b, &mut out).unwrap();
+    assert_eq!(out.len(), 2);
+    assert_eq!(iommu.live_mappings(), 0);
 }
 
 /// What one randomized lazy run observed.
