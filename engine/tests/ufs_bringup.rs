@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use mcqio::ufs::{UfsCtrlError, UfsError, UfsMode, UfsOptions};
 use mcqio::{DmaBuf, Error};
-use mcqio_fixtures::ufs::{LuConfig, Sense, UfsConfig, UfsFault, UfsFaultKind, LEGACY_QUEUE};
+use mcqio_fixtures::ufs::{
+    HostileUfs, LuConfig, Sense, UfsConfig, UfsDeviceLies, UfsFault, UfsFaultKind, UfsRegisterLies,
+    UpiuKind, UpiuLie, LEGACY_QUEUE,
+};
 
 #[test]
 fn mcq_bring_up_sets_up_queues_and_reads_the_device() {
@@ -459,4 +462,61 @@ fn illegal_request_on_a_bring_up_command_is_not_retried() {
         e => panic!("unexpected error: {e}"),
     }
     assert_eq!(f.faults().count(UfsFaultKind::CheckCondition), 1);
+}
+
+// Queries and NOP OUT are never faulted by the fake's injector; the hostile
+// wrapper patches the QUERY RESPONSE UPIUs the device writes instead.
+
+fn query_liar(nth: Option<u64>, patches: Vec<(usize, u8)>) -> std::sync::Arc<HostileUfs> {
+    HostileUfs::new(
+        sync_cfg(true),
+        UfsRegisterLies::default(),
+        UfsDeviceLies {
+            upius: vec![UpiuLie {
+                kind: UpiuKind::QueryResponse,
+                nth,
+                when: None,
+                patches,
+            }],
+            ..Default::default()
+        },
+    )
+    .expect("hostile UFS")
+}
+
+fn open(
+    h: &std::sync::Arc<HostileUfs>,
+) -> Result<std::sync::Arc<mcqio::UfsController>, UfsCtrlError> {
+    let backend: std::sync::Arc<dyn mcqio::vfio::Backend> = h.clone();
+    mcqio::UfsController::new(backend, opts(1))
+}
+
+#[test]
+fn a_query_that_fails_once_is_sent_again() {
+    // The first QUERY RESPONSE (set fDeviceInit) says GENERAL FAILURE; the
+    // fourth (a descriptor read) carries another task tag.
+    for (nth, patch) in [(0, (6, 0xFF)), (3, (3, 0xEE))] {
+        let h = query_liar(Some(nth), vec![patch]);
+        let ctrl = open(&h).unwrap_or_else(|e| panic!("lie in query {nth}: {e}"));
+        assert_eq!(h.stats().lies, 1, "lie in query {nth}");
+        assert_eq!(ctrl.logical_unit(0).map(|l| l.blocks), Some(4096));
+    }
+}
+
+#[test]
+fn a_query_that_always_fails_ends_in_a_typed_error() {
+    let h = query_liar(None, vec![(6, 0xFF)]);
+    let e = open(&h).expect_err("every query fails");
+    assert!(
+        matches!(
+            e,
+            UfsCtrlError::Query {
+                what: "set fDeviceInit",
+                code: 0xFF
+            }
+        ),
+        "{e}"
+    );
+    let n = h.stats().lies;
+    assert!((2..=5).contains(&n), "{n} attempts");
 }
