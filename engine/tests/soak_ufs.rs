@@ -92,12 +92,12 @@ const HANG: Duration = Duration::from_secs(60);
 const HPB_INTERNAL_TIMEOUTS: bool = true;
 
 /// Faults on the SCSI commands of an explicit reset's bring-up (TEST UNIT
-/// READY per LU, ...). The engine does not retry them: one injected error
-/// OCS on TEST UNIT READY fails `UfsController::reset` ("TEST UNIT READY on
-/// LU 0: transport error: OCS 0x5"), found by this soak (seed 0x50ac2027,
-/// threaded phase) and not fixed yet. OFF: the soak stops injecting while
-/// its explicit resets run.
-const RESET_BRINGUP_FAULTS: bool = false;
+/// READY per LU, ...). Without retries one injected error OCS on TEST UNIT
+/// READY failed `UfsController::reset` ("TEST UNIT READY on LU 0: transport
+/// error: OCS 0x5"), found by this soak (seed 0x50ac2027, threaded phase);
+/// the bring-up now retries transient failures of its device commands.
+/// ON: the soak keeps injecting while its explicit resets run.
+const RESET_BRINGUP_FAULTS: bool = true;
 
 /// One run of the soak.
 struct Phase {

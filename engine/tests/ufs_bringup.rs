@@ -4,9 +4,14 @@
 mod ufs_common;
 use ufs_common::*;
 
-use mcqio::ufs::{UfsMode, UfsOptions};
+use std::time::{Duration, Instant};
+
+use mcqio::ufs::{UfsCtrlError, UfsError, UfsMode, UfsOptions};
 use mcqio::{DmaBuf, Error};
-use mcqio_fixtures::ufs::{LuConfig, UfsConfig};
+use mcqio_fixtures::ufs::{
+    HostileUfs, LuConfig, Sense, UfsConfig, UfsDeviceLies, UfsFault, UfsFaultKind, UfsRegisterLies,
+    UpiuKind, UpiuLie, LEGACY_QUEUE,
+};
 
 #[test]
 fn mcq_bring_up_sets_up_queues_and_reads_the_device() {
@@ -314,4 +319,204 @@ fn qemu_queues_left_enabled_by_the_previous_owner_are_reprogrammed() {
         assert_eq!(back, pattern(lba, 4096));
     }
     drop(hold);
+}
+
+// Device commands of the bring-up (NOP OUT, queries, REPORT LUNS, TEST UNIT
+// READY, READ CAPACITY) travel on the legacy list, so faults aimed at
+// `LEGACY_QUEUE` hit them and nothing else.
+
+const TEST_UNIT_READY: u8 = 0x00;
+const READ_CAPACITY_16: u8 = 0x9E;
+const REPORT_LUNS: u8 = 0xA0;
+
+fn fake(cfg: UfsConfig) -> std::sync::Arc<mcqio_fixtures::ufs::FakeUfs> {
+    mcqio_fixtures::ufs::FakeUfs::new(cfg).expect("fake UFS")
+}
+
+fn bring_up(
+    f: &std::sync::Arc<mcqio_fixtures::ufs::FakeUfs>,
+    o: UfsOptions,
+) -> Result<std::sync::Arc<mcqio::UfsController>, UfsCtrlError> {
+    let backend: std::sync::Arc<dyn mcqio::vfio::Backend> = f.clone();
+    mcqio::UfsController::new(backend, o)
+}
+
+#[test]
+fn one_transport_error_on_test_unit_ready_does_not_fail_bring_up() {
+    for mcq in [true, false] {
+        let f = fake(sync_cfg(mcq));
+        f.faults().inject_next(
+            Some(LEGACY_QUEUE),
+            Some(TEST_UNIT_READY),
+            UfsFault::Ocs(0x5),
+        );
+        let ctrl = bring_up(&f, opts(1))
+            .unwrap_or_else(|e| panic!("mcq={mcq}: one OCS error failed bring-up: {e}"));
+        assert_eq!(f.faults().count(UfsFaultKind::Ocs), 1, "mcq={mcq}");
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        qp.write_blocking(0, 3, &pattern(1, 4096)).unwrap();
+        assert_eq!(f.lu_bytes(0, 3 * 4096, 4096), pattern(1, 4096));
+    }
+}
+
+#[test]
+fn transient_failures_of_each_bring_up_command_are_retried() {
+    // One failure of each kind the retry rule calls transient, on each SCSI
+    // command of the bring-up: a transport error, NOT READY (becoming
+    // ready), a MEDIUM ERROR on a command that reads no medium, and a
+    // device-management request whose completion never comes (withdrawn
+    // with UTRLCLR, then sent again).
+    let f = fake(sync_cfg(true));
+    let faults = f.faults();
+    faults.inject_next(Some(LEGACY_QUEUE), Some(REPORT_LUNS), UfsFault::Ocs(0x5));
+    faults.inject_next(
+        Some(LEGACY_QUEUE),
+        Some(TEST_UNIT_READY),
+        UfsFault::CheckCondition(Sense::new(0x2, 0x04, 0x01)),
+    );
+    faults.inject_next(
+        Some(LEGACY_QUEUE),
+        Some(READ_CAPACITY_16),
+        UfsFault::CheckCondition(Sense::UNRECOVERED_READ),
+    );
+    faults.inject_next(
+        Some(LEGACY_QUEUE),
+        Some(READ_CAPACITY_16),
+        UfsFault::DropCompletion,
+    );
+    let o = UfsOptions {
+        init_timeout: Duration::from_secs(1),
+        ..opts(1)
+    };
+    let ctrl = bring_up(&f, o).unwrap_or_else(|e| panic!("bring-up: {e}"));
+    assert_eq!(faults.count(UfsFaultKind::Ocs), 1);
+    assert_eq!(faults.count(UfsFaultKind::CheckCondition), 2);
+    assert_eq!(faults.count(UfsFaultKind::DropCompletion), 1);
+    assert_eq!(ctrl.logical_unit(0).map(|l| l.blocks), Some(4096));
+}
+
+#[test]
+fn a_device_that_fails_test_unit_ready_every_time_ends_in_a_typed_error() {
+    let f = fake(sync_cfg(true));
+    for _ in 0..64 {
+        f.faults().inject_next(
+            Some(LEGACY_QUEUE),
+            Some(TEST_UNIT_READY),
+            UfsFault::Ocs(0x5),
+        );
+    }
+    let start = Instant::now();
+    let e = bring_up(&f, opts(1)).expect_err("TEST UNIT READY never succeeds");
+    let took = start.elapsed();
+    match &e {
+        UfsCtrlError::Scsi {
+            what: "TEST UNIT READY",
+            lun: 0,
+            err: UfsError::Transport(ocs),
+        } if ocs.0 == 0x5 => {}
+        e => panic!("unexpected error: {e}"),
+    }
+    // A bounded number of attempts, none of them waiting.
+    let n = f.faults().count(UfsFaultKind::Ocs);
+    assert!((2..=5).contains(&n), "{n} attempts");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn a_device_that_never_completes_test_unit_ready_ends_in_a_timeout() {
+    let f = fake(sync_cfg(true));
+    for _ in 0..64 {
+        f.faults().inject_next(
+            Some(LEGACY_QUEUE),
+            Some(TEST_UNIT_READY),
+            UfsFault::DropCompletion,
+        );
+    }
+    let o = UfsOptions {
+        init_timeout: Duration::from_millis(200),
+        ..opts(1)
+    };
+    let e = bring_up(&f, o).expect_err("TEST UNIT READY never completes");
+    assert!(matches!(e, UfsCtrlError::Timeout { .. }), "{e}");
+    let n = f.faults().count(UfsFaultKind::DropCompletion);
+    assert!((2..=5).contains(&n), "{n} attempts");
+}
+
+#[test]
+fn illegal_request_on_a_bring_up_command_is_not_retried() {
+    // The device says the command itself is wrong: asking again gets the
+    // same answer.
+    let f = fake(sync_cfg(true));
+    f.faults().inject_next(
+        Some(LEGACY_QUEUE),
+        Some(TEST_UNIT_READY),
+        UfsFault::CheckCondition(Sense::INVALID_FIELD_IN_CDB),
+    );
+    let e = bring_up(&f, opts(1)).expect_err("ILLEGAL REQUEST is final");
+    match &e {
+        UfsCtrlError::Scsi {
+            what: "TEST UNIT READY",
+            err: UfsError::Scsi { sense: Some(s), .. },
+            ..
+        } if s.key == 0x5 => {}
+        e => panic!("unexpected error: {e}"),
+    }
+    assert_eq!(f.faults().count(UfsFaultKind::CheckCondition), 1);
+}
+
+// Queries and NOP OUT are never faulted by the fake's injector; the hostile
+// wrapper patches the QUERY RESPONSE UPIUs the device writes instead.
+
+fn query_liar(nth: Option<u64>, patches: Vec<(usize, u8)>) -> std::sync::Arc<HostileUfs> {
+    HostileUfs::new(
+        sync_cfg(true),
+        UfsRegisterLies::default(),
+        UfsDeviceLies {
+            upius: vec![UpiuLie {
+                kind: UpiuKind::QueryResponse,
+                nth,
+                when: None,
+                patches,
+            }],
+            ..Default::default()
+        },
+    )
+    .expect("hostile UFS")
+}
+
+fn open(
+    h: &std::sync::Arc<HostileUfs>,
+) -> Result<std::sync::Arc<mcqio::UfsController>, UfsCtrlError> {
+    let backend: std::sync::Arc<dyn mcqio::vfio::Backend> = h.clone();
+    mcqio::UfsController::new(backend, opts(1))
+}
+
+#[test]
+fn a_query_that_fails_once_is_sent_again() {
+    // The first QUERY RESPONSE (set fDeviceInit) says GENERAL FAILURE; the
+    // fourth (a descriptor read) carries another task tag.
+    for (nth, patch) in [(0, (6, 0xFF)), (3, (3, 0xEE))] {
+        let h = query_liar(Some(nth), vec![patch]);
+        let ctrl = open(&h).unwrap_or_else(|e| panic!("lie in query {nth}: {e}"));
+        assert_eq!(h.stats().lies, 1, "lie in query {nth}");
+        assert_eq!(ctrl.logical_unit(0).map(|l| l.blocks), Some(4096));
+    }
+}
+
+#[test]
+fn a_query_that_always_fails_ends_in_a_typed_error() {
+    let h = query_liar(None, vec![(6, 0xFF)]);
+    let e = open(&h).expect_err("every query fails");
+    assert!(
+        matches!(
+            e,
+            UfsCtrlError::Query {
+                what: "set fDeviceInit",
+                code: 0xFF
+            }
+        ),
+        "{e}"
+    );
+    let n = h.stats().lies;
+    assert!((2..=5).contains(&n), "{n} attempts");
 }

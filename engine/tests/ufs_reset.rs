@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use mcqio::ufs::UfsCtrlError;
 use mcqio::vfio::DmaDir;
 use mcqio::{Completion, DmaBuf, Error, IoError};
-use mcqio_fixtures::ufs::{UfsConfig, UfsFault};
+use mcqio_fixtures::ufs::{Sense, UfsConfig, UfsFault, UfsFaultKind, LEGACY_QUEUE};
 
 const WRITE10: u8 = 0x2A;
 
@@ -564,4 +564,102 @@ fn poll_after_a_reset_delivers_at_most_max() {
             assert!(done.values().all(|c| c.result.is_err()));
         }
     }
+}
+
+// A reset brings the device up again through the same device commands as
+// the first bring-up (on the legacy list, so faults aimed at
+// `LEGACY_QUEUE` hit them): a transient failure of one of them must not
+// fail the reset.
+
+const TEST_UNIT_READY: u8 = 0x00;
+const READ_CAPACITY_16: u8 = 0x9E;
+const REPORT_LUNS: u8 = 0xA0;
+
+#[test]
+fn one_transport_error_on_test_unit_ready_does_not_fail_a_reset() {
+    for mcq in [true, false] {
+        let (f, ctrl) = up(sync_cfg(mcq), opts(1));
+        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        qp.write_blocking(0, 5, &pattern(3, 4096)).unwrap();
+        f.faults().inject_next(
+            Some(LEGACY_QUEUE),
+            Some(TEST_UNIT_READY),
+            UfsFault::Ocs(0x5),
+        );
+        ctrl.reset()
+            .unwrap_or_else(|e| panic!("mcq={mcq}: one OCS error failed the reset: {e}"));
+        assert_eq!(f.faults().count(UfsFaultKind::Ocs), 1, "mcq={mcq}");
+        assert_eq!(ctrl.resets(), 1);
+        let mut back = vec![0u8; 4096];
+        qp.read_blocking(0, 5, &mut back).unwrap();
+        assert!(back == pattern(3, 4096), "mcq={mcq}");
+    }
+}
+
+#[test]
+fn transient_failures_during_a_reset_are_retried() {
+    let o = mcqio::ufs::UfsOptions {
+        init_timeout: Duration::from_secs(1),
+        ..opts(1)
+    };
+    let (f, ctrl) = up(sync_cfg(true), o);
+    let faults = f.faults();
+    faults.inject_next(Some(LEGACY_QUEUE), Some(REPORT_LUNS), UfsFault::Ocs(0x5));
+    faults.inject_next(
+        Some(LEGACY_QUEUE),
+        Some(TEST_UNIT_READY),
+        UfsFault::DropCompletion,
+    );
+    faults.inject_next(
+        Some(LEGACY_QUEUE),
+        Some(READ_CAPACITY_16),
+        UfsFault::CheckCondition(Sense::new(0x2, 0x04, 0x01)),
+    );
+    faults.inject_next(
+        Some(LEGACY_QUEUE),
+        Some(READ_CAPACITY_16),
+        UfsFault::IommuFault,
+    );
+    ctrl.reset().unwrap_or_else(|e| panic!("reset: {e}"));
+    assert_eq!(faults.count(UfsFaultKind::Ocs), 1);
+    assert_eq!(faults.count(UfsFaultKind::DropCompletion), 1);
+    assert_eq!(faults.count(UfsFaultKind::CheckCondition), 1);
+    assert_eq!(faults.count(UfsFaultKind::IommuFault), 1);
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    qp.write_blocking(0, 1, &pattern(4, 4096)).unwrap();
+}
+
+#[test]
+fn a_reset_against_a_device_that_fails_every_time_ends_in_a_typed_error() {
+    let (f, ctrl) = up(sync_cfg(true), opts(1));
+    for _ in 0..64 {
+        f.faults().inject_next(
+            Some(LEGACY_QUEUE),
+            Some(TEST_UNIT_READY),
+            UfsFault::Ocs(0x5),
+        );
+    }
+    let start = Instant::now();
+    let e = ctrl.reset().expect_err("TEST UNIT READY never succeeds");
+    let took = start.elapsed();
+    assert!(
+        matches!(
+            e,
+            UfsCtrlError::Scsi {
+                what: "TEST UNIT READY",
+                lun: 0,
+                err: mcqio::ufs::UfsError::Transport(_),
+            }
+        ),
+        "{e}"
+    );
+    let n = f.faults().count(UfsFaultKind::Ocs);
+    assert!((2..=5).contains(&n), "{n} attempts");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_eq!(ctrl.resets(), 0);
+    // Once the device behaves, a reset brings the controller back.
+    f.faults().clear();
+    ctrl.reset().expect("reset after the faults stop");
+    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    qp.write_blocking(0, 2, &pattern(5, 4096)).unwrap();
 }

@@ -11,9 +11,15 @@
 //! 3. A legacy transfer request list (as Linux does) for device management:
 //!    NOP OUT / NOP IN, set fDeviceInit and poll it until the device clears
 //!    it, read the device, geometry and unit descriptors, REPORT LUNS, then
-//!    per LU TEST UNIT READY (clears the power-on UNIT ATTENTION, retried
-//!    once on UNIT ATTENTION) and READ CAPACITY(16), cross-checked with the
-//!    unit descriptor.
+//!    per LU TEST UNIT READY (clears the power-on UNIT ATTENTION) and READ
+//!    CAPACITY(16), cross-checked with the unit descriptor. Each of these
+//!    device commands is sent again when it fails transiently — a
+//!    transport error (OCS), a malformed response, a request that timed
+//!    out and was withdrawn (UTRLCLR confirmed), BUSY, CHECK CONDITION
+//!    other than ILLEGAL REQUEST or MEDIUM NOT PRESENT — up to 3 attempts,
+//!    plus up to 10 UNIT ATTENTIONs; an answer that stays wrong ends in its
+//!    typed error. One rule for every command, in one place (`transient`
+//!    in this module); a reset runs the same path.
 //! 4. MCQ when CAP.MCQS is set and [`UfsOptions::mcq`] allows it: the number
 //!    of queues from MCQCAP.MAXQ (the configuration array it implies must
 //!    lie inside the BAR) and [`UfsOptions::queues`]; queues a previous
@@ -267,8 +273,26 @@ struct DevCmd {
 const UTRL_SLOTS: u32 = 32;
 /// DME_LINKSTARTUP attempts.
 const LINK_ATTEMPTS: u32 = 3;
-/// NOP OUT attempts.
-const NOP_ATTEMPTS: u32 = 3;
+/// Attempts of one device command of the bring-up (NOP OUT, a query, a
+/// SCSI command) that keeps failing transiently (see [`transient`]).
+/// Linux sends a query 3 times (ufshcd, QUERY_REQ_RETRIES) and READ
+/// CAPACITY 3 times (sd).
+const DEV_CMD_ATTEMPTS: u32 = 3;
+/// UNIT ATTENTIONs one device command may meet on top of those: each
+/// reports an event (power on, a reset) and that the command did not run,
+/// not a failure. Linux's sd allows READ CAPACITY 10 of the power-on/reset
+/// kind outside its 3 attempts.
+const DEV_CMD_UNIT_ATTENTIONS: u32 = 10;
+/// The `what` of a device-management request that did not complete in time
+/// and was withdrawn (UTRLCLR, its doorbell bit read 0 again): the
+/// controller dropped it, so the slot and its descriptor may be reused.
+const DEV_CMD_WITHDRAWN: &str = "complete a device-management request (withdrawn)";
+/// The same, but the doorbell bit did not clear after UTRLCLR: the
+/// controller may still hold the request and its memory. Never retried.
+const DEV_CMD_STUCK: &str =
+    "complete a device-management request (nor clear it from the list with UTRLCLR)";
+/// Query response code "general failure".
+const QUERY_GENERAL_FAILURE: u8 = 0xFF;
 /// Bytes of the device-management data page.
 const DEV_DATA: usize = 4096;
 /// Task tags per queue pair are unique device-wide up to this many commands.
@@ -614,6 +638,10 @@ impl UfsController {
     /// and re-creates its hardware queue (same rings) before ringing
     /// anything again; [`UfsQueuePair::submit`](super::UfsQueuePair::submit)
     /// rings no doorbell from the start of the reset until then.
+    ///
+    /// The device commands of the bring-up are retried as in
+    /// [`UfsController::new`] (see the module docs): one transient failure
+    /// of, say, TEST UNIT READY does not fail the reset.
     ///
     /// Also brings back a controller that went fatal. Errors:
     /// [`UfsCtrlError::DeviceGone`] for a removed device;
@@ -1376,14 +1404,19 @@ impl DevCmd {
         // Release: UCD and UTRD stores before the doorbell.
         barrier::stores_before_doorbell();
         r.write(regs::UTRLDBR, 1);
-        let waited = wait_until(t, "complete a device-management request", || {
+        let waited = wait_until(t, DEV_CMD_WITHDRAWN, || {
             r.check_fatal()?;
             Ok(r.read(regs::UTRLDBR)? & 1 == 0)
         });
         if let Err(e) = waited {
-            // Withdraw it so the slot is free again (write 0 to clear).
+            if !matches!(e, UfsCtrlError::Timeout { .. }) {
+                return Err(e);
+            }
+            // Withdraw it (write 0 to clear) and wait until the controller
+            // confirms: only then is the slot free and the descriptor ours.
             r.write(regs::UTRLCLR, !1);
-            return Err(e);
+            let cleared = wait_until(t, DEV_CMD_STUCK, || Ok(r.read(regs::UTRLDBR)? & 1 == 0));
+            return Err(cleared.err().unwrap_or(e));
         }
         r.write(regs::UTRLCNR, 1);
         // Acquire: the OCS and response were written before the bit cleared.
@@ -1394,30 +1427,76 @@ impl DevCmd {
         Ok((Ocs(d.ocs & 0xF), rsp))
     }
 
+    /// One device command, attempted again while it fails transiently:
+    /// the one retry rule of the bring-up and of a reset ([`transient`]).
+    /// `f` sends it once (with a new task tag each time). At most
+    /// [`DEV_CMD_ATTEMPTS`] transient failures and
+    /// [`DEV_CMD_UNIT_ATTENTIONS`] UNIT ATTENTIONs; the last error is
+    /// returned as it came.
+    fn retried<T>(&mut self, mut f: impl FnMut(&mut Self) -> UfsResult<T>) -> UfsResult<T> {
+        let (mut failures, mut attentions) = (0, 0);
+        loop {
+            let e = match f(self) {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let again = match transient(&e) {
+                Transient::No => false,
+                Transient::UnitAttention => {
+                    attentions += 1;
+                    attentions <= DEV_CMD_UNIT_ATTENTIONS
+                }
+                Transient::Yes => {
+                    failures += 1;
+                    failures < DEV_CMD_ATTEMPTS
+                }
+            };
+            if !again {
+                return Err(e);
+            }
+            log::debug!("device command failed ({e}); sending it again");
+        }
+    }
+
     fn nop(&mut self, r: &Regs<'_>, t: Duration) -> UfsResult<()> {
-        let mut last = UfsError::Transport(Ocs::INVALID_COMMAND_STATUS);
-        for _ in 0..NOP_ATTEMPTS {
-            let tag = self.tag();
-            let (ocs, rsp) = self.exec(r, t, &upiu::nop_out(tag), DataDir::None, 0)?;
-            if ocs != Ocs::SUCCESS {
-                last = UfsError::Transport(ocs);
+        self.retried(|s| {
+            let tag = s.tag();
+            let (ocs, rsp) = s.exec(r, t, &upiu::nop_out(tag), DataDir::None, 0)?;
+            let err = if ocs != Ocs::SUCCESS {
+                UfsError::Transport(ocs)
             } else if rsp[0] != trans::NOP_IN || rsp[3] != tag {
-                last = UfsError::BadResponse {
+                UfsError::BadResponse {
                     trans_type: rsp[0],
                     task_tag: rsp[3],
-                };
+                }
             } else {
                 return Ok(());
-            }
-        }
-        Err(UfsCtrlError::DevCmd {
-            what: "NOP OUT",
-            err: last,
+            };
+            Err(UfsCtrlError::DevCmd {
+                what: "NOP OUT",
+                err,
+            })
         })
     }
 
-    /// A QUERY REQUEST; returns the QUERY RESPONSE header and its data segment.
+    /// A QUERY REQUEST built by `q` from a task tag, retried
+    /// ([`Self::retried`]); returns the QUERY RESPONSE header and its data
+    /// segment.
     fn query(
+        &mut self,
+        r: &Regs<'_>,
+        t: Duration,
+        what: &'static str,
+        q: impl Fn(u8) -> QueryUpiu,
+        data_len: usize,
+    ) -> UfsResult<(QueryUpiu, Vec<u8>)> {
+        self.retried(|s| {
+            let tag = s.tag();
+            s.query_once(r, t, what, q(tag), data_len)
+        })
+    }
+
+    fn query_once(
         &mut self,
         r: &Regs<'_>,
         t: Duration,
@@ -1478,8 +1557,7 @@ impl DevCmd {
     }
 
     fn read_desc(&mut self, r: &Regs<'_>, t: Duration, idn: u8, index: u8) -> UfsResult<Vec<u8>> {
-        let tag = self.tag();
-        let q = QueryUpiu::read_descriptor(tag, idn, index, MAX_DESC_LEN);
+        let q = |tag| QueryUpiu::read_descriptor(tag, idn, index, MAX_DESC_LEN);
         Ok(self
             .query(r, t, "read descriptor", q, usize::from(MAX_DESC_LEN))?
             .1)
@@ -1487,22 +1565,20 @@ impl DevCmd {
 
     /// Set fDeviceInit and poll it until the device clears it.
     fn device_init(&mut self, r: &Regs<'_>, t: Duration) -> UfsResult<()> {
-        let tag = self.tag();
         self.query(
             r,
             t,
             "set fDeviceInit",
-            QueryUpiu::set_flag(tag, flag_idn::DEVICE_INIT),
+            |tag| QueryUpiu::set_flag(tag, flag_idn::DEVICE_INIT),
             0,
         )?;
         let start = Instant::now();
         loop {
-            let tag = self.tag();
             let (h, _) = self.query(
                 r,
                 t,
                 "read fDeviceInit",
-                QueryUpiu::read_flag(tag, flag_idn::DEVICE_INIT),
+                |tag| QueryUpiu::read_flag(tag, flag_idn::DEVICE_INIT),
                 0,
             )?;
             if !h.flag_value() {
@@ -1522,11 +1598,15 @@ impl DevCmd {
     /// or a flag's (0/1) after reading or setting it.
     fn hpb_query(&mut self, r: &Regs<'_>, t: Duration, q: super::hpb::Query) -> UfsResult<u32> {
         use super::hpb::Query;
-        let tag = self.tag();
-        let (what, req) = match q {
-            Query::ReadAttr(idn) => ("read HPB attribute", QueryUpiu::read_attribute(tag, idn, 0)),
-            Query::SetFlag(idn) => ("set HPB flag", QueryUpiu::set_flag(tag, idn)),
-            Query::ReadFlag(idn) => ("read HPB flag", QueryUpiu::read_flag(tag, idn)),
+        let what = match q {
+            Query::ReadAttr(_) => "read HPB attribute",
+            Query::SetFlag(_) => "set HPB flag",
+            Query::ReadFlag(_) => "read HPB flag",
+        };
+        let req = |tag| match q {
+            Query::ReadAttr(idn) => QueryUpiu::read_attribute(tag, idn, 0),
+            Query::SetFlag(idn) => QueryUpiu::set_flag(tag, idn),
+            Query::ReadFlag(idn) => QueryUpiu::read_flag(tag, idn),
         };
         let (h, _) = self.query(r, t, what, req, 0)?;
         Ok(match q {
@@ -1535,8 +1615,24 @@ impl DevCmd {
         })
     }
 
-    /// A SCSI command reading up to `alloc` bytes into the data page.
-    fn scsi_in(
+    /// SCSI command `what` on LU `lun`, reading up to `alloc` bytes into the
+    /// data page, retried ([`Self::retried`]).
+    fn scsi(
+        &mut self,
+        r: &Regs<'_>,
+        t: Duration,
+        (what, lun): (&'static str, u8),
+        cdb: scsi::Cdb,
+        alloc: usize,
+    ) -> UfsResult<Vec<u8>> {
+        self.retried(|s| {
+            s.scsi_once(r, t, lun, cdb, alloc)?
+                .map_err(|err| UfsCtrlError::Scsi { what, lun, err })
+        })
+    }
+
+    /// One SCSI command reading up to `alloc` bytes into the data page.
+    fn scsi_once(
         &mut self,
         r: &Regs<'_>,
         t: Duration,
@@ -1576,58 +1672,87 @@ impl DevCmd {
 
     fn report_luns(&mut self, r: &Regs<'_>, t: Duration, lun: u8) -> UfsResult<Vec<u8>> {
         let alloc = 8 + 8 * 32;
-        let run = |s: &mut Self| s.scsi_in(r, t, lun, scsi::report_luns(alloc as u32), alloc);
-        let d = match run(self)? {
-            Err(e) if e.is_unit_attention() => run(self)?,
-            x => x,
-        }
-        .map_err(|err| UfsCtrlError::Scsi {
-            what: "REPORT LUNS",
-            lun,
-            err,
-        })?;
+        let cdb = scsi::report_luns(alloc as u32);
+        let d = self.scsi(r, t, ("REPORT LUNS", lun), cdb, alloc)?;
         Ok(scsi::parse_report_luns(&d))
     }
 
-    /// TEST UNIT READY, once more after a UNIT ATTENTION.
+    /// TEST UNIT READY (clears the power-on UNIT ATTENTION: retried).
     fn clear_unit_attention(&mut self, r: &Regs<'_>, t: Duration, lun: u8) -> UfsResult<()> {
-        let mut res = self.scsi_in(r, t, lun, scsi::test_unit_ready(), 0)?;
-        if matches!(&res, Err(e) if e.is_unit_attention()) {
-            res = self.scsi_in(r, t, lun, scsi::test_unit_ready(), 0)?;
-        }
-        res.map(|_| ()).map_err(|err| UfsCtrlError::Scsi {
-            what: "TEST UNIT READY",
-            lun,
-            err,
-        })
+        let cdb = scsi::test_unit_ready();
+        self.scsi(r, t, ("TEST UNIT READY", lun), cdb, 0)
+            .map(|_| ())
     }
 
     fn read_capacity(&mut self, r: &Regs<'_>, t: Duration, lun: u8) -> UfsResult<Capacity> {
-        let mut res = self.scsi_in(
-            r,
-            t,
-            lun,
-            scsi::read_capacity16(),
-            scsi::READ_CAPACITY_16_LEN,
-        )?;
-        if matches!(&res, Err(e) if e.is_unit_attention()) {
-            res = self.scsi_in(
-                r,
-                t,
-                lun,
-                scsi::read_capacity16(),
-                scsi::READ_CAPACITY_16_LEN,
-            )?;
-        }
-        let d = res.map_err(|err| UfsCtrlError::Scsi {
-            what: "READ CAPACITY(16)",
-            lun,
-            err,
-        })?;
+        let (cdb, len) = (scsi::read_capacity16(), scsi::READ_CAPACITY_16_LEN);
+        let d = self.scsi(r, t, ("READ CAPACITY(16)", lun), cdb, len)?;
         Capacity::parse(&d).ok_or(UfsCtrlError::BadValue {
             what: "READ CAPACITY(16) data",
             value: d.len() as u64,
             why: "too short, zero block length or a block count that overflows",
         })
+    }
+}
+
+/// Whether a device command of the bring-up that failed with `e` is sent
+/// again ([`DevCmd::retried`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Transient {
+    /// No: the answer is final (or the controller is unusable).
+    No,
+    /// Yes, counted against [`DEV_CMD_ATTEMPTS`].
+    Yes,
+    /// Yes, a UNIT ATTENTION: counted against [`DEV_CMD_UNIT_ATTENTIONS`].
+    UnitAttention,
+}
+
+/// The retry rule of the bring-up's device commands (and a reset's, the
+/// same path). Transient:
+/// - a transport error (any OCS): the host controller's failure to carry
+///   the request, not the device's answer (Linux fails such a SCSI command
+///   with DID_ERROR / DID_REQUEUE, which its midlayer retries, and retries
+///   a NOP OUT or query that ended so);
+/// - a malformed or mismatched response UPIU, "target failure" alone;
+/// - a device-management request that timed out **and** was withdrawn
+///   (UTRLCLR confirmed; Linux: -EAGAIN, retried);
+/// - the query response code GENERAL FAILURE;
+/// - SCSI status BUSY, TASK SET FULL, TASK ABORTED, CHECK CONDITION
+///   without usable sense, or with any sense key but those below
+///   (NOT READY "becoming ready", a MEDIUM or HARDWARE ERROR on a command
+///   that reads no medium, ABORTED COMMAND, …), as Linux's sd retries READ
+///   CAPACITY on any failure but these;
+/// - UNIT ATTENTION, on its own allowance.
+///
+/// Final: ILLEGAL REQUEST (the device rejects the command itself: asking
+/// again gets the same answer), NOT READY / MEDIUM NOT PRESENT,
+/// RESERVATION CONFLICT, every other query response code (invalid index,
+/// IDN, opcode, …: an answer), a request the controller would not give
+/// back, a fatal or absent controller, DMA errors and values that do not
+/// parse.
+fn transient(e: &UfsCtrlError) -> Transient {
+    use super::spec::scsi::{sense_key, ScsiStatus};
+    match e {
+        UfsCtrlError::Timeout { what, .. } if *what == DEV_CMD_WITHDRAWN => Transient::Yes,
+        UfsCtrlError::Query { code, .. } if *code == QUERY_GENERAL_FAILURE => Transient::Yes,
+        UfsCtrlError::DevCmd { err, .. } | UfsCtrlError::Scsi { err, .. } => match err {
+            UfsError::Transport(_) | UfsError::BadResponse { .. } | UfsError::TargetFailure(_) => {
+                Transient::Yes
+            }
+            UfsError::Scsi { sense: Some(s), .. } if s.is_unit_attention() => {
+                Transient::UnitAttention
+            }
+            UfsError::Scsi { sense: Some(s), .. }
+                if s.key == sense_key::ILLEGAL_REQUEST
+                    || (s.key == sense_key::NOT_READY && s.asc == 0x3A) =>
+            {
+                Transient::No
+            }
+            UfsError::Scsi { status, .. } if *status == ScsiStatus::RESERVATION_CONFLICT => {
+                Transient::No
+            }
+            UfsError::Scsi { .. } => Transient::Yes,
+        },
+        _ => Transient::No,
     }
 }
