@@ -49,13 +49,79 @@
 //! # }
 //! ```
 //!
-//! A command completes exactly once with its buffer; a transport error
-//! (OCS) or a SCSI error (CHECK CONDITION with sense) arrives as
-//! [`crate::IoError::Ufs`]. A completion that names no command in flight
-//! (a stale or duplicate entry, a UCD address that is not ours) is counted
-//! in [`UfsQpairStats::stale_completions`] and dropped. A fatal controller
-//! (IS) is disabled, a removed one noticed (all ones); every outstanding
-//! command then completes with [`crate::IoError::ControllerFailed`].
+//! # How every UFS command ends
+//!
+//! The promises are NVMe's (see the crate docs, "How every command ends"),
+//! kept with UFS's own means; where UFS cannot keep one, the exception
+//! stands next to it.
+//!
+//! | result | when | buffer |
+//! |---|---|---|
+//! | `Ok(())` | the controller completed it (OCS SUCCESS) with a GOOD response that moved the whole transfer | back |
+//! | [`crate::IoError::Ufs`] | a transport error (OCS), a SCSI status with its sense data (CHECK CONDITION, BUSY, ...), or a response the command's own completion proved but that is malformed or short | back |
+//! | [`crate::IoError::TimedOut`] | it exceeded `io_timeout` and the controller confirmed the withdrawal (MCQ: SQ stop and cleanup by nexus; legacy: UTRLCLR) | back |
+//! | [`crate::IoError::AbortedByReset`] | [`UfsController::reset`] (host controller reset: HCE = 0, the last resort of recovery) while it was outstanding | back |
+//! | [`crate::IoError::Aborted`] | [`UfsQueuePair::close`] withdrew it first | back, or leaked (`None`) if the controller refused the withdrawal |
+//! | [`crate::IoError::ControllerFailed`] | a fatal controller (IS: UIC error, link lost, device, UTP, host controller or system bus fatal error) or a removed one (registers read all ones) | back, or leaked (`None`) if the controller cannot be disabled |
+//!
+//! A buffer that comes back `None` is never unmapped or reused, and neither
+//! are the queue's descriptors and rings: [`UfsController::leaked_bytes`]
+//! counts them. A failed bring-up and dropping the controller disable it
+//! (HCE reads 0) before its memory is freed, and leak that memory when it
+//! does not.
+//!
+//! ## What a UFS completion can and cannot prove
+//!
+//! An MCQ completion entry names no tag, only the command descriptor (UCD)
+//! address the UTRD pointed at, which a controller must echo exactly (a
+//! host finds its command from it). So each slot owns 16 UCD places,
+//! 128 bytes apart, and each new command in the slot takes the next one:
+//! an entry proves its command when its address is the current UCD of a
+//! busy slot, whatever its OCS, before anything is delivered — in the poll
+//! and in what a queue pair delivers after a reset. Anything else (an
+//! earlier command's entry re-posted or duplicated, an address outside
+//! every slot, misaligned, of another queue, of the queue's previous
+//! owner) is counted in [`UfsQpairStats::stale_completions`] and delivers
+//! nothing. Consumed entries are cleared, so a re-read ring lap proves
+//! nothing either. **Exception:** a stale entry of a slot that was reused
+//! exactly a multiple of 16 times since carries the current address and is
+//! taken for the current command — the same bound NVMe's CIDs have at
+//! their deepest queues (crate docs, "What a completion's CID can and cannot prove").
+//!
+//! The legacy single doorbell has no completion entries: a command is done
+//! when the doorbell bit mcqio set reads 0, which happens once per ring,
+//! so it has no stale or duplicate completions to prove. It cannot prove
+//! more than the spec's ordering: that the OCS and response were written
+//! before the bit cleared, or anything about a controller that clears bits
+//! it did not complete (an OCS still at its 0xF pre-fill ends as that
+//! transport error).
+//!
+//! A proven SUCCESS still needs a RESPONSE UPIU for this command's task
+//! tag with GOOD status; otherwise it ends as that command's own error
+//! with its buffer. Task tags are unique across every queue pair of a
+//! controller: bring-up bounds the depth to 256 / (MCQ queues), and the
+//! granted depth is [`UfsController::depth`].
+//!
+//! ## What the controller reports is checked
+//!
+//! Queue register blocks outside the BAR, unaligned or overlapping any
+//! other block, capacities that overflow, LU lists and descriptors out of
+//! range are typed errors at bring-up ([`UfsCtrlError`]), never a crash. An
+//! LU whose block the transfer limit cannot carry is listed with
+//! [`LogicalUnit::usable`] `false` and refuses reads and writes with a
+//! typed error, instead of failing the controller. Bring-up and reset send
+//! a device command that fails transiently again (a transport error, a
+//! timed-out request the controller gave back, BUSY, TASK SET FULL, a
+//! CHECK CONDITION other than ILLEGAL REQUEST / medium not present, a
+//! query GENERAL FAILURE): up to 3 attempts, plus up to 10 UNIT
+//! ATTENTIONs; a device that keeps failing ends in its typed error.
+//! `mcqio_fixtures::ufs::HostileUfs` lies in all of these in the tests.
+//!
+//! HPB keeps the same promises with its own exceptions ([`hpb`], "On the
+//! I/O path"): a read submitted after a write completed never carries a
+//! map entry older than that write, and the queue pair's internal commands
+//! (map loads) never reach the application, its statistics or its timeout
+//! policy.
 //!
 //! The transport, file by file:
 //!
