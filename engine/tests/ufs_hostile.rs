@@ -698,18 +698,37 @@ fn every_transfer_report_that_is_not_whole_ends_in_its_error() {
         expected,
         residual,
     };
-    // (what, flags byte, residual, command, expected result)
     #[derive(Copy, Clone, Debug)]
     enum Cmd {
         Read,
         Write,
         Flush,
     }
-    let cases: Vec<(&str, u8, u32, Cmd, Result<(), UfsError>)> = vec![
+    // (what, flags byte, residual, command, expected result)
+    type Case = (&'static str, u8, u32, Cmd, Result<(), UfsError>);
+    let cases: Vec<Case> = vec![
         ("read, UNDERFLOW 4096", U, 4096, Cmd::Read, Err(under(4096))),
-        ("write, UNDERFLOW 4096", U, 4096, Cmd::Write, Err(under(4096))),
-        ("read, UNDERFLOW of all", U, 8192, Cmd::Read, Err(under(8192))),
-        ("read, residual, no flag", 0, 4096, Cmd::Read, Err(under(4096))),
+        (
+            "write, UNDERFLOW 4096",
+            U,
+            4096,
+            Cmd::Write,
+            Err(under(4096)),
+        ),
+        (
+            "read, UNDERFLOW of all",
+            U,
+            8192,
+            Cmd::Read,
+            Err(under(8192)),
+        ),
+        (
+            "read, residual, no flag",
+            0,
+            4096,
+            Cmd::Read,
+            Err(under(4096)),
+        ),
         (
             "read, OVERFLOW 4096",
             O,

@@ -157,10 +157,7 @@ pub fn transfer_result(flags: u8, residual: u32, expected: u32) -> Result<(), Uf
     let under = flags & flags::UNDERFLOW != 0;
     match (over, under, residual) {
         (false, false, 0) => Ok(()),
-        (false, _, r) if r != 0 && r <= expected => Err(UfsError::Underflow {
-            expected,
-            residual,
-        }),
+        (false, _, r) if r != 0 && r <= expected => Err(UfsError::Underflow { expected, residual }),
         (true, false, r) if r != 0 => Err(UfsError::Overflow { expected, residual }),
         _ => Err(UfsError::BadResidual {
             flags: flags & (flags::OVERFLOW | flags::UNDERFLOW),
@@ -282,7 +279,11 @@ mod tests {
                 residual: 4096
             })
         );
-        assert_eq!(command_result(Ocs::SUCCESS, &r, 4), Ok(()), "device commands");
+        assert_eq!(
+            command_result(Ocs::SUCCESS, &r, 4),
+            Ok(()),
+            "device commands"
+        );
         assert_eq!(
             io_result(Ocs::ABORTED, &r, 4, 8192),
             Err(UfsError::Transport(Ocs::ABORTED))
