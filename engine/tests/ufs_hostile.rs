@@ -643,7 +643,6 @@ fn lies_in_io_responses_and_entries_end_every_command_once() {
 /// residual of half the transfer) must not complete a read as `Ok`: the
 /// application would take stale buffer bytes for data.
 #[test]
-#[ignore = "completion decoding (ufs/qpair.rs, owned elsewhere) ignores UNDERFLOW and the residual of I/O commands: the short read completes Ok"]
 fn a_short_read_is_not_ok() {
     for mcq in [true, false] {
         let h = liar(
@@ -678,6 +677,121 @@ fn a_short_read_is_not_ok() {
             done[0].result
         );
         qp.close(|_| {}).unwrap();
+    }
+}
+
+/// Each way a GOOD RESPONSE can say the transfer was not whole ends in
+/// its own typed error, for reads, writes and a command without data, on
+/// both wires (the rule: `mcqio::ufs::spec::status::transfer_result`);
+/// flag bits other than OVERFLOW/UNDERFLOW change nothing.
+#[test]
+fn every_transfer_report_that_is_not_whole_ends_in_its_error() {
+    use mcqio::UfsError;
+    const U: u8 = 0x20;
+    const O: u8 = 0x40;
+    let under = |residual| UfsError::Underflow {
+        expected: 8192,
+        residual,
+    };
+    let bad = |flags, expected, residual| UfsError::BadResidual {
+        flags,
+        expected,
+        residual,
+    };
+    #[derive(Copy, Clone, Debug)]
+    enum Cmd {
+        Read,
+        Write,
+        Flush,
+    }
+    // (what, flags byte, residual, command, expected result)
+    type Case = (&'static str, u8, u32, Cmd, Result<(), UfsError>);
+    let cases: Vec<Case> = vec![
+        ("read, UNDERFLOW 4096", U, 4096, Cmd::Read, Err(under(4096))),
+        (
+            "write, UNDERFLOW 4096",
+            U,
+            4096,
+            Cmd::Write,
+            Err(under(4096)),
+        ),
+        (
+            "read, UNDERFLOW of all",
+            U,
+            8192,
+            Cmd::Read,
+            Err(under(8192)),
+        ),
+        (
+            "read, residual, no flag",
+            0,
+            4096,
+            Cmd::Read,
+            Err(under(4096)),
+        ),
+        (
+            "read, OVERFLOW 4096",
+            O,
+            4096,
+            Cmd::Read,
+            Err(UfsError::Overflow {
+                expected: 8192,
+                residual: 4096,
+            }),
+        ),
+        (
+            "read, UNDERFLOW past the transfer",
+            U,
+            8193,
+            Cmd::Read,
+            Err(bad(U, 8192, 8193)),
+        ),
+        ("read, UNDERFLOW 0", U, 0, Cmd::Read, Err(bad(U, 8192, 0))),
+        ("write, OVERFLOW 0", O, 0, Cmd::Write, Err(bad(O, 8192, 0))),
+        (
+            "read, both flags",
+            O | U,
+            4096,
+            Cmd::Read,
+            Err(bad(O | U, 8192, 4096)),
+        ),
+        ("flush, UNDERFLOW 0", U, 0, Cmd::Flush, Err(bad(U, 0, 0))),
+        ("flush, residual 1", 0, 1, Cmd::Flush, Err(bad(0, 0, 1))),
+        ("read, other flag bits", 0x9F, 0, Cmd::Read, Ok(())),
+    ];
+    for (what, flags, residual, cmd, want) in cases {
+        for mcq in [true, false] {
+            let h = liar(
+                sync_cfg(mcq),
+                UfsRegisterLies::default(),
+                UfsDeviceLies::default(),
+            );
+            let ctrl = open_liar(&h, UfsOptions { mcq, ..quick(1) }).unwrap();
+            let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+            let r = residual.to_be_bytes();
+            h.set_device_lies(UfsDeviceLies {
+                upius: vec![UpiuLie {
+                    kind: UpiuKind::Response,
+                    nth: None,
+                    when: None,
+                    patches: vec![(1, flags), (12, r[0]), (13, r[1]), (14, r[2]), (15, r[3])],
+                }],
+                ..Default::default()
+            });
+            let buf = || ctrl.alloc_buf(8192, DmaDir::Bidirectional).unwrap();
+            match cmd {
+                Cmd::Read => qp.read(0, 0, 2, buf(), 1).unwrap(),
+                Cmd::Write => qp.write(0, 0, 2, buf(), 1).unwrap(),
+                Cmd::Flush => qp.flush(0, 1).unwrap(),
+            }
+            let done = wait_n(&mut qp, 1);
+            assert_eq!(
+                done[0].result,
+                want.map_err(IoError::Ufs),
+                "{what} (mcq {mcq})"
+            );
+            qp.close(|_| {}).unwrap();
+        }
     }
 }
 

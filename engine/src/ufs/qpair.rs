@@ -31,7 +31,7 @@ use super::mcq::{McqQueue, Reaped};
 use super::sdb::{SdbQueue, SdbReaped};
 use super::spec::regs::sq_op;
 use super::spec::scsi;
-use super::spec::status::{command_result, UfsError};
+use super::spec::status::{io_result, UfsError};
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
 use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, SLOT_BYTES};
 use crate::core::block::{self, BlockQueue, Blocking};
@@ -1403,9 +1403,12 @@ impl<B: IoBuf, F: FnMut(Completion<B>)> TimeoutActions for UfsTimeouts<'_, B, F>
 
 #[inline(always)]
 /// The result of the command in `slot` that did not complete plainly
-/// GOOD: its OCS and SCSI status decoded, and an ABORTED one that we asked
-/// for because it `timed_out` reported as such. Shared by `poll` and the
-/// recovery after a reset.
+/// GOOD (`RspHead::is_good`: GOOD, no transfer flag, residual 0): its OCS,
+/// SCSI status and transfer report decoded (`io_result`: a GOOD response
+/// that moved less or wanted more than the command's transfer is an
+/// error), and an ABORTED one that we asked for because it `timed_out`
+/// reported as such. Shared by `poll` (MCQ and legacy) and the recovery
+/// after a reset.
 #[cold]
 fn failed_result(
     ocs: Ocs,
@@ -1414,7 +1417,8 @@ fn failed_result(
     task_tag: u8,
     timed_out: bool,
 ) -> std::result::Result<(), IoError> {
-    match command_result(ocs, &ucds.response(slot), task_tag) {
+    let expected = ucds.command_len(slot);
+    match io_result(ocs, &ucds.response(slot), task_tag, expected) {
         Ok(()) => Ok(()),
         // Given up at our request because it timed out.
         Err(UfsError::Transport(Ocs::ABORTED)) if timed_out => Err(IoError::TimedOut),
@@ -1425,9 +1429,11 @@ fn failed_result(
 /// If `slot` (its tracker already freed) held an internal HPB command, end
 /// it in the HPB state — never as an application completion — and return
 /// true. A map load must have moved every byte: a short one would publish
-/// whatever the buffer held before. An application write or unmap
-/// dirties its sub-regions again here, before the application hears of it
-/// (`HpbQp::write_ended`).
+/// whatever the buffer held before; `result` is `Ok` only for a response
+/// with no transfer flag and a residual of 0 (`RspHead::is_good`,
+/// `failed_result`), the same rule as for the application's reads. An
+/// application write or unmap dirties its sub-regions again here, before
+/// the application hears of it (`HpbQp::write_ended`).
 #[inline(always)]
 fn end_internal(
     hpb: &mut HpbQp,
@@ -1443,6 +1449,7 @@ fn end_internal(
         hpb.write_ended(slot);
         return false;
     }
+    // `is_ok` already implies a residual of 0; asked again as a guard.
     let whole = result.is_ok() && ucds.response(slot).residual() == 0;
     hpb.complete(slot, whole);
     true

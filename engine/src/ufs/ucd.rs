@@ -26,7 +26,7 @@ use std::ptr::NonNull;
 use mcqio_vfio::DmaRegion;
 
 use super::spec::scsi::Cdb;
-use super::spec::upiu::{trans, CommandUpiu, ResponseUpiu};
+use super::spec::upiu::{flags, trans, CommandUpiu, ResponseUpiu};
 use super::spec::utrd::{PrdtEntry, Ucd};
 use crate::core::io::{IoBuf, SubmitErrorKind};
 
@@ -59,17 +59,25 @@ const _: () = assert!(
 pub(crate) const PARAM_OFFSET: usize = 64;
 
 const _: () = assert!(UCD_SIZE % Ucd::ALIGN as usize == 0);
+const _: () = assert!(
+    Ucd::RESPONSE_OFFSET % 8 == 0,
+    "the response header is read as aligned words"
+);
 const _: () = assert!(PARAM_OFFSET >= Ucd::PRDT_OFFSET + 16);
 const _: () = assert!(PARAM_OFFSET + 64 <= Ucd::PRDT_OFFSET + MAX_PRDT_ENTRIES * 16);
 
-/// The fast-path view of a RESPONSE UPIU header.
+/// The fast-path view of a RESPONSE UPIU's first 16 bytes.
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct RspHead {
-    /// Bytes 0..8 as a little-endian word: transaction code (byte 0), task
-    /// tag (3), response (6), SCSI status (7).
+    /// Bytes 0..8 as a little-endian word: transaction code (byte 0),
+    /// flags (1: OVERFLOW, UNDERFLOW), task tag (3), response (6), SCSI
+    /// status (7).
     pub w0: u64,
     /// Device information (bit 1: HPB update alert).
     pub dev_info: u8,
+    /// The residual transfer count (bytes 12..16) as stored; only whether
+    /// it is zero is asked here (the slow path decodes it).
+    pub residual_raw: u32,
 }
 
 pub(crate) struct UcdSlice {
@@ -224,6 +232,21 @@ impl UcdSlice {
         }
     }
 
+    /// The expected data transfer length written into `slot`'s COMMAND
+    /// UPIU (bytes 12..16, big-endian): what the command asked to move.
+    pub fn command_len(&self, slot: u16) -> u32 {
+        // SAFETY: 4 bytes inside `mem` (see `at`); the host wrote them at
+        // submission. Volatile copy, no reference. (The device could
+        // overwrite them; the value only names the transfer in an error,
+        // see `status::io_result`.)
+        let b: [u8; 4] = unsafe {
+            self.at(slot, Ucd::COMMAND_OFFSET + 12)
+                .cast::<[u8; 4]>()
+                .read_volatile()
+        };
+        u32::from_be_bytes(b)
+    }
+
     /// The LUN written into `slot`'s COMMAND UPIU (header byte 2).
     pub fn command_lun(&self, slot: u16) -> u8 {
         // SAFETY: inside `mem` (see `at`); the host wrote this byte at
@@ -330,17 +353,20 @@ impl UcdSlice {
     /// The response header of `slot` (after the completion's Acquire fence).
     #[inline(always)]
     pub fn response_head(&self, slot: u16) -> RspHead {
-        // SAFETY: 12 bytes inside the UCD's response area; the device wrote
-        // them before completing the command (ordered by the queue's Acquire
-        // fence) and no longer touches them. Volatile copy, no reference.
-        let h: [u8; 12] = unsafe {
-            self.at(slot, Ucd::RESPONSE_OFFSET)
-                .cast::<[u8; 12]>()
-                .read_volatile()
+        // SAFETY: 16 bytes inside the UCD's response area, 8-byte aligned
+        // (the UCD is 128-byte aligned, the response offset a multiple of
+        // 8); the device wrote them before completing the command (ordered
+        // by the queue's Acquire fence) and no longer touches them. Two
+        // volatile word loads, no reference.
+        let (w0, w1) = unsafe {
+            let p = self.at(slot, Ucd::RESPONSE_OFFSET).cast::<u64>();
+            (p.read_volatile(), p.add(1).read_volatile())
         };
+        let (w0, w1) = (u64::from_le(w0), u64::from_le(w1));
         RspHead {
-            w0: u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]),
-            dev_info: h[9],
+            w0,
+            dev_info: (w1 >> 8) as u8,
+            residual_raw: (w1 >> 32) as u32,
         }
     }
 
@@ -357,13 +383,18 @@ impl UcdSlice {
 }
 
 impl RspHead {
-    /// Whether this is a GOOD response to `task_tag`: transaction code
-    /// RESPONSE, the task tag, response 0 (target success) and status GOOD,
-    /// in one masked compare.
+    /// Whether this is a GOOD response to `task_tag` that moved exactly
+    /// the expected transfer: transaction code RESPONSE, neither OVERFLOW
+    /// nor UNDERFLOW, the task tag, response 0 (target success), status
+    /// GOOD — one masked compare — and a residual of 0. Anything else
+    /// takes the slow path, which names what is wrong
+    /// ([`super::spec::status::io_result`]).
     #[inline(always)]
     pub fn is_good(&self, task_tag: u8) -> bool {
-        const MASK: u64 = 0xFF | 0xFF << 24 | 0xFF << 48 | 0xFF << 56;
-        self.w0 & MASK == u64::from(trans::RESPONSE) | u64::from(task_tag) << 24
+        const XFER: u64 = (flags::OVERFLOW | flags::UNDERFLOW) as u64;
+        const MASK: u64 = 0xFF | XFER << 8 | 0xFF << 24 | 0xFF << 48 | 0xFF << 56;
+        let want = u64::from(trans::RESPONSE) | u64::from(task_tag) << 24;
+        ((self.w0 & MASK) ^ want) | u64::from(self.residual_raw) == 0
     }
 }
 
@@ -420,5 +451,49 @@ mod tests {
             assert_eq!(u.command_of(bad), u16::MAX, "{bad:#x}");
         }
         drop(u.into_region());
+    }
+
+    fn head(bytes: [u8; 16]) -> RspHead {
+        let w0 = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+        let w1 = u64::from_le_bytes(bytes[8..].try_into().unwrap());
+        RspHead {
+            w0,
+            dev_info: (w1 >> 8) as u8,
+            residual_raw: (w1 >> 32) as u32,
+        }
+    }
+
+    /// The fast path takes only a GOOD response to the task tag with no
+    /// transfer flag and a residual of 0; one byte off anywhere it looks
+    /// sends the completion to the slow path, the rest is not looked at.
+    #[test]
+    fn only_a_whole_good_response_is_good() {
+        let mut good = [0u8; 16];
+        good[0] = trans::RESPONSE;
+        good[3] = 9;
+        assert!(head(good).is_good(9));
+        assert!(!head(good).is_good(8));
+        for (at, v, is_good) in [
+            (1, flags::UNDERFLOW, false),
+            (1, flags::OVERFLOW, false),
+            (1, 0x9F, true),
+            (2, 0xFF, true),
+            (4, 0xFF, true),
+            (5, 0xFF, true),
+            (6, 1, false),
+            (7, 2, false),
+            (8, 0xFF, true),
+            (9, 0xFF, true),
+            (10, 0xFF, true),
+            (11, 0xFF, true),
+            (12, 1, false),
+            (13, 1, false),
+            (14, 0x10, false),
+            (15, 1, false),
+        ] {
+            let mut b = good;
+            b[at] = v;
+            assert_eq!(head(b).is_good(9), is_good, "byte {at} = {v:#x}");
+        }
     }
 }
