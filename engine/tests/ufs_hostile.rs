@@ -1026,3 +1026,31 @@ fn interrupt_status_floods_during_io_end_every_command_once() {
         }
     }
 }
+
+/// OVERFLOW on a device command's RESPONSE means the device had more data
+/// than the host asked for: the buffer holds all that was asked, and the
+/// residual counts bytes beyond it. Bring-up must not cut the data short
+/// by that residual (READ CAPACITY(16)'s 32 bytes would become 4).
+#[test]
+fn an_overflow_residual_does_not_shorten_bring_up_data() {
+    for mcq in [true, false] {
+        let h = liar(
+            sync_cfg(mcq),
+            UfsRegisterLies::default(),
+            UfsDeviceLies {
+                upius: vec![UpiuLie {
+                    kind: UpiuKind::Response,
+                    nth: None,
+                    when: None,
+                    // Flags: OVERFLOW; residual: 28 bytes more than asked.
+                    patches: vec![(1, 0x40), (12, 0), (13, 0), (14, 0), (15, 28)],
+                }],
+                ..Default::default()
+            },
+        );
+        let ctrl = open_liar(&h, UfsOptions { mcq, ..quick(1) })
+            .unwrap_or_else(|e| panic!("mcq {mcq}: bring-up with OVERFLOW responses: {e}"));
+        let lu = &ctrl.logical_units()[0];
+        assert_eq!((lu.blocks, lu.block_len), (4096, 4096), "mcq {mcq}");
+    }
+}

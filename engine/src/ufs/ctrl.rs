@@ -1664,7 +1664,14 @@ impl DevCmd {
         if let Err(e) = command_result(ocs, &resp, tag) {
             return Ok(Err(e));
         }
-        let got = alloc.saturating_sub(resp.residual() as usize);
+        // The residual counts what was not moved, except on OVERFLOW: then
+        // it counts what the device had beyond `alloc`, and all of `alloc`
+        // arrived.
+        let got = if resp.header.flags & upiu::flags::OVERFLOW != 0 {
+            alloc
+        } else {
+            alloc.saturating_sub(resp.residual() as usize)
+        };
         let mut v = vec![0u8; got];
         self.data.read_bytes(0, &mut v)?;
         Ok(Ok(v))
@@ -1752,6 +1759,11 @@ fn transient(e: &UfsCtrlError) -> Transient {
                 Transient::No
             }
             UfsError::Scsi { .. } => Transient::Yes,
+            // A transfer that was not whole: the device's own account of
+            // this command, asked again it gives the same.
+            UfsError::Underflow { .. } | UfsError::Overflow { .. } | UfsError::BadResidual { .. } => {
+                Transient::No
+            }
         },
         _ => Transient::No,
     }
