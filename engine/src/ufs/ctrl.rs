@@ -1761,9 +1761,9 @@ fn transient(e: &UfsCtrlError) -> Transient {
             UfsError::Scsi { .. } => Transient::Yes,
             // A transfer that was not whole: the device's own account of
             // this command, asked again it gives the same.
-            UfsError::Underflow { .. } | UfsError::Overflow { .. } | UfsError::BadResidual { .. } => {
-                Transient::No
-            }
+            UfsError::Underflow { .. }
+            | UfsError::Overflow { .. }
+            | UfsError::BadResidual { .. } => Transient::No,
         },
         _ => Transient::No,
     }
