@@ -97,8 +97,11 @@
 //! transport error).
 //!
 //! A proven SUCCESS still needs a RESPONSE UPIU for this command's task
-//! tag with GOOD status; otherwise it ends as that command's own error
-//! with its buffer. Task tags are unique across every queue pair of a
+//! tag with GOOD status and a whole transfer (no OVERFLOW or UNDERFLOW
+//! flag, residual 0); otherwise it ends as that command's own error with
+//! its buffer ([`UfsError::Underflow`], [`UfsError::Overflow`],
+//! [`UfsError::BadResidual`] for a transfer that was not whole; a device
+//! that moves less and reports neither cannot be caught). Task tags are unique across every queue pair of a
 //! controller: bring-up bounds the depth to 256 / (MCQ queues), and the
 //! granted depth is [`UfsController::depth`].
 //!
