@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 use mcqio_vfio::{DmaDir, DmaSpace};
 
 use super::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::{Error, Result};
+use super::error::{Error, Result};
 
 /// The block operations of a queue pair, the same on every transport.
 ///

@@ -25,7 +25,10 @@ use std::sync::Arc;
 
 use mcqio_vfio::{DmaDir, DmaError, DmaRegion, DmaSpace, Iova};
 
-use crate::nvme::spec::NvmeStatus;
+// The per-wire statuses are plain data of the transports' leaf `spec`
+// modules (no transport machinery: `.ci/core-is-neutral`).
+use crate::nvme::spec::status::NvmeStatus;
+use crate::ufs::spec::status::UfsError;
 
 /// One IOVA-contiguous piece of an I/O buffer.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -435,9 +438,10 @@ pub enum IoError {
     /// A UFS command failed: transport status (OCS), target failure, or a
     /// SCSI status with sense data.
     #[error("UFS command failed: {0}")]
-    Ufs(crate::ufs::UfsError),
-    /// The controller failed (CSTS.CFS) or disappeared.
-    #[error("the controller failed or was removed; call Controller::reset() (fatal status) or re-attach the device (removal)")]
+    Ufs(UfsError),
+    /// The controller failed (NVMe: CSTS.CFS; UFS: a fatal error bit in
+    /// IS) or disappeared.
+    #[error("the controller failed or was removed; reset the controller (fatal status) or re-attach the device (removal)")]
     ControllerFailed,
 }
 
@@ -490,8 +494,9 @@ pub enum SubmitErrorKind {
         /// What the command needs.
         needs: &'static str,
     },
-    /// No active namespace with this id.
-    #[error("namespace {nsid} does not exist or is not active")]
+    /// No active namespace (NVMe) or logical unit (UFS: `nsid` is the LUN)
+    /// with this id.
+    #[error("{nsid} names no active namespace or logical unit of this controller")]
     UnknownNamespace {
         /// The id given.
         nsid: u32,
