@@ -7,6 +7,7 @@
 //! - [`queue`]: [`QueuePair`]: rings, doorbells, PRP lists, transfers split at MDTS.
 
 pub mod ctrl;
+mod per_core;
 pub mod queue;
 pub mod spec;
 
