@@ -174,14 +174,12 @@ pub use self::core::error::{Error, Result};
 pub use self::core::io::{
     Completion, DmaBuf, DmaSlice, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind,
 };
-pub use self::core::mapped::{
-    MappedQueuePair, MappedSubmitError, MappedSubmitErrorKind, MappingMode,
-};
+pub use self::core::mapped::{MappedSubmitError, MappedSubmitErrorKind, MappingMode};
 pub use self::core::per_core::run_per_core;
 pub use self::core::timeout::TimeoutPolicy;
 pub use nvme::{
-    AsyncEvent, Controller, ControllerOptions, Namespace, NvmeStatus, Outstanding, QpairOptions,
-    QpairStats, QueuePair,
+    AsyncEvent, Controller, ControllerOptions, MappedQueuePair, Namespace, NvmeStatus, Outstanding,
+    QpairOptions, QpairStats, QueuePair,
 };
 pub use ufs::{UfsController, UfsCtrlError, UfsError, UfsOptions, UfsQpairOptions, UfsQueuePair};
 

@@ -26,3 +26,10 @@ impl PerCore for Arc<UfsController> {
         self.create_qpair_with(opts.clone())
     }
 }
+
+// One per thread, like `UfsQueuePair`: a mapped UFS queue pair moves to its
+// thread too.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<crate::core::mapped::MappedQueuePair<UfsQueuePair<mcqio_vfio::Mapped>>>();
+};
