@@ -455,14 +455,15 @@ pub enum SubmitErrorKind {
     /// A zero-block or zero-byte request.
     #[error("zero-length request")]
     ZeroLength,
-    /// The LBA range runs past the end of the namespace.
-    #[error("LBAs {slba}..{slba}+{nlb} are past the end of the namespace ({nsze} blocks)")]
+    /// The LBA range runs past the end of the namespace (NVMe) or logical
+    /// unit (UFS).
+    #[error("LBAs {slba}..{slba}+{nlb} run past the last block ({nsze} blocks)")]
     LbaOutOfRange {
         /// Starting LBA.
         slba: u64,
         /// Blocks.
         nlb: u64,
-        /// Namespace size in blocks.
+        /// Namespace (logical unit) size in blocks.
         nsze: u64,
     },
     /// The buffer holds fewer bytes than the transfer needs.
@@ -473,8 +474,9 @@ pub enum SubmitErrorKind {
         /// Bytes in the buffer.
         available: u64,
     },
-    /// A segment breaks the PRP alignment rules (module docs).
-    #[error("buffer segment {segment} at IOVA {iova} breaks PRP alignment (first segment: 4-byte aligned start; others: page-aligned start; all but the last: page-aligned end)")]
+    /// A segment breaks the transport's alignment rules: NVMe's PRP rules
+    /// (module docs), UFS's PRDT rule (dword-aligned address and length).
+    #[error("buffer segment {segment} at IOVA {iova} breaks the alignment the transport needs (NVMe PRPs: first segment 4-byte aligned, later ones starting and all but the last ending on a page; UFS PRDT: dword-aligned address and length)")]
     Misaligned {
         /// Segment index.
         segment: usize,
