@@ -170,17 +170,16 @@ pub mod core;
 pub mod nvme;
 pub mod ufs;
 
+pub use self::core::error::{Error, Result};
 pub use self::core::io::{
     Completion, DmaBuf, DmaSlice, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind,
 };
-pub use self::core::mapped::{
-    MappedQueuePair, MappedSubmitError, MappedSubmitErrorKind, MappingMode,
-};
+pub use self::core::mapped::{MappedSubmitError, MappedSubmitErrorKind, MappingMode};
 pub use self::core::per_core::run_per_core;
 pub use self::core::timeout::TimeoutPolicy;
 pub use nvme::{
-    AsyncEvent, Controller, ControllerOptions, Namespace, NvmeStatus, Outstanding, QpairOptions,
-    QpairStats, QueuePair,
+    AsyncEvent, Controller, ControllerOptions, MappedQueuePair, Namespace, NvmeStatus, Outstanding,
+    QpairOptions, QpairStats, QueuePair,
 };
 pub use ufs::{UfsController, UfsCtrlError, UfsError, UfsOptions, UfsQpairOptions, UfsQueuePair};
 
@@ -191,114 +190,3 @@ pub use mcqio_vfio as vfio;
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
-
-/// Errors of the control path (bring-up, admin commands, queue creation,
-/// blocking I/O). The asynchronous I/O path reports through
-/// [`SubmitError`] and [`IoError`] instead.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// DMA memory could not be allocated or mapped.
-    #[error("DMA memory: {0}")]
-    Dma(#[from] mcqio_vfio::DmaError),
-    /// The controller did not reach a state in time.
-    #[error("controller did not {what} within {timeout_ms} ms; check that the device is not held by another driver, then reset it (echo 1 > /sys/bus/pci/devices/<bdf>/reset)")]
-    Timeout {
-        /// What we were waiting for.
-        what: &'static str,
-        /// The bound we used.
-        timeout_ms: u64,
-    },
-    /// CSTS.CFS is set: the controller hit a fatal internal error.
-    #[error("controller fatal status (CSTS.CFS) is set; the controller must be reset before it can be used again")]
-    ControllerFatal,
-    /// Register reads return all ones: the device was removed or its BAR is unreachable.
-    #[error("the device does not respond (registers read all ones): it was removed or its BAR is no longer reachable")]
-    DeviceGone,
-    /// After a reset, a different device (or a changed namespace) answered.
-    #[error("the controller changed across a reset: {0}; re-open it with Controller::new")]
-    DeviceChanged(String),
-    /// A queue pair could not re-create its queues after a controller reset.
-    #[error("queue {qid} could not be re-created after a controller reset; drop this QueuePair and create a new one")]
-    QueueLost {
-        /// The queue id.
-        qid: u16,
-    },
-    /// An admin command completed with an error status.
-    #[error("{command} failed: {status}")]
-    Command {
-        /// Which command.
-        command: &'static str,
-        /// What the controller said.
-        status: NvmeStatus,
-    },
-    /// The controller reported a register or data value mcqio cannot use
-    /// safely (a doorbell outside BAR0, a namespace whose size overflows, a
-    /// namespace list without end, ...).
-    #[error("the controller reported an unusable {what}: {detail}")]
-    BadDevice {
-        /// Which value.
-        what: &'static str,
-        /// The value and why it cannot be used.
-        detail: String,
-    },
-    /// [`Controller::admin_read`] cannot describe this command's data
-    /// transfer with the PRPs it builds; use the `unsafe`
-    /// [`Controller::admin`] with a buffer of your own.
-    #[error("admin_read cannot run opcode {opcode:#04x}: {reason}")]
-    AdminRead {
-        /// The command's opcode.
-        opcode: u8,
-        /// Why.
-        reason: String,
-    },
-    /// The identify data is unusable.
-    #[error(transparent)]
-    Identify(#[from] nvme::spec::identify::IdentifyError),
-    /// More queue pairs (threads) were requested than the controller granted.
-    #[error("{requested} queue pairs requested but the controller granted only {granted} I/O queues; use at most {granted} threads (queues are never shared silently)")]
-    NotEnoughQueues {
-        /// Queue pairs asked for.
-        requested: usize,
-        /// I/O queue pairs the controller granted in Set Features (Number of Queues).
-        granted: usize,
-    },
-    /// Every granted queue id is in use by a live [`QueuePair`].
-    #[error("all {granted} I/O queue pairs the controller granted are in use; drop a QueuePair before creating another")]
-    NoFreeQueue {
-        /// I/O queue pairs granted.
-        granted: usize,
-    },
-    /// An option is out of range.
-    #[error("invalid option: {0}")]
-    InvalidOption(String),
-    /// A blocking call found other commands in flight on the queue pair.
-    #[error("blocking I/O needs an idle queue pair but {outstanding} commands are in flight; poll them to completion first")]
-    QueueBusy {
-        /// Commands in flight.
-        outstanding: usize,
-    },
-    /// A blocking call's command was rejected before submission.
-    #[error("request rejected: {0}")]
-    Submit(SubmitErrorKind),
-    /// A blocking call's command completed with an error.
-    #[error("I/O failed: {0}")]
-    Io(#[from] IoError),
-    /// Unmapping an application buffer failed ([`MappedQueuePair`]): the
-    /// buffer is leaked (its completion comes without it) so the device
-    /// cannot reach memory that is reused.
-    #[error("DMA unmap failed, buffer leaked: {0}")]
-    Mapping(#[source] mcqio_vfio::MapError),
-    /// A worker thread of [`run_per_core`] panicked.
-    #[error("worker thread {0} panicked")]
-    WorkerPanicked(usize),
-}
-
-impl<T> From<SubmitError<T>> for Error {
-    fn from(e: SubmitError<T>) -> Self {
-        Error::Submit(e.kind)
-    }
-}
-
-/// Result of control-path operations.
-pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -56,8 +56,8 @@ use std::time::{Duration, Instant};
 
 use mcqio_vfio::{DmaDir, DmaSpace};
 
+use super::error::{Error, Result};
 use super::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::{Error, Result};
 
 /// The block operations of a queue pair, the same on every transport.
 ///

@@ -25,7 +25,10 @@ use std::sync::Arc;
 
 use mcqio_vfio::{DmaDir, DmaError, DmaRegion, DmaSpace, Iova};
 
-use crate::nvme::spec::NvmeStatus;
+// The per-wire statuses are plain data of the transports' leaf `spec`
+// modules (no transport machinery: `.ci/core-is-neutral`).
+use crate::nvme::spec::status::NvmeStatus;
+use crate::ufs::spec::status::UfsError;
 
 /// One IOVA-contiguous piece of an I/O buffer.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -435,9 +438,10 @@ pub enum IoError {
     /// A UFS command failed: transport status (OCS), target failure, or a
     /// SCSI status with sense data.
     #[error("UFS command failed: {0}")]
-    Ufs(crate::ufs::UfsError),
-    /// The controller failed (CSTS.CFS) or disappeared.
-    #[error("the controller failed or was removed; call Controller::reset() (fatal status) or re-attach the device (removal)")]
+    Ufs(UfsError),
+    /// The controller failed (NVMe: CSTS.CFS; UFS: a fatal error bit in
+    /// IS) or disappeared.
+    #[error("the controller failed or was removed; reset the controller (fatal status) or re-attach the device (removal)")]
     ControllerFailed,
 }
 
@@ -451,14 +455,15 @@ pub enum SubmitErrorKind {
     /// A zero-block or zero-byte request.
     #[error("zero-length request")]
     ZeroLength,
-    /// The LBA range runs past the end of the namespace.
-    #[error("LBAs {slba}..{slba}+{nlb} are past the end of the namespace ({nsze} blocks)")]
+    /// The LBA range runs past the end of the namespace (NVMe) or logical
+    /// unit (UFS).
+    #[error("LBAs {slba}..{slba}+{nlb} run past the last block ({nsze} blocks)")]
     LbaOutOfRange {
         /// Starting LBA.
         slba: u64,
         /// Blocks.
         nlb: u64,
-        /// Namespace size in blocks.
+        /// Namespace (logical unit) size in blocks.
         nsze: u64,
     },
     /// The buffer holds fewer bytes than the transfer needs.
@@ -469,8 +474,9 @@ pub enum SubmitErrorKind {
         /// Bytes in the buffer.
         available: u64,
     },
-    /// A segment breaks the PRP alignment rules (module docs).
-    #[error("buffer segment {segment} at IOVA {iova} breaks PRP alignment (first segment: 4-byte aligned start; others: page-aligned start; all but the last: page-aligned end)")]
+    /// A segment breaks the transport's alignment rules: NVMe's PRP rules
+    /// (module docs), UFS's PRDT rule (dword-aligned address and length).
+    #[error("buffer segment {segment} at IOVA {iova} breaks the alignment the transport needs (NVMe PRPs: first segment 4-byte aligned, later ones starting and all but the last ending on a page; UFS PRDT: dword-aligned address and length)")]
     Misaligned {
         /// Segment index.
         segment: usize,
@@ -490,8 +496,9 @@ pub enum SubmitErrorKind {
         /// What the command needs.
         needs: &'static str,
     },
-    /// No active namespace with this id.
-    #[error("namespace {nsid} does not exist or is not active")]
+    /// No active namespace (NVMe) or logical unit (UFS: `nsid` is the LUN)
+    /// with this id.
+    #[error("{nsid} names no active namespace or logical unit of this controller")]
     UnknownNamespace {
         /// The id given.
         nsid: u32,

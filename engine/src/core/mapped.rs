@@ -1,15 +1,15 @@
 //! Application buffers mapped per I/O: the strict and lazy DMA modes.
 //!
-//! A plain [`QueuePair`] moves buffers that are already mapped for the
+//! A plain [`QueuePair`](crate::QueuePair) moves buffers that are already mapped for the
 //! device ([`DmaBuf`](crate::DmaBuf), the *premapped* mode: no IOMMU work
 //! per I/O). [`MappedQueuePair`] takes the application's own memory instead
 //! ([`AppBuffer`]) and maps it for each I/O through a
 //! [`QueueMapper`], in the mode chosen by
-//! [`QpairOptions::mapping`]:
+//! [`QpairOptions::mapping`](crate::QpairOptions::mapping):
 //!
 //! | [`MappingMode`] | per I/O | a buffer comes back |
 //! |---|---|---|
-//! | `Premapped` | nothing (use [`Controller::create_qpair`]) | at completion |
+//! | `Premapped` | nothing (use [`Controller::create_qpair`](crate::Controller::create_qpair)) | at completion |
 //! | `Strict` | map at submission; unmap + IOTLB invalidation at completion | at completion, after its unmap returned |
 //! | `Lazy { batch, max_delay }` | map at submission; unmaps queued and flushed per `batch` or after `max_delay` | after the flush that unmapped it returned |
 //!
@@ -28,8 +28,8 @@
 //!
 //! It is written once for both transports: `MappedQueuePair<Q>` wraps any
 //! [`BlockQueue`] — NVMe's `QueuePair<Mapped>` (the default,
-//! [`Controller::create_mapped_qpair`]) or UFS's `UfsQueuePair<Mapped>`
-//! ([`UfsController::create_mapped_qpair`](crate::ufs::UfsController::create_mapped_qpair)).
+//! [`Controller::create_mapped_qpair`](crate::Controller::create_mapped_qpair)) or UFS's `UfsQueuePair<Mapped>`
+//! ([`UfsController::create_mapped_qpair`](crate::UfsController::create_mapped_qpair)).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -70,26 +70,24 @@ use mcqio_vfio::{
 };
 
 use super::block::BlockQueue;
-use crate::core::io::{Completion, IoError, SubmitErrorKind};
-use crate::nvme::ctrl::Controller;
-use crate::nvme::queue::{QpairOptions, QpairStats, QueuePair};
-use crate::{Error, Result};
+use super::error::{Error, Result};
+use super::io::{Completion, IoError, SubmitErrorKind};
 
 /// How a queue pair gets device addresses for its buffers
-/// ([`QpairOptions::mapping`]; see the [module docs](self)).
+/// ([`QpairOptions::mapping`](crate::QpairOptions::mapping); see the [module docs](self)).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum MappingMode {
     /// Buffers are mapped already ([`DmaBuf`](crate::DmaBuf) from
-    /// [`Controller::alloc_buf`]): no IOMMU work per I/O. For
-    /// [`Controller::create_qpair`].
+    /// [`Controller::alloc_buf`](crate::Controller::alloc_buf)): no IOMMU work per I/O. For
+    /// [`Controller::create_qpair`](crate::Controller::create_qpair).
     #[default]
     Premapped,
     /// Map each application buffer at submission, unmap it (with its IOTLB
-    /// invalidation) at completion. For [`Controller::create_mapped_qpair`].
+    /// invalidation) at completion. For [`Controller::create_mapped_qpair`](crate::Controller::create_mapped_qpair).
     Strict,
     /// Map at submission; queue the unmaps and flush them in one call when
     /// `batch` are queued or the oldest is `max_delay` old. Buffers come back
-    /// after that flush. For [`Controller::create_mapped_qpair`].
+    /// after that flush. For [`Controller::create_mapped_qpair`](crate::Controller::create_mapped_qpair).
     Lazy {
         /// Unmaps per flush (1 behaves like `Strict`; at most
         /// [`MAX_FLUSH_BATCH`](mcqio_vfio::mapping::MAX_FLUSH_BATCH)).
@@ -170,11 +168,13 @@ struct Slot {
 
 /// A queue pair for application buffers, mapped per I/O in strict or lazy
 /// mode, over any transport's queue pair `Q`. Created by
-/// [`Controller::create_mapped_qpair`] (NVMe, the default `Q`) or
-/// [`UfsController::create_mapped_qpair`](crate::ufs::UfsController::create_mapped_qpair);
+/// [`Controller::create_mapped_qpair`](crate::Controller::create_mapped_qpair) (NVMe; [`crate::MappedQueuePair`]
+/// names this type with NVMe's queue pair as the default `Q`) or
+/// [`UfsController::create_mapped_qpair`](crate::UfsController::create_mapped_qpair);
 /// see the [module docs](self). `Send + !Sync`, one per thread, like
-/// [`QueuePair`].
-pub struct MappedQueuePair<Q: BlockQueue<Buf = Mapped> = QueuePair<Mapped>> {
+/// [`QueuePair`](crate::QueuePair). The transports add their own accessors and
+/// constructors (NVMe's `qid`, `stats`) in their own modules.
+pub struct MappedQueuePair<Q: BlockQueue<Buf = Mapped>> {
     /// `None` only inside `close` and `drop`.
     qp: Option<Q>,
     mapper: QueueMapper,
@@ -205,30 +205,6 @@ impl<Q: BlockQueue<Buf = Mapped>> std::fmt::Debug for MappedQueuePair<Q> {
 /// slots × the per-command transfer limit).
 const MAX_WINDOW: u64 = 4 << 30;
 const WINDOW_ALIGN: u64 = 2 << 20;
-
-impl MappedQueuePair<QueuePair<Mapped>> {
-    pub(crate) fn create(ctrl: &Arc<Controller>, opts: &QpairOptions) -> Result<Self> {
-        Self::check_mode(&opts.mapping)?;
-        let qp = QueuePair::<Mapped>::create(
-            ctrl,
-            &QpairOptions {
-                mapping: MappingMode::Premapped,
-                ..opts.clone()
-            },
-        )?;
-        Self::new(qp, ctrl.dma(), ctrl.max_transfer(), &opts.mapping)
-    }
-
-    /// The underlying queue's id.
-    pub fn qid(&self) -> u16 {
-        self.qp.as_ref().map_or(0, |q| q.qid())
-    }
-
-    /// The queue pair's counters.
-    pub fn stats(&self) -> QpairStats {
-        self.qp.as_ref().map(|q| q.stats()).unwrap_or_default()
-    }
-}
 
 impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
     /// Refuse `Premapped` and a lazy batch outside
@@ -594,7 +570,7 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
         Ok(n)
     }
 
-    /// Delete the queue (see [`QueuePair::close`]), unmap every buffer and
+    /// Delete the queue (see [`QueuePair::close`](crate::QueuePair::close)), unmap every buffer and
     /// deliver every I/O not yet delivered, each exactly once.
     pub fn close(mut self, mut f: impl FnMut(Completion<AppBuffer>)) -> Result<()> {
         self.shut_down(&mut f)
@@ -738,10 +714,3 @@ impl<Q: BlockQueue<Buf = Mapped>> Drop for MappedQueuePair<Q> {
         }
     }
 }
-
-// One per thread, like `QueuePair`.
-const _: () = {
-    const fn send<T: Send>() {}
-    send::<MappedQueuePair>();
-    send::<MappedQueuePair<crate::ufs::UfsQueuePair<Mapped>>>();
-};

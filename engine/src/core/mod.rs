@@ -9,6 +9,8 @@
 //! - [`block`]: the [`BlockQueue`](block::BlockQueue) trait both transports'
 //!   queue pairs implement (read, write, flush, deallocate, submit, poll,
 //!   close), and the blocking helpers written once on it.
+//! - [`error`]: the control path's [`Error`](error::Error), one type for
+//!   every transport.
 //! - `deliver`: exactly-once delivery when the device stops answering
 //!   (end every outstanding command, leak a buffer the device may own).
 //! - [`io`]: the I/O API: [`DmaBuf`](io::DmaBuf), the [`IoBuf`](io::IoBuf)
@@ -23,6 +25,7 @@
 
 pub mod block;
 pub(crate) mod deliver;
+pub mod error;
 pub mod io;
 pub mod mapped;
 pub mod per_core;

@@ -6,20 +6,16 @@
 //! controller granted I/O queues fails with [`Error::NotEnoughQueues`]
 //! before any thread starts, and if some granted queues are already in use
 //! by other queue pairs, with [`Error::NoFreeQueue`]. Any controller that
-//! hands out queue pairs ([`PerCore`]: NVMe's [`Controller`], UFS's
-//! [`UfsController`]) works.
+//! hands out queue pairs ([`PerCore`]: NVMe's
+//! [`Controller`](crate::Controller), UFS's
+//! [`UfsController`](crate::UfsController), each implementing it in its
+//! own module) works.
 
-use std::sync::Arc;
-
-use crate::core::io::DmaBuf;
-use crate::nvme::ctrl::Controller;
-use crate::nvme::queue::{QpairOptions, QueuePair};
-use crate::ufs::{UfsController, UfsMode, UfsQpairOptions, UfsQueuePair};
-use crate::{Error, Result};
+use super::error::{Error, Result};
 
 /// A controller that hands out one queue pair per thread.
 pub trait PerCore {
-    /// The queue pair (of [`DmaBuf`]s) it creates.
+    /// The queue pair (of [`DmaBuf`](super::io::DmaBuf)s) it creates.
     type Qpair: Send;
     /// Options for each queue pair.
     type Options: Clone;
@@ -27,36 +23,6 @@ pub trait PerCore {
     fn granted_queues(&self) -> usize;
     /// Create one queue pair.
     fn create_for_core(&self, opts: &Self::Options) -> Result<Self::Qpair>;
-}
-
-impl PerCore for Arc<Controller> {
-    type Qpair = QueuePair<DmaBuf>;
-    type Options = QpairOptions;
-
-    fn granted_queues(&self) -> usize {
-        self.granted_io_queues()
-    }
-
-    fn create_for_core(&self, opts: &QpairOptions) -> Result<QueuePair<DmaBuf>> {
-        self.create_qpair(opts.clone())
-    }
-}
-
-impl PerCore for Arc<UfsController> {
-    type Qpair = UfsQueuePair<DmaBuf>;
-    type Options = UfsQpairOptions;
-
-    /// MCQ: the hardware queues set up at bring-up; legacy: the one list.
-    fn granted_queues(&self) -> usize {
-        match self.mode() {
-            UfsMode::Mcq { queues } => usize::from(queues),
-            UfsMode::Legacy => 1,
-        }
-    }
-
-    fn create_for_core(&self, opts: &UfsQpairOptions) -> Result<UfsQueuePair<DmaBuf>> {
-        self.create_qpair_with(opts.clone())
-    }
 }
 
 /// Run `f(index, &mut queue_pair)` on `threads` pinned threads, one queue

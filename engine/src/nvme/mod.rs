@@ -7,9 +7,12 @@
 //! - [`queue`]: [`QueuePair`]: rings, doorbells, PRP lists, transfers split at MDTS.
 
 pub mod ctrl;
+mod mapped;
+mod per_core;
 pub mod queue;
 pub mod spec;
 
 pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace};
+pub use mapped::MappedQueuePair;
 pub use queue::{Outstanding, QpairOptions, QpairStats, QueuePair};
 pub use spec::NvmeStatus;

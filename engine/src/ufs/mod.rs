@@ -180,6 +180,7 @@ pub mod ctrl;
 pub mod error;
 pub mod hpb;
 mod mcq;
+mod per_core;
 pub mod qpair;
 mod sdb;
 pub mod spec;

@@ -1,0 +1,52 @@
+//! NVMe's side of application buffers mapped per I/O
+//! ([`crate::core::mapped`]): the queue pair a mapped queue pair wraps by
+//! default, how [`Controller::create_mapped_qpair`] builds one, and the
+//! NVMe-only accessors.
+
+use std::sync::Arc;
+
+use mcqio_vfio::Mapped;
+
+use super::ctrl::Controller;
+use super::queue::{QpairOptions, QpairStats, QueuePair};
+use crate::core::mapped::MappingMode;
+use crate::Result;
+
+/// A queue pair for application buffers mapped per I/O, over any
+/// transport's queue pair `Q` — NVMe's [`QueuePair`] unless named
+/// otherwise (UFS: `MappedQueuePair<UfsQueuePair<Mapped>>`). The type is
+/// [`core::mapped::MappedQueuePair`](crate::core::mapped::MappedQueuePair);
+/// this name only gives it NVMe as the default.
+pub type MappedQueuePair<Q = QueuePair<Mapped>> = crate::core::mapped::MappedQueuePair<Q>;
+
+impl MappedQueuePair<QueuePair<Mapped>> {
+    /// An NVMe queue pair of [`Mapped`] buffers (premapped itself: the
+    /// mapper sits above it) wrapped for `opts.mapping` (strict or lazy).
+    pub(crate) fn create(ctrl: &Arc<Controller>, opts: &QpairOptions) -> Result<Self> {
+        Self::check_mode(&opts.mapping)?;
+        let qp = QueuePair::<Mapped>::create(
+            ctrl,
+            &QpairOptions {
+                mapping: MappingMode::Premapped,
+                ..opts.clone()
+            },
+        )?;
+        Self::new(qp, ctrl.dma(), ctrl.max_transfer(), &opts.mapping)
+    }
+
+    /// The underlying queue's id.
+    pub fn qid(&self) -> u16 {
+        self.queue_pair().map_or(0, |q| q.qid())
+    }
+
+    /// The queue pair's counters.
+    pub fn stats(&self) -> QpairStats {
+        self.queue_pair().map(|q| q.stats()).unwrap_or_default()
+    }
+}
+
+// One per thread, like `QueuePair`.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<MappedQueuePair>();
+};
