@@ -123,6 +123,9 @@ impl OpenError {
     pub fn why(&self) -> String {
         match self {
             OpenError::Fake { why, .. } | OpenError::Vfio { why, .. } => why.clone(),
+            OpenError::NotAController { .. } => {
+                "its PCI class code is neither NVMe (0x0108xx) nor UFS (0x0109xx)".into()
+            }
             e => e.to_string(),
         }
     }
@@ -440,6 +443,42 @@ mod tests {
             }
             assert!(dev.granted_queues() >= 1, "{s}");
         }
+    }
+
+    /// The transport of a `vfio:` device comes from its PCI class code.
+    #[test]
+    fn vfio_transport_from_the_class_code() {
+        let base = std::env::temp_dir().join(format!("mcqio-open-sysfs-{}", std::process::id()));
+        let roots = SysRoots::under(&base);
+        for (bdf, class) in [
+            ("0000:00:04.0", "0x010901"),
+            ("0000:00:03.0", "0x010802"),
+            ("0000:00:05.0", "0x020000"),
+        ] {
+            let d = roots.sys.join("bus/pci/devices").join(bdf);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("vendor"), "0x1b36\n").unwrap();
+            std::fs::write(d.join("device"), "0x0013\n").unwrap();
+            std::fs::write(d.join("class"), format!("{class}\n")).unwrap();
+        }
+        let t = |bdf| vfio_transport(&roots, bdf);
+        assert_eq!(t("0000:00:04.0").unwrap(), Transport::Ufs);
+        assert_eq!(t("0000:00:03.0").unwrap(), Transport::Nvme);
+        // A network card is neither: refused with its reason.
+        let e = t("0000:00:05.0").unwrap_err();
+        assert!(matches!(e, OpenError::NotAController { .. }), "{e}");
+        assert!(e.why().starts_with("its PCI class code"), "{e}");
+        // Unknown to sysfs: NVMe, and opening it says why it cannot be used.
+        assert_eq!(t("0000:00:09.0").unwrap(), Transport::Nvme);
+        let b = Backing::Vfio {
+            bdf: "0000:00:04.0".into(),
+            options: VfioOpenOptions {
+                roots: roots.clone(),
+                ..VfioOpenOptions::default()
+            },
+        };
+        assert_eq!(b.transport().unwrap(), Transport::Ufs);
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]
