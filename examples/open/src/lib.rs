@@ -22,4 +22,6 @@ pub mod devstr;
 pub mod open;
 
 pub use devstr::{DeviceKind, DeviceSpec, Filename, FilenameError, SpecError, Unit};
-pub use open::{Backing, BlockUnit, CtrlOptions, Device, Fake, OnQueue, OpenError, Opened};
+pub use open::{
+    Attached, Backing, BlockUnit, CtrlOptions, Device, Fake, OnQueue, OpenError, Opened,
+};

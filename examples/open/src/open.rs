@@ -161,6 +161,13 @@ impl Backing {
 
     /// Build the backend and bring its controller up with `opts`.
     pub fn open(self, opts: &CtrlOptions) -> Result<Opened, OpenError> {
+        self.attach()?.open(opts)
+    }
+
+    /// Build the backend (create the fake, or open the PCI function) and
+    /// stop there: the caller may arm the fake's fault injection before
+    /// the controller is brought up ([`Attached::open`]).
+    pub fn attach(self) -> Result<Attached, OpenError> {
         let transport = self.transport()?;
         let (backend, fake): (Arc<dyn Backend>, _) = match self {
             Backing::FakeNvme(cfg) => {
@@ -192,11 +199,46 @@ impl Backing {
                 (Arc::new(b), None)
             }
         };
-        let device = match transport {
-            Transport::Nvme => Device::Nvme(Controller::new(backend, opts.nvme.clone())?),
-            Transport::Ufs => Device::Ufs(UfsController::new(backend, opts.ufs.clone())?),
+        Ok(Attached {
+            backend,
+            fake,
+            transport,
+        })
+    }
+}
+
+/// A backend built and its controller not yet brought up
+/// ([`Backing::attach`]).
+#[derive(Clone)]
+pub struct Attached {
+    /// The backend the controller will drive.
+    pub backend: Arc<dyn Backend>,
+    /// The fake, if the backend is one.
+    pub fake: Option<Fake>,
+    /// The transport the controller speaks.
+    pub transport: Transport,
+}
+
+impl std::fmt::Debug for Attached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attached")
+            .field("backend", &self.backend.name())
+            .field("transport", &self.transport)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Attached {
+    /// Bring the controller up with `opts` (the transport's half).
+    pub fn open(self, opts: &CtrlOptions) -> Result<Opened, OpenError> {
+        let device = match self.transport {
+            Transport::Nvme => Device::Nvme(Controller::new(self.backend, opts.nvme.clone())?),
+            Transport::Ufs => Device::Ufs(UfsController::new(self.backend, opts.ufs.clone())?),
         };
-        Ok(Opened { device, fake })
+        Ok(Opened {
+            device,
+            fake: self.fake,
+        })
     }
 }
 
