@@ -3,7 +3,8 @@
 //! ```text
 //! hello [DEVICE]      DEVICE = fake[,lbs=,lbads=,ns=,size=,latency=,qpairs=,sync=] (default: fake)
 //!                     | fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,sync=]
-//!                     | vfio:<BDF>, e.g. vfio:0000:00:03.0, NVMe or UFS (the syntax and defaults of mcqio-perf -d)
+//!                     | vfio:<BDF>, e.g. vfio:0000:00:03.0 (or the fio engine's vfio-0000.00.03.0),
+//!                       NVMe or UFS (the syntax and defaults of mcqio-perf -d)
 //! ```
 //!
 //! With `vfio:` the device must be bound to vfio-pci (`mcqio-perf doctor <BDF>`

@@ -4,7 +4,7 @@
 //! ```text
 //! identify [DEVICE]   DEVICE = fake[,lbs=,lbads=,ns=,size=,latency=,qpairs=,sync=] (default: fake)
 //!                     | fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,sync=]
-//!                     | vfio:<BDF>, NVMe or UFS (the syntax and defaults of mcqio-perf -d)
+//!                     | vfio:<BDF> (or vfio-0000.00.03.0), NVMe or UFS (the syntax and defaults of mcqio-perf -d)
 //! ```
 
 use std::process::ExitCode;
