@@ -1,7 +1,7 @@
-//! Code the example programs share (`mcqio-perf`, `hello`, `identify`): the
-//! device-string parser and its defaults, so every program understands the
-//! same `fake,ns=2,lbs=4k` and builds the same device from it.
+//! Code the example programs share. The device-string language and the
+//! opener are the `mcqio-open` crate's (shared with the fio engine); its
+//! parser is re-exported here under its old path.
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
-pub mod devstr;
+pub use mcqio_open::devstr;

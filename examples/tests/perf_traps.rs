@@ -225,6 +225,27 @@ fn hello_and_identify_take_fake_options() {
     assert!(o.stderr.contains("corrupt"), "{}", o.stderr);
 }
 
+/// Issue 23 item 6: one language for every frontend, so the fio engine's
+/// dotted address (`vfio-0000.7f.1f.7`) names the same device in
+/// mcqio-perf and hello as `vfio:0000:7f:1f.7` does.
+#[test]
+fn the_fio_spelling_names_the_same_device() {
+    let dotted = perf(&["-d", "vfio-7f.1f.7", "-n", "1"]);
+    let colons = perf(&["-d", "vfio:0000:7f:1f.7", "-n", "1"]);
+    assert_eq!(dotted.code, colons.code, "{}", dotted.stderr);
+    assert_eq!(dotted.stderr, colons.stderr);
+    assert!(
+        dotted.stderr.contains("vfio:0000:7f:1f.7"),
+        "{}",
+        dotted.stderr
+    );
+    let bad = perf(&["-d", "vfio-zz.1f.7", "-n", "1"]);
+    usage_error(&bad, "is not a PCI address");
+    let hello = tool("hello", &["vfio-7f.1f.7"]);
+    assert_ne!(hello.code, Some(0));
+    assert!(hello.stderr.contains("0000:7f:1f.7"), "{}", hello.stderr);
+}
+
 #[test]
 fn every_program_builds_the_same_default_fake() {
     let id = tool("identify", &["fake"]);

@@ -16,8 +16,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use mcqio::vfio::AppBuffer;
-use mcqio::{Controller, ControllerOptions, MappingMode, QpairOptions};
-use mcqio_examples::devstr::{DeviceSpec, SpecError};
+use mcqio::{MappingMode, QpairOptions};
+use mcqio_open::{Device, DeviceSpec, SpecError};
 
 const IOS: usize = 32;
 
@@ -40,8 +40,12 @@ fn mode(s: &str) -> Result<MappingMode, String> {
 
 fn run(spec: &str, mode: MappingMode) -> Result<(), Box<dyn std::error::Error>> {
     let spec: DeviceSpec = spec.parse().map_err(|e: SpecError| e.to_string())?;
-    let backend = spec.open_backend("app_buffers")?;
-    let ctrl = Controller::new(backend, ControllerOptions::default())?;
+    let Device::Nvme(ctrl) = spec.open("app_buffers")?.device else {
+        return Err(format!(
+            "`{spec}` is a UFS device: app_buffers needs NVMe (per-I/O DMA mapping is NVMe's)"
+        )
+        .into());
+    };
     let ns = ctrl
         .namespaces()
         .first()

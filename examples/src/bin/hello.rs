@@ -3,7 +3,8 @@
 //! ```text
 //! hello [DEVICE]      DEVICE = fake[,lbs=,lbads=,ns=,size=,latency=,qpairs=,sync=] (default: fake)
 //!                     | fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,sync=]
-//!                     | vfio:<BDF>, e.g. vfio:0000:00:03.0, NVMe or UFS (the syntax and defaults of mcqio-perf -d)
+//!                     | vfio:<BDF>, e.g. vfio:0000:00:03.0 (or the fio engine's vfio-0000.00.03.0),
+//!                       NVMe or UFS (the syntax and defaults of mcqio-perf -d)
 //! ```
 //!
 //! With `vfio:` the device must be bound to vfio-pci (`mcqio-perf doctor <BDF>`
@@ -12,21 +13,18 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use mcqio::ufs::{UfsController, UfsOptions};
-use mcqio::vfio::{Backend, DmaDir};
-use mcqio::{Controller, ControllerOptions, QpairOptions};
-use mcqio_examples::devstr::{DeviceSpec, SpecError};
+use mcqio::ufs::UfsController;
+use mcqio::vfio::DmaDir;
+use mcqio::QpairOptions;
+use mcqio_open::{Device, DeviceSpec, SpecError};
 
-fn open(spec: &str) -> Result<(Arc<dyn Backend>, bool), String> {
+fn open(spec: &str) -> Result<Device, String> {
     let spec: DeviceSpec = spec.parse().map_err(|e: SpecError| e.to_string())?;
-    let ufs = spec.is_ufs(&mcqio::vfio::SysRoots::default());
-    let b = spec.open_backend("hello").map_err(|e| e.to_string())?;
-    Ok((b, ufs))
+    Ok(spec.open("hello").map_err(|e| e.to_string())?.device)
 }
 
 /// The same on a UFS host controller: LU 0, blocking then asynchronous.
-fn run_ufs(backend: Arc<dyn Backend>) -> Result<(), Box<dyn std::error::Error>> {
-    let ctrl = UfsController::new(backend, UfsOptions::default())?;
+fn run_ufs(ctrl: Arc<UfsController>) -> Result<(), Box<dyn std::error::Error>> {
     let lu = *ctrl
         .logical_units()
         .first()
@@ -103,11 +101,10 @@ fn run_ufs(backend: Arc<dyn Backend>) -> Result<(), Box<dyn std::error::Error>> 
 }
 
 fn run(spec: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let (backend, ufs) = open(spec)?;
-    if ufs {
-        return run_ufs(backend);
-    }
-    let ctrl = Controller::new(backend, ControllerOptions::default())?;
+    let ctrl = match open(spec)? {
+        Device::Nvme(ctrl) => ctrl,
+        Device::Ufs(ctrl) => return run_ufs(ctrl),
+    };
     let id = ctrl.identify();
     let ns = ctrl
         .namespaces()

@@ -4,27 +4,22 @@
 //! ```text
 //! identify [DEVICE]   DEVICE = fake[,lbs=,lbads=,ns=,size=,latency=,qpairs=,sync=] (default: fake)
 //!                     | fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,sync=]
-//!                     | vfio:<BDF>, NVMe or UFS (the syntax and defaults of mcqio-perf -d)
+//!                     | vfio:<BDF> (or vfio-0000.00.03.0), NVMe or UFS (the syntax and defaults of mcqio-perf -d)
 //! ```
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use mcqio::ufs::{UfsController, UfsMode, UfsOptions};
-use mcqio::vfio::Backend;
-use mcqio::{Controller, ControllerOptions};
-use mcqio_examples::devstr::{DeviceSpec, SpecError};
+use mcqio::ufs::{UfsController, UfsMode};
+use mcqio_open::{Device, DeviceSpec, SpecError};
 
-fn open(spec: &str) -> Result<(Arc<dyn Backend>, bool), String> {
+fn open(spec: &str) -> Result<Device, String> {
     let spec: DeviceSpec = spec.parse().map_err(|e: SpecError| e.to_string())?;
-    let ufs = spec.is_ufs(&mcqio::vfio::SysRoots::default());
-    let b = spec.open_backend("identify").map_err(|e| e.to_string())?;
-    Ok((b, ufs))
+    Ok(spec.open("identify").map_err(|e| e.to_string())?.device)
 }
 
 /// A UFS device: its descriptors, the transfer mode and the logical units.
-fn run_ufs(backend: Arc<dyn Backend>) -> Result<(), Box<dyn std::error::Error>> {
-    let ctrl = UfsController::new(backend, UfsOptions::default())?;
+fn run_ufs(ctrl: Arc<UfsController>) -> Result<(), Box<dyn std::error::Error>> {
     let d = ctrl.device_descriptor();
     let g = ctrl.geometry();
     println!(
@@ -70,11 +65,10 @@ fn yes(b: bool) -> &'static str {
 }
 
 fn run(spec: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let (backend, ufs) = open(spec)?;
-    if ufs {
-        return run_ufs(backend);
-    }
-    let ctrl = Controller::new(backend, ControllerOptions::default())?;
+    let ctrl = match open(spec)? {
+        Device::Nvme(ctrl) => ctrl,
+        Device::Ufs(ctrl) => return run_ufs(ctrl),
+    };
     let id = ctrl.identify();
     let cap = ctrl.cap();
     println!("device            {}", ctrl.backend().name());

@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use mcqio::{Controller, ControllerOptions, QpairOptions, QueuePair, SubmitErrorKind};
 use mcqio_fixtures::{FakeConfig, FakeController, Fault, NamespaceConfig};
+use mcqio_open::{Backing, CtrlOptions, Device, Fake};
 use mcqio_vfio::{
-    AppBuffer, Backend, DmaDir, DmaMapper, DmaMode as VfioDmaMode, IoBuffer, IommuStats,
-    LazyConfig, Mapped, MapperConfig, OpenOptions as VfioOpenOptions, QueueMapper, Returned,
-    VfioBackend,
+    AppBuffer, DmaDir, DmaMapper, DmaMode as VfioDmaMode, IoBuffer, IommuStats, LazyConfig, Mapped,
+    MapperConfig, OpenOptions as VfioOpenOptions, QueueMapper, Returned,
 };
 
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
@@ -58,7 +58,7 @@ impl NvmeTarget {
         let mut notes = Vec::new();
         // Job core and the fake's device-thread core (threaded fakes only).
         let mut cores = None;
-        let (backend, fake, describe): (Arc<dyn Backend>, _, String) = match &spec.kind {
+        let (backing, describe) = match &spec.kind {
             DeviceKind::Fake { null } => {
                 let o = &spec.opts;
                 // The device itself comes from the shared defaults; the run
@@ -98,25 +98,12 @@ impl NvmeTarget {
                         as u16,
                     ..cfg
                 };
-                let fake = FakeController::new(cfg).map_err(|e| e.to_string())?;
-                if let Some(p) = o.corrupt {
-                    fake.faults().set_probability(Fault::CorruptReadData, p);
-                }
-                if let Some(p) = o.error {
-                    // Generic status 0x04, Data Transfer Error, do not retry.
-                    let fault = Fault::Status {
-                        sct: 0,
-                        sc: 0x04,
-                        dnr: true,
-                    };
-                    fake.faults().set_probability(fault, p);
-                }
                 let d = format!(
                     "mcqio engine on the fake controller ({}, {ns} ns x {size} B, {lbads} B blocks, device thread on {})",
                     if *null { "null namespaces" } else { "RAM namespaces" },
                     thread.describe()
                 );
-                (fake.clone() as Arc<dyn Backend>, Some(fake), d)
+                (Backing::FakeNvme(cfg), Some(d))
             }
             DeviceKind::Vfio { bdf } => {
                 // What the run will pin, for the up-front RLIMIT_MEMLOCK check:
@@ -125,23 +112,53 @@ impl NvmeTarget {
                 let io = plan.io_size.div_ceil(4096) * 4096;
                 let per_job = plan.depth as u64 * (io + 4096) + (1 << 20);
                 let budget = jobs as u64 * per_job + (2 << 20);
-                let opts = VfioOpenOptions {
+                let options = VfioOpenOptions {
                     dma_budget: budget,
                     ..VfioOpenOptions::default()
                 };
-                let b = VfioBackend::open_with(bdf, &opts).map_err(|e| e.to_string())?;
-                let d = format!("mcqio engine on {} (VFIO)", b.name());
-                (Arc::new(b) as Arc<dyn Backend>, None, d)
+                let b = Backing::Vfio {
+                    bdf: bdf.clone(),
+                    options,
+                };
+                (b, None)
             }
             _ => return Err(format!("{} is not an NVMe device spec", spec.label())),
         };
-        let want_queues = spec.opts.qpairs.map_or(jobs, usize::from);
-        let opts = ControllerOptions {
-            io_queues: want_queues.min(u16::MAX as usize - 1) as u16,
-            max_transfer: plan.io_size.max(4096),
-            ..ControllerOptions::default()
+        let attached = backing.attach().map_err(|e| e.why())?;
+        let fake = match &attached.fake {
+            Some(Fake::Nvme(f)) => Some(f.clone()),
+            _ => None,
         };
-        let ctrl = Controller::new(backend, opts).map_err(|e| e.to_string())?;
+        if let Some(fake) = &fake {
+            // Armed before the controller is brought up, so the bring-up
+            // and the run see the faults they always did.
+            if let Some(p) = spec.opts.corrupt {
+                fake.faults().set_probability(Fault::CorruptReadData, p);
+            }
+            if let Some(p) = spec.opts.error {
+                // Generic status 0x04, Data Transfer Error, do not retry.
+                let fault = Fault::Status {
+                    sct: 0,
+                    sc: 0x04,
+                    dnr: true,
+                };
+                fake.faults().set_probability(fault, p);
+            }
+        }
+        let describe = describe
+            .unwrap_or_else(|| format!("mcqio engine on {} (VFIO)", attached.backend.name()));
+        let want_queues = spec.opts.qpairs.map_or(jobs, usize::from);
+        let opts = CtrlOptions {
+            nvme: ControllerOptions {
+                io_queues: want_queues.min(u16::MAX as usize - 1) as u16,
+                max_transfer: plan.io_size.max(4096),
+                ..ControllerOptions::default()
+            },
+            ..CtrlOptions::default()
+        };
+        let Device::Nvme(ctrl) = attached.open(&opts).map_err(|e| e.why())?.device else {
+            return Err(format!("{} is not an NVMe controller", spec.label()));
+        };
         let namespaces: Vec<Namespace> = ctrl
             .namespaces()
             .iter()

@@ -1,4 +1,4 @@
 //! The command line's small languages (device strings, sizes, durations, CPU
-//! lists): the parser every example program shares, `mcqio_examples::devstr`.
+//! lists): the parser every frontend shares, `mcqio_open::devstr`.
 
-pub use mcqio_examples::devstr::*;
+pub use mcqio_open::devstr::*;

@@ -27,7 +27,8 @@ use mcqio_fixtures::ufs::{
     FakeUfs, FtlConfig, HpbConfig as DevHpb, HpbControl as DevControl, LuConfig, ModelClock,
     UfsConfig,
 };
-use mcqio_vfio::{Backend, IommuStats, OpenOptions as VfioOpenOptions, VfioBackend};
+use mcqio_open::{Backing, CtrlOptions, Device, Fake, OpenError};
+use mcqio_vfio::{IommuStats, OpenOptions as VfioOpenOptions};
 
 use crate::queue::{IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::slots::{push_err, status_of, BlockJobQueue, SlotBuf, SlotBuffers};
@@ -76,7 +77,7 @@ impl UfsTarget {
         let mut notes = Vec::new();
         // Job core and the fake's device-thread core (threaded fakes only).
         let mut cores = None;
-        let (backend, fake, what): (Arc<dyn Backend>, _, String) = match &spec.kind {
+        let (backing, what) = match &spec.kind {
             DeviceKind::FakeUfs { null } => {
                 let o = &spec.opts;
                 let base = spec
@@ -101,27 +102,27 @@ impl UfsTarget {
                     seed: plan.seed,
                     ..base
                 };
-                let fake = FakeUfs::new(cfg).map_err(|e| UfsOpenError::Other(e.to_string()))?;
                 let d = format!(
                     "fake UFS host controller ({}, {lus} LU x {lu_bytes} B, 4096 B blocks, device thread on {})",
                     if *null { "null LUs" } else { "RAM LUs" },
                     thread.describe()
                 );
-                (fake.clone() as Arc<dyn Backend>, Some(fake), d)
+                (Backing::FakeUfs(cfg), Some(d))
             }
             DeviceKind::Vfio { bdf } => {
                 let io = plan.io_size.div_ceil(4096) * 4096;
                 let per_job = depth as u64 * (io + 4096) + (1 << 20);
-                let opts = VfioOpenOptions {
+                // The opener lets a UFS class code through (the default
+                // refuses anything but an NVMe controller).
+                let options = VfioOpenOptions {
                     dma_budget: jobs as u64 * per_job + (2 << 20),
-                    // The default refuses anything but an NVMe controller.
-                    require_nvme: false,
                     ..VfioOpenOptions::default()
                 };
-                let b = VfioBackend::open_with(bdf, &opts)
-                    .map_err(|e| UfsOpenError::Other(e.to_string()))?;
-                let d = format!("{} (VFIO, UFS)", b.name());
-                (Arc::new(b) as Arc<dyn Backend>, None, d)
+                let b = Backing::Vfio {
+                    bdf: bdf.clone(),
+                    options,
+                };
+                (b, None)
             }
             _ => {
                 return Err(UfsOpenError::Other(format!(
@@ -130,6 +131,13 @@ impl UfsTarget {
                 )))
             }
         };
+        let other = |e: OpenError| UfsOpenError::Other(e.why());
+        let attached = backing.attach().map_err(other)?;
+        let fake = match &attached.fake {
+            Some(Fake::Ufs(f)) => Some(f.clone()),
+            _ => None,
+        };
+        let what = what.unwrap_or_else(|| format!("{} (VFIO, UFS)", attached.backend.name()));
         let hpb = plan.hpb.map(|budget| HpbConfig {
             memory_budget: budget,
             ..HpbConfig::default()
@@ -143,8 +151,16 @@ impl UfsTarget {
             hpb,
             ..UfsOptions::default()
         };
-        let ctrl =
-            UfsController::new(backend, opts).map_err(|e| UfsOpenError::Other(e.to_string()))?;
+        let opts = CtrlOptions {
+            ufs: opts,
+            ..CtrlOptions::default()
+        };
+        let Device::Ufs(ctrl) = attached.open(&opts).map_err(other)?.device else {
+            return Err(UfsOpenError::Other(format!(
+                "{} is not a UFS host controller",
+                spec.label()
+            )));
+        };
         if plan.hpb.is_some() && ctrl.hpb_stats_all().is_empty() {
             notes.push("--hpb: the device has no HPB logical unit; HPB is off".into());
         }

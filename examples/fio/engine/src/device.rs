@@ -4,24 +4,30 @@
 //! same controller (the filename's device part) gets the same [`Device`],
 //! opened by the first and closed when the last job's handle is dropped.
 //!
-//! The transport is chosen once, when the controller is opened: `fake` is
-//! NVMe, `fake-ufs` UFS, and a `vfio-` function is whichever its PCI class
-//! code says ([`mcqio_vfio::sysfs::transport_of`]).
+//! The transport is chosen once, when the controller is opened, by the
+//! opener every frontend shares ([`mcqio_open::open`]): `fake` is NVMe,
+//! `fake-ufs` UFS, and a `vfio-` function is whichever its PCI class code
+//! says ([`mcqio_open::open::vfio_transport`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use mcqio::ufs::{UfsController, UfsMode, UfsOptions};
-use mcqio::{Controller, ControllerOptions};
-use mcqio_fixtures::ufs::{FakeUfs, LuConfig, UfsConfig, BLOCK_SIZE as UFS_BLOCK_SIZE};
-use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, NamespaceConfig};
-use mcqio_vfio::sysfs::{self, Transport};
-use mcqio_vfio::{
-    Backend, DmaSpace, OpenOptions as VfioOpenOptions, PciAddress, SysRoots, VfioBackend,
-};
+use mcqio::ufs::UfsOptions;
+use mcqio::ControllerOptions;
+use mcqio_fixtures::ufs::{LuConfig, UfsConfig, BLOCK_SIZE as UFS_BLOCK_SIZE};
+#[cfg(test)]
+use mcqio_fixtures::{ufs::FakeUfs, FakeController};
+use mcqio_fixtures::{ExecMode, FakeConfig, NamespaceConfig};
+use mcqio_open::{Backing, CtrlOptions, DeviceKind, DeviceSpec, Fake, OpenError};
+use mcqio_vfio::sysfs::Transport;
+use mcqio_vfio::{DmaSpace, OpenOptions as VfioOpenOptions};
 
-use crate::spec::{DeviceKind, DeviceOptions, FakeExec, SpecError};
+use crate::spec::{DeviceOptions, FakeExec, SpecError};
 use crate::EngineError;
+
+/// The controller of a [`Device`], NVMe or UFS: the opener's device, which
+/// mcqio-perf, `hello` and `identify` open too.
+pub use mcqio_open::Device as Ctrl;
 
 /// Default bytes per I/O command the controller is set up for (the PRP list
 /// pages are sized for it); jobs with larger blocks raise it.
@@ -35,14 +41,6 @@ const UFS_MAX_QUEUES: u16 = 32;
 /// (bQueueDepth) allow.
 const UFS_DEPTH: u16 = 256;
 
-/// The controller of a [`Device`], one per transport.
-pub enum Ctrl {
-    /// An NVMe controller.
-    Nvme(Arc<Controller>),
-    /// A UFS host controller.
-    Ufs(Arc<UfsController>),
-}
-
 /// An open controller.
 pub struct Device {
     key: String,
@@ -52,7 +50,7 @@ pub struct Device {
     /// them (see `Job::free_buffers`).
     leaked: AtomicU64,
     // Kept so the fake lives exactly as long as its controller handle.
-    _fake: Option<Arc<dyn Backend>>,
+    _fake: Option<Fake>,
 }
 
 impl std::fmt::Debug for Device {
@@ -75,11 +73,11 @@ impl Device {
     /// The controller `kind` names, opened with `opts` if no job has it open.
     /// `max_io` is the largest I/O the calling job issues.
     pub fn get(
-        kind: &DeviceKind,
+        kind: &DeviceSpec,
         opts: &DeviceOptions,
         max_io: u64,
     ) -> Result<Arc<Device>, EngineError> {
-        let key = kind.key();
+        let key = kind.label();
         let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
         open.retain(|(_, w)| w.strong_count() > 0);
         if let Some(dev) = open
@@ -97,17 +95,17 @@ impl Device {
         Ok(dev)
     }
 
-    fn open(kind: &DeviceKind, o: &DeviceOptions, max_io: u64) -> Result<Device, EngineError> {
-        let key = kind.key();
+    fn open(kind: &DeviceSpec, o: &DeviceOptions, max_io: u64) -> Result<Device, EngineError> {
+        let key = kind.label();
         let max_transfer = max_io.max(DEFAULT_MAX_TRANSFER);
-        let open_err = |e: String| EngineError::Open {
+        let open_err = |e: OpenError| EngineError::Open {
             device: key.clone(),
-            why: e,
+            why: e.why(),
         };
-        let (backend, fake, transport): (Arc<dyn Backend>, _, _) = match kind {
-            DeviceKind::FakeNvme => {
+        let backing = match &kind.kind {
+            DeviceKind::Fake { .. } => {
                 let size = o.fake_size / u64::from(o.fake_lbs) * u64::from(o.fake_lbs);
-                let cfg = FakeConfig {
+                Backing::FakeNvme(FakeConfig {
                     namespaces: (0..o.fake_namespaces)
                         .map(|_| NamespaceConfig::ram(size, o.fake_lbs))
                         .collect(),
@@ -117,50 +115,48 @@ impl Device {
                     exec: fake_exec(o),
                     latency: o.fake_latency,
                     ..FakeConfig::default()
-                };
-                let fake = FakeController::new(cfg).map_err(|e| open_err(e.to_string()))?;
-                let b = fake as Arc<dyn Backend>;
-                (b.clone(), Some(b), Transport::Nvme)
+                })
             }
-            DeviceKind::FakeUfs => {
-                let fake =
-                    FakeUfs::new(fake_ufs_config(o)?).map_err(|e| open_err(e.to_string()))?;
-                let b = fake as Arc<dyn Backend>;
-                (b.clone(), Some(b), Transport::Ufs)
-            }
+            DeviceKind::FakeUfs { .. } => Backing::FakeUfs(fake_ufs_config(o)?),
             DeviceKind::Vfio { bdf } => {
-                let transport = vfio_transport(&SysRoots::default(), bdf)?;
                 let mut vo = VfioOpenOptions {
                     huge_pages: o.huge_pages,
-                    // The default refuses anything but an NVMe controller.
-                    require_nvme: transport == Transport::Nvme,
                     ..VfioOpenOptions::default()
                 };
                 if o.dma_budget > 0 {
                     vo.dma_budget = o.dma_budget;
                 }
-                let b = VfioBackend::open_with(bdf, &vo).map_err(|e| open_err(e.to_string()))?;
-                (Arc::new(b) as Arc<dyn Backend>, None, transport)
+                Backing::Vfio {
+                    bdf: bdf.clone(),
+                    options: vo,
+                }
+            }
+            _ => {
+                return Err(EngineError::Open {
+                    device: key,
+                    why: "not a controller the engine drives".into(),
+                })
             }
         };
-        let ctrl = match transport {
-            Transport::Nvme => {
-                let copts = ControllerOptions {
-                    io_queues: o.qpairs,
-                    shadow_doorbells: o.shadow_doorbells,
-                    max_transfer,
-                    ..ControllerOptions::default()
-                };
-                Ctrl::Nvme(Controller::new(backend, copts).map_err(|e| open_err(e.to_string()))?)
-            }
-            Transport::Ufs => ufs_ctrl(backend, o, max_io, max_transfer, &key)?,
+        let mut copts = CtrlOptions {
+            nvme: ControllerOptions {
+                io_queues: o.qpairs,
+                shadow_doorbells: o.shadow_doorbells,
+                max_transfer,
+                ..ControllerOptions::default()
+            },
+            ..CtrlOptions::default()
         };
+        if backing.transport().map_err(open_err)? == Transport::Ufs {
+            copts.ufs = ufs_options(o, max_io, max_transfer, &key)?;
+        }
+        let opened = backing.open(&copts).map_err(open_err)?;
         Ok(Device {
             key,
             opts: o.clone(),
-            ctrl,
+            ctrl: opened.device,
             leaked: AtomicU64::new(0),
-            _fake: fake,
+            _fake: opened.fake,
         })
     }
 
@@ -168,16 +164,23 @@ impl Device {
     /// with its handle for fault injection.
     #[cfg(test)]
     pub(crate) fn private_fake_ufs(o: &DeviceOptions) -> (Arc<Device>, Arc<FakeUfs>) {
-        let fake = FakeUfs::new(fake_ufs_config(o).unwrap()).unwrap();
-        let b = fake.clone() as Arc<dyn Backend>;
         let key = "fake-ufs (private)".to_string();
-        let ctrl = ufs_ctrl(b.clone(), o, 4096, DEFAULT_MAX_TRANSFER, &key).unwrap();
+        let copts = CtrlOptions {
+            ufs: ufs_options(o, 4096, DEFAULT_MAX_TRANSFER, &key).unwrap(),
+            ..CtrlOptions::default()
+        };
+        let opened = Backing::FakeUfs(fake_ufs_config(o).unwrap())
+            .open(&copts)
+            .unwrap();
+        let Some(Fake::Ufs(fake)) = opened.fake.clone() else {
+            unreachable!("a fake UFS backing opens a fake UFS controller")
+        };
         let dev = Device {
             key,
             opts: o.clone(),
-            ctrl,
+            ctrl: opened.device,
             leaked: AtomicU64::new(0),
-            _fake: Some(b),
+            _fake: opened.fake,
         };
         (Arc::new(dev), fake)
     }
@@ -195,15 +198,18 @@ impl Device {
             exec: fake_exec(o),
             ..FakeConfig::default()
         };
-        let fake = FakeController::new(cfg).unwrap();
-        let b = fake.clone() as Arc<dyn Backend>;
-        let ctrl = Controller::new(b.clone(), ControllerOptions::default()).unwrap();
+        let opened = Backing::FakeNvme(cfg)
+            .open(&CtrlOptions::default())
+            .unwrap();
+        let Some(Fake::Nvme(fake)) = opened.fake.clone() else {
+            unreachable!("a fake NVMe backing opens a fake NVMe controller")
+        };
         let dev = Device {
             key: "fake (private)".to_string(),
             opts: o.clone(),
-            ctrl: Ctrl::Nvme(ctrl),
+            ctrl: opened.device,
             leaked: AtomicU64::new(0),
-            _fake: Some(b),
+            _fake: opened.fake,
         };
         (Arc::new(dev), fake)
     }
@@ -215,29 +221,17 @@ impl Device {
 
     /// Largest bytes per command the controller was set up for.
     pub fn max_transfer(&self) -> u64 {
-        match &self.ctrl {
-            Ctrl::Nvme(c) => c.max_transfer(),
-            Ctrl::Ufs(c) => u64::from(c.options().max_transfer),
-        }
+        self.ctrl.max_transfer()
     }
 
     /// The DMA space fio's buffers are allocated in.
     pub fn dma(&self) -> &Arc<DmaSpace> {
-        match &self.ctrl {
-            Ctrl::Nvme(c) => c.dma(),
-            Ctrl::Ufs(c) => c.dma(),
-        }
+        self.ctrl.dma()
     }
 
     /// Queue pairs the controller can give jobs (for error messages).
     pub fn granted_queues(&self) -> usize {
-        match &self.ctrl {
-            Ctrl::Nvme(c) => c.granted_io_queues(),
-            Ctrl::Ufs(c) => match c.mode() {
-                UfsMode::Mcq { queues } => usize::from(queues),
-                UfsMode::Legacy => 1,
-            },
-        }
+        self.ctrl.granted_queues()
     }
 
     /// The key jobs share it by (`fake`, `vfio:0000:01:00.0`).
@@ -314,33 +308,14 @@ fn fake_ufs_config(o: &DeviceOptions) -> Result<UfsConfig, EngineError> {
     })
 }
 
-/// NVMe or UFS, from the PCI class code of `bdf` under `roots`. An address
-/// sysfs does not know is taken for NVMe: opening it then says why it
-/// cannot be used.
-pub fn vfio_transport(roots: &SysRoots, bdf: &str) -> Result<Transport, EngineError> {
-    let addr = PciAddress::parse(bdf).map_err(|e| EngineError::Open {
-        device: format!("vfio:{bdf}"),
-        why: e.to_string(),
-    })?;
-    match sysfs::transport_of(roots, &addr) {
-        Ok(Some(t)) => Ok(t),
-        Ok(None) => Err(EngineError::Open {
-            device: format!("vfio:{bdf}"),
-            why: "its PCI class code is neither NVMe (0x0108xx) nor UFS (0x0109xx)".into(),
-        }),
-        Err(_) => Ok(Transport::Nvme),
-    }
-}
-
-/// Bring up the UFS host controller behind `backend`.
-fn ufs_ctrl(
-    backend: Arc<dyn Backend>,
+/// How the UFS host controller is brought up.
+fn ufs_options(
     o: &DeviceOptions,
     max_io: u64,
     max_transfer: u64,
     key: &str,
-) -> Result<Ctrl, EngineError> {
-    let uopts = UfsOptions {
+) -> Result<UfsOptions, EngineError> {
+    Ok(UfsOptions {
         mcq: o.mcq,
         queues: o.qpairs.min(UFS_MAX_QUEUES),
         depth: UFS_DEPTH,
@@ -354,17 +329,13 @@ fn ufs_ctrl(
                 file: key.to_string(),
             })?,
         ..UfsOptions::default()
-    };
-    let ctrl = UfsController::new(backend, uopts).map_err(|e| EngineError::Open {
-        device: key.to_string(),
-        why: e.to_string(),
-    })?;
-    Ok(Ctrl::Ufs(ctrl))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mcqio::ufs::UfsMode;
     use mcqio_vfio::HugePages;
     use std::time::Duration;
 
@@ -447,38 +418,12 @@ mod tests {
             mcq: false,
             ..opts()
         };
-        let dev = Device::open(&DeviceKind::FakeUfs, &o, 4096).unwrap();
+        let dev = Device::open(&"fake-ufs".parse().unwrap(), &o, 4096).unwrap();
         let Ctrl::Ufs(c) = dev.ctrl() else {
             panic!("fake-ufs opened as NVMe");
         };
         assert_eq!(c.mode(), UfsMode::Legacy);
         assert_eq!(dev.granted_queues(), 1);
         assert_eq!(dev.max_transfer(), DEFAULT_MAX_TRANSFER);
-    }
-
-    /// The transport of a `vfio-` device comes from its PCI class code.
-    #[test]
-    fn vfio_transport_from_the_class_code() {
-        let base = std::env::temp_dir().join(format!("mcqio-fio-sysfs-{}", std::process::id()));
-        let roots = SysRoots::under(&base);
-        for (bdf, class) in [
-            ("0000:00:04.0", "0x010901"),
-            ("0000:00:03.0", "0x010802"),
-            ("0000:00:05.0", "0x020000"),
-        ] {
-            let d = roots.sys.join("bus/pci/devices").join(bdf);
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(d.join("vendor"), "0x1b36\n").unwrap();
-            std::fs::write(d.join("device"), "0x0013\n").unwrap();
-            std::fs::write(d.join("class"), format!("{class}\n")).unwrap();
-        }
-        let t = |bdf| vfio_transport(&roots, bdf);
-        assert_eq!(t("0000:00:04.0").unwrap(), Transport::Ufs);
-        assert_eq!(t("0000:00:03.0").unwrap(), Transport::Nvme);
-        // A network card is neither: refused with its reason.
-        assert!(matches!(t("0000:00:05.0"), Err(EngineError::Open { .. })));
-        // Unknown to sysfs: NVMe, and opening it says why it cannot be used.
-        assert_eq!(t("0000:00:09.0").unwrap(), Transport::Nvme);
-        let _ = std::fs::remove_dir_all(&base);
     }
 }

@@ -21,7 +21,7 @@ use mcqio::{DmaSlice, IoError, QpairOptions, QueuePair, SubmitErrorKind, Timeout
 use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace, Iova};
 
 use crate::device::{Ctrl, Device};
-use crate::spec::{DeviceOptions, Target, Unit};
+use crate::spec::{DeviceOptions, SpecError, Target, Unit};
 use crate::EngineError;
 
 /// What fio asks a command to do.
@@ -288,13 +288,13 @@ impl Job {
         }
         let targets = names
             .iter()
-            .map(|n| Target::parse(n))
+            .map(|n| Target::parse(n).map_err(SpecError::from))
             .collect::<Result<Vec<_>, _>>()?;
         let kind = &targets[0].device;
         if let Some(t) = targets.iter().find(|t| t.device != *kind) {
             return Err(EngineError::TwoControllers {
-                first: kind.key(),
-                other: t.device.key(),
+                first: kind.label(),
+                other: t.device.label(),
             });
         }
         let dev = Device::get(kind, opts, max_io)?;

@@ -2,7 +2,10 @@
 //! device.
 //!
 //! fio splits `--filename` at every `:` (a `\:` is kept as a literal `:`),
-//! so a PCI address cannot be written as is. The engine accepts:
+//! so a PCI address cannot be written as is. The engine accepts the
+//! spelling of the device-string language every frontend shares that fio
+//! allows ([`mcqio_open::devstr`], whose [`Target::parse`] maps it onto
+//! mcqio-perf's: `vfio-0000.01.00.0` is `vfio:0000:01:00.0`):
 //!
 //! | filename | device |
 //! |---|---|
@@ -10,7 +13,6 @@
 //! | `vfio-0000.01.00.0` | a controller bound to vfio-pci (dots for colons, as SPDK's `traddr=0000.01.00.0`) |
 //! | `vfio-01.00.0` | the same, PCI domain 0 |
 //! | `vfio\:0000\:01\:00.0` | the same in mcqio-perf's spelling, colons escaped for fio |
-//!
 //! | `fake-ufs` | the in-process fake UFS host controller of `mcqio-fixtures` |
 //!
 //! followed by an optional selector of the file's unit on that controller:
@@ -32,28 +34,18 @@ use std::time::Duration;
 
 use mcqio_vfio::HugePages;
 
+/// A parsed `--filename`: a controller and a namespace (or LU) on it, in
+/// the device-string language every frontend shares
+/// ([`mcqio_open::devstr::Filename`]).
+pub use mcqio_open::devstr::Filename as Target;
+pub use mcqio_open::devstr::{FilenameError, Unit};
+
 /// A filename or option the engine cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
-    /// The device part names no known kind.
-    #[error("`{0}`: unknown device; use fake, fake-ufs, vfio-<domain>.<bus>.<dev>.<fn> (e.g. vfio-0000.01.00.0) or vfio\\:0000\\:01\\:00.0")]
-    UnknownDevice(String),
-    /// A malformed PCI address.
-    #[error("`{0}` is not a PCI address like 0000.01.00.0 or 01.00.0")]
-    BadAddress(String),
-    /// A selector that is not `key=value` or has an unknown key.
-    #[error("`{key}` in `{name}`: the device takes {allowed}")]
-    BadSelector {
-        /// The whole filename.
-        name: String,
-        /// The offending part.
-        key: String,
-        /// What the device kind accepts.
-        allowed: &'static str,
-    },
-    /// A selector value out of range.
-    #[error("`{0}`: a namespace id is 1 to 4294967295, a LUN 0 to 255")]
-    BadNumber(String),
+    /// The filename: its device part or its selector.
+    #[error(transparent)]
+    Filename(#[from] FilenameError),
     /// An engine option value that is not allowed.
     #[error("option {option}={value}: {why}")]
     BadOption {
@@ -64,135 +56,6 @@ pub enum SpecError {
         /// What is allowed.
         why: &'static str,
     },
-}
-
-/// Which controller a filename names (the part before the selector).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum DeviceKind {
-    /// The fake NVMe controller, one per process.
-    FakeNvme,
-    /// A real NVMe controller bound to vfio-pci.
-    Vfio {
-        /// `dddd:bb:dd.f`.
-        bdf: String,
-    },
-    /// The fake UFS host controller, one per process.
-    FakeUfs,
-}
-
-impl DeviceKind {
-    /// A stable key: jobs naming the same key share one controller.
-    pub fn key(&self) -> String {
-        match self {
-            DeviceKind::FakeNvme => "fake".into(),
-            DeviceKind::Vfio { bdf } => format!("vfio:{bdf}"),
-            DeviceKind::FakeUfs => "fake-ufs".into(),
-        }
-    }
-}
-
-/// The unit a filename selects on its controller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
-    /// No selector: namespace 1 (NVMe) or LU 0 (UFS).
-    Default,
-    /// `ns=<N>`: an NVMe namespace id (at least 1).
-    Ns(u32),
-    /// `lun=<N>`: a UFS logical unit number.
-    Lun(u8),
-}
-
-/// A parsed `--filename`: a controller and a namespace (or LU) on it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// The controller.
-    pub device: DeviceKind,
-    /// The namespace or logical unit.
-    pub unit: Unit,
-}
-
-fn parse_bdf(s: &str) -> Result<String, SpecError> {
-    let bad = || SpecError::BadAddress(s.to_string());
-    // Dots or colons between domain, bus and device; a dot before the function.
-    let parts: Vec<&str> = s.split(['.', ':']).collect();
-    let (domain, bus, dev, func) = match parts[..] {
-        [d, b, v, f] => (d, b, v, f),
-        [b, v, f] => ("0000", b, v, f),
-        _ => return Err(bad()),
-    };
-    let hex = |p: &str, width: usize, max: u32| {
-        if p.is_empty() || p.len() > width {
-            return Err(bad());
-        }
-        u32::from_str_radix(p, 16)
-            .ok()
-            .filter(|&v| v <= max)
-            .ok_or_else(bad)
-    };
-    let (d, b, v, f) = (
-        hex(domain, 4, 0xffff)?,
-        hex(bus, 2, 0xff)?,
-        hex(dev, 2, 0x1f)?,
-        hex(func, 1, 7)?,
-    );
-    Ok(format!("{d:04x}:{b:02x}:{v:02x}.{f:x}"))
-}
-
-fn parse_nsid(v: &str) -> Result<u32, SpecError> {
-    v.parse::<u32>()
-        .ok()
-        .filter(|&n| n >= 1)
-        .ok_or_else(|| SpecError::BadNumber(v.to_string()))
-}
-
-fn parse_lun(v: &str) -> Result<u8, SpecError> {
-    v.parse::<u8>()
-        .map_err(|_| SpecError::BadNumber(v.to_string()))
-}
-
-impl Target {
-    /// Parse a filename as fio hands it over (escapes already removed).
-    pub fn parse(name: &str) -> Result<Target, SpecError> {
-        let name = name.trim();
-        let mut parts = name.split(',');
-        let dev = parts.next().unwrap_or_default();
-        let device = if dev == "fake" {
-            DeviceKind::FakeNvme
-        } else if dev == "fake-ufs" {
-            DeviceKind::FakeUfs
-        } else if let Some(a) = dev
-            .strip_prefix("vfio-")
-            .or_else(|| dev.strip_prefix("vfio:"))
-        {
-            DeviceKind::Vfio { bdf: parse_bdf(a)? }
-        } else {
-            return Err(SpecError::UnknownDevice(dev.to_string()));
-        };
-        let (ns, lun, allowed) = match device {
-            DeviceKind::FakeNvme => (true, false, "ns=<N> (namespace id)"),
-            DeviceKind::FakeUfs => (false, true, "lun=<N> (logical unit)"),
-            DeviceKind::Vfio { .. } => (
-                true,
-                true,
-                "ns=<N> (NVMe namespace id) or lun=<N> (UFS logical unit)",
-            ),
-        };
-        let mut unit = Unit::Default;
-        for p in parts {
-            match p.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
-                Some(("ns", v)) if ns => unit = Unit::Ns(parse_nsid(v)?),
-                Some(("lun", v)) if lun => unit = Unit::Lun(parse_lun(v)?),
-                _ => {
-                    return Err(SpecError::BadSelector {
-                        name: name.to_string(),
-                        key: p.to_string(),
-                        allowed,
-                    })
-                }
-            }
-        }
-        Ok(Target { device, unit })
-    }
 }
 
 /// How the fake's device side runs.
@@ -293,97 +156,6 @@ pub fn parse_fake_exec(s: &str) -> Result<FakeExec, SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vfio(bdf: &str) -> DeviceKind {
-        DeviceKind::Vfio { bdf: bdf.into() }
-    }
-
-    #[test]
-    fn device_names() {
-        let t = Target::parse("fake").unwrap();
-        assert_eq!((t.device, t.unit), (DeviceKind::FakeNvme, Unit::Default));
-        let t = Target::parse("fake,ns=3").unwrap();
-        assert_eq!((t.device, t.unit), (DeviceKind::FakeNvme, Unit::Ns(3)));
-        for s in [
-            "vfio-0000.01.00.0",
-            "vfio-01.00.0",
-            "vfio:0000:01:00.0",
-            "vfio-0000:01:00.0",
-        ] {
-            assert_eq!(
-                Target::parse(s).unwrap().device,
-                vfio("0000:01:00.0"),
-                "{s}"
-            );
-        }
-        let t = Target::parse("vfio-0001.ff.1f.7,ns=2").unwrap();
-        assert_eq!(
-            (t.device.clone(), t.unit),
-            (vfio("0001:ff:1f.7"), Unit::Ns(2))
-        );
-        assert_eq!(t.device.key(), "vfio:0001:ff:1f.7");
-        // The transport of a vfio- device is known only when it is opened.
-        let t = Target::parse("vfio-01.00.0,lun=0").unwrap();
-        assert_eq!((t.device, t.unit), (vfio("0000:01:00.0"), Unit::Lun(0)));
-        let t = Target::parse("fake-ufs,lun=2").unwrap();
-        assert_eq!((t.device, t.unit), (DeviceKind::FakeUfs, Unit::Lun(2)));
-        let t = Target::parse("fake-ufs").unwrap();
-        assert_eq!((t.device, t.unit), (DeviceKind::FakeUfs, Unit::Default));
-        let t = Target::parse("fake-ufs,lun=0").unwrap();
-        assert_eq!(t.unit, Unit::Lun(0));
-    }
-
-    #[test]
-    fn bad_names_are_typed_errors() {
-        assert!(matches!(
-            Target::parse("/dev/nvme0n1"),
-            Err(SpecError::UnknownDevice(_))
-        ));
-        assert!(matches!(
-            Target::parse("fakeish"),
-            Err(SpecError::UnknownDevice(_))
-        ));
-        for a in [
-            "vfio-",
-            "vfio-1.2",
-            "vfio-0000.100.00.0",
-            "vfio-0000.00.20.0",
-            "vfio-0000.00.00.8",
-            "vfio-zz.00.0",
-            "vfio-00000.00.00.0",
-        ] {
-            assert!(
-                matches!(Target::parse(a), Err(SpecError::BadAddress(_))),
-                "{a}"
-            );
-        }
-        assert!(matches!(
-            Target::parse("fake,ns=0"),
-            Err(SpecError::BadNumber(_))
-        ));
-        assert!(matches!(
-            Target::parse("fake,ns=x"),
-            Err(SpecError::BadNumber(_))
-        ));
-        assert!(matches!(
-            Target::parse("fake,size=1M"),
-            Err(SpecError::BadSelector { .. })
-        ));
-        assert!(matches!(
-            Target::parse("fake,lun=1"),
-            Err(SpecError::BadSelector { .. })
-        ));
-        assert!(matches!(
-            Target::parse("fake-ufs,ns=1"),
-            Err(SpecError::BadSelector { .. })
-        ));
-        for s in ["fake-ufs,lun=256", "fake-ufs,lun=-1", "fake-ufs,lun=x"] {
-            assert!(
-                matches!(Target::parse(s), Err(SpecError::BadNumber(_))),
-                "{s}"
-            );
-        }
-    }
 
     #[test]
     fn option_values() {

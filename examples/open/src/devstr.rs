@@ -1,6 +1,7 @@
-//! The device-string language every example binary shares (`mcqio-perf`,
-//! `hello`, `identify`), with its sizes, durations and CPU lists, and the one
-//! set of defaults a `fake` device is built from.
+//! The device-string language every frontend shares (`mcqio-perf`,
+//! `hello`, `identify`, the fio engine's `--filename`), with its sizes,
+//! durations and CPU lists, and the one set of defaults a `fake` device is
+//! built from.
 //!
 //! Device strings follow xNVMe's URI-with-options idea: a kind, an optional
 //! argument after the first `:`, then `key=value` options after commas:
@@ -12,6 +13,7 @@
 //! | `fake-ufs` | in-process RAM-backed UFS host controller (UFSHCI 4.0, MCQ) |
 //! | `fake-ufs:null` | the same with null logical units (no data movement) |
 //! | `vfio:0000:01:00.0` | a real NVMe or UFS controller bound to vfio-pci (the PCI class code says which) |
+//! | `vfio-0000.01.00.0`, `vfio-01.00.0` | the same in the fio engine's spelling (a fio filename cannot hold `:`): dots for colons, as SPDK's `traddr=0000.01.00.0` |
 //! | `uring:/path` | a file or block device through io_uring (`mcqio-perf` only) |
 //! | `uring:null` | io_uring NOPs: the kernel path with no device at all (`mcqio-perf` only) |
 //!
@@ -34,20 +36,26 @@
 //! covers 1 GiB): throughput then comes from the model, not the host CPU. `vfio:` takes `qpairs` (NVMe) and
 //! `mcq` (UFS).
 //!
+//! A fio `--filename` ([`Filename::parse`]) is the same language with the
+//! spelling fio allows and one difference of meaning: `fake`, `fake-ufs` or
+//! a `vfio-`/`vfio:` address, then at most a selector of the unit the file
+//! is — `ns=<N>` an NVMe namespace id, `lun=<N>` a UFS logical unit
+//! number — and no device options (the fio engine takes those as engine
+//! options). In a device string `ns=` is the fake's namespace *count*; in
+//! a filename it *selects* one, as in SPDK's fio plugin.
+//!
 //! Defaults of `fake` are the library's ([`FakeConfig::default`]): one RAM
 //! namespace of [`FAKE_SIZE`] bytes in [`FAKE_BLOCK_SIZE`]-byte blocks;
 //! `fake:null` namespaces advertise [`FAKE_NULL_SIZE`] bytes.
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use mcqio_fixtures::ufs::{
-    FakeUfs, FtlConfig, LuConfig, ModelClock, UfsConfig, BLOCK_SIZE as UFS_BLOCK_SIZE,
+    FtlConfig, LuConfig, ModelClock, UfsConfig, BLOCK_SIZE as UFS_BLOCK_SIZE,
 };
-use mcqio_fixtures::{FakeConfig, FakeController, NamespaceConfig};
-use mcqio_vfio::Backend;
+use mcqio_fixtures::{FakeConfig, NamespaceConfig};
 
 /// Namespace size of `fake` when `size=` is not given (the library default).
 pub const FAKE_SIZE: u64 = 64 << 20;
@@ -370,49 +378,6 @@ impl DeviceSpec {
         }
     }
 
-    /// Open a `fake`, `fake-ufs` or `vfio:` device as an engine backend, for
-    /// the small example programs (`hello`, `identify`). They read `lbs`,
-    /// `lbads`, `ns`, `size`, `latency`, `qpairs` and `sync` (and `mcq`,
-    /// `queues`, `lus` of `fake-ufs`); other options and the io_uring kinds
-    /// are refused with a message naming `who`. Whether to bring the
-    /// backend up as NVMe or UFS: [`DeviceSpec::is_ufs`].
-    pub fn open_backend(&self, who: &str) -> Result<Arc<dyn Backend>, SpecError> {
-        match &self.kind {
-            DeviceKind::FakeUfs { .. } => {
-                self.check_keys(
-                    &["mcq", "queues", "lus", "size", "latency", "sync", "tr", "tprog", "dies"],
-                    who,
-                )?;
-                let cfg = self
-                    .fake_ufs_config()
-                    .expect("a fake-ufs spec has a fake UFS config");
-                let fake =
-                    FakeUfs::new(cfg).map_err(|e| SpecError(format!("fake UFS controller: {e}")))?;
-                Ok(fake)
-            }
-            DeviceKind::Fake { .. } => {
-                self.check_keys(
-                    &["lbs", "lbads", "ns", "size", "latency", "qpairs", "sync"],
-                    who,
-                )?;
-                let cfg = self.fake_config().expect("a fake spec has a fake config");
-                let fake = FakeController::new(cfg)
-                    .map_err(|e| SpecError(format!("fake controller: {e}")))?;
-                Ok(fake)
-            }
-            DeviceKind::Vfio { bdf } => {
-                self.check_keys(&["mcq"], who)?;
-                let b = mcqio_vfio::VfioBackend::open(bdf)
-                    .map_err(|e| SpecError(format!("{bdf}: {e}")))?;
-                Ok(Arc::new(b))
-            }
-            _ => err(format!(
-                "{who} drives an NVMe or UFS controller: use fake[,options], fake-ufs[,options] or vfio:<BDF>, not `{}`",
-                self.label()
-            )),
-        }
-    }
-
     /// Whether the device stores data (so `--verify` means something).
     pub fn stores_data(&self) -> bool {
         !matches!(
@@ -444,6 +409,12 @@ impl std::str::FromStr for DeviceSpec {
             ("fake-ufs", Some("null")) => (DeviceKind::FakeUfs { null: true }, FAKE_UFS_KEYS),
             ("fake-ufs", Some(a)) => return err(format!("unknown fake-ufs variant `{a}`: use `fake-ufs` or `fake-ufs:null`")),
             ("vfio", Some(bdf)) if !bdf.is_empty() => (DeviceKind::Vfio { bdf: bdf.into() }, VFIO_KEYS),
+            // The fio spelling, mapped onto `vfio:` with the address in its
+            // canonical form.
+            (k, None) if k.starts_with("vfio-") => match parse_bdf(&k["vfio-".len()..]) {
+                Some(bdf) => (DeviceKind::Vfio { bdf }, VFIO_KEYS),
+                None => return err(format!("`{}` is not a PCI address like 0000.01.00.0 or 01.00.0", &k["vfio-".len()..])),
+            },
             ("vfio", _) => return err("`vfio` needs a PCI address: vfio:0000:01:00.0 (list them with `mcqio-perf devices` or lspci -D -d ::0108 for NVMe, ::0109 for UFS)"),
             ("uring", Some("null")) => (DeviceKind::UringNull, URING_NULL_KEYS),
             ("uring", Some(p)) if !p.is_empty() => (DeviceKind::UringFile { path: p.into() }, URING_FILE_KEYS),
@@ -596,6 +567,143 @@ fn set_block_size(opts: &mut DeviceOpts, bytes: u32, opt: &str) -> Result<(), Sp
             opts.block_size = Some(bytes);
             Ok(())
         }
+    }
+}
+
+/// A PCI address with dots or colons between domain, bus and device and a
+/// dot before the function (`0000.01.00.0`, `0000:01:00.0`, `01.00.0`, the
+/// domain 0 when left out), in the canonical `dddd:bb:dd.f`; `None` if it is
+/// malformed.
+pub fn parse_bdf(s: &str) -> Option<String> {
+    let parts: Vec<&str> = s.split(['.', ':']).collect();
+    let (domain, bus, dev, func) = match parts[..] {
+        [d, b, v, f] => (d, b, v, f),
+        [b, v, f] => ("0000", b, v, f),
+        _ => return None,
+    };
+    let hex = |p: &str, width: usize, max: u32| {
+        if p.is_empty() || p.len() > width {
+            return None;
+        }
+        u32::from_str_radix(p, 16).ok().filter(|&v| v <= max)
+    };
+    let (d, b, v, f) = (
+        hex(domain, 4, 0xffff)?,
+        hex(bus, 2, 0xff)?,
+        hex(dev, 2, 0x1f)?,
+        hex(func, 1, 7)?,
+    );
+    Some(format!("{d:04x}:{b:02x}:{v:02x}.{f:x}"))
+}
+
+/// The unit a fio filename selects on its controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// No selector: namespace 1 (NVMe) or LU 0 (UFS).
+    Default,
+    /// `ns=<N>`: an NVMe namespace id (at least 1).
+    Ns(u32),
+    /// `lun=<N>`: a UFS logical unit number.
+    Lun(u8),
+}
+
+/// A fio filename that cannot be used, by the part that is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FilenameError {
+    /// The device part names no known kind.
+    #[error("`{0}`: unknown device; use fake, fake-ufs, vfio-<domain>.<bus>.<dev>.<fn> (e.g. vfio-0000.01.00.0) or vfio\\:0000\\:01\\:00.0")]
+    UnknownDevice(String),
+    /// A malformed PCI address.
+    #[error("`{0}` is not a PCI address like 0000.01.00.0 or 01.00.0")]
+    BadAddress(String),
+    /// A selector that is not `key=value` or has an unknown key.
+    #[error("`{key}` in `{name}`: the device takes {allowed}")]
+    BadSelector {
+        /// The whole filename.
+        name: String,
+        /// The offending part.
+        key: String,
+        /// What the device kind accepts.
+        allowed: &'static str,
+    },
+    /// A selector value out of range.
+    #[error("`{0}`: a namespace id is 1 to 4294967295, a LUN 0 to 255")]
+    BadNumber(String),
+}
+
+/// A parsed fio `--filename`: a controller, as a device string of the one
+/// language, and the unit the file is on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Filename {
+    /// The controller: `fake`, `fake-ufs` or `vfio:<canonical BDF>`, with
+    /// no options; jobs whose devices are equal share one controller
+    /// (keyed by its [`DeviceSpec::label`]).
+    pub device: DeviceSpec,
+    /// The namespace or logical unit.
+    pub unit: Unit,
+}
+
+impl Filename {
+    /// Parse a filename as fio hands it over (its `\:` escapes already
+    /// removed): the fio spelling is mapped onto the device-string
+    /// language (`vfio-0000.01.00.0` → `vfio:0000:01:00.0`) and parsed by
+    /// [`DeviceSpec`]'s parser; the selector is taken off first.
+    pub fn parse(name: &str) -> Result<Filename, FilenameError> {
+        let name = name.trim();
+        let mut parts = name.split(',');
+        let dev = parts.next().unwrap_or_default();
+        let head = match dev {
+            "fake" | "fake-ufs" => dev.to_string(),
+            _ => match dev
+                .strip_prefix("vfio-")
+                .or_else(|| dev.strip_prefix("vfio:"))
+            {
+                Some(a) => format!(
+                    "vfio:{}",
+                    parse_bdf(a).ok_or_else(|| FilenameError::BadAddress(a.to_string()))?
+                ),
+                None => return Err(FilenameError::UnknownDevice(dev.to_string())),
+            },
+        };
+        let device: DeviceSpec = head
+            .parse()
+            .map_err(|_| FilenameError::UnknownDevice(dev.to_string()))?;
+        let (ns, lun, allowed) = match device.kind {
+            DeviceKind::Fake { .. } => (true, false, "ns=<N> (namespace id)"),
+            DeviceKind::FakeUfs { .. } => (false, true, "lun=<N> (logical unit)"),
+            _ => (
+                true,
+                true,
+                "ns=<N> (NVMe namespace id) or lun=<N> (UFS logical unit)",
+            ),
+        };
+        let mut unit = Unit::Default;
+        for p in parts {
+            match p.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
+                Some(("ns", v)) if ns => {
+                    unit = Unit::Ns(
+                        v.parse::<u32>()
+                            .ok()
+                            .filter(|&n| n >= 1)
+                            .ok_or_else(|| FilenameError::BadNumber(v.to_string()))?,
+                    )
+                }
+                Some(("lun", v)) if lun => {
+                    unit = Unit::Lun(
+                        v.parse::<u8>()
+                            .map_err(|_| FilenameError::BadNumber(v.to_string()))?,
+                    )
+                }
+                _ => {
+                    return Err(FilenameError::BadSelector {
+                        name: name.to_string(),
+                        key: p.to_string(),
+                        allowed,
+                    })
+                }
+            }
+        }
+        Ok(Filename { device, unit })
     }
 }
 
@@ -756,11 +864,11 @@ mod tests {
             "{e}"
         );
         assert!(spec("fake").check_keys(&[], "dma-bench").is_ok());
-        let Err(e) = spec("fake,corrupt=0.1").open_backend("hello") else {
+        let Err(e) = spec("fake,corrupt=0.1").backing("hello") else {
             panic!("corrupt= is not a hello option");
         };
         assert!(e.0.contains("corrupt"), "{e}");
-        assert!(spec("uring:null").open_backend("hello").is_err());
+        assert!(spec("uring:null").backing("hello").is_err());
     }
 
     #[test]
@@ -813,6 +921,134 @@ mod tests {
         assert!(!spec("uring:null").stores_data());
         assert!(!spec("fake:null").stores_data());
         assert!(spec("fake").stores_data());
+    }
+
+    /// Where the language is spelled two ways.
+    #[derive(Debug, Clone, Copy)]
+    enum Lang {
+        /// A device string (`mcqio-perf -d`, `hello`, `identify`).
+        Cli,
+        /// A fio `--filename`.
+        Fio,
+    }
+
+    /// What a string parses to: the device's label and the unit selected
+    /// (always the default for a device string), or the error's text.
+    #[derive(Debug, PartialEq)]
+    enum Want {
+        Ok(&'static str, Unit),
+        Err(&'static str),
+    }
+
+    /// One table for both spellings: every form each tool accepts today,
+    /// and the ones each refuses.
+    #[test]
+    fn both_spellings() {
+        use Lang::{Cli, Fio};
+        use Want::{Err as E, Ok as O};
+        let d = Unit::Default;
+        let table: &[(Lang, &str, Want)] = &[
+            // mcqio-perf, hello, identify.
+            (Cli, "fake", O("fake", d)),
+            (Cli, "fake:null", O("fake:null", d)),
+            (Cli, "fake:ram", O("fake", d)),
+            (Cli, "fake,ns=2,lbs=4k", O("fake", d)),
+            (Cli, "fake-ufs", O("fake-ufs", d)),
+            (Cli, "fake-ufs:null,mcq=off", O("fake-ufs:null", d)),
+            (Cli, "vfio:0000:01:00.0", O("vfio:0000:01:00.0", d)),
+            (Cli, "vfio:01:00.0,mcq=off", O("vfio:01:00.0", d)),
+            // The fio spelling works in a device string too.
+            (Cli, "vfio-0000.01.00.0", O("vfio:0000:01:00.0", d)),
+            (Cli, "vfio-01.00.0,qpairs=4", O("vfio:0000:01:00.0", d)),
+            (Cli, "vfio-1.2", E("not a PCI address")),
+            (Cli, "uring:null", O("uring:null", d)),
+            (Cli, "uring:/tmp/x", O("uring:/tmp/x", d)),
+            (Cli, "fake,lun=1", E("does not apply")),
+            // The fio engine's --filename.
+            (Fio, "fake", O("fake", d)),
+            (Fio, "fake,ns=3", O("fake", Unit::Ns(3))),
+            (Fio, "fake-ufs", O("fake-ufs", d)),
+            (Fio, "fake-ufs,lun=0", O("fake-ufs", Unit::Lun(0))),
+            (Fio, "fake-ufs,lun=2", O("fake-ufs", Unit::Lun(2))),
+            (Fio, "vfio-0000.01.00.0", O("vfio:0000:01:00.0", d)),
+            (Fio, "vfio-01.00.0", O("vfio:0000:01:00.0", d)),
+            (Fio, "vfio:0000:01:00.0", O("vfio:0000:01:00.0", d)),
+            (Fio, "vfio-0000:01:00.0", O("vfio:0000:01:00.0", d)),
+            (Fio, "vfio:01:00.0", O("vfio:0000:01:00.0", d)),
+            (
+                Fio,
+                "vfio-0000.01.00.0,ns=1",
+                O("vfio:0000:01:00.0", Unit::Ns(1)),
+            ),
+            (
+                Fio,
+                "vfio-0001.ff.1f.7,ns=2",
+                O("vfio:0001:ff:1f.7", Unit::Ns(2)),
+            ),
+            // Its transport is known only when it is opened.
+            (
+                Fio,
+                "vfio-01.00.0,lun=0",
+                O("vfio:0000:01:00.0", Unit::Lun(0)),
+            ),
+            (Fio, "/dev/nvme0n1", E("unknown device")),
+            (Fio, "fakeish", E("unknown device")),
+            (Fio, "fake:null", E("unknown device")),
+            (Fio, "uring:null", E("unknown device")),
+            (Fio, "vfio-", E("not a PCI address")),
+            (Fio, "vfio-1.2", E("not a PCI address")),
+            (Fio, "vfio-0000.100.00.0", E("not a PCI address")),
+            (Fio, "vfio-0000.00.20.0", E("not a PCI address")),
+            (Fio, "vfio-0000.00.00.8", E("not a PCI address")),
+            (Fio, "vfio-zz.00.0", E("not a PCI address")),
+            (Fio, "vfio-00000.00.00.0", E("not a PCI address")),
+            (Fio, "fake,ns=0", E("a namespace id is 1")),
+            (Fio, "fake,ns=x", E("a namespace id is 1")),
+            (Fio, "fake-ufs,lun=256", E("a LUN 0 to 255")),
+            (Fio, "fake-ufs,lun=-1", E("a LUN 0 to 255")),
+            (Fio, "fake-ufs,lun=x", E("a LUN 0 to 255")),
+            // A filename carries no device options: they are engine options.
+            (Fio, "fake,size=1M", E("the device takes ns=<N>")),
+            (Fio, "fake,lun=1", E("the device takes ns=<N>")),
+            (Fio, "fake-ufs,ns=1", E("the device takes lun=<N>")),
+            (
+                Fio,
+                "vfio-01.00.0,qpairs=4",
+                E("ns=<N> (NVMe namespace id) or lun=<N>"),
+            ),
+        ];
+        for (lang, s, want) in table {
+            let got = match lang {
+                Cli => s
+                    .parse::<DeviceSpec>()
+                    .map(|d| (d.label(), Unit::Default))
+                    .map_err(|e| e.to_string()),
+                Fio => Filename::parse(s)
+                    .map(|f| (f.device.label(), f.unit))
+                    .map_err(|e| e.to_string()),
+            };
+            match (want, got) {
+                (Want::Ok(label, unit), Ok((l, u))) => {
+                    assert_eq!((label.to_string(), *unit), (l, u), "{lang:?} {s:?}")
+                }
+                (Want::Err(part), Err(e)) => assert!(e.contains(part), "{lang:?} {s:?}: {e}"),
+                (want, got) => panic!("{lang:?} {s:?}: want {want:?}, got {got:?}"),
+            }
+        }
+        // The fio errors are typed: the engine tells which part is wrong.
+        assert!(matches!(
+            Filename::parse("vfio-1.2"),
+            Err(FilenameError::BadAddress(a)) if a == "1.2"
+        ));
+        assert!(matches!(
+            Filename::parse("fake,size=1M"),
+            Err(FilenameError::BadSelector { .. })
+        ));
+        // Jobs on one controller find it by label, whatever the spelling.
+        assert_eq!(
+            Filename::parse("vfio-01.00.0").unwrap().device,
+            Filename::parse("vfio:0000:01:00.0,ns=2").unwrap().device
+        );
     }
 
     #[test]
