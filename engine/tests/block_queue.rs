@@ -2,7 +2,7 @@
 //! `core::block::BlockQueue`, `run_per_core` and the blocking helpers runs
 //! on NVMe and UFS queue pairs alike.
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 use ufs_common::*;
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Every bad input gets its typed error and its buffer back; faults of the
 //! device are detected, never delivered to the wrong request.
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! is delivered exactly once — by `poll`, or by `close` for commands whose
 //! completion the device lost — and never to the wrong tag.
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

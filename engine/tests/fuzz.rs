@@ -7,7 +7,7 @@
 //! (Completion matching under random CQE streams is property-tested next to
 //! the tracker, in `src/core/tracker.rs`, where it also runs under Miri.)
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use std::sync::{Mutex, OnceLock};
 

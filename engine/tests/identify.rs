@@ -1,6 +1,6 @@
 //! Bring-up and identify against the fake controller.
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use common::*;
 use mcqio::ControllerOptions;

@@ -1,6 +1,6 @@
 //! Data path against the fake: PRPs, transfer sizes, vectored I/O, async API.
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use common::*;
 use mcqio::{ControllerOptions, DmaBuf, QpairOptions};

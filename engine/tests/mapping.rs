@@ -3,7 +3,7 @@
 //! described by IOVA + length. Data must round-trip and the device must never
 //! touch memory outside a live mapping (the fake IOMMU counts faults).
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use common::*;
 use mcqio::{QpairOptions, QueuePair, SubmitErrorKind};

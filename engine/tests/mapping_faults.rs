@@ -5,7 +5,7 @@
 //! once, no buffer comes back while it is still mapped, and no memory the
 //! IOMMU still maps is freed.
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};

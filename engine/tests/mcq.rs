@@ -1,6 +1,6 @@
 //! One queue pair per thread: write random data at random LBAs, read it back.
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use common::*;
 use mcqio::{DmaBuf, QpairOptions, QueuePair};

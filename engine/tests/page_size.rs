@@ -7,7 +7,7 @@
 //! strict and lazy mappings of application buffers — data verified, no
 //! IOMMU fault, and nothing left mapped after teardown.
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use std::sync::Arc;
 

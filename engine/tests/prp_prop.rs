@@ -9,7 +9,7 @@
 //! Run twice: with no transfer limit (one command per transfer) and with a
 //! small MDTS, where the queue splits each transfer into child commands.
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use std::sync::Arc;
 

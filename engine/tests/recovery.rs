@@ -3,7 +3,7 @@
 //! exactly once, with the right typed error, and no hang — in both execution
 //! modes of the fake controller.
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use std::time::{Duration, Instant};
 

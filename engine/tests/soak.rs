@@ -30,7 +30,7 @@
 //! MCQIO_SOAK_MODE=threaded MCQIO_SOAK_IOS=2000000 cargo test --release -p mcqio --test soak -- --nocapture
 //! ```
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

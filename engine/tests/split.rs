@@ -2,7 +2,7 @@
 //! into child commands, completed once with one result, the buffer handed
 //! back once after every child finished; nothing half-submitted.
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use std::time::{Duration, Instant};
 

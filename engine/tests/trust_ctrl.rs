@@ -2,7 +2,7 @@
 //! device misbehaves or the caller asks for odd transfers (issue 12, items
 //! 3, 6 and 9), against the fake and its hostile mode.
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! errors (item 9), and the small ones of item 10 (`completed` after a
 //! callback panic, no doorbell for a queue a reset deleted).
 
-mod common;
+use mcqio_fixtures::testing::engine::nvme as common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;

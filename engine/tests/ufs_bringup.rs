@@ -1,7 +1,7 @@
 //! UFS bring-up against the fake controller: MCQ and legacy single
 //! doorbell, queue counts, logical units, queue-pair ownership.
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 use ufs_common::*;
 
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Fault classes of the fake UFS controller end each command exactly once
 //! with the right typed result, in MCQ and legacy mode.
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 use ufs_common::*;
 
 use mcqio::ufs::spec::scsi::{sense_key, ScsiStatus, Sense};

@@ -2,7 +2,7 @@
 //! typed errors (bring-up) or stale-completion counting (I/O), never a
 //! panic or a hang.
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 use ufs_common::*;
 
 use std::sync::Arc;

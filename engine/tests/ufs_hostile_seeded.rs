@@ -9,7 +9,7 @@
 //! (unmapped) at once, the device is then run to the end, and the IOMMU
 //! must have seen no access to unmapped memory.
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 use ufs_common::*;
 
 use std::collections::{BTreeMap, HashMap};

@@ -3,7 +3,7 @@
 //! entry, the memory budget, and a randomized multi-thread correctness test
 //! in both control modes on a sparse LU.
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Barrier};

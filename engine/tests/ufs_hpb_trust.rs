@@ -4,7 +4,7 @@
 //! map load that raced a write is never used after that write completed,
 //! even by a device that trusts the host's entries.
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

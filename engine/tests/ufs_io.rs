@@ -3,7 +3,7 @@
 //! multi-entry PRDTs, vectored buffers, flush and unmap, doorbell batching,
 //! and every bad input typed with the buffer handed back.
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 use ufs_common::*;
 
 use std::collections::HashMap;

@@ -10,7 +10,7 @@
 //! A controller that ignores HCE = 0 gets its buffers leaked, never handed
 //! back.
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 use ufs_common::*;
 
 use std::collections::BTreeMap;

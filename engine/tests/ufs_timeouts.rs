@@ -6,7 +6,7 @@
 //! command without its buffer). Every command still ends
 //! exactly once, and a buffer the device may still own is never handed back.
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 use ufs_common::*;
 
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! any OCS, and on the reset path too — is counted as stale and never ends
 //! the command now in that slot (nor hands back its buffer).
 
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 use ufs_common::*;
 
 use std::time::{Duration, Instant};

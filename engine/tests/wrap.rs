@@ -15,8 +15,7 @@
 //! drops a stale SUCCESS entry is the response area cleared before each
 //! submission, whatever the count.
 
-mod common;
-mod ufs_common;
+use mcqio_fixtures::testing::engine::ufs as ufs_common;
 
 use std::sync::Arc;
 use std::time::Duration;
