@@ -87,10 +87,10 @@ use std::time::{Duration, Instant};
 use mcqio_vfio::{Backend, DmaDir, DmaRegion, DmaSpace, DoorbellHook, Mmio};
 
 use crate::core::io::IoBuf;
-use crate::nvme::queue::cq::CompQueue;
-use crate::nvme::queue::doorbell::{Doorbell, Shadow};
-use crate::nvme::queue::sq::SubQueue;
-use crate::nvme::queue::{QpairOptions, QueuePair, PAGE_SIZE};
+use crate::nvme::pcie::queue::cq::CompQueue;
+use crate::nvme::pcie::queue::doorbell::{Doorbell, Shadow};
+use crate::nvme::pcie::queue::sq::SubQueue;
+use crate::nvme::pcie::queue::{QpairOptions, QueuePair, PAGE_SIZE};
 use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
 use crate::nvme::spec::opcodes::admin as admin_op;
 use crate::nvme::spec::regs::{self, Aqa, Cap, Cc, Csts, Version};

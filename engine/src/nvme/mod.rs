@@ -3,13 +3,18 @@
 //! The NVMe wire and its controller, over the shared [`crate::core`]:
 //!
 //! - [`spec`]: wire formats (registers, SQE/CQE, command builders, identify, status).
-//! - [`ctrl`]: [`Controller`] bring-up, admin queue, reset, shutdown.
-//! - [`queue`]: [`QueuePair`]: rings, doorbells, PRP lists, transfers split at MDTS.
+//! - [`ctrl`]: [`Controller`]: options, namespaces, the state word, admin
+//!   entry points, reset, queue ids.
+//! - [`pcie`]: NVMe over PCIe: [`QueuePair`] (rings, doorbells, PRP lists,
+//!   transfers split at MDTS) in [`pcie::queue`].
+//!
+//! [`queue`] is [`pcie::queue`] under its former path.
 
 pub mod ctrl;
-pub mod queue;
+pub mod pcie;
 pub mod spec;
 
 pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace};
+pub use pcie::queue;
 pub use queue::{Outstanding, QpairOptions, QpairStats, QueuePair};
 pub use spec::NvmeStatus;
