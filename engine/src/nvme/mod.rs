@@ -10,6 +10,7 @@
 //!
 //! [`queue`] is [`pcie::queue`] under its former path.
 
+pub mod admin;
 pub mod ctrl;
 pub mod pcie;
 pub mod spec;

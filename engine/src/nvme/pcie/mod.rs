@@ -10,4 +10,8 @@
 //! - [`queue`]: [`QueuePair`](queue::QueuePair): SQ/CQ rings, doorbells,
 //!   PRP lists, transfers split at MDTS.
 
+pub(super) mod bringup;
+pub(super) mod enable;
+pub(super) mod ioq;
 pub mod queue;
+pub(super) mod shadow;
