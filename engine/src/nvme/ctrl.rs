@@ -250,6 +250,7 @@ impl Namespace {
     }
 }
 
+/// An initialised NVMe controller. Shareable (`Sync`); create one
 /// [`QueuePair`] per thread for I/O.
 pub struct Controller {
     pub(super) backend: Arc<dyn Backend>,

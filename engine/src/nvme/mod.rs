@@ -5,6 +5,8 @@
 //! - [`spec`]: wire formats (registers, SQE/CQE, command builders, identify, status).
 //! - [`ctrl`]: [`Controller`]: options, namespaces, the state word, admin
 //!   entry points, reset, queue ids.
+//! - [`admin`]: the admin queue: commands, Asynchronous Event Requests
+//!   ([`AsyncEvent`]), Identify, [`Controller::admin_read`].
 //! - [`pcie`]: NVMe over PCIe: [`QueuePair`] (rings, doorbells, PRP lists,
 //!   transfers split at MDTS) in [`pcie::queue`].
 //!

@@ -22,8 +22,6 @@ unsafe impl Send for BarPtr {}
 // SAFETY: see Send.
 unsafe impl Sync for BarPtr {}
 
-/// An initialised NVMe controller. Shareable (`Sync`); create one
-
 pub(in crate::nvme) fn read_csts(regs: &dyn Mmio) -> Result<Csts> {
     let c = Csts(regs.read32(regs::CSTS));
     if c.is_all_ones() {
