@@ -87,7 +87,7 @@
 //!
 //! ## What a completion's CID can and cannot prove
 //!
-//! A CID is `slot | generation` (see [`nvme::queue`]). mcqio detects and drops a
+//! A CID is `slot | generation` (see [`nvme::pcie::queue`]). mcqio detects and drops a
 //! CQE whose CID names a free slot, a busy slot with another generation (a
 //! late or duplicated completion of an earlier command in that slot, or a
 //! bit flip in the generation bits), or another submission queue (SQ ID
@@ -155,9 +155,10 @@
 //!   buffers mapped per I/O ([`MappedQueuePair`], strict and lazy DMA modes;
 //!   [`core::mapped`]), one queue pair per core ([`run_per_core`];
 //!   [`core::per_core`]).
-//! - [`nvme`]: the NVMe transport: wire formats ([`nvme::spec`]),
-//!   [`Controller`] bring-up and admin queue ([`nvme::ctrl`]), [`QueuePair`]
-//!   with its rings, doorbells and PRP lists ([`nvme::queue`]).
+//! - [`nvme`]: the NVMe transport: wire formats ([`nvme::spec`]), the
+//!   [`Controller`] ([`nvme::ctrl`]) and its admin queue ([`nvme::admin`]);
+//!   NVMe over PCIe ([`nvme::pcie`]): bring-up, doorbells, [`QueuePair`]
+//!   with its rings and PRP lists ([`nvme::pcie::queue`]).
 //! - [`ufs`]: the UFS transport (UFSHCI 4.0 MCQ and legacy single doorbell):
 //!   wire formats ([`ufs::spec`]: registers, UTRD, UPIU, PRDT, SCSI CDBs),
 //!   [`UfsController`] bring-up and host controller reset, [`UfsQueuePair`]

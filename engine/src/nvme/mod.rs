@@ -3,16 +3,24 @@
 //! The NVMe wire and its controller, over the shared [`crate::core`]:
 //!
 //! - [`spec`]: wire formats (registers, SQE/CQE, command builders, identify, status).
-//! - [`ctrl`]: [`Controller`] bring-up, admin queue, reset, shutdown.
-//! - [`queue`]: [`QueuePair`]: rings, doorbells, PRP lists, transfers split at MDTS.
+//! - [`ctrl`]: [`Controller`]: options, namespaces, the state word, admin
+//!   entry points, reset, queue ids.
+//! - [`admin`]: the admin queue: commands, Asynchronous Event Requests
+//!   ([`AsyncEvent`]), Identify, [`Controller::admin_read`].
+//! - [`pcie`]: NVMe over PCIe: [`QueuePair`] (rings, doorbells, PRP lists,
+//!   transfers split at MDTS) in [`pcie::queue`].
+//!
+//! [`queue`] is [`pcie::queue`] under its former path.
 
+pub mod admin;
 pub mod ctrl;
 mod mapped;
+pub mod pcie;
 mod per_core;
-pub mod queue;
 pub mod spec;
 
 pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace};
 pub use mapped::MappedQueuePair;
+pub use pcie::queue;
 pub use queue::{Outstanding, QpairOptions, QpairStats, QueuePair};
 pub use spec::NvmeStatus;

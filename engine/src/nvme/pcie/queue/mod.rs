@@ -3,10 +3,12 @@
 //! - `sq`: the submission ring and its tail doorbell (batched: one store per flush).
 //! - `cq`: the completion ring, phase-bit polling, one head doorbell per poll.
 //! - tags (CID = slot | generation) are the shared core's `crate::core::tracker`.
-//! - [`pair`]: [`QueuePair`], the public per-thread I/O object.
-//! - `split.rs` (a child module of `pair`, for the queue's internals):
-//!   transfers above the per-command limit as child commands that complete
-//!   once.
+//! - [`pair`]: [`QueuePair`], the public per-thread I/O object, one file
+//!   per concern: `submit` (checks, SQEs, the tail doorbell), `prp` (data
+//!   pointers), `split` (transfers above the per-command limit as child
+//!   commands that complete once), `reap` (polling the CQ), `recover`
+//!   (after a reset or failure, timeouts), `teardown` (close, `Drop`),
+//!   `blocking` (the blocking helpers and [`BlockQueue`](crate::core::block::BlockQueue)).
 
 pub(crate) mod cq;
 pub(crate) mod doorbell;

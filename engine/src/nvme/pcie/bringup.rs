@@ -1,0 +1,556 @@
+//! Bring-up, reset and shutdown of an NVMe controller over PCIe: the
+//! sequence of [`Controller::new`] (see [`crate::nvme::ctrl`]), the disable
+//! and re-initialisation of [`Controller::reset`], and the CC.SHN shutdown
+//! at drop.
+
+use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mcqio_vfio::{Backend, DmaDir};
+
+use crate::nvme::admin::{active_namespaces, identify_page, AdminQueue, AER_CID_BASE};
+use crate::nvme::ctrl::{state, Controller, ControllerOptions, Namespace};
+use crate::nvme::pcie::enable::{
+    disable, doorbells_fit, io_config, quiesced, wait_csts, BarPtr, READY_BEFORE_DISABLE,
+};
+use crate::nvme::pcie::queue::cq::CompQueue;
+use crate::nvme::pcie::queue::doorbell::Doorbell;
+use crate::nvme::pcie::queue::sq::SubQueue;
+use crate::nvme::pcie::queue::PAGE_SIZE;
+use crate::nvme::pcie::shadow::ShadowPages;
+use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
+use crate::nvme::spec::regs::{self, Aqa, Cap, Cc, Csts, Version};
+use crate::nvme::spec::sqe::{Command, DoorbellBufferConfig, Identify, SetFeatures};
+use crate::nvme::spec::{Cqe, Sqe};
+use crate::{Error, Result};
+
+impl Controller {
+    /// Bring up the controller behind `backend` (see the module docs for
+    /// the sequence).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use mcqio::{Controller, ControllerOptions, vfio::Backend};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A real controller: Arc::new(mcqio::vfio::VfioBackend::open("0000:03:00.0")?).
+    /// let backend: Arc<dyn Backend> = mcqio_fixtures::FakeController::new(Default::default())?;
+    /// let ctrl = Controller::new(backend, ControllerOptions::default())?;
+    /// for ns in ctrl.namespaces() {
+    ///     println!("namespace {}: {} blocks of {} B", ns.id, ns.nsze, ns.lba_size);
+    /// }
+    /// assert_eq!(ctrl.namespace(1).map(|ns| ns.lba_size), Some(512));
+    /// assert!(ctrl.granted_io_queues() >= 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn new(backend: Arc<dyn Backend>, opts: ControllerOptions) -> Result<Arc<Controller>> {
+        if !(2..=4096).contains(&opts.admin_queue_entries) {
+            return Err(Error::InvalidOption(format!(
+                "admin_queue_entries {} is outside 2..=4096",
+                opts.admin_queue_entries
+            )));
+        }
+        if opts.io_queues == 0 || opts.io_queues == u16::MAX {
+            return Err(Error::InvalidOption("io_queues must be 1..=65534".into()));
+        }
+        let regs = backend.regs();
+        let cap_raw = regs.read64(regs::CAP);
+        if cap_raw == u64::MAX {
+            return Err(Error::DeviceGone);
+        }
+        let cap = Cap(cap_raw);
+        let version = Version(regs.read32(regs::VS));
+        if cap.css() & 1 == 0 {
+            return Err(Error::InvalidOption(
+                "the controller does not support the NVM command set (CAP.CSS bit 0)".into(),
+            ));
+        }
+        if cap.mps_min_shift() > 12 {
+            return Err(Error::InvalidOption(format!(
+                "the controller's minimum page size is {} bytes; mcqio uses 4096",
+                1u64 << cap.mps_min_shift()
+            )));
+        }
+        // CAP.TO of 0 would make every wait fail at once; use 500 ms minimum.
+        let ready_timeout = Duration::from_millis(cap.timeout_ms().max(500));
+
+        // Every doorbell the engine will store to must lie inside BAR0: a
+        // large CAP.DSTRD would otherwise put even the admin doorbells past
+        // the mapping. The I/O queues' doorbells are checked against the
+        // grant below.
+        let dstrd = cap.dstrd();
+        let bar_len = regs.len();
+        if !doorbells_fit(0, dstrd, bar_len) {
+            return Err(Error::BadDevice {
+                what: "doorbell stride (CAP.DSTRD)",
+                detail: format!(
+                    "DSTRD {dstrd} puts the admin doorbells at {:#x}, outside the {bar_len:#x}-byte BAR0",
+                    regs::cq_head_doorbell(0, dstrd)
+                ),
+            });
+        }
+
+        if cap.max_queue_entries() < 2 {
+            return Err(Error::BadDevice {
+                what: "maximum queue entries (CAP.MQES)",
+                detail: "MQES 0 (one entry); a queue needs at least two".into(),
+            });
+        }
+
+        // 1. Disable. No memory of ours is at stake yet: a controller left
+        // enabling by someone else that never became ready but is disabled
+        // now is usable.
+        match disable(regs, ready_timeout) {
+            Err(Error::Timeout { what, .. }) if what == READY_BEFORE_DISABLE => {
+                log::warn!(
+                    "{}: the controller was enabling and never became ready; disabled it anyway",
+                    backend.name()
+                );
+            }
+            r => r?,
+        }
+
+        // 2. Admin queues.
+        let dma = Arc::clone(backend.dma());
+        let entries = opts
+            .admin_queue_entries
+            .min(cap.max_queue_entries().min(4096) as u16);
+        let asq = dma.alloc(entries as usize * size_of::<Sqe>(), DmaDir::ToDevice)?;
+        let acq = dma.alloc(entries as usize * size_of::<Cqe>(), DmaDir::Bidirectional)?;
+        let data = dma.alloc(IDENTIFY_LEN, DmaDir::Bidirectional)?;
+        let bar = BarPtr(regs.base());
+        let hook = backend.doorbell_hook();
+        // SAFETY: the admin doorbells (qid 0) were checked above to lie
+        // inside BAR0, which the backend maps for as long as the controller
+        // (which owns the queues) lives.
+        let (sq_db, cq_db) = unsafe {
+            (
+                Doorbell::new(
+                    bar.0,
+                    regs::sq_tail_doorbell(0, dstrd),
+                    None,
+                    true,
+                    hook.clone(),
+                ),
+                Doorbell::new(
+                    bar.0,
+                    regs::cq_head_doorbell(0, dstrd),
+                    None,
+                    true,
+                    hook.clone(),
+                ),
+            )
+        };
+        let mut admin = AdminQueue {
+            sq: SubQueue::new(asq, entries, sq_db),
+            cq: CompQueue::new(acq, entries, cq_db),
+            next_cid: 0,
+            data,
+            aers: 0,
+            events: VecDeque::new(),
+            aer_target: 0,
+            aer_out: [0; 4],
+            entries,
+        };
+        let mut shadow = None;
+        let up = bring_up(
+            &*backend,
+            &opts,
+            cap,
+            ready_timeout,
+            &mut admin,
+            &mut shadow,
+        );
+        let up = match up {
+            Ok(up) => up,
+            Err(e) => {
+                // The controller may be enabled, holding Asynchronous Event
+                // Requests and the admin and shadow doorbell pages: stop it
+                // before those pages go back to the allocator, or leak them.
+                let r = disable(regs, ready_timeout);
+                if !quiesced(&r) {
+                    log::error!(
+                        "{}: bring-up failed ({e}) and the controller could not be disabled ({}); leaking its admin queue memory",
+                        backend.name(),
+                        r.err().map_or_else(String::new, |e| e.to_string())
+                    );
+                    std::mem::forget(admin);
+                    std::mem::forget(shadow);
+                }
+                return Err(e);
+            }
+        };
+        let BringUp {
+            identify,
+            namespaces,
+            granted,
+            max_transfer,
+        } = up;
+        log::info!(
+            "{}: {} {} fw {} NVMe {version}, {} namespaces, {granted} I/O queues, max transfer {max_transfer} B, shadow doorbells {}",
+            backend.name(),
+            identify.model,
+            identify.serial,
+            identify.firmware,
+            namespaces.len(),
+            shadow.is_some()
+        );
+        Ok(Arc::new(Controller {
+            backend,
+            dma,
+            cap,
+            version,
+            bar,
+            identify,
+            namespaces,
+            granted,
+            free_qids: Mutex::new((1..=granted).rev().collect()),
+            admin: ManuallyDrop::new(Mutex::new(admin)),
+            shadow,
+            max_transfer,
+            opts,
+            state: AtomicU64::new(state::OK),
+            resets: AtomicU64::new(0),
+            ready_timeout,
+            leaked_queue_bytes: AtomicU64::new(0),
+        }))
+    }
+
+    pub(in crate::nvme) fn reset_locked(&self, a: &mut AdminQueue) -> Result<()> {
+        let regs = self.backend.regs();
+        let s = self.state();
+        if regs.read64(regs::CAP) == u64::MAX {
+            self.fail_locked(state::GONE);
+            return Err(Error::DeviceGone);
+        }
+        log::warn!("{}: resetting the controller", self.backend.name());
+        if let Err(e) = disable(regs, self.ready_timeout) {
+            match e {
+                Error::DeviceGone => self.fail_locked(state::GONE),
+                _ => self
+                    .state
+                    .store(state::epoch(s) | state::FATAL, Ordering::Release),
+            }
+            return Err(e);
+        }
+        // Disabled: every queue and command on the device is gone. New
+        // epoch; marked failed until bring-up below succeeds.
+        let epoch = state::epoch(s) + state::EPOCH;
+        self.state.store(epoch | state::FATAL, Ordering::Release);
+        match self.reinit_locked(a) {
+            Ok(()) => {
+                self.state.store(epoch | state::OK, Ordering::Release);
+                self.resets.fetch_add(1, Ordering::Relaxed);
+                log::warn!("{}: reset complete", self.backend.name());
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, Error::DeviceGone) {
+                    self.state.store(epoch | state::GONE, Ordering::Release);
+                }
+                log::error!("{}: bring-up after reset failed: {e}", self.backend.name());
+                Err(e)
+            }
+        }
+    }
+
+    /// Bring-up on the existing admin queue memory, after a disable.
+    pub(in crate::nvme) fn reinit_locked(&self, a: &mut AdminQueue) -> Result<()> {
+        let regs = self.backend.regs();
+        let t = self.opts.admin_timeout;
+        a.sq.reset();
+        a.cq.reset();
+        a.next_cid = 0;
+        a.aers = 0;
+        a.aer_out = [0; 4];
+        if let Some(sh) = &self.shadow {
+            // Only the admin slots: I/O queue slots are zeroed by their
+            // owners when they re-create their queues.
+            let _ = sh.slots(0, self.cap.dstrd(), true);
+        }
+        regs.write32(regs::AQA, Aqa::new(a.entries, a.entries).0);
+        regs.write64(regs::ASQ, a.sq.region().iova().raw());
+        regs.write64(regs::ACQ, a.cq.region().iova().raw());
+        let cc = io_config();
+        regs.write32(regs::CC, cc.0);
+        regs.write32(regs::CC, cc.enable().0);
+        wait_csts(
+            regs,
+            self.ready_timeout,
+            "become ready (CSTS.RDY=1)",
+            true,
+            |c| c.rdy(),
+        )?;
+
+        let page = identify_page(a, regs, Identify::controller(), "Identify Controller", t)?;
+        let id = IdentifyController::parse(&page)?;
+        if id.serial != self.identify.serial || id.model != self.identify.model {
+            return Err(Error::DeviceChanged(format!(
+                "controller {} {} answered instead of {} {}",
+                id.model, id.serial, self.identify.model, self.identify.serial
+            )));
+        }
+        for ns in &self.namespaces {
+            let page = identify_page(a, regs, Identify::namespace(ns.id), "Identify Namespace", t)?;
+            let n = IdentifyNamespace::parse(&page)?;
+            if n.nsze != ns.nsze || n.lba_shift() != ns.lba_shift {
+                return Err(Error::DeviceChanged(format!(
+                    "namespace {} changed from {} blocks of {} B to {} blocks of {} B",
+                    ns.id,
+                    ns.nsze,
+                    ns.lba_size,
+                    n.nsze,
+                    n.lba_size()
+                )));
+            }
+        }
+        let cqe = a.exec(
+            regs,
+            SetFeatures::number_of_queues(self.opts.io_queues, self.opts.io_queues).sqe(),
+            "Set Features (Number of Queues)",
+            t,
+        )?;
+        let granted = ((cqe.dw0 & 0xFFFF) + 1).min((cqe.dw0 >> 16) + 1);
+        if granted < self.granted as u32 {
+            return Err(Error::DeviceChanged(format!(
+                "the controller now grants {granted} I/O queues instead of {}",
+                self.granted
+            )));
+        }
+        if let Some(sh) = &self.shadow {
+            let sqe = DoorbellBufferConfig
+                .sqe()
+                .with_prp(sh.shadow.iova().raw(), sh.event_idx.iova().raw());
+            a.exec(regs, sqe, "Doorbell Buffer Config", t)?;
+        }
+        for i in 0..a.aer_target {
+            a.post_aer(AER_CID_BASE + i);
+        }
+        Ok(())
+    }
+}
+
+/// What [`bring_up`] learned.
+pub(in crate::nvme) struct BringUp {
+    identify: IdentifyController,
+    namespaces: Vec<Namespace>,
+    granted: u16,
+    max_transfer: u64,
+}
+
+/// Steps 3 to 7 of bring-up (see the module docs), on admin queues whose
+/// registers are programmed. Shadow doorbell pages handed to the controller
+/// are stored in `shadow` before the command that hands them over, so that
+/// the caller can leak them if this fails and the controller cannot be
+/// disabled.
+/// `cap` is the value read (and checked) once at the start: a device that
+/// reports another one later is not listened to.
+pub(in crate::nvme) fn bring_up(
+    backend: &dyn Backend,
+    opts: &ControllerOptions,
+    cap: Cap,
+    ready_timeout: Duration,
+    admin: &mut AdminQueue,
+    shadow: &mut Option<ShadowPages>,
+) -> Result<BringUp> {
+    let regs = backend.regs();
+    let dstrd = cap.dstrd();
+    let entries = admin.entries;
+    regs.write32(regs::AQA, Aqa::new(entries, entries).0);
+    regs.write64(regs::ASQ, admin.sq.region().iova().raw());
+    regs.write64(regs::ACQ, admin.cq.region().iova().raw());
+
+    // 3. Enable.
+    let cc = io_config();
+    regs.write32(regs::CC, cc.0);
+    regs.write32(regs::CC, cc.enable().0);
+    wait_csts(
+        regs,
+        ready_timeout,
+        "become ready (CSTS.RDY=1)",
+        true,
+        |c| c.rdy(),
+    )?;
+
+    let t = opts.admin_timeout;
+    // 4. Identify.
+    let page = identify_page(
+        admin,
+        regs,
+        Identify::controller(),
+        "Identify Controller",
+        t,
+    )?;
+    let identify = IdentifyController::parse(&page)?;
+    let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
+    let max_transfer = mdts.min(opts.max_transfer).max(PAGE_SIZE);
+    let nsids = active_namespaces(admin, regs, &identify, t)?;
+    let mut namespaces = Vec::with_capacity(nsids.len());
+    for id in nsids {
+        let page = identify_page(
+            admin,
+            regs,
+            Identify::namespace(id),
+            "Identify Namespace",
+            t,
+        )?;
+        let ns = IdentifyNamespace::parse(&page)?;
+        if ns.nsze == 0 {
+            continue;
+        }
+        let ns = Namespace::new(id, ns, max_transfer)?;
+        // A block must fit in one command, or no I/O to it can be built.
+        // Below the caller's own cap that is the caller's mistake; above
+        // what the controller allows (MDTS) it is this namespace's alone:
+        // the controller and its other namespaces stay usable.
+        if !ns.usable {
+            let detail = format!(
+                "namespace {id} has {} B blocks but one command moves at most {max_transfer} B",
+                ns.lba_size
+            );
+            if ns.lba_size <= mdts {
+                return Err(Error::InvalidOption(format!("max_transfer: {detail}")));
+            }
+            log::warn!("{detail} (LBADS above MDTS): reads and writes to it are refused");
+        }
+        namespaces.push(ns);
+    }
+
+    // 5. Number of queues. A grant above the request is capped to it, and
+    // the grant to the queues whose doorbells fit in BAR0.
+    let cqe = admin.exec(
+        regs,
+        SetFeatures::number_of_queues(opts.io_queues, opts.io_queues).sqe(),
+        "Set Features (Number of Queues)",
+        t,
+    )?;
+    let nsqa = (cqe.dw0 & 0xFFFF) + 1;
+    let ncqa = (cqe.dw0 >> 16) + 1;
+    let mut granted = nsqa.min(ncqa).min(opts.io_queues as u32).min(65534) as u16;
+    let bar_len = regs.len();
+    if !doorbells_fit(granted, dstrd, bar_len) {
+        let fit = (1..granted)
+            .rev()
+            .find(|&q| doorbells_fit(q, dstrd, bar_len))
+            .unwrap_or(0);
+        if fit == 0 {
+            return Err(Error::BadDevice {
+                what: "doorbell stride (CAP.DSTRD)",
+                detail: format!(
+                    "with DSTRD {dstrd} not even I/O queue 1's doorbells fit in the {bar_len:#x}-byte BAR0"
+                ),
+            });
+        }
+        log::warn!(
+            "{}: only {fit} of the {granted} granted I/O queues have doorbells inside BAR0; using {fit}",
+            backend.name()
+        );
+        granted = fit;
+    }
+
+    // 6. Shadow doorbells.
+    if opts.shadow_doorbells && identify.supports_doorbell_buffer() {
+        let dma = backend.dma();
+        let mut s = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
+        let mut e = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
+        s.fill(0);
+        e.fill(0);
+        let sqe = DoorbellBufferConfig
+            .sqe()
+            .with_prp(s.iova().raw(), e.iova().raw());
+        let pages = shadow.insert(ShadowPages {
+            shadow: s,
+            event_idx: e,
+        });
+        match admin.exec(regs, sqe, "Doorbell Buffer Config", t) {
+            Ok(_) => {
+                // Newer QEMU applies the shadow doorbells to the admin
+                // queue too (and reads the shadow tail instead of the MMIO
+                // value), so the admin doorbells update their slots as
+                // well; they still always write MMIO (`always_mmio`), so a
+                // controller that ignores the admin slots works too.
+                let (sq, cq) = pages.slots(0, dstrd, false);
+                admin.sq.db.set_shadow(sq);
+                admin.cq.db.set_shadow(cq);
+            }
+            Err(Error::Command { status, .. }) => {
+                // Refused: the controller does not use the pages.
+                *shadow = None;
+                log::warn!("Doorbell Buffer Config failed ({status}); using MMIO doorbells only")
+            }
+            Err(e) => return Err(e),
+        }
+    }
+
+    // 7. Asynchronous events: keep a few requests posted (never more
+    // than AERL + 1, and leave admin SQ room for the command being run).
+    let aers = (opts.async_event_requests as u16)
+        .min(identify.aerl as u16 + 1)
+        .min(entries.saturating_sub(2))
+        .min(0xFF);
+    admin.aer_target = aers;
+    for i in 0..aers {
+        admin.post_aer(AER_CID_BASE + i);
+    }
+    Ok(BringUp {
+        identify,
+        namespaces,
+        granted,
+        max_transfer,
+    })
+}
+
+impl Drop for Controller {
+    /// Normal shutdown (CC.SHN, bounded by
+    /// [`ControllerOptions::shutdown_timeout`]), then disable (CC.EN = 0,
+    /// CSTS.RDY = 0, bounded by CAP.TO): only a disabled controller has
+    /// dropped its Asynchronous Event Requests and stopped using the admin
+    /// rings and shadow doorbell pages, so only then are they freed. A
+    /// controller that cannot be disabled keeps them (leaked).
+    fn drop(&mut self) {
+        let regs = self.backend.regs();
+        let cc = Cc(regs.read32(regs::CC));
+        let csts = Csts(regs.read32(regs::CSTS));
+        let gone = cc.0 == u32::MAX || csts.is_all_ones();
+        if !gone && cc.enabled() && csts.rdy() && !csts.cfs() {
+            regs.write32(regs::CC, cc.shn(Cc::SHN_NORMAL).0);
+            let r = wait_csts(
+                regs,
+                self.opts.shutdown_timeout,
+                "complete shutdown (CSTS.SHST)",
+                false,
+                |c| c.shst() == Csts::SHST_COMPLETE,
+            );
+            if let Err(e) = r {
+                log::warn!("{}: shutdown: {e}", self.backend.name());
+            }
+        } else if csts.cfs() && !gone {
+            // A fatal controller does not process shutdown; don't wait for it.
+            log::warn!(
+                "{}: controller fatal at drop; skipping shutdown",
+                self.backend.name()
+            );
+        }
+        let r = if gone {
+            Err(Error::DeviceGone)
+        } else {
+            disable(regs, self.ready_timeout)
+        };
+        if quiesced(&r) {
+            // SAFETY: `admin` is not used after this point (this is `drop`),
+            // and it is dropped exactly once.
+            unsafe { ManuallyDrop::drop(&mut self.admin) };
+        } else {
+            log::error!(
+                "{}: the controller could not be disabled at drop ({}); leaking its admin queue and shadow doorbell memory",
+                self.backend.name(),
+                r.err().map_or_else(String::new, |e| e.to_string())
+            );
+            std::mem::forget(self.shadow.take());
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! # NVMe over PCIe
+//!
+//! What only the PCIe transport of NVMe has: controller registers in BAR0
+//! (CC/CSTS), rings in host memory with doorbells, and the Create/Delete
+//! I/O queue admin commands that hand those rings to the controller. The
+//! generic controller ([`super::ctrl`]), the admin command set
+//! ([`super::admin`]) and the wire formats ([`super::spec`]) are what
+//! another NVMe transport (NVMe/TCP) would reuse.
+//!
+//! - `bringup`: [`Controller::new`](super::Controller::new) (the sequence
+//!   in [`super::ctrl`]), the disable and re-initialisation of a reset, the
+//!   CC.SHN shutdown when the controller is dropped.
+//! - `enable`: CSTS reads and waits, the CC configuration, disabling, the
+//!   checks that doorbells lie inside BAR0.
+//! - `shadow`: shadow doorbells (Doorbell Buffer Config).
+//! - `ioq`: Create and Delete I/O SQ/CQ for a queue pair's rings.
+//! - [`queue`]: [`QueuePair`](queue::QueuePair): SQ/CQ rings, doorbells,
+//!   PRP lists, transfers split at MDTS.
+
+pub(super) mod bringup;
+pub(super) mod enable;
+pub(super) mod ioq;
+pub mod queue;
+pub(super) mod shadow;

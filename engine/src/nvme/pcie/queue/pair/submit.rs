@@ -1,0 +1,268 @@
+//! Submission: request checks, SQEs into the ring, the SQ tail doorbell
+//! (one per batch); NVMe-only commands (Flush, Write Zeroes, Dataset
+//! Management).
+
+use super::*;
+
+impl<B: IoBuf> QueuePair<B> {
+    /// Read `nlb` blocks from `slba` of namespace `nsid` into `buf`.
+    ///
+    /// The SQE is written to the ring; the doorbell is rung by
+    /// [`submit`](Self::submit) or the next [`poll`](Self::poll).
+    #[inline]
+    pub fn read(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: B,
+        tag: u64,
+    ) -> Result<(), SubmitError<B>> {
+        self.submit_read(Read::new(nsid, slba, nlb), buf, tag)
+    }
+
+    /// Write `nlb` blocks at `slba` of namespace `nsid` from `buf`.
+    #[inline]
+    pub fn write(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: B,
+        tag: u64,
+    ) -> Result<(), SubmitError<B>> {
+        self.submit_write(Write::new(nsid, slba, nlb), buf, tag)
+    }
+
+    /// Submit a [`Read`] built with options (FUA, limited retry).
+    #[inline]
+    pub fn submit_read(&mut self, cmd: Read, buf: B, tag: u64) -> Result<(), SubmitError<B>> {
+        self.submit_data(cmd.sqe(), cmd.nsid(), cmd.slba(), cmd.nlb(), buf, tag, true)
+    }
+
+    /// Submit a [`Write`] built with options (FUA, limited retry).
+    #[inline]
+    pub fn submit_write(&mut self, cmd: Write, buf: B, tag: u64) -> Result<(), SubmitError<B>> {
+        self.submit_data(
+            cmd.sqe(),
+            cmd.nsid(),
+            cmd.slba(),
+            cmd.nlb(),
+            buf,
+            tag,
+            false,
+        )
+    }
+
+    // Always inlined into `read`/`write`: the call's register saves are
+    // stores, and on a busy queue the submitting core waits on its store
+    // buffer (SQE and doorbell lines shared with the device).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(super) fn submit_data(
+        &mut self,
+        sqe: Sqe,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: B,
+        tag: u64,
+        device_writes: bool,
+    ) -> Result<(), SubmitError<B>> {
+        let g = match self.check_lba(nsid, slba, nlb) {
+            Ok(g) => g,
+            Err(kind) => return Err(SubmitError { kind, buf }),
+        };
+        if g.metadata {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::Unsupported(
+                    "data transfers on a namespace formatted with metadata",
+                ),
+                buf,
+            });
+        }
+        if let Err(mapped) = buf.check_dir(device_writes) {
+            let needs = if device_writes {
+                "write into it (read command)"
+            } else {
+                "read from it (write command)"
+            };
+            return Err(SubmitError {
+                kind: SubmitErrorKind::WrongDirection { mapped, needs },
+                buf,
+            });
+        }
+        if !buf.is_mapped_in(&self.space) {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::NotDmaMapped,
+                buf,
+            });
+        }
+        let bytes = (nlb as u64) << g.lba_shift;
+        if nlb > MAX_NLB || bytes > self.max_xfer {
+            return self.submit_split(sqe, g.lba_shift, slba, nlb, buf, tag);
+        }
+        let Some(slot) = self.trackers.alloc() else {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::QueueFull,
+                buf,
+            });
+        };
+        let (prp1, prp2) = match self.build_prp(&buf, 0, bytes, slot) {
+            Ok(p) => p,
+            Err(kind) => {
+                self.trackers.unreserve(slot);
+                return Err(SubmitError { kind, buf });
+            }
+        };
+        let cid = self.trackers.slot(slot).cid;
+        let stream = self.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
+        self.sq
+            .push_with(sqe.with_cid(cid).with_prp(prp1, prp2), stream);
+        self.trackers
+            .arm(slot, tag, Some(buf), self.timeouts.now_ms);
+        self.submitted += 1;
+        Ok(())
+    }
+
+    #[cold]
+    pub(super) fn too_large(&self, bytes: u64) -> SubmitErrorKind {
+        SubmitErrorKind::TransferTooLarge {
+            bytes,
+            max: self.max_xfer,
+        }
+    }
+
+    #[inline]
+    pub(super) fn submit_no_data(&mut self, sqe: Sqe, tag: u64) -> Result<(), SubmitError<()>> {
+        self.stamp_if_idle();
+        let Some(slot) = self.trackers.alloc() else {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::QueueFull,
+                buf: (),
+            });
+        };
+        let cid = self.trackers.slot(slot).cid;
+        let stream = self.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
+        self.sq.push_with(sqe.with_cid(cid), stream);
+        self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
+        self.submitted += 1;
+        Ok(())
+    }
+
+    /// Flush the volatile write cache of namespace `nsid`.
+    pub fn flush(&mut self, nsid: u32, tag: u64) -> Result<(), SubmitError<()>> {
+        let err = |kind| Err(SubmitError { kind, buf: () });
+        if self.failed.is_some() {
+            return err(SubmitErrorKind::ControllerFailed);
+        }
+        if self.geom(nsid).is_none() {
+            return err(SubmitErrorKind::UnknownNamespace { nsid });
+        }
+        self.submit_no_data(Flush::new(nsid).sqe(), tag)
+    }
+
+    /// Write zeroes to `nlb` blocks from `slba` (no data buffer).
+    pub fn write_zeroes(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        tag: u64,
+    ) -> Result<(), SubmitError<()>> {
+        let err = |kind| Err(SubmitError { kind, buf: () });
+        if let Err(k) = self.check_lba(nsid, slba, nlb) {
+            return err(k);
+        }
+        if nlb > MAX_NLB {
+            return err(SubmitErrorKind::TransferTooLarge {
+                bytes: nlb as u64,
+                max: MAX_NLB as u64,
+            });
+        }
+        if self.oncs & crate::nvme::spec::identify::oncs::WRITE_ZEROES == 0 {
+            return err(SubmitErrorKind::Unsupported("Write Zeroes (ONCS bit 3)"));
+        }
+        self.submit_no_data(WriteZeroes::new(nsid, slba, nlb).sqe(), tag)
+    }
+
+    /// Deallocate (TRIM) the `(slba, nlb)` ranges with one Dataset
+    /// Management command. The range list goes into the command's
+    /// pre-allocated page: no buffer needed.
+    pub fn deallocate(
+        &mut self,
+        nsid: u32,
+        ranges: &[(u64, u32)],
+        tag: u64,
+    ) -> Result<(), SubmitError<()>> {
+        let err = |kind| Err(SubmitError { kind, buf: () });
+        self.stamp_if_idle();
+        if self.failed.is_some() {
+            return err(SubmitErrorKind::ControllerFailed);
+        }
+        if self.geom(nsid).is_none() {
+            return err(SubmitErrorKind::UnknownNamespace { nsid });
+        }
+        if ranges.is_empty() || ranges.len() > DSM_MAX_RANGES {
+            return err(SubmitErrorKind::BadRangeCount {
+                count: ranges.len(),
+            });
+        }
+        for &(slba, nlb) in ranges {
+            if let Err(k) = self.check_lba(nsid, slba, nlb) {
+                return err(k);
+            }
+        }
+        if self.oncs & crate::nvme::spec::identify::oncs::DATASET_MANAGEMENT == 0 {
+            return err(SubmitErrorKind::Unsupported(
+                "Dataset Management (ONCS bit 2)",
+            ));
+        }
+        let Some(slot) = self.trackers.alloc() else {
+            return err(SubmitErrorKind::QueueFull);
+        };
+        let w = self.prp_writer(slot);
+        let list = w.list.cast::<DsmRange>();
+        for (i, &(slba, nlb)) in ranges.iter().enumerate() {
+            // SAFETY: at most 256 ranges of 16 bytes: inside the slot's first
+            // 4 KiB list page (live DMA memory owned by the queue, not read
+            // by the device before the doorbell).
+            unsafe {
+                list.add(i).write_volatile(DsmRange {
+                    cattr: 0,
+                    nlb,
+                    slba,
+                })
+            };
+        }
+        let cid = self.trackers.slot(slot).cid;
+        let sqe = DatasetManagement::new(nsid, ranges.len() as u16)
+            .deallocate()
+            .sqe()
+            .with_cid(cid)
+            .with_prp(w.list_iova, 0);
+        self.sq.push(sqe);
+        self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
+        self.submitted += 1;
+        Ok(())
+    }
+
+    /// Ring the SQ tail doorbell once for every command queued since the
+    /// last ring. Returns whether the doorbell was rung: `false` when there
+    /// was nothing to ring, when the queue failed, and also when the
+    /// controller was reset or failed since this queue last looked — the
+    /// reset deleted the queue, so its doorbell must not be written; the
+    /// next [`poll`](Self::poll) completes the queued commands (with [`IoError::AbortedByReset`] or
+    /// [`IoError::ControllerFailed`]) and re-creates the queue. One relaxed
+    /// load per batch. A reset that starts between that load and the
+    /// doorbell store is not caught: the store then reaches a controller
+    /// that has no such queue (it ignores the store or reports an invalid
+    /// doorbell write as an asynchronous event); no command is lost.
+    #[inline]
+    pub fn submit(&mut self) -> bool {
+        if self.ctrl.state() != self.seen_state || self.failed.is_some() {
+            return false;
+        }
+        self.sq.flush()
+    }
+}
