@@ -320,6 +320,83 @@ impl DmaBuf {
         unsafe { std::ptr::write_bytes(self.as_ptr().as_ptr(), byte, self.len as usize) };
     }
 
+    /// The buffer's bytes, borrowed: read them in place instead of copying
+    /// them out with [`read_at`](Self::read_at).
+    ///
+    /// Sound because a `DmaBuf` the application holds is one the device no
+    /// longer touches and nothing else in safe code can reach:
+    /// - a queue pair takes the buffer by value on submit and hands it back
+    ///   only once the device is done with it (completed, abort confirmed,
+    ///   or controller disabled by a reset; [`SubmitError`] hands back a
+    ///   buffer never posted); a buffer the device may still reach is
+    ///   leaked, its completion comes with `buf: None`, so the application
+    ///   never holds it again;
+    /// - the borrow keeps the buffer from being submitted (or split, or
+    ///   dropped) while the slice lives;
+    /// - buffers cut from one region never overlap, and the region they
+    ///   share gives no byte access ([`region`](Self::region));
+    /// - handing the same memory to the device another way (a [`DmaSlice`]
+    ///   of this buffer's IOVA, an own [`IoBuf`]) takes `unsafe` code whose
+    ///   contract forbids any host reference to the memory while a command
+    ///   carrying it is in flight.
+    ///
+    /// It trusts the device as [`read_at`](Self::read_at) does: a device
+    /// writes only the buffers of commands in flight. The region stays
+    /// mapped in the IOMMU for its whole life, so a faulty device that
+    /// wrote a buffer after its completion would corrupt what the slice
+    /// shows (as it would corrupt a copy made by `read_at`).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use mcqio::{Controller, ControllerOptions, QpairOptions, vfio::{Backend, DmaDir}};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend: Arc<dyn Backend> = mcqio_fixtures::FakeController::new(Default::default())?;
+    /// let ctrl = Controller::new(backend, ControllerOptions::default())?;
+    /// let mut qp = ctrl.create_qpair(QpairOptions::default())?;
+    /// let mut buf = ctrl.alloc_buf(512, DmaDir::Bidirectional)?;
+    /// buf.as_mut_slice()[..4].copy_from_slice(b"mcq!");
+    /// qp.write(1, 0, 1, buf, 1).map_err(|e| e.kind)?;
+    /// qp.submit();
+    /// // `buf` is the queue pair's now: no view of it can be taken.
+    /// let back = ctrl.alloc_buf(512, DmaDir::Bidirectional)?;
+    /// let mut done = Vec::new();
+    /// while done.len() < 1 {
+    ///     qp.poll(8, |c| done.push(c))?;
+    /// }
+    /// qp.read(1, 0, 1, back, 2).map_err(|e| e.kind)?;
+    /// qp.submit();
+    /// while done.len() < 2 {
+    ///     qp.poll(8, |c| done.push(c))?;
+    /// }
+    /// let back = done[1].buf.as_ref().ok_or("buffer leaked")?;
+    /// assert_eq!(&back.as_slice()[..4], b"mcq!");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[inline]
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `as_ptr()..+len` lies inside the live, initialised (zeroed
+        // at allocation) host memory of the region, which the Arc keeps
+        // alive for as long as `self` is borrowed; nothing writes it while
+        // the slice lives (not in flight, no overlapping DmaBuf, no byte
+        // access through the region: see the doc above and `write_at`), and
+        // the device's writes of the last command were ordered before its
+        // completion (`barrier::loads_after_phase`).
+        unsafe { std::slice::from_raw_parts(self.as_ptr().as_ptr(), self.len as usize) }
+    }
+
+    /// The buffer's bytes, borrowed mutably: fill them in place instead of
+    /// copying them in with [`write_at`](Self::write_at). Sound for the
+    /// reasons given on [`as_slice`](Self::as_slice); `&mut self` makes the
+    /// view the only access to these bytes while it lives.
+    #[inline]
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` excludes every other access
+        // through this buffer, and no other DmaBuf overlaps it.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr().as_ptr(), self.len as usize) }
+    }
+
     /// Copy the contents into a new vector.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0; self.len as usize];
@@ -530,6 +607,12 @@ pub enum SubmitErrorKind {
 }
 
 /// A rejected submission: why, and the payload handed back untouched.
+///
+/// It is a [`std::error::Error`] for any payload (its message is the
+/// kind's), so `?` can turn it into a `Box<dyn Error + Send + Sync>` when
+/// the payload is `Send + Sync + 'static` (a [`DmaBuf`] is); to keep the
+/// buffer, take it back with [`into_buf`](Self::into_buf) first, or map the
+/// error to its [`kind`](Self::kind).
 pub struct SubmitError<T> {
     /// Why it was rejected.
     pub kind: SubmitErrorKind,

@@ -28,6 +28,13 @@ pub trait PerCore {
 /// Run `f(index, &mut queue_pair)` on `threads` pinned threads, one queue
 /// pair each, and return the results in index order.
 ///
+/// The closure's result is any `Send` type, so it may be a
+/// `Result<T, Box<dyn std::error::Error + Send + Sync>>` that mixes error
+/// types through `?` (the engine's [`Error`], a
+/// [`SubmitError`](super::io::SubmitError), a message); [`Error`] boxes
+/// into the same type, so one `?` takes the outer result too
+/// (`engine/tests/api.rs` shows it).
+///
 /// ```
 /// use std::sync::Arc;
 /// use mcqio::{run_per_core, Controller, ControllerOptions, QpairOptions, vfio::Backend};

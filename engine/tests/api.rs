@@ -1,0 +1,113 @@
+//! The small pieces of the public API that make it pleasant with `?`:
+//! [`SubmitError`] is an error, [`run_per_core`] takes closures whose
+//! error is a `Box<dyn Error + Send + Sync>`, and a [`DmaBuf`] in the
+//! application's hands can be borrowed as a byte slice.
+
+use std::error::Error;
+
+use mcqio::vfio::DmaDir;
+use mcqio::{run_per_core, DmaBuf, QpairOptions, SubmitError, SubmitErrorKind};
+use mcqio_fixtures::testing::engine::nvme::{buf, config, open};
+use mcqio_fixtures::ExecMode;
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+#[test]
+fn submit_error_is_an_error() {
+    fn is_error<E: Error + Send + Sync + 'static>(_: &E) {}
+    let (_fake, ctrl) = open(config(ExecMode::Sync, 5));
+    let mut qp = ctrl.create_qpair(QpairOptions::default()).unwrap();
+    let nsze = ctrl.namespace(1).unwrap().nsze;
+    let e: SubmitError<DmaBuf> = qp.read(1, nsze, 1, buf(&ctrl, 512), 0).unwrap_err();
+    is_error(&e);
+    assert!(matches!(e.kind, SubmitErrorKind::LbaOutOfRange { .. }));
+    assert_eq!(e.to_string(), e.kind.to_string());
+    // `?` boxes it, buffer and all.
+    let boxed: BoxError = e.into();
+    assert!(boxed.to_string().contains("past the last block"), "{boxed}");
+    assert!(boxed.downcast_ref::<SubmitError<DmaBuf>>().is_some());
+    // Payloads that are no error themselves do too.
+    let unit: SubmitError<()> = SubmitError {
+        kind: SubmitErrorKind::QueueFull,
+        buf: (),
+    };
+    let boxed: BoxError = unit.into();
+    assert!(boxed.to_string().starts_with("queue full"));
+}
+
+#[test]
+fn run_per_core_with_boxed_errors() -> Result<(), BoxError> {
+    let (_fake, ctrl) = open(config(ExecMode::Sync, 5));
+    let lba = ctrl.namespace(1).ok_or("no namespace 1")?.lba_size as usize;
+    // The closure mixes error types (the engine's, a SubmitError, a
+    // string) through `?`; the controller's own refusal boxes too.
+    let results = run_per_core(
+        &ctrl,
+        2,
+        QpairOptions::default(),
+        |i, qp| -> Result<usize, BoxError> {
+            let data = vec![i as u8 + 1; lba];
+            qp.write_blocking(1, i as u64, &data)?;
+            let mut back = vec![0; lba];
+            qp.read_blocking(1, i as u64, &mut back)?;
+            if back != data {
+                return Err(format!("thread {i}: read back other data").into());
+            }
+            if i == 1 {
+                let b = ctrl.alloc_buf(lba, DmaDir::Bidirectional)?;
+                qp.read(1, u64::MAX - 1, 1, b, 0)?;
+            }
+            Ok(i)
+        },
+    )?;
+    assert_eq!(results.len(), 2);
+    assert_eq!(*results[0].as_ref().map_err(|e| e.to_string())?, 0);
+    let e = results[1].as_ref().unwrap_err();
+    assert!(e.downcast_ref::<SubmitError<DmaBuf>>().is_some(), "{e}");
+    Ok(())
+}
+
+#[test]
+fn dma_buf_views() -> Result<(), BoxError> {
+    let (_fake, ctrl) = open(config(ExecMode::Sync, 5));
+    let mut qp = ctrl.create_qpair(QpairOptions::default())?;
+    let mut b = buf(&ctrl, 4 * 512);
+    assert_eq!(b.as_slice().len(), 4 * 512);
+    assert!(b.as_slice().iter().all(|&x| x == 0), "fresh memory is zero");
+    // Writes through the view are what the device reads, and what the
+    // copying accessors see.
+    for (i, x) in b.as_mut_slice().iter_mut().enumerate() {
+        *x = (i % 251) as u8;
+    }
+    let mut head = [0u8; 8];
+    b.read_at(0, &mut head)?;
+    assert_eq!(head, [0, 1, 2, 3, 4, 5, 6, 7]);
+    let want = b.to_vec();
+    qp.write(1, 8, 4, b, 1).map_err(|e| e.kind)?;
+    qp.submit();
+    let mut done = Vec::new();
+    while done.len() < 1 {
+        qp.poll(8, |c| done.push(c))?;
+    }
+    // What the device wrote, seen in place; views of split pieces are
+    // the pieces' own bytes.
+    let mut b = done.pop().unwrap().buf.ok_or("leaked")?;
+    b.fill(0xEE);
+    qp.read(1, 8, 4, b, 2).map_err(|e| e.kind)?;
+    qp.submit();
+    while done.len() < 1 {
+        qp.poll(8, |c| done.push(c))?;
+    }
+    let c = done.pop().unwrap();
+    c.result?;
+    let b = c.buf.ok_or("leaked")?;
+    assert_eq!(b.as_slice(), &want[..]);
+    let (mut lo, hi) = b.split_at(512)?;
+    assert_eq!(lo.as_slice(), &want[..512]);
+    assert_eq!(hi.as_slice(), &want[512..]);
+    lo.as_mut_slice().fill(7);
+    assert_eq!(hi.as_slice(), &want[512..], "pieces do not overlap");
+    let empty = hi.split_at(0)?.0;
+    assert!(empty.as_slice().is_empty());
+    Ok(())
+}
