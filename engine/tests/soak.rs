@@ -78,8 +78,7 @@ fn worker(
     let mut pool: Vec<DmaBuf> = buf(ctrl, DEPTH as usize * MAX_NLB as usize * LBA)
         .chunks(MAX_NLB as usize * LBA)
         .unwrap();
-    let mut done = 0u64;
-    while done < ios {
+    while ledger.done() < ios {
         w.check_stop();
         // Fill the queue.
         while ledger.next_tag() < ios && !qp.is_full() {
@@ -113,30 +112,17 @@ fn worker(
                 .unwrap_or_else(|m| w.fail(m));
         }
         let mut handle = |c: Completion<DmaBuf>| {
-            let tag = c.tag;
-            let io = ledger.ended(tag, &c.result).unwrap_or_else(|m| w.fail(m));
-            let Some(b) = c.buf else {
-                w.fail(format!(
-                    "tag {tag}: buffer not handed back ({:?})",
-                    c.result
-                ));
-            };
-            ledger
-                .counts
-                .count(&c.result, |e| matches!(e, IoError::Nvme(_)));
-            ledger
-                .settle(tag, io, c.result.is_ok(), b.as_slice())
+            let b = ledger
+                .complete(c, |e| matches!(e, IoError::Nvme(_)))
                 .unwrap_or_else(|m| w.fail(m));
             pool.push(b);
-            done += 1;
         };
         let polled = qp.poll(usize::MAX, &mut handle);
-        w.polled(polled, qp.outstanding());
+        w.polled(polled, || qp.outstanding());
     }
     ledger.finish().unwrap_or_else(|m| w.fail(m));
     let stats = qp.stats();
-    qp.close(|c| w.fail(format!("tag {} still outstanding at close", c.tag)))
-        .unwrap_or_else(|e| w.fail(format!("close: {e}")));
+    w.closed(qp.close(|c| w.leftover(c.tag)));
     Outcomes {
         counts: ledger.counts,
         stats,

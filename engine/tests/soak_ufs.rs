@@ -41,20 +41,20 @@
 //! cores (the 1M MCQ phase 40-47 s), so CI runs it as is.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mcqio::ufs::{
     HpbConfig, HpbMode, UfsController, UfsOptions, UfsQpairOptions, UfsQpairStats, UfsQueuePair,
 };
 use mcqio::vfio::{Backend, DmaDir};
 use mcqio::{Completion, DmaBuf, IoError, TimeoutPolicy};
+use mcqio_fixtures::testing::soak::{env_u64, run_threads, Counts, Ledger, Worker};
 use mcqio_fixtures::ufs::{
     FakeUfs, FtlConfig, HpbConfig as DevHpb, HpbControl, LuConfig, Sense, UfsConfig, UfsFault,
     UfsFaultKind,
 };
-use mcqio_fixtures::ExecMode;
+use mcqio_fixtures::{add_fields, ExecMode};
 
 /// Error-OCS completions (an injected OCS error, an IOMMU fault's
 /// INVALID_PRDT_ATTR) together with the stale and duplicate completion
@@ -115,75 +115,10 @@ struct Phase {
     errors: f64,
 }
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => {
-            let v = v.trim().replace('_', "");
-            let r = if let Some(h) = v.strip_prefix("0x") {
-                u64::from_str_radix(h, 16)
-            } else {
-                v.parse()
-            };
-            r.unwrap_or_else(|_| panic!("{name}={v} is not a number"))
-        }
-        Err(_) => default,
-    }
-}
-
-/// Block `lba` as write `wtag` leaves it (`wtag` 0: never written, all
-/// zeroes): a 16-byte header (LBA, version) and a fill byte of both.
-fn block_pattern(lba: u64, wtag: u64, out: &mut [u8]) {
-    if wtag == 0 {
-        out.fill(0);
-        return;
-    }
-    let fill = (lba.wrapping_mul(0x9E37_79B9) ^ wtag.wrapping_mul(0x85EB_CA6B)) as u8 | 1;
-    out.fill(fill);
-    out[..8].copy_from_slice(&lba.to_le_bytes());
-    out[8..16].copy_from_slice(&wtag.to_le_bytes());
-}
-
 #[derive(Default, Debug, Clone)]
 struct Outcomes {
-    ok: u64,
-    device_error: u64,
-    timed_out: u64,
-    aborted_by_reset: u64,
-    other: u64,
-    reads_verified_blocks: u64,
-    unknown_blocks_resolved: u64,
+    counts: Counts,
     stats: UfsQpairStats,
-}
-
-impl Outcomes {
-    fn add(&mut self, o: &Outcomes) {
-        self.ok += o.ok;
-        self.device_error += o.device_error;
-        self.timed_out += o.timed_out;
-        self.aborted_by_reset += o.aborted_by_reset;
-        self.other += o.other;
-        self.reads_verified_blocks += o.reads_verified_blocks;
-        self.unknown_blocks_resolved += o.unknown_blocks_resolved;
-        let (t, s) = (&mut self.stats, &o.stats);
-        t.submitted += s.submitted;
-        t.completed += s.completed;
-        t.stale_completions += s.stale_completions;
-        t.timeouts += s.timeouts;
-        t.aborts_sent += s.aborts_sent;
-        t.timed_out += s.timed_out;
-        t.resets_requested += s.resets_requested;
-    }
-
-    fn ended(&self) -> u64 {
-        self.ok + self.device_error + self.timed_out + self.aborted_by_reset + self.other
-    }
-}
-
-#[derive(Clone, Copy)]
-struct Inflight {
-    write: bool,
-    lba: u64,
-    nlb: u32,
 }
 
 /// A small xorshift generator (the workload must not depend on a crate's
@@ -208,51 +143,32 @@ impl Rng {
 }
 
 /// One thread's workload on its own queue pair and LBA range.
-#[allow(clippy::too_many_arguments)]
 fn worker(
-    ctx: &str,
+    w: &mut Worker<'_>,
     thread: usize,
     ios: u64,
     io_timeout: Duration,
     seed: u64,
     ctrl: &Arc<UfsController>,
-    progress: &AtomicU64,
-    stop: &AtomicBool,
 ) -> Outcomes {
-    let fail = |msg: String| -> ! {
-        stop.store(true, Ordering::Relaxed);
-        panic!("{ctx} thread {thread}: {msg}")
-    };
     let mut qp: UfsQueuePair<DmaBuf> = ctrl
         .create_qpair_with(UfsQpairOptions {
             io_timeout: Some(io_timeout),
             timeout_policy: TimeoutPolicy::Abort,
         })
-        .unwrap_or_else(|e| fail(format!("create_qpair: {e}")));
+        .unwrap_or_else(|e| w.fail(format!("create_qpair: {e}")));
     let mut r = Rng::new(seed ^ (thread as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
     let base = thread as u64 * REGION;
-    // Acceptable write tags per block (0 = never written); the last entry
-    // is the newest candidate. One entry = known.
-    let mut accept: Vec<Vec<u64>> = vec![vec![0]; REGION as usize];
-    let mut busy = vec![false; REGION as usize];
+    let mut ledger = Ledger::new(base, REGION, BLOCK, ios);
     let per = MAX_NLB as usize * BLOCK;
     let mut pool: Vec<DmaBuf> = ctrl
         .alloc_buf(usize::from(DEPTH) * per, DmaDir::Bidirectional)
-        .unwrap_or_else(|e| fail(format!("alloc: {e}")))
+        .unwrap_or_else(|e| w.fail(format!("alloc: {e}")))
         .chunks(per)
-        .unwrap_or_else(|e| fail(format!("chunks: {e}")));
-    let mut seen = vec![0u8; ios as usize];
-    let mut inflight: Vec<Option<Inflight>> = vec![None; ios as usize];
-    let mut out = Outcomes::default();
-    let (mut next, mut done) = (0u64, 0u64);
-    let mut last_progress = Instant::now();
-    let mut data = vec![0u8; per];
-    let mut want = vec![0u8; BLOCK];
-    while done < ios {
-        if stop.load(Ordering::Relaxed) {
-            fail("another thread failed".into());
-        }
-        while next < ios && !qp.is_full() {
+        .unwrap_or_else(|e| w.fail(format!("chunks: {e}")));
+    while ledger.done() < ios {
+        w.check_stop();
+        while ledger.next_tag() < ios && !qp.is_full() {
             let Some(mut b) = pool.pop() else { break };
             let nlb = 1 + r.below(u64::from(MAX_NLB)) as u32;
             // Reads lean on a hot quarter of the range (HPB loads its map
@@ -264,126 +180,41 @@ fn worker(
                 REGION / 4
             };
             let l = r.below(span - u64::from(nlb) + 1);
-            if (l..l + u64::from(nlb)).any(|i| busy[i as usize]) {
+            if ledger.busy(l, nlb) {
                 pool.push(b);
                 break;
             }
-            let tag = next;
+            let tag = ledger.next_tag();
             let res = if write {
-                let wtag = tag + 1;
-                for i in 0..nlb as usize {
-                    let lba = base + l + i as u64;
-                    block_pattern(lba, wtag, &mut data[i * BLOCK..(i + 1) * BLOCK]);
-                }
-                let len = nlb as usize * BLOCK;
-                b.write_at(0, &data[..len])
-                    .unwrap_or_else(|e| fail(format!("write_at: {e}")));
+                ledger.write_data(l, nlb, b.as_mut_slice());
                 qp.write(0, base + l, nlb, b, tag)
             } else {
                 qp.read(0, base + l, nlb, b, tag)
             };
             if let Err(e) = res {
-                fail(format!("submission rejected: {}", e.kind));
+                w.fail(format!("submission rejected: {}", e.kind));
             }
-            for i in l..l + u64::from(nlb) {
-                busy[i as usize] = true;
-            }
-            inflight[tag as usize] = Some(Inflight { write, lba: l, nlb });
-            next += 1;
+            ledger
+                .submitted(write, l, nlb)
+                .unwrap_or_else(|m| w.fail(m));
         }
         qp.submit();
         let mut handle = |c: Completion<DmaBuf>| {
-            let tag = c.tag;
-            if tag >= next {
-                fail(format!(
-                    "completion for tag {tag} never submitted ({:?})",
-                    c.result
-                ));
-            }
-            seen[tag as usize] += 1;
-            if seen[tag as usize] != 1 {
-                fail(format!(
-                    "tag {tag} completed {} times ({:?})",
-                    seen[tag as usize], c.result
-                ));
-            }
-            let Some(io) = inflight[tag as usize].take() else {
-                fail(format!("tag {tag}: no in-flight record"));
-            };
-            let Some(b) = c.buf else {
-                fail(format!(
-                    "tag {tag}: buffer not handed back ({:?})",
-                    c.result
-                ));
-            };
-            match c.result {
-                Ok(()) => out.ok += 1,
-                Err(IoError::Ufs(_)) => out.device_error += 1,
-                Err(IoError::TimedOut) => out.timed_out += 1,
-                Err(IoError::AbortedByReset) => out.aborted_by_reset += 1,
-                Err(_) => out.other += 1,
-            }
-            if !io.write && c.result.is_ok() {
-                b.read_at(0, &mut data[..io.nlb as usize * BLOCK])
-                    .unwrap_or_else(|e| fail(format!("read_at: {e}")));
-            }
-            for i in 0..u64::from(io.nlb) {
-                let idx = (io.lba + i) as usize;
-                let lba = base + io.lba + i;
-                busy[idx] = false;
-                let acc = &mut accept[idx];
-                match (io.write, c.result.is_ok()) {
-                    (true, true) => *acc = vec![tag + 1],
-                    // Maybe executed, maybe not: old or new data.
-                    (true, false) => acc.push(tag + 1),
-                    (false, true) => {
-                        let got = &data[i as usize * BLOCK..(i as usize + 1) * BLOCK];
-                        let hit = acc.iter().rev().copied().find(|&w| {
-                            block_pattern(lba, w, &mut want);
-                            got == &want[..]
-                        });
-                        match hit {
-                            Some(w) => {
-                                if acc.len() > 1 {
-                                    out.unknown_blocks_resolved += 1;
-                                }
-                                *acc = vec![w];
-                                out.reads_verified_blocks += 1;
-                            }
-                            None => fail(format!(
-                                "read tag {tag}: LBA {lba} holds {:02x?}.. which is none of the acceptable writes {acc:?}",
-                                &got[..24]
-                            )),
-                        }
-                    }
-                    (false, false) => {}
-                }
-            }
+            let b = ledger
+                .complete(c, |e| matches!(e, IoError::Ufs(_)))
+                .unwrap_or_else(|m| w.fail(m));
             pool.push(b);
-            done += 1;
         };
-        match qp.poll(usize::MAX, &mut handle) {
-            Ok(0) => {}
-            Ok(n) => {
-                progress.fetch_add(n as u64, Ordering::Relaxed);
-                last_progress = Instant::now();
-            }
-            Err(e) => fail(format!("poll failed: {e}")),
-        }
-        if last_progress.elapsed() > HANG {
-            fail(format!(
-                "no completion for {HANG:?} with {} outstanding",
-                qp.outstanding()
-            ));
-        }
+        let polled = qp.poll(usize::MAX, &mut handle);
+        w.polled(polled, || qp.outstanding());
     }
-    if seen.iter().any(|&n| n != 1) {
-        fail("a tag did not complete exactly once".into());
+    ledger.finish().unwrap_or_else(|m| w.fail(m));
+    let stats = qp.stats();
+    w.closed(qp.close(|c| w.leftover(c.tag)));
+    Outcomes {
+        counts: ledger.counts,
+        stats,
     }
-    out.stats = qp.stats();
-    qp.close(|c| fail(format!("tag {} still outstanding at close", c.tag)))
-        .unwrap_or_else(|e| fail(format!("close: {e}")));
-    out
 }
 
 /// One soak run: `threads` queue pairs (MCQ), or the one legacy list.
@@ -468,44 +299,28 @@ fn run(p: &Phase, seed: u64, stale_error_ocs: bool) {
         }
     };
     arm(true);
-    let start = Instant::now();
-    let progress = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
     let explicit_resets = 4u64;
-    let results: Vec<Outcomes> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let (ctrl, progress, stop, ctx) = (&ctrl, &progress, &stop, &ctx);
-                let my = ios / threads as u64 + u64::from((t as u64) < ios % threads as u64);
-                s.spawn(move || worker(ctx, t, my, io_timeout, seed, ctrl, progress, stop))
-            })
-            .collect();
-        let mut resets_done = 0;
-        while handles.iter().any(|h| !h.is_finished()) {
-            let due = progress.load(Ordering::Relaxed) * (explicit_resets + 1) / ios.max(1);
-            if resets_done < explicit_resets && due > resets_done {
-                resets_done += 1;
-                if !RESET_BRINGUP_FAULTS {
-                    arm(false);
-                }
-                let r = ctrl.reset();
-                arm(true);
-                if let Err(e) = r {
-                    stop.store(true, Ordering::Relaxed);
-                    panic!("{ctx}: explicit reset failed: {e}");
-                }
+    let (results, elapsed) = run_threads(
+        &ctx,
+        threads,
+        ios,
+        HANG,
+        explicit_resets,
+        |w, t, my| worker(w, t, my, io_timeout, seed, &ctrl),
+        || {
+            if !RESET_BRINGUP_FAULTS {
+                arm(false);
             }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    });
-    let elapsed = start.elapsed();
+            let r = ctrl.reset();
+            arm(true);
+            r.map_err(|e| e.to_string())
+        },
+    );
     let mut total = Outcomes::default();
     for o in &results {
-        total.add(o);
+        total.counts.add(&o.counts);
+        add_fields!(total.stats, o.stats; submitted, completed, stale_completions, timeouts,
+            aborts_sent, timed_out, resets_requested);
     }
     let faults: BTreeMap<UfsFaultKind, u64> = f.counts();
     let hpb = ctrl.hpb_stats(0);
@@ -515,9 +330,11 @@ fn run(p: &Phase, seed: u64, stale_error_ocs: bool) {
         elapsed.as_secs_f64()
     );
     println!("soak_ufs {mode}: faults injected: {faults:?}");
-    println!(
-        "soak_ufs {mode}: outcomes: ok {}, device error (OCS / SCSI status) {}, timed out (withdrawn) {}, aborted by reset {}, other {}",
-        total.ok, total.device_error, total.timed_out, total.aborted_by_reset, total.other
+    let prefix = format!("soak_ufs {mode}");
+    total.counts.print_outcomes(
+        &prefix,
+        "device error (OCS / SCSI status)",
+        "timed out (withdrawn)",
     );
     println!(
         "soak_ufs {mode}: stale/duplicate completions dropped {}, timeouts {}, aborts sent {}, resets asked by timeouts {}, controller resets {} ({explicit_resets} explicit), leaked bytes {}",
@@ -528,10 +345,7 @@ fn run(p: &Phase, seed: u64, stale_error_ocs: bool) {
         ctrl.resets(),
         ctrl.leaked_bytes()
     );
-    println!(
-        "soak_ufs {mode}: blocks verified by reads {}, unknown blocks resolved by a read {}",
-        total.reads_verified_blocks, total.unknown_blocks_resolved
-    );
+    total.counts.print_reads(&prefix);
     if let Some(h) = &hpb {
         println!(
             "soak_ufs {mode}: HPB: reads {} (normal {}), map loads {} (errors {}, discarded {}), stale fallbacks {}, evictions {}, dirtied {}",
@@ -548,10 +362,8 @@ fn run(p: &Phase, seed: u64, stale_error_ocs: bool) {
     if let Some(d) = &ftl {
         println!("soak_ufs {mode}: device FTL/HPB: {d:?}");
     }
-    assert_eq!(total.ended(), ios, "{ctx}: every I/O completed once");
-    assert_eq!(total.other, 0, "{ctx}: no unexpected error kinds");
+    total.counts.assert_complete(&ctx, ios);
     assert!(ctrl.resets() >= explicit_resets, "{ctx}");
-    assert!(total.reads_verified_blocks > 0, "{ctx}");
     assert_eq!(
         ctrl.leaked_bytes(),
         0,
@@ -607,7 +419,7 @@ fn run(p: &Phase, seed: u64, stale_error_ocs: bool) {
                 "{ctx}: {k:?} never injected"
             );
         }
-        assert!(total.timed_out > 0, "{ctx}: no withdrawal succeeded");
+        assert!(total.counts.timed_out > 0, "{ctx}: no withdrawal succeeded");
         if mcq {
             assert!(total.stats.stale_completions > 0, "{ctx}");
         }
