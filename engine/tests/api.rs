@@ -86,7 +86,7 @@ fn dma_buf_views() -> Result<(), BoxError> {
     qp.write(1, 8, 4, b, 1).map_err(|e| e.kind)?;
     qp.submit();
     let mut done = Vec::new();
-    while done.len() < 1 {
+    while done.is_empty() {
         qp.poll(8, |c| done.push(c))?;
     }
     // What the device wrote, seen in place; views of split pieces are
@@ -95,7 +95,7 @@ fn dma_buf_views() -> Result<(), BoxError> {
     b.fill(0xEE);
     qp.read(1, 8, 4, b, 2).map_err(|e| e.kind)?;
     qp.submit();
-    while done.len() < 1 {
+    while done.is_empty() {
         qp.poll(8, |c| done.push(c))?;
     }
     let c = done.pop().unwrap();

@@ -361,7 +361,7 @@ impl DmaBuf {
     /// // `buf` is the queue pair's now: no view of it can be taken.
     /// let back = ctrl.alloc_buf(512, DmaDir::Bidirectional)?;
     /// let mut done = Vec::new();
-    /// while done.len() < 1 {
+    /// while done.is_empty() {
     ///     qp.poll(8, |c| done.push(c))?;
     /// }
     /// qp.read(1, 0, 1, back, 2).map_err(|e| e.kind)?;
