@@ -128,13 +128,21 @@
 //!
 //! The transport, file by file:
 //!
-//! - [`ctrl`]: [`UfsController`] bring-up (HCE, DME_LINKSTARTUP, NOP,
-//!   fDeviceInit, descriptors, REPORT LUNS, UNIT ATTENTION, READ
-//!   CAPACITY), the choice of MCQ or legacy, queue configuration with the
-//!   DAO offsets read back and bounds-checked.
+//! - [`ctrl`]: [`UfsController`]: options, the state word, the logical
+//!   units, accessors, the queue pool and ids, leak accounting, the reset
+//!   entry point.
+//!   - `ctrl/bringup.rs`: bring-up (HCE, DME_LINKSTARTUP, fDeviceInit,
+//!     descriptors, REPORT LUNS, UNIT ATTENTION, READ CAPACITY), the choice
+//!     of MCQ or legacy, and the way down (disable, abandon, `Drop`).
+//!   - `ctrl/devcmd.rs`: the device-command channel of bring-up and reset
+//!     (NOP OUT / IN, QUERY, SCSI commands over slot 0 of the legacy list)
+//!     and its one retry rule (`transient`, `DevCmd::retried`).
 //! - [`error`]: [`UfsCtrlError`], the control path's typed errors.
-//! - `mcq.rs`: one MCQ SQ/CQ pair: byte-offset heads and tails, CQTP polling
-//!   (no phase bit), batched SQTP / CQHP stores.
+//! - `mcq/mod.rs`: one MCQ SQ/CQ pair: byte-offset heads and tails, CQTP
+//!   polling (no phase bit), batched SQTP / CQHP stores.
+//!   - `mcq/config.rs`: MCQ queue configuration at bring-up and after a
+//!     reset: rings programmed, the DAO/ISAO offsets read back and
+//!     bounds-checked, MCQ mode selected.
 //! - `sdb.rs`: the legacy list: 32 UTRD slots, UTRLDBR bitmap, UTRLCNR.
 //! - `ucd.rs`: each queue pair's own slice of command descriptors: COMMAND
 //!   UPIU, PRDT from the buffer's segments, RESPONSE decoding.
