@@ -9,6 +9,7 @@ use std::time::Duration;
 use mcqio_vfio::{Backend, DmaDir, DmaSpace};
 
 use crate::ufs::error::{UfsCtrlError, UfsResult};
+use crate::ufs::mcq::config::{disable_queues, enable_queue, nullify_ring, select_mcq, setup_mcq};
 use crate::ufs::spec::desc::{self, DeviceDesc, GeometryDesc, UnitDesc};
 use crate::ufs::spec::regs::{self, is, uic, Cap, Hcs, McqCap};
 use crate::ufs::spec::status::UfsError;
@@ -19,7 +20,6 @@ use super::{
     health, in_bar, wait_until, LogicalUnit, Pool, QueueLayout, Regs, UfsController, UfsMode,
     UfsOptions, MAX_DEPTH, TASK_TAGS,
 };
-use crate::ufs::mcq::config::{disable_queues, enable_queue, nullify_ring, select_mcq, setup_mcq};
 
 /// What differs between the logical units found at bring-up (`was`) and
 /// after a reset (`now`), for [`UfsCtrlError::DeviceChanged`].

@@ -8,7 +8,7 @@ use mcqio_vfio::{barrier, DmaRegion};
 
 use crate::ufs::error::{UfsCtrlError, UfsResult};
 use crate::ufs::spec::desc::MAX_DESC_LEN;
-use crate::ufs::spec::regs::{self};
+use crate::ufs::spec::regs;
 use crate::ufs::spec::scsi::{self, Capacity};
 use crate::ufs::spec::status::{command_result, UfsError};
 use crate::ufs::spec::upiu::{self, flag_idn, trans, CommandUpiu, QueryUpiu, ResponseUpiu};
