@@ -94,11 +94,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// its slot (see [`UfsQueuePair`]). Returns whether the controller was
     /// reset.
     #[cold]
-    pub(super) fn reset_for_timeout(
-        &mut self,
-        slot: u16,
-        f: &mut impl FnMut(Completion<B>),
-    ) -> bool {
+    fn reset_for_timeout(&mut self, slot: u16, f: &mut impl FnMut(Completion<B>)) -> bool {
         if self.hpb.is_internal(slot) {
             // Not the application's (the scan excludes them): never a reset
             // or a completion for it.
