@@ -128,23 +128,44 @@
 //!
 //! The transport, file by file:
 //!
-//! - [`ctrl`]: [`UfsController`] bring-up (HCE, DME_LINKSTARTUP, NOP,
-//!   fDeviceInit, descriptors, REPORT LUNS, UNIT ATTENTION, READ
-//!   CAPACITY), the choice of MCQ or legacy, queue configuration with the
-//!   DAO offsets read back and bounds-checked.
+//! - [`ctrl`]: [`UfsController`]: options, the state word, the logical
+//!   units, accessors, the queue pool and ids, leak accounting, the reset
+//!   entry point.
+//!   - `ctrl/bringup.rs`: bring-up (HCE, DME_LINKSTARTUP, fDeviceInit,
+//!     descriptors, REPORT LUNS, UNIT ATTENTION, READ CAPACITY), the choice
+//!     of MCQ or legacy, and the way down (disable, abandon, `Drop`).
+//!   - `ctrl/devcmd.rs`: the device-command channel of bring-up and reset
+//!     (NOP OUT / IN, QUERY, SCSI commands over slot 0 of the legacy list)
+//!     and its one retry rule (`transient`, `DevCmd::retried`).
 //! - [`error`]: [`UfsCtrlError`], the control path's typed errors.
-//! - `mcq.rs`: one MCQ SQ/CQ pair: byte-offset heads and tails, CQTP polling
-//!   (no phase bit), batched SQTP / CQHP stores.
+//! - `mcq/mod.rs`: one MCQ SQ/CQ pair: byte-offset heads and tails, CQTP
+//!   polling (no phase bit), batched SQTP / CQHP stores.
+//!   - `mcq/config.rs`: MCQ queue configuration at bring-up and after a
+//!     reset: rings programmed, the DAO/ISAO offsets read back and
+//!     bounds-checked, MCQ mode selected.
 //! - `sdb.rs`: the legacy list: 32 UTRD slots, UTRLDBR bitmap, UTRLCNR.
 //! - `ucd.rs`: each queue pair's own slice of command descriptors: COMMAND
 //!   UPIU, PRDT from the buffer's segments, RESPONSE decoding.
-//! - [`qpair`]: [`UfsQueuePair`], the per-thread I/O object (read, write,
-//!   flush, unmap, submit, poll, close, blocking helpers).
-//! - `reset.rs`: what a queue pair does at its next poll after
-//!   [`UfsController::reset`] (host controller reset, the last resort of
-//!   recovery) or a controller failure: deliver what completed, end the
-//!   rest once with [`crate::IoError::AbortedByReset`] and its buffer,
-//!   re-create its hardware queue.
+//! - [`qpair`]: [`UfsQueuePair`], the per-thread I/O object: its options,
+//!   statistics, creation from the controller's pool, accessors, and the
+//!   decoding shared by the poll and the recovery (`failed_result`,
+//!   `end_internal`).
+//!   - `qpair/submit.rs`: read, write, flush, unmap: request checks, slot
+//!     allocation, UTRD and UCD building, splits, one doorbell per batch.
+//!   - `qpair/reap.rs`: the poll: proof of completion, decoding, delivery;
+//!     the HPB pass (calls into [`hpb`]).
+//!   - `qpair/recover.rs`: timeouts (the shared scan, the controller-reset
+//!     hook), withdrawal (MCQ cleanup by nexus, UTRLCLR), `check_timeouts`,
+//!     `check_health`, `abort`.
+//!   - `qpair/reset.rs`: what a queue pair does at its next poll after
+//!     [`UfsController::reset`] (host controller reset, the last resort of
+//!     recovery) or a controller failure: deliver what completed, end the
+//!     rest once with [`crate::IoError::AbortedByReset`] and its buffer,
+//!     re-create its hardware queue.
+//!   - `qpair/teardown.rs`: `end_all`, `close`, `Drop` (and the leak when
+//!     the controller may still hold the queue's memory).
+//!   - `qpair/blocking.rs`: the blocking helpers and the
+//!     [`crate::core::block::BlockQueue`] implementation.
 //! - [`hpb`]: Host Performance Booster: the host's copy of the device's L2P
 //!   map per LU, shared lock-free by the queue pairs, its policy (both
 //!   control modes) and the queue pairs' internal map loads.

@@ -22,6 +22,8 @@
 //! ever outstanding (the caller's trackers bound it), so neither ring can
 //! overflow.
 
+pub(super) mod config;
+
 use std::ptr::NonNull;
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! Recovery of a [`UfsQueuePair`] after its controller changed state: a
 //! host controller reset ([`UfsController::reset`]), a fatal controller,
 //! a removed one. The controller's side (disable, bring-up again) is in
-//! `ctrl.rs`; this is what each queue pair does at its next poll.
+//! `ctrl/mod.rs` and `ctrl/bringup.rs`; this is what each queue pair does at its next poll.
 //!
 //! The controller's state word carries an epoch that advances only once
 //! HCE = 0 was confirmed (or the device is gone): from then on the

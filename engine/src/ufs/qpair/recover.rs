@@ -1,0 +1,327 @@
+//! Timeouts and withdrawal: the timeout scan (application and HPB internal
+//! commands), the escalation to the controller-reset hook, MCQ cleanup by
+//! nexus, UTRLCLR, `check_timeouts`, `check_health` and `abort`.
+
+use super::*;
+
+impl<B: IoBuf> UfsQueuePair<B> {
+    /// Act on commands past their timeout (see [`TimeoutPolicy`]): the
+    /// core finds them and decides, the UFS abort machinery acts. Cold.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn scan_timeouts(&mut self, f: &mut impl FnMut(Completion<B>)) {
+        // Nothing is marked posted: the scan runs only after a poll that
+        // reaped everything posted.
+        self.timeouts.begin_scan();
+        // HPB's internal commands are not the application's: its policy and
+        // statistics never see them; they have their own handling below.
+        if self.hpb.inflight() > 0 {
+            for slot in 0..self.trackers.slots() as u16 {
+                if self.hpb.is_internal(slot) {
+                    self.timeouts.exclude(slot);
+                }
+            }
+        }
+        timeout::scan(&mut UfsTimeouts { qp: self, f });
+        if self.failed.is_none() && self.ctrl.state() == self.seen_state {
+            self.scan_internal_timeouts();
+        }
+    }
+
+    /// HPB's internal commands past the I/O timeout: withdrawn (MCQ cleanup
+    /// by nexus, UTRLCLR) once, whatever the application's policy, so that
+    /// its ABORTED completion ends it as a failed command inside the queue
+    /// pair; given up (slot retired until a controller reset, buffer never
+    /// reused) if the controller refuses, or does not give it back within
+    /// another timeout. Never a controller reset, never in
+    /// [`UfsQpairStats`]: counted in [`HpbStats`](super::HpbStats).
+    #[cold]
+    fn scan_internal_timeouts(&mut self) {
+        if self.hpb.inflight() == 0 {
+            return;
+        }
+        let (now, limit, scan) = (
+            self.timeouts.now_ms,
+            self.timeouts.timeout_ms(),
+            self.timeouts.scan_interval_ms(),
+        );
+        for slot in 0..self.trackers.slots() as u16 {
+            let s = self.trackers.slot(slot);
+            if !s.busy {
+                continue;
+            }
+            match self
+                .hpb
+                .timeout_step(slot, s.submitted_ms, now, limit, scan)
+            {
+                None => continue,
+                Some(Overdue::Withdraw) => {
+                    log::warn!(
+                        "UFS queue pair (tag base {}): HPB command in slot {slot} has no completion after {} ms; withdrawing it",
+                        self.tag_base,
+                        now.wrapping_sub(s.submitted_ms)
+                    );
+                    let accepted = self.withdraw(slot).unwrap_or(false);
+                    self.hpb.withdrawn(slot, now, accepted);
+                }
+                Some(Overdue::GiveUp) => self.give_up_internal(slot),
+            }
+            if self.failed.is_some() || self.ctrl.state() != self.seen_state {
+                return;
+            }
+        }
+    }
+
+    /// End the internal command in busy `slot` that the controller may
+    /// still hold: its slot is retired (never reused until a controller
+    /// reset succeeds), and the queue's memory leaked at drop. No
+    /// completion: it is not the application's.
+    #[cold]
+    fn give_up_internal(&mut self, slot: u16) {
+        log::warn!(
+            "UFS queue pair (tag base {}): giving up the HPB command in slot {slot}",
+            self.tag_base
+        );
+        self.leak = true;
+        let _ = self.trackers.retire(slot);
+        self.hpb.give_up(slot);
+    }
+
+    /// A command needs a host controller reset (policy `Reset`, or an abort
+    /// that was refused or not answered). Escalates through
+    /// `UfsController::reset_for_timeout`; when that reset fails, ends the
+    /// command once as [`IoError::TimedOut`] without its buffer and retires
+    /// its slot (see [`UfsQueuePair`]). Returns whether the controller was
+    /// reset.
+    #[cold]
+    fn reset_for_timeout(&mut self, slot: u16, f: &mut impl FnMut(Completion<B>)) -> bool {
+        if self.hpb.is_internal(slot) {
+            // Not the application's (the scan excludes them): never a reset
+            // or a completion for it.
+            self.give_up_internal(slot);
+            return false;
+        }
+        self.timeouts.stats.resets_requested += 1;
+        if self.ctrl.reset_for_timeout() {
+            // The reset ends every command in flight (the next poll sees it).
+            return true;
+        }
+        // The device may still hold the command: never hand back its
+        // buffer, never reuse its slot or command descriptor, and leak the
+        // queue's memory at drop.
+        self.leak = true;
+        self.splits.poison(slot);
+        let (tag, buf) = self.trackers.retire(slot);
+        self.hpb.write_ended(slot);
+        let mut leaked = deliver::leak(buf);
+        let routed = self.splits.finish(slot, Err(IoError::TimedOut));
+        leaked += self.splits.take_leaked();
+        self.ctrl.add_leaked(leaked);
+        let (tag, result) = match routed {
+            Routed::NotChild => (tag, Err(IoError::TimedOut)),
+            Routed::Pending => return false,
+            Routed::Done(tag, result, _) => (tag, result),
+        };
+        self.timeouts.stats.timed_out += 1;
+        self.completed += 1;
+        f(Completion {
+            tag,
+            result,
+            buf: None,
+            dw0: 0,
+        });
+        false
+    }
+}
+
+impl<B: IoBuf> UfsQueuePair<B> {
+    /// The MCQ cleanup sequence for `slots`: stop the SQ, clean up each
+    /// command by its nexus (LUN, task tag) — the controller completes it
+    /// with OCS ABORTED, whether still queued or held — and restart the SQ.
+    /// Returns how many the controller confirmed (cleanup error code 0), or
+    /// `None` if the SQ did not stop within `limit`.
+    #[cold]
+    fn mcq_cleanup_slots(&mut self, slots: &[u16], limit: std::time::Duration) -> Option<usize> {
+        let Transport::Mcq(q) = &*self.transport else {
+            return None;
+        };
+        let regs = self.ctrl.backend().regs();
+        let r = q.regs();
+        let (rtc, cti, rts) = (r.sqrtc.offset(), r.sqcti.offset(), r.sqrts.offset());
+        let wait = |mask: u32, want: u32| {
+            let t = Instant::now();
+            loop {
+                let v = regs.read32(rts);
+                if v != u32::MAX && v & mask == want {
+                    return Some(v);
+                }
+                if t.elapsed() > limit {
+                    return None;
+                }
+                std::thread::yield_now();
+            }
+        };
+        regs.write32(rtc, sq_op::RTC_STOP);
+        wait(sq_op::RTS_STOPPED, sq_op::RTS_STOPPED)?;
+        let mut ok = 0;
+        for &slot in slots {
+            let lun = self.ucds.command_lun(slot);
+            let tag = self.tag_base.wrapping_add(slot as u8);
+            regs.write32(cti, sq_op::cleanup_target(lun, tag));
+            regs.write32(rtc, sq_op::RTC_STOP | sq_op::RTC_ICU);
+            match wait(sq_op::RTS_CLEANUP_DONE, sq_op::RTS_CLEANUP_DONE) {
+                Some(v) if sq_op::cleanup_error(v) == 0 => ok += 1,
+                v => log::warn!("UFS SQ cleanup of task tag {tag} failed (SQRTS {v:?})"),
+            }
+        }
+        regs.write32(rtc, sq_op::RTC_START);
+        if wait(sq_op::RTS_STOPPED, 0).is_none() {
+            log::warn!("UFS SQ {} did not restart", q.index());
+        }
+        Some(ok)
+    }
+
+    /// Close's MCQ path: clean up every command in flight, then reap the
+    /// ABORTED completions (delivered as [`IoError::Aborted`]). Whatever the
+    /// controller does not give back stays outstanding.
+    #[cold]
+    pub(super) fn mcq_cleanup(
+        &mut self,
+        limit: std::time::Duration,
+        f: &mut impl FnMut(Completion<B>),
+    ) {
+        let slots: Vec<u16> = self.trackers.busy().map(|(slot, ..)| slot).collect();
+        if self.mcq_cleanup_slots(&slots, limit).is_none() {
+            return;
+        }
+        let start = Instant::now();
+        let mut aborted = |mut c: Completion<B>| {
+            if c.result == Err(IoError::Ufs(UfsError::Transport(Ocs::ABORTED))) {
+                c.result = Err(IoError::Aborted);
+            }
+            f(c)
+        };
+        while self.trackers.outstanding() > 0 && self.failed.is_none() && start.elapsed() < limit {
+            if matches!(self.poll(usize::MAX, &mut aborted), Ok(0)) {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Report every application command outstanding for longer than
+    /// `timeout` (`cid` is its task tag), as
+    /// [`QueuePair::check_timeouts`](crate::QueuePair::check_timeouts) does
+    /// on NVMe.
+    ///
+    /// Reporting only, independent of [`UfsQpairOptions::io_timeout`]
+    /// (which acts by itself inside [`poll`](Self::poll)); pass a reported
+    /// `tag` to [`abort`](Self::abort) to withdraw the command. HPB's own
+    /// map loads are not listed. Ages use the queue's coarse clock,
+    /// refreshed here.
+    pub fn check_timeouts(&mut self, timeout: Duration, f: impl FnMut(Outstanding)) -> usize {
+        let (hpb, tag_base) = (&self.hpb, self.tag_base);
+        self.timeouts.report_overdue(
+            &self.trackers,
+            timeout,
+            |slot| !hpb.is_internal(slot),
+            |slot, _| u16::from(tag_base.wrapping_add(slot as u8)),
+            f,
+        )
+    }
+
+    /// Read IS; if the host controller reports a fatal error or is gone,
+    /// record that at the controller (a fatal controller is disabled, so no
+    /// DMA stays in flight) and return the error. The next
+    /// [`poll`](Self::poll) ends the outstanding commands with
+    /// [`IoError::ControllerFailed`], as on NVMe
+    /// ([`QueuePair::check_health`](crate::QueuePair::check_health)). For an
+    /// application that waits without polling; a polling one learns the same
+    /// from `poll`. A reset in progress or finished is not a failure.
+    pub fn check_health(&mut self) -> Result<()> {
+        if let Some(h) = self.failed {
+            return Err(health_error(h));
+        }
+        match state::failure(self.ctrl.check_health()) {
+            health::OK => Ok(()),
+            h => Err(health_error(h)),
+        }
+    }
+
+    /// Abort the command in flight with `tag` (the first, if several share
+    /// it). MCQ: SQ stop, cleanup by nexus (a still-queued entry or one the
+    /// device holds), SQ restart; legacy: UTRLCLR of its slot. The command
+    /// then completes once, through [`poll`](Self::poll), with
+    /// `IoError::Ufs(UfsError::Transport(Ocs::ABORTED))` and its buffer —
+    /// or normally, if it finished first. Returns `Ok(false)` when no
+    /// command with `tag` is in flight or the controller refused the
+    /// cleanup; [`Error::Timeout`] when the SQ did not stop.
+    pub fn abort(&mut self, tag: u64) -> Result<bool> {
+        if let Some(h) = self.failed {
+            return Err(health_error(h));
+        }
+        self.transport.flush();
+        let hpb = &self.hpb;
+        let Some((slot, ..)) = self
+            .trackers
+            .busy()
+            .find(|&(slot, _, t, _)| t == tag && !hpb.is_internal(slot))
+        else {
+            return Ok(false);
+        };
+        self.withdraw(slot)
+    }
+
+    /// Ask the controller to give up the command in busy `slot` (the
+    /// doorbell already rung): MCQ cleanup by nexus, or UTRLCLR. It then
+    /// completes through `poll` with OCS ABORTED. `Ok(false)`: refused.
+    #[cold]
+    fn withdraw(&mut self, slot: u16) -> Result<bool> {
+        let limit = self.ctrl.options().init_timeout;
+        match &mut *self.transport {
+            Transport::Sdb(q) => Ok(q.withdraw(1 << slot)),
+            Transport::Mcq(_) => match self.mcq_cleanup_slots(&[slot], limit) {
+                Some(n) => Ok(n == 1),
+                None => Err(Error::Timeout {
+                    what: "stop the UFS submission queue (SQRTS.STS)",
+                    timeout_ms: limit.as_millis() as u64,
+                }),
+            },
+        }
+    }
+}
+
+/// UFS's side of the shared timeout scan: log, withdraw the command (MCQ
+/// cleanup by nexus, UTRLCLR), escalate to the controller-reset hook.
+struct UfsTimeouts<'a, B: IoBuf, F> {
+    qp: &'a mut UfsQueuePair<B>,
+    f: &'a mut F,
+}
+
+impl<B: IoBuf, F: FnMut(Completion<B>)> TimeoutActions for UfsTimeouts<'_, B, F> {
+    type Buf = B;
+
+    fn state(&mut self) -> (&mut Timeouts, &mut Trackers<B>) {
+        (&mut self.qp.timeouts, &mut self.qp.trackers)
+    }
+
+    fn report(&mut self, e: &Expired) {
+        log::warn!(
+            "UFS queue pair (tag base {}): command tag {} has no completion after {} ms",
+            self.qp.tag_base,
+            e.tag,
+            e.age_ms
+        );
+    }
+
+    fn abort(&mut self, e: &Expired) -> bool {
+        self.qp.withdraw(e.slot).unwrap_or(false)
+    }
+
+    fn reset(&mut self, e: &Expired) -> bool {
+        self.qp.reset_for_timeout(e.slot, self.f)
+    }
+
+    fn stop(&self) -> bool {
+        self.qp.failed.is_some()
+    }
+}

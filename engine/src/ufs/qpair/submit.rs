@@ -1,0 +1,353 @@
+//! Submission: request checks (LU, range, transfer limit), slot allocation,
+//! UTRD and command descriptor (UCD) building, splitting above the
+//! per-command limit, and the one doorbell per batch.
+
+use super::*;
+
+impl<B: IoBuf> UfsQueuePair<B> {
+    /// Reserve a free slot for a new command and move its command
+    /// descriptor to the slot's next base, so that no completion entry of
+    /// an earlier command in the slot names this one (`UcdSlice::begin`).
+    /// Every command takes its slot here.
+    #[inline(always)]
+    pub(super) fn alloc_slot(&mut self) -> Option<u16> {
+        let slot = self.trackers.alloc()?;
+        self.ucds.begin(slot);
+        Some(slot)
+    }
+
+    /// Every command passes here first, so this is also where an idle
+    /// queue reads the clock (`Timeouts::stamp_if_idle`).
+    #[inline]
+    fn check_range(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+    ) -> std::result::Result<LuGeom, SubmitErrorKind> {
+        // Only this pair's own flag (no load through the controller per
+        // I/O): a failure another pair found is picked up by the next poll,
+        // which then ends whatever was submitted meanwhile.
+        if self.timeouts.enabled() {
+            // Idle for the application even with map loads in flight.
+            // `inflight <= outstanding` always; a wrap would only skip a
+            // clock read.
+            self.timeouts.stamp_if_idle(
+                self.trackers
+                    .outstanding()
+                    .wrapping_sub(self.hpb.inflight()),
+            );
+        }
+        if self.failed.is_some() {
+            return Err(SubmitErrorKind::ControllerFailed);
+        }
+        let Some(Some(g)) = self.lus.get(usize::from(lun)).copied() else {
+            // A UFS LUN is the namespace of this engine's vocabulary.
+            return Err(SubmitErrorKind::UnknownNamespace {
+                nsid: u32::from(lun),
+            });
+        };
+        if blocks == 0 {
+            return Err(SubmitErrorKind::ZeroLength);
+        }
+        match lba.checked_add(u64::from(blocks)) {
+            Some(end) if end <= g.blocks => Ok(g),
+            _ => Err(SubmitErrorKind::LbaOutOfRange {
+                slba: lba,
+                nlb: u64::from(blocks),
+                nsze: g.blocks,
+            }),
+        }
+    }
+
+    /// Read `blocks` logical blocks from `lba` of LU `lun` into `buf`. The
+    /// request goes into the ring; [`submit`](Self::submit) or the next
+    /// [`poll`](Self::poll) rings the doorbell.
+    #[inline]
+    pub fn read(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        self.submit_data(lun, lba, blocks, buf, tag, true)
+    }
+
+    /// Write `blocks` logical blocks at `lba` of LU `lun` from `buf`.
+    #[inline]
+    pub fn write(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        self.submit_data(lun, lba, blocks, buf, tag, false)
+    }
+
+    #[inline(always)]
+    fn submit_data(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+        read: bool,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        let g = match self.check_range(lun, lba, blocks) {
+            Ok(g) => g,
+            Err(k) => return Err(submit_err(k, buf)),
+        };
+        let bytes = u64::from(blocks) << g.shift;
+        if let Err(mapped) = buf.check_dir(read) {
+            let needs = if read {
+                "write into it (read command)"
+            } else {
+                "read from it (write command)"
+            };
+            return Err(submit_err(
+                SubmitErrorKind::WrongDirection { mapped, needs },
+                buf,
+            ));
+        }
+        if !buf.is_mapped_in(&self.space) {
+            return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
+        }
+        if bytes > self.max_xfer {
+            return self.submit_split(lun, lba, blocks, g.shift, buf, tag, read);
+        }
+        let Some(slot) = self.alloc_slot() else {
+            return Err(submit_err(SubmitErrorKind::QueueFull, buf));
+        };
+        let prdt = match self.ucds.build_prdt(slot, &buf, 0, bytes) {
+            Ok(n) => n,
+            Err(k) => {
+                self.trackers.unreserve(slot);
+                return Err(submit_err(k, buf));
+            }
+        };
+        let task_tag = self.tag_base.wrapping_add(slot as u8);
+        // `bytes <= max_xfer <= 16 MiB`: fits the 32-bit length field.
+        // An HPB READ when the host map holds this block's entry; else the
+        // plain READ/WRITE, built straight into the descriptor.
+        match (read && g.hpb)
+            .then(|| self.hpb.read_cdb(slot, lun, lba, blocks))
+            .flatten()
+        {
+            Some(cdb) => self
+                .ucds
+                .write_command(slot, lun, task_tag, cdb, bytes as u32, true),
+            None => self
+                .ucds
+                .write_rw(slot, lun, task_tag, lba, blocks, bytes as u32, read),
+        }
+        let dir = if read {
+            DataDir::FromDevice
+        } else {
+            // HPB: dirtied before the doorbell, and again when it ends.
+            self.hpb.dirty_write(slot, lun, lba, blocks);
+            DataDir::ToDevice
+        };
+        self.transport
+            .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
+        self.trackers
+            .arm(slot, tag, Some(buf), self.timeouts.now_ms);
+        self.submitted += 1;
+        Ok(())
+    }
+
+    /// A read or write above `max_xfer`: children of at most `max_xfer`
+    /// bytes (whole blocks), all or nothing (see `split.rs`).
+    #[cold]
+    #[allow(clippy::too_many_arguments)]
+    fn submit_split(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        shift: u32,
+        buf: B,
+        tag: u64,
+        read: bool,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        let bytes = u64::from(blocks) << shift;
+        let per = (self.max_xfer >> shift).min(u64::from(u32::MAX)) as u32;
+        let depth = self.trackers.depth();
+        let too_large = |max: u64| SubmitErrorKind::TransferTooLarge { bytes, max };
+        if per == 0 {
+            // One block is larger than the per-command limit.
+            return Err(submit_err(too_large(self.max_xfer), buf));
+        }
+        let children = blocks.div_ceil(per);
+        if children as usize > depth {
+            return Err(submit_err(
+                too_large((depth as u64 * u64::from(per)) << shift),
+                buf,
+            ));
+        }
+        let available = buf.total_len() as u64;
+        if available < bytes {
+            return Err(submit_err(
+                SubmitErrorKind::BufferTooSmall {
+                    needed: bytes,
+                    available,
+                },
+                buf,
+            ));
+        }
+        if depth - self.trackers.outstanding() < children as usize {
+            return Err(submit_err(SubmitErrorKind::QueueFull, buf));
+        }
+        // Reserve every child's slot and build its PRDT before anything is
+        // posted, so a rejection leaves nothing behind.
+        let mut scratch = std::mem::take(&mut self.splits.scratch);
+        scratch.clear();
+        let mut err = None;
+        for i in 0..children {
+            let first = u64::from(i) * u64::from(per);
+            let n = per.min(blocks - i * per);
+            let Some(slot) = self.alloc_slot() else {
+                err = Some(SubmitErrorKind::QueueFull);
+                break;
+            };
+            match self
+                .ucds
+                .build_prdt(slot, &buf, first << shift, u64::from(n) << shift)
+            {
+                Ok(prdt) => scratch.push((slot, prdt, lba + first, n)),
+                Err(k) => {
+                    self.trackers.unreserve(slot);
+                    err = Some(k);
+                    break;
+                }
+            }
+        }
+        if let Some(k) = err {
+            for &(slot, ..) in scratch.iter().rev() {
+                self.trackers.unreserve(slot);
+            }
+            self.splits.scratch = scratch;
+            return Err(submit_err(k, buf));
+        }
+        let parent = match self.splits.start(tag, buf, children) {
+            Ok(p) => p,
+            Err(buf) => {
+                // Not expected (a parent is free whenever slots are):
+                // refuse rather than lose track.
+                for &(slot, ..) in scratch.iter().rev() {
+                    self.trackers.unreserve(slot);
+                }
+                self.splits.scratch = scratch;
+                return Err(submit_err(SubmitErrorKind::QueueFull, buf));
+            }
+        };
+        let dir = if read {
+            DataDir::FromDevice
+        } else {
+            self.hpb.dirty(lun, lba, blocks);
+            DataDir::ToDevice
+        };
+        for &(slot, prdt, clba, n) in &scratch {
+            let cdb = if read {
+                scsi::read(clba, n, false)
+            } else {
+                scsi::write(clba, n, false)
+            };
+            let task_tag = self.tag_base.wrapping_add(slot as u8);
+            self.ucds.write_command(
+                slot,
+                lun,
+                task_tag,
+                cdb,
+                (u64::from(n) << shift) as u32,
+                read,
+            );
+            self.transport
+                .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
+            self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
+            if !read {
+                self.hpb.note_write(slot, lun, clba, n);
+            }
+            self.splits.link(slot, parent);
+            self.submitted += 1;
+        }
+        self.splits.scratch = scratch;
+        Ok(())
+    }
+
+    /// A command without a data buffer (or with a parameter list carried in
+    /// its own command descriptor).
+    /// Returns the slot it went into.
+    fn submit_nodata(
+        &mut self,
+        lun: u8,
+        cdb: scsi::Cdb,
+        param: Option<&[u8]>,
+        tag: u64,
+    ) -> std::result::Result<u16, SubmitError<()>> {
+        let Some(slot) = self.alloc_slot() else {
+            return Err(submit_err(SubmitErrorKind::QueueFull, ()));
+        };
+        let task_tag = self.tag_base.wrapping_add(slot as u8);
+        let (dir, prdt, bytes) = match param {
+            Some(p) => {
+                let iova = self.ucds.write_param(slot, p);
+                let n = self.ucds.param_prdt(slot, iova, p.len() as u32);
+                (DataDir::ToDevice, n, p.len() as u32)
+            }
+            None => (DataDir::None, 0, 0),
+        };
+        self.ucds
+            .write_command(slot, lun, task_tag, cdb, bytes, false);
+        self.transport
+            .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
+        self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
+        self.submitted += 1;
+        Ok(slot)
+    }
+
+    /// SYNCHRONIZE CACHE(10) of LU `lun`.
+    pub fn flush(&mut self, lun: u8, tag: u64) -> std::result::Result<(), SubmitError<()>> {
+        if let Err(k) = self.check_range(lun, 0, 1) {
+            return Err(submit_err(k, ()));
+        }
+        self.submit_nodata(lun, scsi::synchronize_cache(), None, tag)
+            .map(|_| ())
+    }
+
+    /// UNMAP `blocks` blocks from `lba` of LU `lun` (the UFS form of
+    /// NVMe's deallocate). The parameter list travels in the command's own
+    /// descriptor: no buffer.
+    pub fn unmap(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        tag: u64,
+    ) -> std::result::Result<(), SubmitError<()>> {
+        if let Err(k) = self.check_range(lun, lba, blocks) {
+            return Err(submit_err(k, ()));
+        }
+        self.hpb.dirty(lun, lba, blocks);
+        let list = scsi::unmap_list(lba, blocks);
+        let slot = self.submit_nodata(lun, scsi::unmap(list.len() as u16), Some(&list), tag)?;
+        self.hpb.note_write(slot, lun, lba, blocks);
+        Ok(())
+    }
+
+    /// Ring the doorbell once for everything queued since the last ring.
+    /// Returns whether a doorbell was written.
+    #[inline]
+    pub fn submit(&mut self) -> bool {
+        // One relaxed load per batch: no doorbell once a reset began, until
+        // the next poll re-created the queue.
+        if self.failed.is_some() || self.ctrl.state() != self.seen_state {
+            return false;
+        }
+        self.transport.flush()
+    }
+}
