@@ -175,7 +175,11 @@ fn ufs_stale_completions_stay_stale_across_the_generation_wrap() {
         buf = c.buf;
     }
     let s = qp.stats();
-    assert_eq!(replayed, n - 1);
+    // Every command after the first finds the previous one's entry to
+    // re-post; the first finds one only where the device already posted its
+    // own entry (a slow host, e.g. under qemu-user), and that duplicate is
+    // just as stale once the command completed.
+    assert!(replayed >= n - 1, "replayed {replayed} of {n}");
     assert_eq!(s.stale_completions, replayed, "{s:?}");
     assert!(h.fake().iommu().faults().is_empty());
     qp.close(|_| {}).unwrap();
