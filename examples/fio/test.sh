@@ -146,12 +146,17 @@ f="$work/mixed.fio"
 run mixed "$f"
 
 # The same on the fake UFS host controller (4 KiB blocks, LU 0 by default):
-# each job gets its own MCQ SQ/CQ pair. Its fake_size is per LU.
+# each job gets its own MCQ SQ/CQ pair. Its fake_size is per LU. The
+# controller bounds queues x depth to the 256 task tags and the engine
+# refuses an iodepth deeper than a queue pair, so these jobs ask for 2
+# queues (32 slots each) rather than fio's default 64 (32 queues of 8).
+UFS_QPAIRS=2
 for qd in 1 32; do
 	for nj in 1 2; do
 		f="$work/ufs-verify-qd$qd-j$nj.fio"
 		{
 			global fake-ufs
+			echo "qpairs=$UFS_QPAIRS"
 			verify_jobs "$qd" "$nj"
 		} >"$f"
 		run "ufs-verify-qd$qd-j$nj" "$f"
@@ -160,6 +165,7 @@ done
 f="$work/ufs-randrw.fio"
 {
 	global fake-ufs,lun=1
+	echo "qpairs=$UFS_QPAIRS"
 	cat <<EOF
 fake_namespaces=2
 iodepth=32
@@ -175,6 +181,7 @@ run ufs-randrw-lun1-qd32-j2 "$f"
 f="$work/ufs-mixed.fio"
 {
 	global fake-ufs
+	echo "qpairs=$UFS_QPAIRS"
 	mixed_jobs
 } >"$f"
 run ufs-mixed "$f"
@@ -271,7 +278,7 @@ cmp_fio() { # cmp_fio FILENAME [fio options...]: prints the job's read IOPS
 	local file=$1 rc=0
 	shift
 	fio --output-format=json --output="$work/cmp.out" --name=cmp --ioengine=external:"$so" --thread \
-		--filename="$file" --fake_size=64m --rw=randread --bs=4k --iodepth=32 --numjobs=1 \
+		--filename="$file" --fake_size=64m --rw=randread --bs=4k --iodepth=32 --numjobs=1 --qpairs=2 \
 		--time_based --runtime=2 "${pin_fio[@]}" "$@" >"$work/cmp.log" 2>&1 || rc=$?
 	if [ "$rc" != 0 ] || [ "$(json_of "$work/cmp.out" | jq '.jobs[0].error')" != 0 ]; then
 		echo "FAIL: fio comparison run on $file (exit $rc)" >&2

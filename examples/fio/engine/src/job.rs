@@ -359,7 +359,19 @@ impl Job {
                     io_timeout: o.io_timeout,
                     timeout_policy: TimeoutPolicy::Abort,
                 };
-                Qp::Ufs(ctrl.create_qpair_with::<FioBuf>(qopts).map_err(qerr)?)
+                let q = ctrl.create_qpair_with::<FioBuf>(qopts).map_err(qerr)?;
+                // fio queues up to iodepth commands; above the queue's
+                // depth the engine would answer busy, and fio's requeue of
+                // a busy io_u under verify was seen to read back other
+                // blocks' data (fake UFS, iodepth 16 on 8 slots). Refuse
+                // instead of running such a job.
+                if usize::from(depth) > q.depth() {
+                    return Err(EngineError::UfsDepth {
+                        iodepth: u32::from(depth),
+                        depth: q.depth(),
+                    });
+                }
+                Qp::Ufs(q)
             }
         };
         self.events = vec![Event::default(); usize::from(depth)];
@@ -1147,6 +1159,26 @@ mod tests {
             second.init(1),
             Err(EngineError::Qpair { granted: 1, .. })
         ));
+        job.close().unwrap();
+    }
+
+    /// An iodepth above the UFS queue pair's slots is refused at init: the
+    /// busy answers it would need were seen to break fio's verify.
+    #[test]
+    fn an_iodepth_deeper_than_the_ufs_queue_is_refused() {
+        let (mut job, _) = Job::setup(&["fake-ufs"], &ufs_opts(), 4096).unwrap();
+        job.init(4096).unwrap_err();
+        match job.init(4096) {
+            Err(EngineError::UfsDepth { iodepth, depth }) => {
+                assert_eq!(iodepth, 4096);
+                assert!((1..4096).contains(&depth), "depth {depth}");
+                // One deeper than the queue is refused, the queue's own depth works.
+                let over = u32::try_from(depth + 1).unwrap();
+                assert!(matches!(job.init(over), Err(EngineError::UfsDepth { .. })));
+                job.init(u32::try_from(depth).unwrap()).unwrap();
+            }
+            r => panic!("expected UfsDepth, got {r:?}"),
+        }
         job.close().unwrap();
     }
 

@@ -97,6 +97,14 @@ pub enum EngineError {
     /// iodepth out of range.
     #[error("iodepth={0}: the engine supports 1 to 4096")]
     Depth(u32),
+    /// iodepth deeper than the UFS queue the controller granted.
+    #[error("iodepth={iodepth} is deeper than the UFS queue pair's {depth} slots (the controller bounds queues x depth to its 256 task tags): lower iodepth, or ask for fewer queues with qpairs")]
+    UfsDepth {
+        /// fio's iodepth.
+        iodepth: u32,
+        /// Slots of the queue pair.
+        depth: usize,
+    },
     /// No queue pair for the job.
     #[error("cannot create the job's queue pair: {why} (the controller granted {granted} I/O queue pairs; raise the qpairs option or run fewer jobs)")]
     Qpair {
