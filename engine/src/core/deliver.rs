@@ -27,7 +27,7 @@ use super::tracker::Trackers;
 /// completion) but did not fit in the `max` of the poll that ended them:
 /// recovery after a reset or a failure ends every command at once, and
 /// `poll` promises at most `max`. The next polls hand them out first, in
-/// order. Empty and unallocated on the I/O path.
+/// order. Preallocated at creation; untouched on the I/O path.
 pub(crate) struct Held<B>(VecDeque<Completion<B>>);
 
 impl<B> Default for Held<B> {
@@ -37,6 +37,13 @@ impl<B> Default for Held<B> {
 }
 
 impl<B: IoBuf> Held<B> {
+    /// Room for `n` completions, allocated now: at most one per command
+    /// slot ends per recovery, so a queue of depth `n` never allocates here
+    /// again unless the application leaves them unpolled across resets.
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Held(VecDeque::with_capacity(n))
+    }
+
     /// Nothing waits.
     #[inline(always)]
     pub(crate) fn is_empty(&self) -> bool {

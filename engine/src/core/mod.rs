@@ -16,10 +16,16 @@
 //! - [`io`]: the I/O API: [`DmaBuf`](io::DmaBuf), the [`IoBuf`](io::IoBuf)
 //!   trait, [`IoSeg`](io::IoSeg), [`Completion`](io::Completion),
 //!   [`IoError`](io::IoError), [`SubmitError`](io::SubmitError).
+//! - `state`: the controller state word (failure, reset, epoch) and the
+//!   fail → disable → leak rule, one encoding for every wire.
 //! - `split`: the parent table of transfers above the per-command limit,
 //!   split into child commands that complete once.
 //! - [`mapped`]: application buffers mapped per I/O (strict and lazy DMA modes).
 //! - [`per_core`]: one queue pair per core on pinned threads.
+//! - `qpair`: the queue pair's lifecycle written once — the `Engine` state
+//!   every wire's queue pair embeds, and the `Wire` trait whose provided
+//!   methods are the submit gate, the poll skeleton, recovery after a
+//!   reset and the one completion budget.
 //! - [`timeout`]: the [`TimeoutPolicy`](timeout::TimeoutPolicy), the coarse
 //!   clock, and the scan that finds expired commands.
 
@@ -29,6 +35,8 @@ pub mod error;
 pub mod io;
 pub mod mapped;
 pub mod per_core;
+pub(crate) mod qpair;
 pub(crate) mod split;
+pub(crate) mod state;
 pub mod timeout;
 pub(crate) mod tracker;

@@ -156,31 +156,8 @@ impl Default for ControllerOptions {
 
 pub use crate::core::timeout::TimeoutPolicy;
 
-/// Controller state word: reset epoch in the high bits, failure in the low
-/// two. A new epoch means the controller was disabled since: it dropped
-/// every I/O queue and no longer accesses the memory of their commands.
-pub(crate) mod state {
-    /// No failure.
-    pub const OK: u64 = 0;
-    /// CSTS.CFS was seen (or a reset failed).
-    pub const FATAL: u64 = 1;
-    /// Registers read all ones.
-    pub const GONE: u64 = 2;
-    /// Failure bits.
-    pub const MASK: u64 = 3;
-    /// One epoch step.
-    pub const EPOCH: u64 = 4;
-
-    /// The failure bits of `s`.
-    pub const fn failure(s: u64) -> u64 {
-        s & MASK
-    }
-
-    /// The epoch bits of `s`.
-    pub const fn epoch(s: u64) -> u64 {
-        s & !MASK
-    }
-}
+/// The controller state word (one encoding for every wire).
+pub(crate) use crate::core::state;
 
 pub(super) fn failure_error(s: u64) -> Option<Error> {
     match state::failure(s) {
@@ -269,7 +246,7 @@ pub struct Controller {
     pub(super) max_transfer: u64,
     pub(super) opts: ControllerOptions,
     /// See [`state`]. Written only with the admin lock held.
-    pub(super) state: AtomicU64,
+    pub(super) state: crate::core::state::StateWord,
     /// Successful resets.
     pub(super) resets: AtomicU64,
     /// Bound on CSTS.RDY transitions (CAP.TO, at least 500 ms).
@@ -461,7 +438,7 @@ impl Controller {
     /// The state word (see [`state`]); one relaxed load, read by every poll.
     #[inline]
     pub(crate) fn state(&self) -> u64 {
-        self.state.load(Ordering::Relaxed)
+        self.state.load()
     }
 
     /// The state word once no reset is running (taken under the admin lock).
@@ -512,7 +489,11 @@ impl Controller {
                 ),
             }
         }
-        let epoch = state::epoch(s) + if quiesced { state::EPOCH } else { 0 };
+        let next = if quiesced {
+            state::next(s, failure)
+        } else {
+            state::kept(s, failure)
+        };
         log::error!(
             "{}: controller {}; outstanding commands fail",
             self.backend.name(),
@@ -522,7 +503,7 @@ impl Controller {
                 "fatal (CSTS.CFS)"
             }
         );
-        self.state.store(epoch | failure, Ordering::Release);
+        self.state.store(next);
     }
 
     /// Reset the controller and bring it up again (see the module docs).

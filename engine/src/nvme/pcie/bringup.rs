@@ -213,7 +213,7 @@ impl Controller {
             shadow,
             max_transfer,
             opts,
-            state: AtomicU64::new(state::OK),
+            state: crate::core::state::StateWord::default(),
             resets: AtomicU64::new(0),
             ready_timeout,
             leaked_queue_bytes: AtomicU64::new(0),
@@ -231,26 +231,23 @@ impl Controller {
         if let Err(e) = disable(regs, self.ready_timeout) {
             match e {
                 Error::DeviceGone => self.fail_locked(state::GONE),
-                _ => self
-                    .state
-                    .store(state::epoch(s) | state::FATAL, Ordering::Release),
+                _ => self.state.store(state::kept(s, state::FATAL)),
             }
             return Err(e);
         }
         // Disabled: every queue and command on the device is gone. New
         // epoch; marked failed until bring-up below succeeds.
-        let epoch = state::epoch(s) + state::EPOCH;
-        self.state.store(epoch | state::FATAL, Ordering::Release);
+        self.state.store(state::next(s, state::FATAL));
         match self.reinit_locked(a) {
             Ok(()) => {
-                self.state.store(epoch | state::OK, Ordering::Release);
+                self.state.store(state::next(s, state::OK));
                 self.resets.fetch_add(1, Ordering::Relaxed);
                 log::warn!("{}: reset complete", self.backend.name());
                 Ok(())
             }
             Err(e) => {
                 if matches!(e, Error::DeviceGone) {
-                    self.state.store(epoch | state::GONE, Ordering::Release);
+                    self.state.store(state::next(s, state::GONE));
                 }
                 log::error!("{}: bring-up after reset failed: {e}", self.backend.name());
                 Err(e)

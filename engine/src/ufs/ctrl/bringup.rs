@@ -17,7 +17,7 @@ use crate::ufs::spec::utrd::{Ocs, Ucd};
 
 use super::devcmd::{DevCmd, DEV_DATA, QUERY_INVALID_INDEX};
 use super::{
-    health, in_bar, wait_until, LogicalUnit, Pool, QueueLayout, Regs, UfsController, UfsMode,
+    in_bar, state, wait_until, LogicalUnit, Pool, QueueLayout, Regs, UfsController, UfsMode,
     UfsOptions, MAX_DEPTH, TASK_TAGS,
 };
 
@@ -148,7 +148,7 @@ impl UfsController {
             geometry,
             opts,
             pool: Mutex::new(pool),
-            state: AtomicU64::new(u64::from(health::OK)),
+            state: crate::core::state::StateWord::default(),
             reset_lock: Mutex::new(()),
             resets: AtomicU64::new(0),
             layout: QueueLayout { cap, legacy_list },
@@ -264,7 +264,7 @@ impl Drop for UfsController {
     /// [`UfsOptions::init_timeout`] might still write that memory: it is
     /// leaked instead.
     fn drop(&mut self) {
-        if self.health() == health::GONE {
+        if self.health() == state::GONE {
             return;
         }
         let r = Regs(self.backend.regs());

@@ -148,44 +148,8 @@ impl LogicalUnit {
     }
 }
 
-/// Controller health, shared by every queue pair.
-pub(crate) mod health {
-    pub const OK: u8 = 0;
-    /// IS reported a fatal error; the controller was disabled (HCE = 0).
-    pub const FATAL: u8 = 1;
-    /// Registers read all ones.
-    pub const GONE: u8 = 2;
-}
-
-/// The controller's state word, read by every poll with one relaxed load:
-/// the failure ([`health`]) in bits 1:0, a reset in progress in bit 2, and
-/// the epoch above. A new epoch means the controller was disabled
-/// (HCE = 0 confirmed) or is gone since: it dropped every queue and command
-/// and accesses none of their memory any more.
-pub(crate) mod state {
-    /// Failure bits ([`super::health`]).
-    pub const FAILURE: u64 = 3;
-    /// A reset is running: ring no doorbell.
-    pub const RESETTING: u64 = 4;
-    /// One epoch step.
-    pub const EPOCH: u64 = 8;
-
-    /// The failure ([`super::health`]) of `s`.
-    pub const fn failure(s: u64) -> u8 {
-        (s & FAILURE) as u8
-    }
-
-    /// The epoch bits of `s`.
-    pub const fn epoch(s: u64) -> u64 {
-        s & !(EPOCH - 1)
-    }
-
-    /// The next epoch after `s` (the controller was disabled or is gone),
-    /// with `failure`.
-    pub const fn next(s: u64, failure: u8) -> u64 {
-        (epoch(s) + EPOCH) | failure as u64
-    }
-}
+/// The controller state word (one encoding for every wire).
+pub(crate) use crate::core::state;
 
 /// Queue memory waiting for a queue pair.
 pub(crate) enum Pool {
@@ -204,7 +168,7 @@ pub struct UfsController {
     opts: UfsOptions,
     pub(crate) pool: Mutex<Pool>,
     /// See [`state`].
-    pub(super) state: AtomicU64,
+    pub(super) state: crate::core::state::StateWord,
     /// Held for the whole of a reset, and by queue pairs re-creating their
     /// queue: a pair that saw the state change waits here for the settled
     /// state.
@@ -388,20 +352,20 @@ impl UfsController {
 
     /// Current health ([`health`]): the failure bits of the state word.
     #[inline]
-    pub(crate) fn health(&self) -> u8 {
+    pub(crate) fn health(&self) -> u64 {
         state::failure(self.state())
     }
 
     /// The state word ([`state`]); one relaxed load, read by every poll.
     #[inline(always)]
     pub(crate) fn state(&self) -> u64 {
-        self.state.load(Ordering::Relaxed)
+        self.state.load()
     }
 
     /// The state word once no reset is running.
     pub(crate) fn settled_state(&self) -> u64 {
         let _g = self.lock_reset();
-        self.state.load(Ordering::Acquire)
+        self.state.load_acquire()
     }
 
     pub(crate) fn lock_reset(&self) -> MutexGuard<'_, ()> {
@@ -421,7 +385,7 @@ impl UfsController {
     /// Returns the new state word.
     pub(crate) fn check_health(&self) -> u64 {
         let s = self.state();
-        if state::failure(s) != health::OK {
+        if state::failure(s) != state::OK {
             return s;
         }
         let regs = self.backend.regs();
@@ -431,25 +395,25 @@ impl UfsController {
             return s;
         }
         let _g = self.lock_reset();
-        let now = self.state.load(Ordering::Acquire);
+        let now = self.state.load_acquire();
         if now != s {
             return now; // a reset or another queue pair acted first
         }
         let next = if gone {
             log::warn!("UFS host controller gone (registers read all ones)");
-            state::next(s, health::GONE)
+            state::next(s, state::GONE)
         } else {
             log::warn!("UFS host controller fatal (IS = {v:#010x}); disabling it");
             match self.disable() {
-                Ok(()) => state::next(s, health::FATAL),
-                Err(UfsCtrlError::DeviceGone) => state::next(s, health::GONE),
+                Ok(()) => state::next(s, state::FATAL),
+                Err(UfsCtrlError::DeviceGone) => state::next(s, state::GONE),
                 Err(e) => {
                     log::error!("UFS host controller could not be disabled ({e}); buffers of outstanding commands are leaked");
-                    state::epoch(s) | u64::from(health::FATAL)
+                    state::kept(s, state::FATAL)
                 }
             }
         };
-        self.state.store(next, Ordering::Release);
+        self.state.store(next);
         next
     }
 
@@ -481,49 +445,44 @@ impl UfsController {
     /// `ControllerFailed` and their buffers) until a reset succeeds.
     pub fn reset(&self) -> UfsResult<()> {
         let _g = self.lock_reset();
-        let s = self.state.load(Ordering::Acquire);
+        let s = self.state.load_acquire();
         let regs = self.backend.regs();
         if regs.read32(regs::CAP) == u32::MAX {
-            self.state
-                .store(state::next(s, health::GONE), Ordering::Release);
+            self.state.store(state::next(s, state::GONE));
             return Err(UfsCtrlError::DeviceGone);
         }
         log::warn!("{}: resetting the UFS host controller", self.backend.name());
         // From here on queue pairs ring no doorbell.
-        self.state.store(s | state::RESETTING, Ordering::Release);
+        self.state.begin_reset(s);
         if let Err(e) = self.disable() {
             let next = match e {
-                UfsCtrlError::DeviceGone => state::next(s, health::GONE),
+                UfsCtrlError::DeviceGone => state::next(s, state::GONE),
                 // Not disabled: the device may still DMA; same epoch.
-                _ => state::epoch(s) | u64::from(health::FATAL),
+                _ => state::kept(s, state::FATAL),
             };
             log::error!("{}: UFS reset failed: {e}", self.backend.name());
-            self.state.store(next, Ordering::Release);
+            self.state.store(next);
             return Err(e);
         }
         // Disabled: a new epoch. Failed until the bring-up below succeeds.
-        let epoch = state::epoch(s) + state::EPOCH;
-        self.state.store(
-            epoch | state::RESETTING | u64::from(health::FATAL),
-            Ordering::Release,
-        );
+        self.state
+            .store(state::next(s, state::FATAL) | state::RESETTING);
         match self.reinit() {
             Ok(()) => {
-                self.state
-                    .store(epoch | u64::from(health::OK), Ordering::Release);
+                self.state.store(state::next(s, state::OK));
                 self.resets.fetch_add(1, Ordering::Relaxed);
                 log::warn!("{}: UFS reset complete", self.backend.name());
                 Ok(())
             }
             Err(e) => {
                 let f = if matches!(e, UfsCtrlError::DeviceGone) {
-                    health::GONE
+                    state::GONE
                 } else {
                     // Leave it disabled: nothing of ours is on it.
                     let _ = self.disable();
-                    health::FATAL
+                    state::FATAL
                 };
-                self.state.store(epoch | u64::from(f), Ordering::Release);
+                self.state.store(state::next(s, f));
                 log::error!(
                     "{}: bring-up after the reset failed: {e}",
                     self.backend.name()
@@ -537,7 +496,7 @@ impl UfsController {
     /// state is still `seen` (`Ok(false)`: it moved on, look again).
     pub(crate) fn restart_legacy_list(&self, seen: u64) -> UfsResult<bool> {
         let _g = self.lock_reset();
-        if self.state.load(Ordering::Acquire) != seen {
+        if self.state.load_acquire() != seen {
             return Ok(false);
         }
         let r = Regs(self.backend.regs());

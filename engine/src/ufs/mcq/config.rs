@@ -3,7 +3,6 @@
 //! MCQ mode selected (see the [controller's docs](crate::ufs::ctrl)).
 
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace};
@@ -26,7 +25,7 @@ impl UfsController {
         rings: &McqRings,
     ) -> UfsResult<Option<(McqRegs, u32, u32)>> {
         let _g = self.lock_reset();
-        if self.state.load(Ordering::Acquire) != seen {
+        if self.state.load_acquire() != seen {
             return Ok(None);
         }
         let mmio = self.backend.regs();

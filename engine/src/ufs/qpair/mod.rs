@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use mcqio_vfio::{DmaDir, DmaSpace, Mapped};
 
-use super::ctrl::{health, state, Pool, UfsController, UfsMode, TASK_TAGS};
+use super::ctrl::{state, Pool, UfsController, UfsMode, TASK_TAGS};
 use super::hpb::qp::{HpbQp, Overdue, DEV_INFO_HPB};
 use super::mcq::{McqQueue, Reaped};
 use super::sdb::{SdbQueue, SdbReaped};
@@ -206,7 +206,7 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     /// Timeout policy, coarse clock and scan schedule (the shared core's).
     timeouts: Timeouts,
     /// The controller failed; the error polls report.
-    failed: Option<u8>,
+    failed: Option<u64>,
     /// The controller's state word as of this pair's last look (see
     /// `ctrl::state`); a different value means a reset or a failure.
     seen_state: u64,
@@ -364,7 +364,7 @@ impl UfsController {
             empty_polls: 0,
             timeouts: Timeouts::new(opts.io_timeout, opts.timeout_policy, depth),
             failed: match state::failure(seen_state) {
-                health::OK => None,
+                state::OK => None,
                 f => Some(f),
             },
             seen_state,
@@ -546,8 +546,8 @@ fn end_internal(
     true
 }
 
-fn health_error(h: u8) -> Error {
-    if h == health::GONE {
+fn health_error(h: u64) -> Error {
+    if h == state::GONE {
         Error::DeviceGone
     } else {
         Error::ControllerFatal

@@ -242,7 +242,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             return Err(health_error(h));
         }
         match state::failure(self.ctrl.check_health()) {
-            health::OK => Ok(()),
+            state::OK => Ok(()),
             h => Err(health_error(h)),
         }
     }

@@ -92,14 +92,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
                     );
                 }
                 self.ctrl.add_leaked(leaked);
-                self.failed = (failure != health::OK).then_some(failure);
+                self.failed = (failure != state::OK).then_some(failure);
                 self.seen_state = settled;
                 continue;
             }
             // New epoch: disabled (or gone) since; nothing of ours is in
             // use by the controller.
             n += self.deliver_posted(f);
-            let err = if failure == health::OK {
+            let err = if failure == state::OK {
                 IoError::AbortedByReset
             } else {
                 IoError::ControllerFailed
@@ -108,7 +108,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             self.end_all(err, true, f);
             self.forget_transport();
             self.seen_state = settled;
-            if failure != health::OK {
+            if failure != state::OK {
                 self.failed = Some(failure);
                 continue;
             }
@@ -126,7 +126,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 Err(e) => {
                     // The queue may be (partly) enabled on our rings.
                     self.leak = true;
-                    self.failed = Some(health::FATAL);
+                    self.failed = Some(state::FATAL);
                     let qid = self.hw_queue().unwrap_or(0);
                     log::error!("UFS queue {qid}: re-creating the queue after a reset failed: {e}");
                     return Err(Error::QueueLost { qid });

@@ -108,7 +108,7 @@ impl<B: IoBuf> BlockQueue for QueuePair<B> {
 
 impl<B: IoBuf> Blocking for QueuePair<B> {
     fn bounce(&mut self) -> &mut Option<DmaBuf> {
-        &mut self.bounce
+        &mut self.eng.bounce
     }
 
     fn space(&self) -> &Arc<DmaSpace> {
@@ -116,22 +116,22 @@ impl<B: IoBuf> Blocking for QueuePair<B> {
     }
 
     fn blocking_timeout(&self) -> Duration {
-        self.blocking_timeout
+        self.eng.blocking_timeout
     }
 
     fn command_limit(&self, shift: u32) -> u64 {
-        self.max_xfer.min(u64::from(MAX_NLB) << shift)
+        self.eng.max_xfer.min(u64::from(MAX_NLB) << shift)
     }
 
     /// Blocking calls first catch up with a reset or failure (nothing is
     /// outstanding, so nothing is lost) so they never submit into a queue
     /// the controller already dropped.
     fn blocking_sync(&mut self) -> Result<()> {
-        if self.ctrl.state() != self.seen_state {
-            self.on_state_change(&mut |c: Completion<B>| drop(c), true, usize::MAX)?;
+        if self.ctrl.state() != self.eng.seen_state {
+            self.recover(true, &mut |c: Completion<B>| drop(c))?;
         }
-        match self.failed {
-            Some(e) => Err(failed_error(e, self.qid)),
+        match self.eng.stopped {
+            Some(e) => Err(super::recover::stopped_error(e, self.qid)),
             None => Ok(()),
         }
     }

@@ -18,21 +18,18 @@ mod submit;
 mod teardown;
 
 use self::prp::{prp_pages_per_slot, prp_region_len};
-use self::recover::failed_error;
-use self::split::Splits;
-use self::teardown::leak;
+use self::split::SplitChild;
 use super::cq::CompQueue;
 use super::doorbell::Doorbell;
 use super::sq::SubQueue;
 use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::core::block::{self, BlockQueue, Blocking};
-use crate::core::deliver::{self, drain_all};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::core::timeout::{
-    self, Expired, Outstanding, TimeoutActions, Timeouts, IDLE_CLOCK_INTERVAL,
-};
+use crate::core::qpair::{Engine, Reaped, Recreated, Wire};
+use crate::core::state::Stopped;
+use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, Timeouts};
 use crate::core::tracker::Trackers;
-use crate::nvme::ctrl::{state, Controller, TimeoutPolicy};
+use crate::nvme::ctrl::{Controller, TimeoutPolicy};
 use crate::nvme::spec::regs;
 use crate::nvme::spec::sqe::{
     Abort, Command, DatasetManagement, DsmRange, Flush, Read, Write, WriteZeroes, DSM_MAX_RANGES,
@@ -199,41 +196,20 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     // leaked, while the device may still access them (`device_may_access`).
     sq: ManuallyDrop<SubQueue>,
     cq: ManuallyDrop<CompQueue>,
-    trackers: Trackers<B>,
-    /// Transfers split into child commands (`split.rs`).
-    splits: Splits<B>,
+    /// The state and lifecycle every wire shares (`core::qpair`).
+    eng: Engine<B, SplitChild>,
     prp_ptr: NonNull<u64>,
     prp_iova: u64,
     prp_pages: usize,
     ns: Box<[(u32, NsGeom)]>,
-    max_xfer: u64,
-    max_per_poll: usize,
     /// Consumed CQEs before the CQ head doorbell is written (see
     /// `CompQueue::flush_lazy`); at most `entries - 1`.
     cq_head_batch: u16,
     oncs: u16,
     space: Arc<DmaSpace>,
     qid: u16,
-    failed: Option<Error0>,
-    /// Controller state word this queue's rings belong to.
-    seen_state: u64,
-    /// Timeout policy, coarse clock and scan schedule (the shared core's).
-    timeouts: Timeouts,
-    rstats: RecoveryStats,
-    idle_polls: u32,
-    submitted: u64,
-    completed: u64,
-    blocking_timeout: Duration,
-    bounce: Option<DmaBuf>,
     /// How far closing (or dropping) got; see [`Teardown`].
     teardown: Teardown,
-    /// A reset removed the queues and they were not re-created (closing).
-    queue_absent: bool,
-    /// The controller may still read or write the rings, the PRP pages (and
-    /// the buffers of commands in flight) although this queue gave up on
-    /// them: a failed controller that could not be disabled, or a queue
-    /// whose deletion failed. Then they are leaked, never freed.
-    device_may_access: bool,
     prp_mem: ManuallyDrop<DmaRegion>,
     ctrl: Arc<Controller>,
     _not_sync: PhantomData<Cell<()>>,
@@ -243,9 +219,9 @@ impl<B: IoBuf> std::fmt::Debug for QueuePair<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueuePair")
             .field("qid", &self.qid)
-            .field("depth", &self.trackers.depth())
-            .field("outstanding", &self.trackers.outstanding())
-            .field("failed", &self.failed)
+            .field("depth", &self.eng.trackers.depth())
+            .field("outstanding", &self.eng.trackers.outstanding())
+            .field("failed", &self.eng.stopped)
             .finish_non_exhaustive()
     }
 }
@@ -264,23 +240,6 @@ enum Teardown {
     Deleted,
     /// Every command ended and the queue id was handled.
     Done,
-}
-
-/// Why a queue stopped accepting commands.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum Error0 {
-    Fatal,
-    Gone,
-    /// The queues could not be re-created after a reset.
-    Lost,
-}
-
-/// Counters of the cold recovery paths.
-#[derive(Copy, Clone, Debug, Default)]
-struct RecoveryStats {
-    aborted_by_reset: u64,
-    failed_by_controller: u64,
-    recoveries: u64,
 }
 
 /// Status of a command the controller aborted at our request.
@@ -422,37 +381,27 @@ impl<B: IoBuf> QueuePair<B> {
                 )
             })
             .collect();
-        let max_per_poll = match opts.max_completions_per_poll {
-            0 => opts.depth as usize,
-            n => n,
-        };
         Ok(QueuePair {
             sq: ManuallyDrop::new(sq),
             cq: ManuallyDrop::new(cq),
-            trackers: Trackers::new(opts.depth),
-            splits: Splits::new(opts.depth),
+            eng: Engine::new(
+                opts.depth,
+                opts.max_completions_per_poll,
+                max_xfer,
+                opts.io_timeout,
+                opts.timeout_policy,
+                opts.blocking_timeout,
+                seen_state,
+            ),
             prp_ptr: prp_mem.as_ptr().cast(),
             prp_iova: prp_mem.iova().raw(),
             prp_pages,
             ns: ns.into_boxed_slice(),
-            max_xfer,
-            max_per_poll,
             cq_head_batch: (opts.depth / 4).clamp(1, 32),
             oncs: ctrl.identify().oncs,
             space,
             qid,
-            failed: None,
-            seen_state,
-            timeouts: Timeouts::new(opts.io_timeout, opts.timeout_policy, opts.depth),
-            rstats: RecoveryStats::default(),
-            idle_polls: 0,
-            submitted: 0,
-            completed: 0,
-            blocking_timeout: opts.blocking_timeout,
-            bounce: None,
             teardown: Teardown::Live,
-            queue_absent: false,
-            device_may_access: false,
             prp_mem: ManuallyDrop::new(prp_mem),
             ctrl: Arc::clone(ctrl),
             _not_sync: PhantomData,
@@ -471,46 +420,46 @@ impl<B: IoBuf> QueuePair<B> {
 
     /// Commands that may be outstanding at once.
     pub fn depth(&self) -> usize {
-        self.trackers.depth()
+        self.eng.depth()
     }
 
     /// Commands submitted and not yet completed (each child of a split
     /// transfer counts).
     #[inline]
     pub fn outstanding(&self) -> usize {
-        self.trackers.outstanding()
+        self.eng.outstanding(0)
     }
 
     /// Whether a submission now would fail with [`SubmitErrorKind::QueueFull`]
     /// (a transfer split into `n` child commands needs `n` free slots).
     #[inline]
     pub fn is_full(&self) -> bool {
-        self.trackers.is_full()
+        self.eng.trackers.is_full()
     }
 
     /// Largest transfer per command, in bytes. Larger reads and writes are
     /// split into several commands (see the type's docs).
     pub fn max_transfer(&self) -> u64 {
-        self.max_xfer
+        self.eng.max_xfer
     }
 
     /// Counters.
     pub fn stats(&self) -> QpairStats {
         QpairStats {
-            submitted: self.submitted,
-            completed: self.completed,
-            stale_completions: self.trackers.stale,
+            submitted: self.eng.submitted,
+            completed: self.eng.completed,
+            stale_completions: self.eng.trackers.stale,
             sq_doorbell_writes: self.sq.db.mmio_writes,
             sq_doorbell_skipped: self.sq.db.mmio_skipped,
             cq_doorbell_writes: self.cq.db.mmio_writes,
             cq_doorbell_skipped: self.cq.db.mmio_skipped,
-            timeouts: self.timeouts.stats.timeouts,
-            aborts_sent: self.timeouts.stats.aborts_sent,
-            timed_out: self.timeouts.stats.timed_out,
-            resets_requested: self.timeouts.stats.resets_requested,
-            aborted_by_reset: self.rstats.aborted_by_reset,
-            failed_by_controller: self.rstats.failed_by_controller,
-            recoveries: self.rstats.recoveries,
+            timeouts: self.eng.timeouts.stats.timeouts,
+            aborts_sent: self.eng.timeouts.stats.aborts_sent,
+            timed_out: self.eng.timeouts.stats.timed_out,
+            resets_requested: self.eng.timeouts.stats.resets_requested,
+            aborted_by_reset: self.eng.rstats.aborted_by_reset,
+            failed_by_controller: self.eng.rstats.failed_by_controller,
+            recoveries: self.eng.rstats.recoveries,
         }
     }
 
@@ -538,7 +487,7 @@ impl<B: IoBuf> QueuePair<B> {
     #[inline]
     fn check_lba(&mut self, nsid: u32, slba: u64, nlb: u32) -> Result<NsGeom, SubmitErrorKind> {
         self.stamp_if_idle();
-        if self.failed.is_some() {
+        if self.eng.stopped.is_some() {
             return Err(SubmitErrorKind::ControllerFailed);
         }
         let Some(g) = self.geom(nsid) else {
@@ -561,7 +510,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// `Timeouts::stamp_if_idle`).
     #[inline(always)]
     fn stamp_if_idle(&mut self) {
-        self.timeouts.stamp_if_idle(self.trackers.outstanding());
+        self.eng.stamp_if_idle(0);
     }
 }
 
@@ -581,11 +530,11 @@ mod tests {
         let backend: Arc<dyn mcqio_vfio::Backend> = fake;
         let ctrl = Controller::new(backend, Default::default()).expect("bring-up");
         let mut qp = ctrl.create_qpair(QpairOptions::default()).expect("qpair");
-        let before = qp.timeouts.ticks;
+        let before = qp.eng.timeouts.ticks;
         for _ in 0..1000 {
             assert_eq!(qp.poll(32, |_| {}).expect("poll"), 0);
         }
-        assert_eq!(qp.timeouts.ticks, before, "clock reads by idle polls");
+        assert_eq!(qp.eng.timeouts.ticks, before, "clock reads by idle polls");
         // A completion still reads it (its poll stamps the queue's clock).
         let buf = ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf");
         qp.read(1, 0, 8, buf, 1).expect("read");
@@ -594,6 +543,6 @@ mod tests {
         while n == 0 {
             n = qp.poll(32, |c| assert!(c.result.is_ok())).expect("poll");
         }
-        assert!(qp.timeouts.ticks > before);
+        assert!(qp.eng.timeouts.ticks > before);
     }
 }

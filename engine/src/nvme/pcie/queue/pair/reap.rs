@@ -27,14 +27,14 @@ impl<B: IoBuf> QueuePair<B> {
     /// until a successful [`Controller::reset`].
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
-        let max = max.min(self.max_per_poll);
-        if self.ctrl.state() != self.seen_state {
-            return self.on_state_change(&mut f, true, max);
-        }
-        if let Some(e) = self.failed {
-            return Err(failed_error(e, self.qid));
-        }
-        self.sq.flush();
+        Wire::poll(self, max, &mut f)
+    }
+
+    /// The reaping pass of `poll` (the wire's `Wire::reap`): up to `max`
+    /// CQEs, each matched to its command by CID and queue id, then the CQ
+    /// head doorbell (lazily, see `CompQueue::flush_lazy`).
+    #[inline(always)]
+    pub(super) fn reap_cqes<F: FnMut(Completion<B>)>(&mut self, max: usize, f: &mut F) -> Reaped {
         let mut delivered = 0;
         let mut seen = 0;
         while seen < max {
@@ -43,57 +43,35 @@ impl<B: IoBuf> QueuePair<B> {
             self.cq.prefetch_next();
             seen += 1;
             self.sq.head = cqe.sq_head;
-            if let Some(c) = self.take_cqe(&cqe) {
-                // Counted before the callback runs: it may panic.
-                self.completed += 1;
-                f(c);
+            if self.take_cqe(&cqe, f) {
                 delivered += 1;
             }
         }
         self.cq.flush_lazy(self.cq_head_batch);
-        if seen != 0 {
-            self.idle_polls = 0;
-            self.timeouts.tick();
-        } else if self.trackers.outstanding() > 0 {
-            self.idle_polls += 1;
-            if self.idle_polls % IDLE_CLOCK_INTERVAL == 0 {
-                self.timeouts.tick();
-            }
-            if self.idle_polls % HEALTH_CHECK_INTERVAL == 0 {
-                if let Err(e) = self.check_health() {
-                    let _ = self.on_state_change(&mut f, true, max - delivered);
-                    return Err(e);
-                }
-            }
+        Reaped {
+            seen,
+            delivered,
+            suspect: false,
         }
-        // Nothing outstanding and nothing seen: nothing can time out, and the
-        // next command on this idle queue reads the clock itself.
-        if self.timeouts.scan_due() {
-            delivered += self.scan_timeouts(&mut f, max - delivered)?;
-        }
-        Ok(delivered)
     }
 
-    /// Match a CQE to its command: the completion to deliver, or `None` (and
-    /// counted) for a CQE that matches nothing in flight.
+    /// Match a CQE to its command and end it (`Engine::complete`), or
+    /// count it as stale when it matches nothing in flight. Returns whether
+    /// a completion was delivered.
     #[inline(always)]
-    pub(super) fn take_cqe(&mut self, cqe: &Cqe) -> Option<Completion<B>> {
-        match self.trackers.lookup(cqe.cid) {
+    pub(super) fn take_cqe<F: FnMut(Completion<B>)>(&mut self, cqe: &Cqe, f: &mut F) -> bool {
+        match self.eng.trackers.lookup(cqe.cid) {
             Some(slot) if cqe.sq_id == self.qid => {
-                let (tag, buf) = self.trackers.complete(slot);
-                // After `complete`: the slot keeps its timeout state until
-                // it is armed again, and the hot path keeps `complete`
-                // right after `lookup` (one bounds check).
                 let result = if NvmeStatus::raw_is_success(cqe.status) {
                     Ok(())
                 } else {
                     Err(self.error_of(slot, cqe))
                 };
-                deliver::route(&mut self.splits, slot, tag, buf, result, cqe.dw0)
+                self.eng.complete(slot, result, cqe.dw0, |_, _| false, f)
             }
             _ => {
                 self.stale(cqe);
-                None
+                false
             }
         }
     }
@@ -102,7 +80,7 @@ impl<B: IoBuf> QueuePair<B> {
     #[cold]
     #[inline(never)]
     pub(super) fn stale(&mut self, cqe: &Cqe) {
-        self.trackers.stale += 1;
+        self.eng.trackers.stale += 1;
         log::warn!(
             "queue {}: dropped stale/duplicate completion (cid {:#06x}, sq {}, status {:#06x})",
             self.qid,
@@ -112,13 +90,13 @@ impl<B: IoBuf> QueuePair<B> {
         );
     }
 
-    /// The error of a failed completion (of the command just completed in
-    /// `slot`): a command we aborted because it timed out reports
+    /// The error of a failed completion (of the command in `slot`, about
+    /// to be completed): a command we aborted because it timed out reports
     /// [`IoError::TimedOut`].
     #[cold]
     pub(super) fn error_of(&mut self, slot: u16, cqe: &Cqe) -> IoError {
         let st = cqe.nvme_status();
-        if st == ABORT_REQUESTED && self.timeouts.was_aborted(&self.trackers, slot) {
+        if st == ABORT_REQUESTED && self.eng.timeouts.was_aborted(&self.eng.trackers, slot) {
             IoError::TimedOut
         } else {
             IoError::Nvme(st)

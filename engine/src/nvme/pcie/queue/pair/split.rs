@@ -15,9 +15,9 @@
 
 use super::*;
 
-/// The shared parent table, with NVMe's record per child being built:
+/// NVMe's record per child being built (the shared parent table's `S`):
 /// slot, PRP1, PRP2.
-pub(super) type Splits<B> = crate::core::split::Splits<B, (u16, u64, u64)>;
+pub(super) type SplitChild = (u16, u64, u64);
 
 /// The SQE of one child: the parent's command (opcode, flags, namespace)
 /// over `nlb` blocks from `slba`.
@@ -48,8 +48,8 @@ impl<B: IoBuf> QueuePair<B> {
         tag: u64,
     ) -> Result<(), SubmitError<B>> {
         let bytes = (nlb as u64) << lba_shift;
-        let per_child = (self.max_xfer >> lba_shift).min(MAX_NLB as u64);
-        let depth = self.trackers.depth() as u64;
+        let per_child = (self.eng.max_xfer >> lba_shift).min(MAX_NLB as u64);
+        let depth = self.eng.trackers.depth() as u64;
         let children = if per_child == 0 {
             // A single block is larger than one command may carry.
             u64::MAX
@@ -60,7 +60,7 @@ impl<B: IoBuf> QueuePair<B> {
             // A block above the per-command limit (a namespace marked
             // unusable) reports that limit, not 0.
             let max = match per_child {
-                0 => self.max_xfer,
+                0 => self.eng.max_xfer,
                 n => (n << lba_shift).saturating_mul(depth),
             };
             return Err(SubmitError {
@@ -78,7 +78,7 @@ impl<B: IoBuf> QueuePair<B> {
                 buf,
             });
         }
-        if self.trackers.depth() - self.trackers.outstanding() < children as usize {
+        if self.eng.trackers.depth() - self.eng.trackers.outstanding() < children as usize {
             return Err(SubmitError {
                 kind: SubmitErrorKind::QueueFull,
                 buf,
@@ -86,12 +86,12 @@ impl<B: IoBuf> QueuePair<B> {
         }
         // Reserve every slot and build every PRP list before anything
         // reaches the SQ: a rejection must leave nothing half-submitted.
-        let mut scratch = std::mem::take(&mut self.splits.scratch);
+        let mut scratch = std::mem::take(&mut self.eng.splits.scratch);
         scratch.clear();
         let child_bytes = per_child << lba_shift;
         let mut failed = None;
         for i in 0..children {
-            let Some(slot) = self.trackers.alloc() else {
+            let Some(slot) = self.eng.trackers.alloc() else {
                 failed = Some(SubmitErrorKind::QueueFull);
                 break;
             };
@@ -100,7 +100,7 @@ impl<B: IoBuf> QueuePair<B> {
             match self.build_prp(&buf, off, len, slot) {
                 Ok((prp1, prp2)) => scratch.push((slot, prp1, prp2)),
                 Err(kind) => {
-                    self.trackers.unreserve(slot);
+                    self.eng.trackers.unreserve(slot);
                     failed = Some(kind);
                     break;
                 }
@@ -108,20 +108,20 @@ impl<B: IoBuf> QueuePair<B> {
         }
         if let Some(kind) = failed {
             for &(slot, _, _) in scratch.iter().rev() {
-                self.trackers.unreserve(slot);
+                self.eng.trackers.unreserve(slot);
             }
-            self.splits.scratch = scratch;
+            self.eng.splits.scratch = scratch;
             return Err(SubmitError { kind, buf });
         }
-        let p = match self.splits.start(tag, buf, children as u32) {
+        let p = match self.eng.splits.start(tag, buf, children as u32) {
             Ok(p) => p,
             Err(buf) => {
                 // Unreachable: every parent in flight holds at least one of
                 // the `depth` slots, and `children` slots were free.
                 for &(slot, _, _) in scratch.iter().rev() {
-                    self.trackers.unreserve(slot);
+                    self.eng.trackers.unreserve(slot);
                 }
-                self.splits.scratch = scratch;
+                self.eng.splits.scratch = scratch;
                 return Err(SubmitError {
                     kind: SubmitErrorKind::QueueFull,
                     buf,
@@ -131,16 +131,18 @@ impl<B: IoBuf> QueuePair<B> {
         for (i, &(slot, prp1, prp2)) in scratch.iter().enumerate() {
             let i = i as u64;
             let len = child_bytes.min(bytes - i * child_bytes);
-            let cid = self.trackers.slot(slot).cid;
+            let cid = self.eng.trackers.slot(slot).cid;
             let child = child_sqe(sqe, slba + i * per_child, (len >> lba_shift) as u32);
-            let stream = self.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
+            let stream = self.eng.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
             self.sq
                 .push_with(child.with_cid(cid).with_prp(prp1, prp2), stream);
-            self.splits.link(slot, p);
-            self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
+            self.eng.splits.link(slot, p);
+            self.eng
+                .trackers
+                .arm(slot, tag, None, self.eng.timeouts.now_ms);
         }
-        self.submitted += children;
-        self.splits.scratch = scratch;
+        self.eng.submitted += children;
+        self.eng.splits.scratch = scratch;
         Ok(())
     }
 }

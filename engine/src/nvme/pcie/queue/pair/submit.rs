@@ -99,10 +99,10 @@ impl<B: IoBuf> QueuePair<B> {
             });
         }
         let bytes = (nlb as u64) << g.lba_shift;
-        if nlb > MAX_NLB || bytes > self.max_xfer {
+        if nlb > MAX_NLB || bytes > self.eng.max_xfer {
             return self.submit_split(sqe, g.lba_shift, slba, nlb, buf, tag);
         }
-        let Some(slot) = self.trackers.alloc() else {
+        let Some(slot) = self.eng.trackers.alloc() else {
             return Err(SubmitError {
                 kind: SubmitErrorKind::QueueFull,
                 buf,
@@ -111,17 +111,18 @@ impl<B: IoBuf> QueuePair<B> {
         let (prp1, prp2) = match self.build_prp(&buf, 0, bytes, slot) {
             Ok(p) => p,
             Err(kind) => {
-                self.trackers.unreserve(slot);
+                self.eng.trackers.unreserve(slot);
                 return Err(SubmitError { kind, buf });
             }
         };
-        let cid = self.trackers.slot(slot).cid;
-        let stream = self.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
+        let cid = self.eng.trackers.slot(slot).cid;
+        let stream = self.eng.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
         self.sq
             .push_with(sqe.with_cid(cid).with_prp(prp1, prp2), stream);
-        self.trackers
-            .arm(slot, tag, Some(buf), self.timeouts.now_ms);
-        self.submitted += 1;
+        self.eng
+            .trackers
+            .arm(slot, tag, Some(buf), self.eng.timeouts.now_ms);
+        self.eng.submitted += 1;
         Ok(())
     }
 
@@ -129,31 +130,33 @@ impl<B: IoBuf> QueuePair<B> {
     pub(super) fn too_large(&self, bytes: u64) -> SubmitErrorKind {
         SubmitErrorKind::TransferTooLarge {
             bytes,
-            max: self.max_xfer,
+            max: self.eng.max_xfer,
         }
     }
 
     #[inline]
     pub(super) fn submit_no_data(&mut self, sqe: Sqe, tag: u64) -> Result<(), SubmitError<()>> {
         self.stamp_if_idle();
-        let Some(slot) = self.trackers.alloc() else {
+        let Some(slot) = self.eng.trackers.alloc() else {
             return Err(SubmitError {
                 kind: SubmitErrorKind::QueueFull,
                 buf: (),
             });
         };
-        let cid = self.trackers.slot(slot).cid;
-        let stream = self.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
+        let cid = self.eng.trackers.slot(slot).cid;
+        let stream = self.eng.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
         self.sq.push_with(sqe.with_cid(cid), stream);
-        self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
-        self.submitted += 1;
+        self.eng
+            .trackers
+            .arm(slot, tag, None, self.eng.timeouts.now_ms);
+        self.eng.submitted += 1;
         Ok(())
     }
 
     /// Flush the volatile write cache of namespace `nsid`.
     pub fn flush(&mut self, nsid: u32, tag: u64) -> Result<(), SubmitError<()>> {
         let err = |kind| Err(SubmitError { kind, buf: () });
-        if self.failed.is_some() {
+        if self.eng.stopped.is_some() {
             return err(SubmitErrorKind::ControllerFailed);
         }
         if self.geom(nsid).is_none() {
@@ -197,7 +200,7 @@ impl<B: IoBuf> QueuePair<B> {
     ) -> Result<(), SubmitError<()>> {
         let err = |kind| Err(SubmitError { kind, buf: () });
         self.stamp_if_idle();
-        if self.failed.is_some() {
+        if self.eng.stopped.is_some() {
             return err(SubmitErrorKind::ControllerFailed);
         }
         if self.geom(nsid).is_none() {
@@ -218,7 +221,7 @@ impl<B: IoBuf> QueuePair<B> {
                 "Dataset Management (ONCS bit 2)",
             ));
         }
-        let Some(slot) = self.trackers.alloc() else {
+        let Some(slot) = self.eng.trackers.alloc() else {
             return err(SubmitErrorKind::QueueFull);
         };
         let w = self.prp_writer(slot);
@@ -235,15 +238,17 @@ impl<B: IoBuf> QueuePair<B> {
                 })
             };
         }
-        let cid = self.trackers.slot(slot).cid;
+        let cid = self.eng.trackers.slot(slot).cid;
         let sqe = DatasetManagement::new(nsid, ranges.len() as u16)
             .deallocate()
             .sqe()
             .with_cid(cid)
             .with_prp(w.list_iova, 0);
         self.sq.push(sqe);
-        self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
-        self.submitted += 1;
+        self.eng
+            .trackers
+            .arm(slot, tag, None, self.eng.timeouts.now_ms);
+        self.eng.submitted += 1;
         Ok(())
     }
 
@@ -260,9 +265,6 @@ impl<B: IoBuf> QueuePair<B> {
     /// doorbell write as an asynchronous event); no command is lost.
     #[inline]
     pub fn submit(&mut self) -> bool {
-        if self.ctrl.state() != self.seen_state || self.failed.is_some() {
-            return false;
-        }
-        self.sq.flush()
+        Wire::submit(self)
     }
 }

@@ -2,6 +2,7 @@
 //! command once, free the rings and PRP pages or leak them while the device
 //! may still access them.
 
+use super::recover::stopped_error;
 use super::*;
 
 impl<B: IoBuf> QueuePair<B> {
@@ -34,10 +35,11 @@ impl<B: IoBuf> QueuePair<B> {
             match self.teardown {
                 Teardown::Done => return Ok(()),
                 Teardown::Live => {
-                    if self.ctrl.state() != self.seen_state {
-                        let _ = self.on_state_change(f, false, usize::MAX);
+                    self.eng.held.deliver(usize::MAX, f);
+                    if self.ctrl.state() != self.eng.seen_state {
+                        let _ = self.recover(false, f);
                     }
-                    if self.failed.is_some() || self.queue_absent {
+                    if self.eng.stopped.is_some() || self.eng.queue_absent {
                         return self.shut_down_gone();
                     }
                     // Report every consumed CQE first: deleting the SQ may
@@ -53,7 +55,7 @@ impl<B: IoBuf> QueuePair<B> {
                 Teardown::SqDeleted => {
                     // The controller posts completions (often "aborted: SQ
                     // deletion") for what it fetched before deleting the SQ.
-                    self.deliver_posted(f, usize::MAX);
+                    self.deliver_posted(f);
                     match self.ctrl.delete_cq(self.qid) {
                         Ok(()) => self.teardown = Teardown::Deleted,
                         Err(e) => return self.delete_failed(f, e),
@@ -62,21 +64,7 @@ impl<B: IoBuf> QueuePair<B> {
                 Teardown::Deleted => {
                     // Both queues are gone: the device no longer accesses
                     // the buffers of what it never completed.
-                    let completed = &mut self.completed;
-                    drain_all(
-                        &mut self.trackers,
-                        &mut self.splits,
-                        usize::MAX,
-                        |tag, buf, first| {
-                            *completed += 1;
-                            f(Completion {
-                                tag,
-                                result: Err(first.unwrap_or(IoError::Aborted)),
-                                buf,
-                                dw0: 0,
-                            })
-                        },
-                    );
+                    self.eng.end_all(IoError::Aborted, true, f);
                     self.teardown = Teardown::Done;
                     self.ctrl.release_qid(self.qid);
                     return Ok(());
@@ -93,11 +81,11 @@ impl<B: IoBuf> QueuePair<B> {
         // must be reset before any queue can be created, and a reset deletes
         // every queue. Not when re-creating the queue after a reset may have
         // left it on the controller.
-        if !(self.failed == Some(Error0::Lost) && self.device_may_access) {
+        if !(self.eng.stopped == Some(Stopped::Lost) && self.eng.device_may_access) {
             self.ctrl.release_qid(self.qid);
         }
-        match self.failed {
-            Some(e) => Err(failed_error(e, self.qid)),
+        match self.eng.stopped {
+            Some(e) => Err(stopped_error(e, self.qid)),
             None => Ok(()),
         }
     }
@@ -111,9 +99,9 @@ impl<B: IoBuf> QueuePair<B> {
     ) -> Result<()> {
         // The deletion may have failed because the controller was reset or
         // failed meanwhile: then complete as poll would.
-        if self.ctrl.state() != self.seen_state {
-            let _ = self.on_state_change(f, false, usize::MAX);
-            if self.failed.is_some() || self.queue_absent {
+        if self.ctrl.state() != self.eng.seen_state {
+            let _ = self.recover(false, f);
+            if self.eng.stopped.is_some() || self.eng.queue_absent {
                 return self.shut_down_gone();
             }
         }
@@ -121,38 +109,16 @@ impl<B: IoBuf> QueuePair<B> {
         // and PRP pages, transfer into the buffers, and post into the CQ
         // ring. None of it may be freed or reused: leak it all (the rings
         // and PRP pages in `Drop`), and keep the queue id out of use.
-        self.device_may_access = true;
+        self.eng.device_may_access = true;
         self.teardown = Teardown::Done;
         log::error!(
             "queue {}: deleting the queues failed ({e}); leaking its rings, PRP pages and {} in-flight buffers so the device cannot write into reused memory",
             self.qid,
-            self.trackers.outstanding()
+            self.eng.trackers.outstanding()
         );
-        let (ctrl, completed) = (&self.ctrl, &mut self.completed);
-        drain_all(
-            &mut self.trackers,
-            &mut self.splits,
-            usize::MAX,
-            |tag, buf, _| {
-                leak(ctrl, buf);
-                *completed += 1;
-                f(Completion {
-                    tag,
-                    result: Err(IoError::Aborted),
-                    buf: None,
-                    dw0: 0,
-                })
-            },
-        );
+        let (_, leaked) = self.eng.end_all(IoError::Aborted, false, f);
+        self.note_leak(leaked);
         Err(e)
-    }
-}
-
-/// Leak a buffer the device may still access (counted at the controller).
-pub(super) fn leak<B: IoBuf>(ctrl: &Controller, buf: Option<B>) {
-    let n = deliver::leak(buf);
-    if n != 0 {
-        ctrl.note_leak(n);
     }
 }
 
@@ -165,7 +131,7 @@ impl<B: IoBuf> Drop for QueuePair<B> {
             let _ = self.shut_down(&mut |c: Completion<B>| drop(c));
         }
         let ring_bytes = self.sq.region().len() + self.cq.region().len() + self.prp_mem.len();
-        if self.device_may_access {
+        if self.eng.device_may_access {
             log::error!(
                 "queue {}: the controller may still access its rings and PRP pages; leaking {ring_bytes} bytes",
                 self.qid
