@@ -95,7 +95,7 @@ impl<B: IoBuf> BlockQueue for UfsQueuePair<B> {
     }
 
     fn max_transfer(&self) -> u64 {
-        self.max_xfer
+        self.eng.max_xfer
     }
 
     fn block_shift(&self, lun: u8) -> Option<u32> {
@@ -113,7 +113,7 @@ impl<B: IoBuf> BlockQueue for UfsQueuePair<B> {
 
 impl<B: IoBuf> Blocking for UfsQueuePair<B> {
     fn bounce(&mut self) -> &mut Option<DmaBuf> {
-        &mut self.bounce
+        &mut self.eng.bounce
     }
 
     fn space(&self) -> &Arc<DmaSpace> {
@@ -121,7 +121,7 @@ impl<B: IoBuf> Blocking for UfsQueuePair<B> {
     }
 
     fn blocking_timeout(&self) -> Duration {
-        self.ctrl.options().blocking_timeout
+        self.eng.blocking_timeout
     }
 
     /// An idle queue pair catches up with a host controller reset before

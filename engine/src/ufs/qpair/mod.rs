@@ -41,13 +41,14 @@ use super::spec::status::{io_result, UfsError};
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
 use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, SLOT_BYTES};
 use crate::core::block::{self, BlockQueue, Blocking};
-use crate::core::deliver::{self, drain_all, Held};
+use crate::core::deliver;
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::mapped::{MappedQueuePair, MappingMode};
-use crate::core::split::{Routed, Splits};
-use crate::core::timeout::{
-    self, Expired, Outstanding, TimeoutActions, TimeoutPolicy, Timeouts, IDLE_CLOCK_INTERVAL,
-};
+use crate::core::qpair::Reaped as CoreReaped;
+use crate::core::qpair::{Engine, Recreated, Wire};
+use crate::core::split::Routed;
+use crate::core::state::Stopped;
+use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, TimeoutPolicy, Timeouts};
 use crate::core::tracker::Trackers;
 use crate::{Error, Result};
 
@@ -189,38 +190,18 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     // device may still access them.
     transport: ManuallyDrop<Transport>,
     ucds: ManuallyDrop<UcdSlice>,
-    trackers: Trackers<B>,
-    /// Reads and writes above `max_xfer` as child commands; per child being
-    /// built: slot, PRDT entries, LBA, blocks.
-    splits: Splits<B, (u16, u16, u64, u32)>,
+    /// The state and lifecycle every wire shares (`core::qpair`); a split
+    /// child being built is (slot, PRDT entries, LBA, blocks).
+    eng: Engine<B, (u16, u16, u64, u32)>,
     /// Task tag of slot 0: tags are `tag_base + slot`, hardware queue `i`
     /// has `i * depth ..`, unique device-wide because the controller bounds
     /// queues × depth to the 256 task tags (`UfsOptions::depth`).
     tag_base: u8,
     lus: Vec<Option<LuGeom>>,
-    max_xfer: u64,
     space: Arc<DmaSpace>,
-    submitted: u64,
-    completed: u64,
-    empty_polls: u32,
-    /// Timeout policy, coarse clock and scan schedule (the shared core's).
-    timeouts: Timeouts,
-    /// The controller failed; the error polls report.
-    failed: Option<u64>,
-    /// The controller's state word as of this pair's last look (see
-    /// `ctrl::state`); a different value means a reset or a failure.
-    seen_state: u64,
-    /// Controller resets this pair recovered from.
-    recoveries: u64,
-    /// Queue memory the device may still access: leak it on drop.
-    leak: bool,
     closed: bool,
-    bounce: Option<DmaBuf>,
     /// HPB: the read/write hooks and internal map loads (`super::hpb`).
     hpb: HpbQp,
-    /// Ended by a recovery beyond its poll's `max`; the next polls hand
-    /// them out first.
-    held: Held<B>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -353,27 +334,20 @@ impl UfsController {
             ctrl: Arc::clone(self),
             transport: ManuallyDrop::new(transport),
             ucds: ManuallyDrop::new(ucds),
-            trackers: Trackers::new(depth),
-            splits: Splits::new(depth),
+            eng: Engine::new(
+                depth,
+                0,
+                max_xfer,
+                opts.io_timeout,
+                opts.timeout_policy,
+                self.options().blocking_timeout,
+                seen_state,
+            ),
             tag_base,
             lus,
-            max_xfer,
             space: Arc::clone(self.dma()),
-            submitted: 0,
-            completed: 0,
-            empty_polls: 0,
-            timeouts: Timeouts::new(opts.io_timeout, opts.timeout_policy, depth),
-            failed: match state::failure(seen_state) {
-                state::OK => None,
-                f => Some(f),
-            },
-            seen_state,
-            recoveries: 0,
-            leak: false,
             closed: false,
-            bounce: None,
             hpb,
-            held: Held::default(),
             _not_sync: PhantomData,
         })
     }
@@ -431,28 +405,25 @@ impl<B: IoBuf> UfsQueuePair<B> {
 
     /// Commands that may be outstanding at once.
     pub fn depth(&self) -> usize {
-        self.trackers.depth()
+        self.eng.depth()
     }
 
     /// Commands submitted and not yet completed (the application's; HPB
     /// map loads in flight are not counted).
     pub fn outstanding(&self) -> usize {
         // Internal commands are in the trackers' count and in `inflight`
-        // until the same moment; saturating all the same: never a wrap.
-        self.trackers
-            .outstanding()
-            .saturating_sub(self.hpb.inflight())
-            + self.held.len()
+        // until the same moment.
+        self.eng.outstanding(self.hpb.inflight())
     }
 
     /// Whether a submission now would fail with `QueueFull`.
     pub fn is_full(&self) -> bool {
-        self.trackers.is_full()
+        self.eng.trackers.is_full()
     }
 
     /// Largest transfer per command, in bytes.
     pub fn max_transfer(&self) -> u64 {
-        self.max_xfer
+        self.eng.max_xfer
     }
 
     /// The MCQ hardware queue this pair uses (`None` in legacy mode).
@@ -466,13 +437,13 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// Counters.
     pub fn stats(&self) -> UfsQpairStats {
         let mut s = UfsQpairStats {
-            submitted: self.submitted,
-            completed: self.completed,
-            stale_completions: self.trackers.stale,
-            timeouts: self.timeouts.stats.timeouts,
-            aborts_sent: self.timeouts.stats.aborts_sent,
-            timed_out: self.timeouts.stats.timed_out,
-            resets_requested: self.timeouts.stats.resets_requested,
+            submitted: self.eng.submitted,
+            completed: self.eng.completed,
+            stale_completions: self.eng.trackers.stale,
+            timeouts: self.eng.timeouts.stats.timeouts,
+            aborts_sent: self.eng.timeouts.stats.aborts_sent,
+            timed_out: self.eng.timeouts.stats.timed_out,
+            resets_requested: self.eng.timeouts.stats.resets_requested,
             ..Default::default()
         };
         match &*self.transport {
@@ -546,10 +517,11 @@ fn end_internal(
     true
 }
 
-fn health_error(h: u64) -> Error {
-    if h == state::GONE {
-        Error::DeviceGone
-    } else {
-        Error::ControllerFatal
+/// The error of a stopped queue pair, in UFS's words.
+fn stopped_error(s: Stopped, qid: u16) -> Error {
+    match s {
+        Stopped::Gone => Error::DeviceGone,
+        Stopped::Fatal => Error::ControllerFatal,
+        Stopped::Lost => Error::QueueLost { qid },
     }
 }

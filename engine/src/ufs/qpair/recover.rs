@@ -9,21 +9,21 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// core finds them and decides, the UFS abort machinery acts. Cold.
     #[cold]
     #[inline(never)]
-    pub(super) fn scan_timeouts(&mut self, f: &mut impl FnMut(Completion<B>)) {
+    pub(super) fn scan_expired(&mut self, f: &mut dyn FnMut(Completion<B>)) {
         // Nothing is marked posted: the scan runs only after a poll that
         // reaped everything posted.
-        self.timeouts.begin_scan();
+        self.eng.timeouts.begin_scan();
         // HPB's internal commands are not the application's: its policy and
         // statistics never see them; they have their own handling below.
         if self.hpb.inflight() > 0 {
-            for slot in 0..self.trackers.slots() as u16 {
+            for slot in 0..self.eng.trackers.slots() as u16 {
                 if self.hpb.is_internal(slot) {
-                    self.timeouts.exclude(slot);
+                    self.eng.timeouts.exclude(slot);
                 }
             }
         }
         timeout::scan(&mut UfsTimeouts { qp: self, f });
-        if self.failed.is_none() && self.ctrl.state() == self.seen_state {
+        if self.eng.stopped.is_none() && self.ctrl.state() == self.eng.seen_state {
             self.scan_internal_timeouts();
         }
     }
@@ -41,12 +41,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
             return;
         }
         let (now, limit, scan) = (
-            self.timeouts.now_ms,
-            self.timeouts.timeout_ms(),
-            self.timeouts.scan_interval_ms(),
+            self.eng.timeouts.now_ms,
+            self.eng.timeouts.timeout_ms(),
+            self.eng.timeouts.scan_interval_ms(),
         );
-        for slot in 0..self.trackers.slots() as u16 {
-            let s = self.trackers.slot(slot);
+        for slot in 0..self.eng.trackers.slots() as u16 {
+            let s = self.eng.trackers.slot(slot);
             if !s.busy {
                 continue;
             }
@@ -66,7 +66,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 }
                 Some(Overdue::GiveUp) => self.give_up_internal(slot),
             }
-            if self.failed.is_some() || self.ctrl.state() != self.seen_state {
+            if self.eng.stopped.is_some() || self.ctrl.state() != self.eng.seen_state {
                 return;
             }
         }
@@ -82,8 +82,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
             "UFS queue pair (tag base {}): giving up the HPB command in slot {slot}",
             self.tag_base
         );
-        self.leak = true;
-        let _ = self.trackers.retire(slot);
+        self.eng.device_may_access = true;
+        let _ = self.eng.trackers.retire(slot);
         self.hpb.give_up(slot);
     }
 
@@ -94,14 +94,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// its slot (see [`UfsQueuePair`]). Returns whether the controller was
     /// reset.
     #[cold]
-    fn reset_for_timeout(&mut self, slot: u16, f: &mut impl FnMut(Completion<B>)) -> bool {
+    fn reset_for_timeout(&mut self, slot: u16, f: &mut dyn FnMut(Completion<B>)) -> bool {
         if self.hpb.is_internal(slot) {
             // Not the application's (the scan excludes them): never a reset
             // or a completion for it.
             self.give_up_internal(slot);
             return false;
         }
-        self.timeouts.stats.resets_requested += 1;
+        self.eng.timeouts.stats.resets_requested += 1;
         if self.ctrl.reset_for_timeout() {
             // The reset ends every command in flight (the next poll sees it).
             return true;
@@ -109,21 +109,21 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // The device may still hold the command: never hand back its
         // buffer, never reuse its slot or command descriptor, and leak the
         // queue's memory at drop.
-        self.leak = true;
-        self.splits.poison(slot);
-        let (tag, buf) = self.trackers.retire(slot);
+        self.eng.device_may_access = true;
+        self.eng.splits.poison(slot);
+        let (tag, buf) = self.eng.trackers.retire(slot);
         self.hpb.write_ended(slot);
         let mut leaked = deliver::leak(buf);
-        let routed = self.splits.finish(slot, Err(IoError::TimedOut));
-        leaked += self.splits.take_leaked();
+        let routed = self.eng.splits.finish(slot, Err(IoError::TimedOut));
+        leaked += self.eng.splits.take_leaked();
         self.ctrl.add_leaked(leaked);
         let (tag, result) = match routed {
             Routed::NotChild => (tag, Err(IoError::TimedOut)),
             Routed::Pending => return false,
             Routed::Done(tag, result, _) => (tag, result),
         };
-        self.timeouts.stats.timed_out += 1;
-        self.completed += 1;
+        self.eng.timeouts.stats.timed_out += 1;
+        self.eng.completed += 1;
         f(Completion {
             tag,
             result,
@@ -188,9 +188,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
     pub(super) fn mcq_cleanup(
         &mut self,
         limit: std::time::Duration,
-        f: &mut impl FnMut(Completion<B>),
+        f: &mut dyn FnMut(Completion<B>),
     ) {
-        let slots: Vec<u16> = self.trackers.busy().map(|(slot, ..)| slot).collect();
+        let slots: Vec<u16> = self.eng.trackers.busy().map(|(slot, ..)| slot).collect();
         if self.mcq_cleanup_slots(&slots, limit).is_none() {
             return;
         }
@@ -201,7 +201,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
             }
             f(c)
         };
-        while self.trackers.outstanding() > 0 && self.failed.is_none() && start.elapsed() < limit {
+        while self.eng.trackers.outstanding() > 0
+            && self.eng.stopped.is_none()
+            && start.elapsed() < limit
+        {
             if matches!(self.poll(usize::MAX, &mut aborted), Ok(0)) {
                 std::thread::yield_now();
             }
@@ -220,8 +223,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// refreshed here.
     pub fn check_timeouts(&mut self, timeout: Duration, f: impl FnMut(Outstanding)) -> usize {
         let (hpb, tag_base) = (&self.hpb, self.tag_base);
-        self.timeouts.report_overdue(
-            &self.trackers,
+        self.eng.timeouts.report_overdue(
+            &self.eng.trackers,
             timeout,
             |slot| !hpb.is_internal(slot),
             |slot, _| u16::from(tag_base.wrapping_add(slot as u8)),
@@ -238,12 +241,15 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// application that waits without polling; a polling one learns the same
     /// from `poll`. A reset in progress or finished is not a failure.
     pub fn check_health(&mut self) -> Result<()> {
-        if let Some(h) = self.failed {
-            return Err(health_error(h));
+        if let Some(s) = self.eng.stopped {
+            return Err(self.stopped_error(s));
         }
         match state::failure(self.ctrl.check_health()) {
             state::OK => Ok(()),
-            h => Err(health_error(h)),
+            h => Err(stopped_error(
+                Stopped::of(h).unwrap_or(Stopped::Fatal),
+                self.queue_id(),
+            )),
         }
     }
 
@@ -256,12 +262,13 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// command with `tag` is in flight or the controller refused the
     /// cleanup; [`Error::Timeout`] when the SQ did not stop.
     pub fn abort(&mut self, tag: u64) -> Result<bool> {
-        if let Some(h) = self.failed {
-            return Err(health_error(h));
+        if let Some(s) = self.eng.stopped {
+            return Err(self.stopped_error(s));
         }
         self.transport.flush();
         let hpb = &self.hpb;
         let Some((slot, ..)) = self
+            .eng
             .trackers
             .busy()
             .find(|&(slot, _, t, _)| t == tag && !hpb.is_internal(slot))
@@ -292,16 +299,16 @@ impl<B: IoBuf> UfsQueuePair<B> {
 
 /// UFS's side of the shared timeout scan: log, withdraw the command (MCQ
 /// cleanup by nexus, UTRLCLR), escalate to the controller-reset hook.
-struct UfsTimeouts<'a, B: IoBuf, F> {
+struct UfsTimeouts<'a, 'f, B: IoBuf> {
     qp: &'a mut UfsQueuePair<B>,
-    f: &'a mut F,
+    f: &'a mut (dyn FnMut(Completion<B>) + 'f),
 }
 
-impl<B: IoBuf, F: FnMut(Completion<B>)> TimeoutActions for UfsTimeouts<'_, B, F> {
+impl<B: IoBuf> TimeoutActions for UfsTimeouts<'_, '_, B> {
     type Buf = B;
 
     fn state(&mut self) -> (&mut Timeouts, &mut Trackers<B>) {
-        (&mut self.qp.timeouts, &mut self.qp.trackers)
+        (&mut self.qp.eng.timeouts, &mut self.qp.eng.trackers)
     }
 
     fn report(&mut self, e: &Expired) {
@@ -322,6 +329,6 @@ impl<B: IoBuf, F: FnMut(Completion<B>)> TimeoutActions for UfsTimeouts<'_, B, F>
     }
 
     fn stop(&self) -> bool {
-        self.qp.failed.is_some()
+        self.qp.eng.stopped.is_some()
     }
 }

@@ -29,186 +29,175 @@
 //! device may still write the buffers: the commands end with
 //! `ControllerFailed` and **no** buffer, and the pair's memory is leaked.
 //!
-//! Everything here is cold and runs in one call; what it ends beyond the
-//! poll's `max` waits in the pair's held completions
-//! (`core::deliver::Held`), which the next polls (and `close`) hand out
-//! first — `poll` never delivers more than `max`.
+//! The state machine itself is the core's (`core::qpair::Wire::recover`,
+//! shared with NVMe); this file holds UFS's hooks: what the controller
+//! posted before it stopped, forgetting the legacy list's record,
+//! re-creating the queue. What recovery ends beyond the poll's `max` waits
+//! in the engine's held completions, which the next polls (and `close`)
+//! hand out first — `poll` never delivers more than `max`.
 
+use super::reap::finish;
 use super::*;
 
-impl<B: IoBuf> UfsQueuePair<B> {
-    /// `poll` when completions are held, or the state word changed, or
-    /// the pair failed: hand out held completions, then recover, at most
-    /// `max` in all (the rest are held).
-    #[cold]
-    #[inline(never)]
-    pub(super) fn poll_cold(
-        &mut self,
-        max: usize,
-        f: &mut impl FnMut(Completion<B>),
-    ) -> Result<usize> {
-        let mut n = self.held.deliver(max, f);
-        if self.failed.is_none() && self.ctrl.state() == self.seen_state {
-            return Ok(n);
-        }
-        // Taken while recovery runs: `f` is only called before anything
-        // new is held (the budget comes first), and older held ones are
-        // not passed to `f` here, so a panicking `f` loses none.
-        let mut held = std::mem::take(&mut self.held);
-        let (r, k) = held.budgeted(max - n, f, |mut g| self.on_state_change(&mut g));
-        self.held = held;
-        n += k;
-        r.map(|_| n)
+impl<B: IoBuf> Wire for UfsQueuePair<B> {
+    type Buf = B;
+    type Child = (u16, u16, u64, u32);
+    const HEALTH_CHECK_INTERVAL: u32 = HEALTH_CHECK_INTERVAL;
+
+    #[inline(always)]
+    fn eng(&mut self) -> &mut Engine<B, Self::Child> {
+        &mut self.eng
     }
 
-    /// The controller's state word differs from what this pair saw, or the
-    /// pair is failed. See the module docs.
+    #[inline(always)]
+    fn eng_ref(&self) -> &Engine<B, Self::Child> {
+        &self.eng
+    }
+
+    #[inline(always)]
+    fn state(&self) -> u64 {
+        self.ctrl.state()
+    }
+
+    fn settled_state(&self) -> u64 {
+        self.ctrl.settled_state()
+    }
+
+    #[inline(always)]
+    fn ring(&mut self) -> bool {
+        self.transport.flush()
+    }
+
+    #[inline(always)]
+    fn reap<F: FnMut(Completion<B>)>(&mut self, max: usize, f: &mut F) -> CoreReaped {
+        self.reap_entries(max, f)
+    }
+
     #[cold]
-    #[inline(never)]
-    pub(super) fn on_state_change(&mut self, f: &mut impl FnMut(Completion<B>)) -> Result<usize> {
-        let mut n = 0;
-        loop {
-            if self.ctrl.state() == self.seen_state {
-                return match self.failed {
-                    Some(h) => Err(health_error(h)),
-                    None => Ok(n),
-                };
-            }
-            // Waits for a reset in progress to finish.
-            let settled = self.ctrl.settled_state();
-            let failure = state::failure(settled);
-            if state::epoch(settled) == state::epoch(self.seen_state) {
-                // Failed without being disabled: the controller may still
-                // access our rings, descriptors and buffers.
-                n += self.deliver_posted(f);
-                let ended = self.trackers.outstanding();
-                let leaked = self.end_all(IoError::ControllerFailed, false, f);
-                n += ended;
-                self.forget_transport();
-                if !self.leak {
-                    self.leak = true;
-                    log::error!(
-                        "UFS queue pair: the controller could not be disabled; {ended} commands end without their buffers"
-                    );
-                }
-                self.ctrl.add_leaked(leaked);
-                self.failed = (failure != state::OK).then_some(failure);
-                self.seen_state = settled;
-                continue;
-            }
-            // New epoch: disabled (or gone) since; nothing of ours is in
-            // use by the controller.
-            n += self.deliver_posted(f);
-            let err = if failure == state::OK {
-                IoError::AbortedByReset
-            } else {
-                IoError::ControllerFailed
-            };
-            n += self.trackers.outstanding();
-            self.end_all(err, true, f);
-            self.forget_transport();
-            self.seen_state = settled;
-            if failure != state::OK {
-                self.failed = Some(failure);
-                continue;
-            }
-            match self.recreate(settled) {
-                Ok(true) => {
-                    // The controller dropped every command: slots retired
-                    // by a failed timeout reset serve again.
-                    self.trackers.unretire_all();
-                    self.failed = None;
-                    self.empty_polls = 0;
-                    self.recoveries += 1;
-                }
-                // Reset again meanwhile: look again.
-                Ok(false) => continue,
-                Err(e) => {
-                    // The queue may be (partly) enabled on our rings.
-                    self.leak = true;
-                    self.failed = Some(state::FATAL);
-                    let qid = self.hw_queue().unwrap_or(0);
-                    log::error!("UFS queue {qid}: re-creating the queue after a reset failed: {e}");
-                    return Err(Error::QueueLost { qid });
-                }
-            }
+    fn check_controller(&mut self) {
+        self.ctrl.check_health();
+    }
+
+    #[cold]
+    fn scan_timeouts(&mut self, drained: bool, f: &mut dyn FnMut(Completion<B>)) {
+        // Only after a poll that reaped everything the controller had
+        // posted: a command whose completion waits in the CQ is not a
+        // timeout.
+        if drained {
+            self.scan_expired(f);
+        }
+    }
+
+    #[inline(always)]
+    fn after_poll(&mut self) {
+        // No new map loads once the queue pair is closing.
+        if self.hpb.pass_due() && !self.closed {
+            self.hpb_pass();
         }
     }
 
     /// Step 1: deliver the commands the controller completed before it
-    /// stopped. Returns how many completions were delivered.
-    fn deliver_posted(&mut self, f: &mut impl FnMut(Completion<B>)) -> usize {
-        let outstanding = self.trackers.outstanding();
-        if outstanding == 0 {
+    /// stopped. MCQ: the same proof as `poll`'s, whatever the OCS — the
+    /// entry's address is the current UCD of a busy slot, and the first
+    /// such entry for it (its slot is free after that, so a duplicate is
+    /// stale). Legacy: rung slots whose UTRD holds an OCS other than the
+    /// host's pre-fill.
+    fn deliver_posted(&mut self, f: &mut dyn FnMut(Completion<B>)) -> usize {
+        if self.eng.trackers.outstanding() == 0 {
             return 0;
         }
-        let mut done: Vec<(u16, Ocs)> = Vec::new();
-        match &mut *self.transport {
+        let mut f = f;
+        let mut n = 0;
+        let UfsQueuePair {
+            transport,
+            eng,
+            ucds,
+            tag_base,
+            hpb,
+            ..
+        } = self;
+        let (ucds, tag_base): (&UcdSlice, u8) = (ucds, *tag_base);
+        match &mut **transport {
             Transport::Mcq(q) => {
-                // The same proof as `poll`'s, whatever the OCS: the entry's
-                // address is the current UCD of a busy slot, and the first
-                // such entry for it (a duplicate is stale).
-                let (trackers, ucds) = (&mut self.trackers, &*self.ucds);
                 q.drain_posted(|ucd, ocs| {
-                    let slot = ucds.command_of(ucd);
-                    if usize::from(slot) >= trackers.slots()
-                        || !trackers.slot(slot).busy
-                        || done.iter().any(|&(s, _)| s == slot)
-                    {
-                        trackers.stale += 1;
-                        return;
+                    if finish(eng, hpb, ucds, tag_base, ucds.command_of(ucd), ocs, &mut f) {
+                        n += 1;
                     }
-                    done.push((slot, ocs));
                 });
             }
             Transport::Sdb(q) => {
-                for (slot, ..) in self.trackers.busy() {
+                for slot in 0..eng.trackers.slots() as u16 {
+                    if !eng.trackers.slot(slot).busy {
+                        continue;
+                    }
                     if let Some(ocs) = q.completed_before_reset(slot) {
-                        done.push((slot, ocs));
+                        if finish(eng, hpb, ucds, tag_base, slot, ocs, &mut f) {
+                            n += 1;
+                        }
                     }
                 }
             }
         }
-        let mut n = 0;
-        for (slot, ocs) in done {
-            n += self.finish_slot(slot, ocs, f);
-        }
         n
     }
 
-    /// Complete `slot` with the controller's `ocs` and its RESPONSE (the
-    /// same decoding as `poll`). Returns the completions delivered (0 for
-    /// a child of a split transfer whose siblings are still in flight).
-    fn finish_slot(&mut self, slot: u16, ocs: Ocs, f: &mut impl FnMut(Completion<B>)) -> usize {
-        let task_tag = self.tag_base.wrapping_add(slot as u8);
-        let result = if ocs == Ocs::SUCCESS && self.ucds.response_head(slot).is_good(task_tag) {
-            Ok(())
-        } else {
-            let timed_out = self.timeouts.was_aborted(&self.trackers, slot);
-            failed_result(ocs, &self.ucds, slot, task_tag, timed_out)
-        };
-        let (tag, buf) = self.trackers.complete(slot);
-        if end_internal(&mut self.hpb, &self.ucds, slot, &result) {
-            return 0;
+    /// HPB's internal commands (map loads) are the HPB state's, not the
+    /// application's: they end there, without a completion; application
+    /// writes in flight dirty their sub-regions again.
+    fn end_internal(&mut self, keep_bufs: bool) -> u64 {
+        self.hpb.all_writes_ended();
+        if self.hpb.inflight() > 0 {
+            for slot in 0..self.eng.trackers.slots() as u16 {
+                if self.eng.trackers.slot(slot).busy && self.hpb.is_internal(slot) {
+                    self.eng.trackers.complete(slot);
+                    self.hpb.abandon(slot, keep_bufs);
+                }
+            }
         }
-        let Some(c) = deliver::route(&mut self.splits, slot, tag, buf, result, 0) else {
-            return 0;
-        };
-        self.completed += 1;
-        f(c);
-        1
+        0
     }
 
     /// The transport's own record of what is in flight is void.
-    fn forget_transport(&mut self) {
+    fn forget(&mut self) {
         if let Transport::Sdb(q) = &mut *self.transport {
             q.forget_outstanding();
         }
     }
 
+    fn recreate(&mut self, settled: u64) -> Recreated {
+        match self.recreate_queue(settled) {
+            Ok(true) => Recreated::Yes(settled),
+            Ok(false) => Recreated::Moved,
+            Err(e) => Recreated::Failed {
+                error: e.to_string(),
+                // The queue may be (partly) enabled on our rings.
+                left: true,
+            },
+        }
+    }
+
+    fn note_leak(&self, bytes: u64) {
+        if bytes != 0 {
+            self.ctrl.add_leaked(bytes);
+        }
+    }
+
+    fn queue_id(&self) -> u16 {
+        self.hw_queue().unwrap_or(0)
+    }
+
+    fn stopped_error(&self, s: Stopped) -> Error {
+        stopped_error(s, self.queue_id())
+    }
+}
+
+impl<B: IoBuf> UfsQueuePair<B> {
     /// Step 3: re-create the hardware queue on the controller in state
     /// `settled`. `Ok(false)`: the state moved on meanwhile.
-    fn recreate(&mut self, settled: u64) -> std::result::Result<bool, super::super::UfsCtrlError> {
+    fn recreate_queue(
+        &mut self,
+        settled: u64,
+    ) -> std::result::Result<bool, super::super::UfsCtrlError> {
         match &mut *self.transport {
             Transport::Mcq(q) => {
                 q.nullify(Utrd::new(0, DataDir::None, 0).nullified());
@@ -227,7 +216,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// Controller resets this queue pair recovered from (its queue
     /// re-created).
     pub fn recoveries(&self) -> u64 {
-        self.recoveries
+        self.eng.rstats.recoveries
     }
 }
 
@@ -293,11 +282,11 @@ mod tests {
             for _ in 0..3 {
                 qp.read_blocking(0, 40, &mut v).expect("read");
             }
-            let slot = (0..qp.trackers.slots() as u16)
+            let slot = (0..qp.eng.trackers.slots() as u16)
                 .find(|&s| qp.hpb.is_internal(s))
                 .expect("a map load in flight");
             // As if its withdrawal had been refused.
-            qp.hpb.withdrawn(slot, qp.timeouts.now_ms, false);
+            qp.hpb.withdrawn(slot, qp.eng.timeouts.now_ms, false);
             let start = Instant::now();
             while qp.depth() == depth {
                 qp.poll(8, |c| {
@@ -343,17 +332,16 @@ mod tests {
                     "mcq={mcq}: {n} of {depth}"
                 );
             }
-            // The given-up load's buffer (and the queue's memory, which the
-            // device may have held meanwhile) are leaked, and counted.
+            // The given-up load's buffers are leaked, and counted. The
+            // queue's memory is not: the reset's new epoch (HCE = 0
+            // confirmed) means the controller dropped the command it may
+            // have held, the state word's rule for every wire
+            // (`core::state`).
             assert_eq!(ctrl.leaked_bytes(), 0, "mcq={mcq}");
             let hpb_bytes = qp.hpb.leaking_bytes();
             assert_eq!(hpb_bytes, 2 * 128, "mcq={mcq}: two 16-entry load buffers");
             drop(qp);
-            assert_eq!(
-                ctrl.leaked_bytes(),
-                (depth * SLOT_BYTES) as u64 + hpb_bytes,
-                "mcq={mcq}"
-            );
+            assert_eq!(ctrl.leaked_bytes(), hpb_bytes, "mcq={mcq}");
         }
     }
 }

@@ -11,7 +11,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// Every command takes its slot here.
     #[inline(always)]
     pub(super) fn alloc_slot(&mut self) -> Option<u16> {
-        let slot = self.trackers.alloc()?;
+        let slot = self.eng.trackers.alloc()?;
         self.ucds.begin(slot);
         Some(slot)
     }
@@ -28,17 +28,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // Only this pair's own flag (no load through the controller per
         // I/O): a failure another pair found is picked up by the next poll,
         // which then ends whatever was submitted meanwhile.
-        if self.timeouts.enabled() {
-            // Idle for the application even with map loads in flight.
-            // `inflight <= outstanding` always; a wrap would only skip a
-            // clock read.
-            self.timeouts.stamp_if_idle(
-                self.trackers
-                    .outstanding()
-                    .wrapping_sub(self.hpb.inflight()),
-            );
-        }
-        if self.failed.is_some() {
+        // Idle for the application even with map loads in flight.
+        self.eng.stamp_if_idle(self.hpb.inflight());
+        if self.eng.stopped.is_some() {
             return Err(SubmitErrorKind::ControllerFailed);
         }
         let Some(Some(g)) = self.lus.get(usize::from(lun)).copied() else {
@@ -117,7 +109,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if !buf.is_mapped_in(&self.space) {
             return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
         }
-        if bytes > self.max_xfer {
+        if bytes > self.eng.max_xfer {
             return self.submit_split(lun, lba, blocks, g.shift, buf, tag, read);
         }
         let Some(slot) = self.alloc_slot() else {
@@ -126,7 +118,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let prdt = match self.ucds.build_prdt(slot, &buf, 0, bytes) {
             Ok(n) => n,
             Err(k) => {
-                self.trackers.unreserve(slot);
+                self.eng.trackers.unreserve(slot);
                 return Err(submit_err(k, buf));
             }
         };
@@ -154,9 +146,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
         };
         self.transport
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
-        self.trackers
-            .arm(slot, tag, Some(buf), self.timeouts.now_ms);
-        self.submitted += 1;
+        self.eng
+            .trackers
+            .arm(slot, tag, Some(buf), self.eng.timeouts.now_ms);
+        self.eng.submitted += 1;
         Ok(())
     }
 
@@ -175,12 +168,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
         read: bool,
     ) -> std::result::Result<(), SubmitError<B>> {
         let bytes = u64::from(blocks) << shift;
-        let per = (self.max_xfer >> shift).min(u64::from(u32::MAX)) as u32;
-        let depth = self.trackers.depth();
+        let per = (self.eng.max_xfer >> shift).min(u64::from(u32::MAX)) as u32;
+        let depth = self.eng.trackers.depth();
         let too_large = |max: u64| SubmitErrorKind::TransferTooLarge { bytes, max };
         if per == 0 {
             // One block is larger than the per-command limit.
-            return Err(submit_err(too_large(self.max_xfer), buf));
+            return Err(submit_err(too_large(self.eng.max_xfer), buf));
         }
         let children = blocks.div_ceil(per);
         if children as usize > depth {
@@ -199,12 +192,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 buf,
             ));
         }
-        if depth - self.trackers.outstanding() < children as usize {
+        if depth - self.eng.trackers.outstanding() < children as usize {
             return Err(submit_err(SubmitErrorKind::QueueFull, buf));
         }
         // Reserve every child's slot and build its PRDT before anything is
         // posted, so a rejection leaves nothing behind.
-        let mut scratch = std::mem::take(&mut self.splits.scratch);
+        let mut scratch = std::mem::take(&mut self.eng.splits.scratch);
         scratch.clear();
         let mut err = None;
         for i in 0..children {
@@ -220,7 +213,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             {
                 Ok(prdt) => scratch.push((slot, prdt, lba + first, n)),
                 Err(k) => {
-                    self.trackers.unreserve(slot);
+                    self.eng.trackers.unreserve(slot);
                     err = Some(k);
                     break;
                 }
@@ -228,20 +221,20 @@ impl<B: IoBuf> UfsQueuePair<B> {
         }
         if let Some(k) = err {
             for &(slot, ..) in scratch.iter().rev() {
-                self.trackers.unreserve(slot);
+                self.eng.trackers.unreserve(slot);
             }
-            self.splits.scratch = scratch;
+            self.eng.splits.scratch = scratch;
             return Err(submit_err(k, buf));
         }
-        let parent = match self.splits.start(tag, buf, children) {
+        let parent = match self.eng.splits.start(tag, buf, children) {
             Ok(p) => p,
             Err(buf) => {
                 // Not expected (a parent is free whenever slots are):
                 // refuse rather than lose track.
                 for &(slot, ..) in scratch.iter().rev() {
-                    self.trackers.unreserve(slot);
+                    self.eng.trackers.unreserve(slot);
                 }
-                self.splits.scratch = scratch;
+                self.eng.splits.scratch = scratch;
                 return Err(submit_err(SubmitErrorKind::QueueFull, buf));
             }
         };
@@ -268,14 +261,16 @@ impl<B: IoBuf> UfsQueuePair<B> {
             );
             self.transport
                 .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
-            self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
+            self.eng
+                .trackers
+                .arm(slot, tag, None, self.eng.timeouts.now_ms);
             if !read {
                 self.hpb.note_write(slot, lun, clba, n);
             }
-            self.splits.link(slot, parent);
-            self.submitted += 1;
+            self.eng.splits.link(slot, parent);
+            self.eng.submitted += 1;
         }
-        self.splits.scratch = scratch;
+        self.eng.splits.scratch = scratch;
         Ok(())
     }
 
@@ -305,8 +300,10 @@ impl<B: IoBuf> UfsQueuePair<B> {
             .write_command(slot, lun, task_tag, cdb, bytes, false);
         self.transport
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
-        self.trackers.arm(slot, tag, None, self.timeouts.now_ms);
-        self.submitted += 1;
+        self.eng
+            .trackers
+            .arm(slot, tag, None, self.eng.timeouts.now_ms);
+        self.eng.submitted += 1;
         Ok(slot)
     }
 
@@ -345,9 +342,6 @@ impl<B: IoBuf> UfsQueuePair<B> {
     pub fn submit(&mut self) -> bool {
         // One relaxed load per batch: no doorbell once a reset began, until
         // the next poll re-created the queue.
-        if self.failed.is_some() || self.ctrl.state() != self.seen_state {
-            return false;
-        }
-        self.transport.flush()
+        Wire::submit(self)
     }
 }

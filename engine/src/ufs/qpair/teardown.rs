@@ -6,56 +6,18 @@ use super::*;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// End every command in flight with `err` (the device no longer owns
-    /// them, or `keep_bufs` is false and their buffers are leaked), children
-    /// of a split through their parent (the shared `core::deliver`).
-    /// Returns the bytes leaked.
+    /// them, or `keep_bufs` is false and their buffers are leaked): HPB's
+    /// own commands inside the HPB state, the application's once each
+    /// (`Engine::end_all`). Returns the bytes leaked.
     #[cold]
     pub(super) fn end_all(
         &mut self,
         err: IoError,
         keep_bufs: bool,
-        f: &mut impl FnMut(Completion<B>),
+        f: &mut dyn FnMut(Completion<B>),
     ) -> u64 {
-        let mut leaked = 0u64;
-        self.hpb.all_writes_ended();
-        // Internal commands (HPB map loads) are the HPB state's, not the
-        // application's: they end there, without a completion.
-        if self.hpb.inflight() > 0 {
-            let hpb = &self.hpb;
-            let internal: Vec<u16> = self
-                .trackers
-                .busy()
-                .map(|(slot, ..)| slot)
-                .filter(|&slot| hpb.is_internal(slot))
-                .collect();
-            for slot in internal {
-                self.trackers.complete(slot);
-                self.hpb.abandon(slot, keep_bufs);
-            }
-        }
-        let completed = &mut self.completed;
-        drain_all(
-            &mut self.trackers,
-            &mut self.splits,
-            usize::MAX,
-            |tag, buf, first| {
-                let buf = if keep_bufs {
-                    buf
-                } else {
-                    leaked += deliver::leak(buf);
-                    None
-                };
-                // Counted before the callback runs: it may panic.
-                *completed += 1;
-                f(Completion {
-                    tag,
-                    result: Err(first.unwrap_or(err)),
-                    buf,
-                    dw0: 0,
-                });
-            },
-        );
-        leaked + self.splits.take_leaked()
+        let leaked = self.end_internal(keep_bufs);
+        leaked + self.eng.end_all(err, keep_bufs, f).1
     }
 
     /// Finish the queue pair: wait (up to `UfsOptions::close_timeout`) for
@@ -69,20 +31,23 @@ impl<B: IoBuf> UfsQueuePair<B> {
         Ok(())
     }
 
-    fn shutdown(&mut self, f: &mut impl FnMut(Completion<B>)) {
+    fn shutdown(&mut self, f: &mut dyn FnMut(Completion<B>)) {
         if self.closed {
             return;
         }
         self.closed = true;
-        self.held.deliver(usize::MAX, f);
+        self.eng.held.deliver(usize::MAX, &mut |c| f(c));
         let limit = self.ctrl.options().close_timeout;
         let start = Instant::now();
-        while self.trackers.outstanding() > 0 && self.failed.is_none() && start.elapsed() < limit {
+        while self.eng.trackers.outstanding() > 0
+            && self.eng.stopped.is_none()
+            && start.elapsed() < limit
+        {
             if matches!(self.poll(usize::MAX, &mut *f), Ok(0)) {
                 std::thread::yield_now();
             }
         }
-        if self.trackers.outstanding() == 0 {
+        if self.eng.trackers.outstanding() == 0 {
             return;
         }
         // Still in flight: withdraw.
@@ -100,12 +65,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
             }
             Transport::Mcq(_) => {
                 self.mcq_cleanup(limit, f);
-                self.trackers.outstanding() == 0
+                self.eng.trackers.outstanding() == 0
             }
         };
         let leaked = self.end_all(IoError::Aborted, withdrawn, f);
         if !withdrawn {
-            self.leak = true;
+            self.eng.device_may_access = true;
             self.ctrl.add_leaked(leaked);
         }
     }
@@ -121,18 +86,18 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
                 ManuallyDrop::take(&mut self.ucds),
             )
         };
-        if self.leak {
+        if self.eng.device_may_access {
             self.hpb.leak_buffers();
         }
         // Counted once, here; `HpbQp`'s drop leaks them.
         self.ctrl.add_leaked(self.hpb.leaking_bytes());
-        if self.leak {
+        if self.eng.device_may_access {
             // The controller may still write these: never free or reuse them.
             self.ctrl
-                .add_leaked((self.trackers.slots() * SLOT_BYTES) as u64);
+                .add_leaked((self.eng.trackers.slots() * SLOT_BYTES) as u64);
             std::mem::forget(u);
             std::mem::forget(t);
-        } else if self.failed.is_none() {
+        } else if self.eng.stopped.is_none() {
             self.ctrl.give_back(t, Some(u));
         } else {
             drop(u.into_region());
