@@ -37,9 +37,39 @@ use super::deliver::{self, drain_all, Held};
 use super::error::{Error, Result};
 use super::io::{Completion, DmaBuf, IoBuf, IoError};
 use super::split::Splits;
-use super::state::{self, Change, Stopped};
+use super::state::{self, Change, Controlled, Stopped};
 use super::timeout::{TimeoutPolicy, Timeouts, IDLE_CLOCK_INTERVAL};
 use super::tracker::Trackers;
+
+/// The counters every wire's queue pair keeps, in one type: what
+/// `QueuePair::counters` (NVMe) and `UfsQueuePair::counters` return, so a
+/// tool reads one set of names on any wire. Each wire's `stats()` adds its
+/// own (doorbells, register reads).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueCounters {
+    /// Commands accepted (each child of a split transfer counts; HPB's own
+    /// commands do not).
+    pub submitted: u64,
+    /// Completions delivered (a split transfer delivers one).
+    pub completed: u64,
+    /// Completion entries that proved no command in flight (stale,
+    /// duplicate, corrupt): counted and dropped, never delivered.
+    pub stale_completions: u64,
+    /// Commands found past their timeout.
+    pub timeouts: u64,
+    /// Aborts (NVMe Abort, UFS cleanup or UTRLCLR) sent for them.
+    pub aborts_sent: u64,
+    /// Commands completed as [`IoError::TimedOut`].
+    pub timed_out: u64,
+    /// Controller resets the timeout policy asked for.
+    pub resets_requested: u64,
+    /// Commands completed with [`IoError::AbortedByReset`].
+    pub aborted_by_reset: u64,
+    /// Commands completed with [`IoError::ControllerFailed`].
+    pub failed_by_controller: u64,
+    /// Controller resets the queue pair recovered from.
+    pub recoveries: u64,
+}
 
 /// Counters of the cold recovery paths, the same on every wire.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -199,6 +229,23 @@ impl<B: IoBuf, S> Engine<B, S> {
         self.trackers.depth()
     }
 
+    /// The shared counters.
+    pub fn counters(&self) -> QueueCounters {
+        let t = &self.timeouts.stats;
+        QueueCounters {
+            submitted: self.submitted,
+            completed: self.completed,
+            stale_completions: self.trackers.stale,
+            timeouts: t.timeouts,
+            aborts_sent: t.aborts_sent,
+            timed_out: t.timed_out,
+            resets_requested: t.resets_requested,
+            aborted_by_reset: self.rstats.aborted_by_reset,
+            failed_by_controller: self.rstats.failed_by_controller,
+            recoveries: self.rstats.recoveries,
+        }
+    }
+
     /// The application's commands not yet delivered: in flight (less the
     /// wire's own `internal` ones) or ended and held for the next polls.
     #[inline]
@@ -260,10 +307,10 @@ pub(crate) trait Wire: Sized {
     /// The engine state, shared.
     fn eng_ref(&self) -> &Engine<Self::Buf, Self::Child>;
 
-    /// The controller's state word: one relaxed load.
-    fn state(&self) -> u64;
-    /// The controller's state word once no reset is running.
-    fn settled_state(&self) -> u64;
+    /// The controller the queue belongs to.
+    type Ctrl: Controlled;
+    /// The controller.
+    fn ctrl(&self) -> &Self::Ctrl;
     /// Ring the doorbell for what was queued since the last ring; whether
     /// a doorbell was written. Only called with the gate open.
     fn ring(&mut self) -> bool;
@@ -302,6 +349,17 @@ pub(crate) trait Wire: Sized {
     fn queue_id(&self) -> u16;
     /// The error a stopped queue reports, in the wire's words.
     fn stopped_error(&self, s: Stopped) -> Error;
+
+    /// The controller's state word: one relaxed load.
+    #[inline(always)]
+    fn state(&self) -> u64 {
+        self.ctrl().state_word().load()
+    }
+
+    /// The controller's state word once no reset is running.
+    fn settled_state(&self) -> u64 {
+        self.ctrl().settled_state()
+    }
 
     /// The submit gate: the controller is in the state this queue's rings
     /// belong to, and the queue did not stop.

@@ -116,6 +116,14 @@ impl Stopped {
     }
 }
 
+/// A controller with a state word, as its queue pairs see it.
+pub(crate) trait Controlled {
+    /// The controller's state word.
+    fn state_word(&self) -> &StateWord;
+    /// The state word once no reset is running (waits for one to finish).
+    fn settled_state(&self) -> u64;
+}
+
 /// A controller's state word (see the module docs).
 #[derive(Debug)]
 pub struct StateWord(AtomicU64);

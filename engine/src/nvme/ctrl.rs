@@ -441,12 +441,6 @@ impl Controller {
         self.state.load()
     }
 
-    /// The state word once no reset is running (taken under the admin lock).
-    pub(crate) fn settled_state(&self) -> u64 {
-        let _a = self.lock_admin();
-        self.state()
-    }
-
     /// Successful controller resets so far.
     pub fn resets(&self) -> u64 {
         self.resets.load(Ordering::Relaxed)
@@ -604,5 +598,18 @@ impl Controller {
     /// The doorbell hook of the backend, if any.
     pub fn doorbell_hook(&self) -> Option<Arc<dyn DoorbellHook>> {
         self.backend.doorbell_hook()
+    }
+}
+
+impl state::Controlled for Controller {
+    #[inline(always)]
+    fn state_word(&self) -> &state::StateWord {
+        &self.state
+    }
+
+    /// Taken under the admin lock, which a reset holds throughout.
+    fn settled_state(&self) -> u64 {
+        let _a = self.lock_admin();
+        self.state()
     }
 }

@@ -362,12 +362,6 @@ impl UfsController {
         self.state.load()
     }
 
-    /// The state word once no reset is running.
-    pub(crate) fn settled_state(&self) -> u64 {
-        let _g = self.lock_reset();
-        self.state.load_acquire()
-    }
-
     pub(crate) fn lock_reset(&self) -> MutexGuard<'_, ()> {
         self.reset_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -503,5 +497,18 @@ impl UfsController {
         start_list(&r, self.layout.legacy_list);
         r.check_fatal()?;
         Ok(true)
+    }
+}
+
+impl state::Controlled for UfsController {
+    #[inline(always)]
+    fn state_word(&self) -> &state::StateWord {
+        &self.state
+    }
+
+    /// Taken under the reset lock, which a reset holds throughout.
+    fn settled_state(&self) -> u64 {
+        let _g = self.lock_reset();
+        self.state.load_acquire()
     }
 }

@@ -434,6 +434,12 @@ impl<B: IoBuf> UfsQueuePair<B> {
         }
     }
 
+    /// The counters every wire keeps, in the type shared with NVMe
+    /// ([`crate::QueueCounters`]).
+    pub fn counters(&self) -> crate::QueueCounters {
+        self.eng.counters()
+    }
+
     /// Counters.
     pub fn stats(&self) -> UfsQpairStats {
         let mut s = UfsQpairStats {

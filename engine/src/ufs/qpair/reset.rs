@@ -41,6 +41,7 @@ use super::*;
 
 impl<B: IoBuf> Wire for UfsQueuePair<B> {
     type Buf = B;
+    type Ctrl = UfsController;
     type Child = (u16, u16, u64, u32);
     const HEALTH_CHECK_INTERVAL: u32 = HEALTH_CHECK_INTERVAL;
 
@@ -55,12 +56,8 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
     }
 
     #[inline(always)]
-    fn state(&self) -> u64 {
-        self.ctrl.state()
-    }
-
-    fn settled_state(&self) -> u64 {
-        self.ctrl.settled_state()
+    fn ctrl(&self) -> &UfsController {
+        &self.ctrl
     }
 
     #[inline(always)]

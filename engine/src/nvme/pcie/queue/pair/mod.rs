@@ -463,6 +463,12 @@ impl<B: IoBuf> QueuePair<B> {
         }
     }
 
+    /// The counters every wire keeps, in the type shared with UFS
+    /// ([`crate::QueueCounters`]).
+    pub fn counters(&self) -> crate::QueueCounters {
+        self.eng.counters()
+    }
+
     /// Namespaces numbered 1..=n (the usual case) are found at index
     /// `nsid - 1` with one compare; sparse ones by binary search.
     #[inline]

@@ -7,6 +7,7 @@ use super::*;
 
 impl<B: IoBuf> Wire for QueuePair<B> {
     type Buf = B;
+    type Ctrl = Controller;
     type Child = SplitChild;
     const HEALTH_CHECK_INTERVAL: u32 = HEALTH_CHECK_INTERVAL;
 
@@ -21,12 +22,8 @@ impl<B: IoBuf> Wire for QueuePair<B> {
     }
 
     #[inline(always)]
-    fn state(&self) -> u64 {
-        self.ctrl.state()
-    }
-
-    fn settled_state(&self) -> u64 {
-        self.ctrl.settled_state()
+    fn ctrl(&self) -> &Controller {
+        &self.ctrl
     }
 
     #[inline(always)]
