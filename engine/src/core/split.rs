@@ -55,9 +55,9 @@ pub(crate) struct Splits<B, S> {
     /// Per tracker slot: 1 + the index of its parent, 0 for a command that
     /// is not a child.
     child_of: Box<[u16]>,
-    /// The children of the submission being built (the transport's own
-    /// record per child), kept to reuse its allocation.
-    pub scratch: Vec<S>,
+    /// The children of the submission being built (the core's plan and the
+    /// transport's own record per child), kept to reuse its allocation.
+    pub scratch: Vec<(crate::core::qpair::Child, S)>,
     /// Parents in flight: the completion path looks at `child_of` only when
     /// this is not zero.
     live: usize,

@@ -45,7 +45,7 @@ use crate::core::deliver;
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::mapped::{MappedQueuePair, MappingMode};
 use crate::core::qpair::Reaped as CoreReaped;
-use crate::core::qpair::{Engine, Recreated, Wire};
+use crate::core::qpair::{Engine, Recreated, SplitRequest, Wire};
 use crate::core::split::Routed;
 use crate::core::state::Stopped;
 use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, TimeoutPolicy, Timeouts};
@@ -191,8 +191,8 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     transport: ManuallyDrop<Transport>,
     ucds: ManuallyDrop<UcdSlice>,
     /// The state and lifecycle every wire shares (`core::qpair`); a split
-    /// child being built is (slot, PRDT entries, LBA, blocks).
-    eng: Engine<B, (u16, u16, u64, u32)>,
+    /// child being built keeps its PRDT entry count.
+    eng: Engine<B, u16>,
     /// Task tag of slot 0: tags are `tag_base + slot`, hardware queue `i`
     /// has `i * depth ..`, unique device-wide because the controller bounds
     /// queues × depth to the 256 task tags (`UfsOptions::depth`).

@@ -127,7 +127,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
 /// a reset. Returns whether `f` was called.
 #[inline(always)]
 pub(super) fn finish<B: IoBuf, F: FnMut(Completion<B>)>(
-    eng: &mut Engine<B, (u16, u16, u64, u32)>,
+    eng: &mut Engine<B, u16>,
     hpb: &mut HpbQp,
     ucds: &UcdSlice,
     tag_base: u8,
@@ -152,8 +152,8 @@ pub(super) fn finish<B: IoBuf, F: FnMut(Completion<B>)>(
     }
     eng.complete(
         slot,
-        result,
         0,
+        move |_, _| result,
         |slot, r| end_internal(hpb, ucds, slot, r),
         f,
     )

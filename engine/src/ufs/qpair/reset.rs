@@ -42,7 +42,7 @@ use super::*;
 impl<B: IoBuf> Wire for UfsQueuePair<B> {
     type Buf = B;
     type Ctrl = UfsController;
-    type Child = (u16, u16, u64, u32);
+    type Child = u16;
     const HEALTH_CHECK_INTERVAL: u32 = HEALTH_CHECK_INTERVAL;
 
     #[inline(always)]

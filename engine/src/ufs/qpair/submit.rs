@@ -154,7 +154,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
     }
 
     /// A read or write above `max_xfer`: children of at most `max_xfer`
-    /// bytes (whole blocks), all or nothing (see `split.rs`).
+    /// bytes (whole blocks), all or nothing (the core plans them:
+    /// `Engine::plan_split`).
     #[cold]
     #[allow(clippy::too_many_arguments)]
     fn submit_split(
@@ -167,110 +168,44 @@ impl<B: IoBuf> UfsQueuePair<B> {
         tag: u64,
         read: bool,
     ) -> std::result::Result<(), SubmitError<B>> {
-        let bytes = u64::from(blocks) << shift;
-        let per = (self.eng.max_xfer >> shift).min(u64::from(u32::MAX)) as u32;
-        let depth = self.eng.trackers.depth();
-        let too_large = |max: u64| SubmitErrorKind::TransferTooLarge { bytes, max };
-        if per == 0 {
-            // One block is larger than the per-command limit.
-            return Err(submit_err(too_large(self.eng.max_xfer), buf));
-        }
-        let children = blocks.div_ceil(per);
-        if children as usize > depth {
-            return Err(submit_err(
-                too_large((depth as u64 * u64::from(per)) << shift),
-                buf,
-            ));
-        }
-        let available = buf.total_len() as u64;
-        if available < bytes {
-            return Err(submit_err(
-                SubmitErrorKind::BufferTooSmall {
-                    needed: bytes,
-                    available,
-                },
-                buf,
-            ));
-        }
-        if depth - self.eng.trackers.outstanding() < children as usize {
-            return Err(submit_err(SubmitErrorKind::QueueFull, buf));
-        }
-        // Reserve every child's slot and build its PRDT before anything is
-        // posted, so a rejection leaves nothing behind.
-        let mut scratch = std::mem::take(&mut self.eng.splits.scratch);
-        scratch.clear();
-        let mut err = None;
-        for i in 0..children {
-            let first = u64::from(i) * u64::from(per);
-            let n = per.min(blocks - i * per);
-            let Some(slot) = self.alloc_slot() else {
-                err = Some(SubmitErrorKind::QueueFull);
-                break;
-            };
-            match self
-                .ucds
-                .build_prdt(slot, &buf, first << shift, u64::from(n) << shift)
-            {
-                Ok(prdt) => scratch.push((slot, prdt, lba + first, n)),
-                Err(k) => {
-                    self.eng.trackers.unreserve(slot);
-                    err = Some(k);
-                    break;
-                }
-            }
-        }
-        if let Some(k) = err {
-            for &(slot, ..) in scratch.iter().rev() {
-                self.eng.trackers.unreserve(slot);
-            }
-            self.eng.splits.scratch = scratch;
-            return Err(submit_err(k, buf));
-        }
-        let parent = match self.eng.splits.start(tag, buf, children) {
-            Ok(p) => p,
-            Err(buf) => {
-                // Not expected (a parent is free whenever slots are):
-                // refuse rather than lose track.
-                for &(slot, ..) in scratch.iter().rev() {
-                    self.eng.trackers.unreserve(slot);
-                }
-                self.eng.splits.scratch = scratch;
-                return Err(submit_err(SubmitErrorKind::QueueFull, buf));
-            }
+        let req = SplitRequest {
+            lba,
+            blocks,
+            shift,
+            per_child: (self.eng.max_xfer >> shift).min(u64::from(u32::MAX)),
+            tag,
         };
+        // Reserve every child's slot (its command descriptor moved to the
+        // next base, as `alloc_slot` does) and build its PRDT before
+        // anything is posted, so a rejection leaves nothing behind.
+        let ucds = &mut *self.ucds;
+        let (parent, children) = self.eng.plan_split(req, buf, |c, buf| {
+            ucds.begin(c.slot);
+            ucds.build_prdt(c.slot, buf, c.offset, c.bytes)
+        })?;
         let dir = if read {
             DataDir::FromDevice
         } else {
             self.hpb.dirty(lun, lba, blocks);
             DataDir::ToDevice
         };
-        for &(slot, prdt, clba, n) in &scratch {
+        for &(c, prdt) in &children {
             let cdb = if read {
-                scsi::read(clba, n, false)
+                scsi::read(c.lba, c.blocks, false)
             } else {
-                scsi::write(clba, n, false)
+                scsi::write(c.lba, c.blocks, false)
             };
-            let task_tag = self.tag_base.wrapping_add(slot as u8);
-            self.ucds.write_command(
-                slot,
-                lun,
-                task_tag,
-                cdb,
-                (u64::from(n) << shift) as u32,
-                read,
-            );
+            let task_tag = self.tag_base.wrapping_add(c.slot as u8);
+            self.ucds
+                .write_command(c.slot, lun, task_tag, cdb, c.bytes as u32, read);
             self.transport
-                .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
-            self.eng
-                .trackers
-                .arm(slot, tag, None, self.eng.timeouts.now_ms);
+                .post(c.slot, Utrd::new(self.ucds.iova(c.slot), dir, prdt));
             if !read {
-                self.hpb.note_write(slot, lun, clba, n);
+                self.hpb.note_write(c.slot, lun, c.lba, c.blocks);
             }
-            self.eng.splits.link(slot, parent);
-            self.eng.submitted += 1;
+            self.eng.arm_child(c.slot, parent, tag);
         }
-        self.eng.splits.scratch = scratch;
+        self.eng.armed_split(children);
         Ok(())
     }
 

@@ -17,7 +17,7 @@ mod split;
 mod submit;
 mod teardown;
 
-use self::prp::{prp_pages_per_slot, prp_region_len};
+use self::prp::{prp_pages_per_slot, prp_region_len, PrpLists};
 use self::split::SplitChild;
 use super::cq::CompQueue;
 use super::doorbell::Doorbell;
@@ -25,7 +25,7 @@ use super::sq::SubQueue;
 use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::core::block::{self, BlockQueue, Blocking};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::core::qpair::{Engine, Reaped, Recreated, Wire};
+use crate::core::qpair::{Engine, Reaped, Recreated, SplitRequest, Wire};
 use crate::core::state::Stopped;
 use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, Timeouts};
 use crate::core::tracker::Trackers;
@@ -198,9 +198,8 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     cq: ManuallyDrop<CompQueue>,
     /// The state and lifecycle every wire shares (`core::qpair`).
     eng: Engine<B, SplitChild>,
-    prp_ptr: NonNull<u64>,
-    prp_iova: u64,
-    prp_pages: usize,
+    /// The PRP list pages of every slot (in `prp_mem`).
+    prp: PrpLists,
     ns: Box<[(u32, NsGeom)]>,
     /// Consumed CQEs before the CQ head doorbell is written (see
     /// `CompQueue::flush_lazy`); at most `entries - 1`.
@@ -393,9 +392,12 @@ impl<B: IoBuf> QueuePair<B> {
                 opts.blocking_timeout,
                 seen_state,
             ),
-            prp_ptr: prp_mem.as_ptr().cast(),
-            prp_iova: prp_mem.iova().raw(),
-            prp_pages,
+            prp: PrpLists {
+                ptr: prp_mem.as_ptr().cast(),
+                iova: prp_mem.iova().raw(),
+                pages: prp_pages,
+                max_xfer,
+            },
             ns: ns.into_boxed_slice(),
             cq_head_batch: (opts.depth / 4).clamp(1, 32),
             oncs: ctrl.identify().oncs,

@@ -64,16 +64,27 @@ impl PrpWriter {
     }
 }
 
-impl<B: IoBuf> QueuePair<B> {
+/// A queue's PRP list pages: `pages` controller pages per command slot,
+/// in DMA memory the queue pair owns (`QueuePair::prp_mem`), and the
+/// per-command limit PRPs are built for.
+#[derive(Copy, Clone, Debug)]
+pub(super) struct PrpLists {
+    pub(super) ptr: NonNull<u64>,
+    pub(super) iova: u64,
+    pub(super) pages: usize,
+    pub(super) max_xfer: u64,
+}
+
+impl PrpLists {
     #[inline]
-    pub(super) fn prp_writer(&self, slot: u16) -> PrpWriter {
-        let off = slot as usize * self.prp_pages * PRP_PER_PAGE;
+    pub(super) fn writer(&self, slot: u16) -> PrpWriter {
+        let off = slot as usize * self.pages * PRP_PER_PAGE;
         PrpWriter {
             // SAFETY: `slot < depth` and the PRP region holds `depth *
-            // prp_pages` pages, so the slot's first list page is inside it.
-            list: unsafe { self.prp_ptr.as_ptr().add(off) },
-            list_iova: self.prp_iova + ((slot as u64 * self.prp_pages as u64) << PAGE_SHIFT),
-            pages: self.prp_pages,
+            // pages` pages, so the slot's first list page is inside it.
+            list: unsafe { self.ptr.as_ptr().add(off) },
+            list_iova: self.iova + ((slot as u64 * self.pages as u64) << PAGE_SHIFT),
+            pages: self.pages,
             page: 0,
             idx: 0,
             count: 0,
@@ -90,7 +101,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// start at any 4-byte aligned IOVA; every later one must start on a
     /// page, and every one but the last must end on a page.
     #[inline(always)]
-    pub(super) fn build_prp(
+    pub(super) fn build<B: IoBuf>(
         &self,
         buf: &B,
         off: u64,
@@ -124,25 +135,25 @@ impl<B: IoBuf> QueuePair<B> {
                 return Ok((start, next));
             }
             let count = (rest + PAGE_MASK) >> PAGE_SHIFT;
-            let mut w = self.prp_writer(slot);
+            let mut w = self.writer(slot);
             for i in 0..count {
                 w.push(next + (i << PAGE_SHIFT))
                     .map_err(|_| self.too_large(bytes))?;
             }
             return Ok((start, w.finish()));
         }
-        self.build_prp_vectored(buf, off, bytes, slot)
+        self.build_vectored(buf, off, bytes, slot)
     }
 
-    /// [`build_prp`](Self::build_prp) for buffers of several segments.
-    pub(super) fn build_prp_vectored(
+    /// [`build`](Self::build) for buffers of several segments.
+    fn build_vectored<B: IoBuf>(
         &self,
         buf: &B,
         off: u64,
         bytes: u64,
         slot: u16,
     ) -> Result<(u64, u64), SubmitErrorKind> {
-        let mut w = self.prp_writer(slot);
+        let mut w = self.writer(slot);
         let mut skip = off;
         let mut remaining = bytes;
         let mut prp1 = None;
@@ -198,6 +209,14 @@ impl<B: IoBuf> QueuePair<B> {
                 needed: off + bytes,
                 available: buf.total_len() as u64,
             }),
+        }
+    }
+
+    #[cold]
+    fn too_large(&self, bytes: u64) -> SubmitErrorKind {
+        SubmitErrorKind::TransferTooLarge {
+            bytes,
+            max: self.max_xfer,
         }
     }
 }

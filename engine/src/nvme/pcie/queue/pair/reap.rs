@@ -61,14 +61,19 @@ impl<B: IoBuf> QueuePair<B> {
     #[inline(always)]
     pub(super) fn take_cqe<F: FnMut(Completion<B>)>(&mut self, cqe: &Cqe, f: &mut F) -> bool {
         match self.eng.trackers.lookup(cqe.cid) {
-            Some(slot) if cqe.sq_id == self.qid => {
-                let result = if NvmeStatus::raw_is_success(cqe.status) {
-                    Ok(())
-                } else {
-                    Err(self.error_of(slot, cqe))
-                };
-                self.eng.complete(slot, result, cqe.dw0, |_, _| false, f)
-            }
+            Some(slot) if cqe.sq_id == self.qid => self.eng.complete(
+                slot,
+                cqe.dw0,
+                |timeouts, trackers| {
+                    if NvmeStatus::raw_is_success(cqe.status) {
+                        Ok(())
+                    } else {
+                        Err(error_of(timeouts, trackers, slot, cqe))
+                    }
+                },
+                |_, _| false,
+                f,
+            ),
             _ => {
                 self.stale(cqe);
                 false
@@ -89,17 +94,22 @@ impl<B: IoBuf> QueuePair<B> {
             cqe.status
         );
     }
+}
 
-    /// The error of a failed completion (of the command in `slot`, about
-    /// to be completed): a command we aborted because it timed out reports
-    /// [`IoError::TimedOut`].
-    #[cold]
-    pub(super) fn error_of(&mut self, slot: u16, cqe: &Cqe) -> IoError {
-        let st = cqe.nvme_status();
-        if st == ABORT_REQUESTED && self.eng.timeouts.was_aborted(&self.eng.trackers, slot) {
-            IoError::TimedOut
-        } else {
-            IoError::Nvme(st)
-        }
+/// The error of a failed completion (of the command just completed in
+/// `slot`, whose timeout state stays until it is armed again): a command
+/// we aborted because it timed out reports [`IoError::TimedOut`].
+#[cold]
+fn error_of<B: IoBuf>(
+    timeouts: &mut Timeouts,
+    trackers: &Trackers<B>,
+    slot: u16,
+    cqe: &Cqe,
+) -> IoError {
+    let st = cqe.nvme_status();
+    if st == ABORT_REQUESTED && timeouts.was_aborted(trackers, slot) {
+        IoError::TimedOut
+    } else {
+        IoError::Nvme(st)
     }
 }

@@ -16,8 +16,8 @@
 use super::*;
 
 /// NVMe's record per child being built (the shared parent table's `S`):
-/// slot, PRP1, PRP2.
-pub(super) type SplitChild = (u16, u64, u64);
+/// PRP1, PRP2.
+pub(super) type SplitChild = (u64, u64);
 
 /// The SQE of one child: the parent's command (opcode, flags, namespace)
 /// over `nlb` blocks from `slba`.
@@ -47,102 +47,29 @@ impl<B: IoBuf> QueuePair<B> {
         buf: B,
         tag: u64,
     ) -> Result<(), SubmitError<B>> {
-        let bytes = (nlb as u64) << lba_shift;
         let per_child = (self.eng.max_xfer >> lba_shift).min(MAX_NLB as u64);
-        let depth = self.eng.trackers.depth() as u64;
-        let children = if per_child == 0 {
-            // A single block is larger than one command may carry.
-            u64::MAX
-        } else {
-            (nlb as u64).div_ceil(per_child)
+        let req = SplitRequest {
+            lba: slba,
+            blocks: nlb,
+            shift: lba_shift,
+            per_child,
+            tag,
         };
-        if children > depth {
-            // A block above the per-command limit (a namespace marked
-            // unusable) reports that limit, not 0.
-            let max = match per_child {
-                0 => self.eng.max_xfer,
-                n => (n << lba_shift).saturating_mul(depth),
-            };
-            return Err(SubmitError {
-                kind: SubmitErrorKind::TransferTooLarge { bytes, max },
-                buf,
-            });
-        }
-        let available = buf.total_len() as u64;
-        if available < bytes {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::BufferTooSmall {
-                    needed: bytes,
-                    available,
-                },
-                buf,
-            });
-        }
-        if self.eng.trackers.depth() - self.eng.trackers.outstanding() < children as usize {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::QueueFull,
-                buf,
-            });
-        }
         // Reserve every slot and build every PRP list before anything
         // reaches the SQ: a rejection must leave nothing half-submitted.
-        let mut scratch = std::mem::take(&mut self.eng.splits.scratch);
-        scratch.clear();
-        let child_bytes = per_child << lba_shift;
-        let mut failed = None;
-        for i in 0..children {
-            let Some(slot) = self.eng.trackers.alloc() else {
-                failed = Some(SubmitErrorKind::QueueFull);
-                break;
-            };
-            let off = i * child_bytes;
-            let len = child_bytes.min(bytes - off);
-            match self.build_prp(&buf, off, len, slot) {
-                Ok((prp1, prp2)) => scratch.push((slot, prp1, prp2)),
-                Err(kind) => {
-                    self.eng.trackers.unreserve(slot);
-                    failed = Some(kind);
-                    break;
-                }
-            }
-        }
-        if let Some(kind) = failed {
-            for &(slot, _, _) in scratch.iter().rev() {
-                self.eng.trackers.unreserve(slot);
-            }
-            self.eng.splits.scratch = scratch;
-            return Err(SubmitError { kind, buf });
-        }
-        let p = match self.eng.splits.start(tag, buf, children as u32) {
-            Ok(p) => p,
-            Err(buf) => {
-                // Unreachable: every parent in flight holds at least one of
-                // the `depth` slots, and `children` slots were free.
-                for &(slot, _, _) in scratch.iter().rev() {
-                    self.eng.trackers.unreserve(slot);
-                }
-                self.eng.splits.scratch = scratch;
-                return Err(SubmitError {
-                    kind: SubmitErrorKind::QueueFull,
-                    buf,
-                });
-            }
-        };
-        for (i, &(slot, prp1, prp2)) in scratch.iter().enumerate() {
-            let i = i as u64;
-            let len = child_bytes.min(bytes - i * child_bytes);
-            let cid = self.eng.trackers.slot(slot).cid;
-            let child = child_sqe(sqe, slba + i * per_child, (len >> lba_shift) as u32);
+        let prp = self.prp;
+        let (p, children) = self
+            .eng
+            .plan_split(req, buf, |c, buf| prp.build(buf, c.offset, c.bytes, c.slot))?;
+        for (c, (prp1, prp2)) in &children {
+            let cid = self.eng.trackers.slot(c.slot).cid;
+            let child = child_sqe(sqe, c.lba, c.blocks);
             let stream = self.eng.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
             self.sq
-                .push_with(child.with_cid(cid).with_prp(prp1, prp2), stream);
-            self.eng.splits.link(slot, p);
-            self.eng
-                .trackers
-                .arm(slot, tag, None, self.eng.timeouts.now_ms);
+                .push_with(child.with_cid(cid).with_prp(*prp1, *prp2), stream);
+            self.eng.arm_child(c.slot, p, tag);
         }
-        self.eng.submitted += children;
-        self.eng.splits.scratch = scratch;
+        self.eng.armed_split(children);
         Ok(())
     }
 }

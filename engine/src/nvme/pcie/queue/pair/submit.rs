@@ -108,7 +108,7 @@ impl<B: IoBuf> QueuePair<B> {
                 buf,
             });
         };
-        let (prp1, prp2) = match self.build_prp(&buf, 0, bytes, slot) {
+        let (prp1, prp2) = match self.prp.build(&buf, 0, bytes, slot) {
             Ok(p) => p,
             Err(kind) => {
                 self.eng.trackers.unreserve(slot);
@@ -124,14 +124,6 @@ impl<B: IoBuf> QueuePair<B> {
             .arm(slot, tag, Some(buf), self.eng.timeouts.now_ms);
         self.eng.submitted += 1;
         Ok(())
-    }
-
-    #[cold]
-    pub(super) fn too_large(&self, bytes: u64) -> SubmitErrorKind {
-        SubmitErrorKind::TransferTooLarge {
-            bytes,
-            max: self.eng.max_xfer,
-        }
     }
 
     #[inline]
@@ -224,7 +216,7 @@ impl<B: IoBuf> QueuePair<B> {
         let Some(slot) = self.eng.trackers.alloc() else {
             return err(SubmitErrorKind::QueueFull);
         };
-        let w = self.prp_writer(slot);
+        let w = self.prp.writer(slot);
         let list = w.list.cast::<DsmRange>();
         for (i, &(slba, nlb)) in ranges.iter().enumerate() {
             // SAFETY: at most 256 ranges of 16 bytes: inside the slot's first
