@@ -111,3 +111,32 @@ fn dma_buf_views() -> Result<(), BoxError> {
     assert!(empty.as_slice().is_empty());
     Ok(())
 }
+
+/// Issue 23: a buffer exposes its host memory as well as its IOVAs, so a
+/// wire that copies (a socket) can take the same buffers: each segment's
+/// host address is that of the bytes its IOVA maps (a `DmaBuf` chunk, a
+/// vectored `Vec<DmaBuf>`).
+#[test]
+fn buffers_expose_their_host_memory_per_segment() -> Result<(), BoxError> {
+    use mcqio::IoBuf;
+    let (_fake, ctrl) = open(config(ExecMode::Sync, 5));
+    let mut parts = buf(&ctrl, 3 * 4096).chunks(4096)?;
+    for (i, p) in parts.iter_mut().enumerate() {
+        p.as_mut_slice().fill(i as u8 + 1);
+    }
+    for p in &parts {
+        let host = p.segment_host(0).expect("a DmaBuf has host memory");
+        assert_eq!(host.as_ptr().cast_const(), p.as_slice().as_ptr());
+    }
+    let v: Vec<DmaBuf> = parts;
+    for i in 0..v.segment_count() {
+        let host = v.segment_host(i).expect("each element's");
+        // SAFETY: the buffer is not submitted; the pointer covers its
+        // segment's `len` bytes.
+        let first = unsafe { host.as_ptr().read() };
+        assert_eq!(first, i as u8 + 1, "segment {i}");
+        assert_eq!(v.segment(i).iova, v[i].iova());
+    }
+    assert!(v.segment_host(v.segment_count()).is_none());
+    Ok(())
+}

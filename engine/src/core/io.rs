@@ -51,7 +51,10 @@ pub struct IoSeg {
 /// - no Rust reference to that memory exists while the value is held by a
 ///   queue pair (the device writes it concurrently);
 /// - `segment_count`, `segment`, `dir` and `is_mapped_in` return the same
-///   answers every time.
+///   answers every time;
+/// - [`IoBuf::segment_host`], where it is `Some`, is the host address of
+///   the same bytes segment `i` maps, valid for `len` bytes as long as the
+///   value lives.
 pub unsafe trait IoBuf: Send {
     /// Number of segments (at least 1).
     fn segment_count(&self) -> usize;
@@ -59,6 +62,14 @@ pub unsafe trait IoBuf: Send {
     fn segment(&self, i: usize) -> IoSeg;
     /// Which way the device may move data through this buffer.
     fn dir(&self) -> DmaDir;
+    /// The host address of segment `i`'s bytes, for a wire that copies
+    /// instead of DMAing (a socket): it reads and writes them while the
+    /// queue pair holds the buffer, as a device would. `None` (the
+    /// default): no host view, and such a wire refuses the buffer.
+    #[inline]
+    fn segment_host(&self, _i: usize) -> Option<std::ptr::NonNull<u8>> {
+        None
+    }
     /// Whether the buffer is mapped in `space` (the controller's DMA space).
     fn is_mapped_in(&self, space: &DmaSpace) -> bool;
     /// Total bytes over all segments.
@@ -426,6 +437,12 @@ unsafe impl IoBuf for DmaBuf {
         self.region.dir()
     }
     #[inline]
+    fn segment_host(&self, _i: usize) -> Option<std::ptr::NonNull<u8>> {
+        // SAFETY: `offset + len` lies inside the region (every constructor
+        // checks it), so the offset pointer stays inside its allocation.
+        Some(unsafe { self.region.as_ptr().add(self.offset as usize) })
+    }
+    #[inline]
     fn is_mapped_in(&self, space: &DmaSpace) -> bool {
         // By id, like `Mapped`: one identity rule for every buffer type.
         self.region.space().id() == space.id()
@@ -470,6 +487,16 @@ unsafe impl<B: IoBuf> IoBuf for Vec<B> {
             iova: Iova(0),
             len: 0,
         }
+    }
+    fn segment_host(&self, mut i: usize) -> Option<std::ptr::NonNull<u8>> {
+        for b in self {
+            let n = b.segment_count();
+            if i < n {
+                return b.segment_host(i);
+            }
+            i -= n;
+        }
+        None
     }
     fn dir(&self) -> DmaDir {
         self.iter()
@@ -677,6 +704,10 @@ unsafe impl IoBuf for mcqio_vfio::Mapped {
     #[inline]
     fn dir(&self) -> DmaDir {
         mcqio_vfio::Mapped::dir(self)
+    }
+    #[inline]
+    fn segment_host(&self, _i: usize) -> Option<std::ptr::NonNull<u8>> {
+        self.host_ptr()
     }
     #[inline]
     fn is_mapped_in(&self, space: &DmaSpace) -> bool {

@@ -509,6 +509,13 @@ impl Mapped {
         false
     }
 
+    /// Host address of byte 0 (the buffer the mapping covers; `None` only
+    /// for a mapping whose buffer was already taken back).
+    #[inline]
+    pub fn host_ptr(&self) -> Option<NonNull<u8>> {
+        self.buf.as_ref().map(IoBuffer::as_ptr)
+    }
+
     /// The direction the device may move data.
     #[inline]
     pub fn dir(&self) -> DmaDir {
