@@ -52,7 +52,9 @@ fn ufs(hold_one: bool) -> (Arc<FakeUfs>, UfsQueuePair<DmaBuf>) {
         },
     )
     .expect("UFS bring-up");
-    let mut qp = ctrl.create_qpair::<DmaBuf>().expect("UFS queue pair");
+    let mut qp = ctrl
+        .create_qpair(Default::default())
+        .expect("UFS queue pair");
     if hold_one {
         fake.faults()
             .inject_next(None, Some(READ10), UfsFault::DropCompletion);

@@ -71,7 +71,7 @@
 //!
 //! Whenever a buffer is leaked, so are the queue's rings and PRP list pages
 //! (when the queue pair is dropped): memory the device may still access is
-//! never unmapped or reused. [`Controller::leaked_queue_bytes`] counts it.
+//! never unmapped or reused. [`Controller::leaked_bytes`] counts it.
 //! A panic in the callback of `poll` or `close` loses no completion count
 //! and skips no clean-up (dropping the queue pair finishes a `close`).
 //!
@@ -171,6 +171,7 @@ pub mod core;
 pub mod nvme;
 pub mod ufs;
 
+pub use self::core::block::{BlockDevice, BlockUnit};
 pub use self::core::error::{Error, Result};
 pub use self::core::io::{
     Completion, DmaBuf, DmaSlice, IoBuf, IoError, IoSeg, SubmitError, SubmitErrorKind,

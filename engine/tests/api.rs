@@ -140,3 +140,47 @@ fn buffers_expose_their_host_memory_per_segment() -> Result<(), BoxError> {
     assert!(v.segment_host(v.segment_count()).is_none());
     Ok(())
 }
+
+/// Issue 23: one API shape on both wires — the same constructor names and
+/// result types (`create_qpair(opts)` for `DmaBuf`, `create_qpair_for` for
+/// any buffer type), the same view of namespaces and logical units
+/// (`BlockDevice::units`), the same counters type, and an unknown address
+/// refused in the wire's own words.
+#[test]
+fn both_wires_have_the_same_shape() -> Result<(), BoxError> {
+    use mcqio::{BlockDevice, BlockUnit, QueueCounters, UfsQpairOptions};
+    use mcqio_fixtures::ufs::{FakeUfs, LuConfig, UfsConfig};
+    fn units(d: &dyn BlockDevice) -> Vec<(u32, u64, u32)> {
+        d.units()
+            .iter()
+            .map(|u: &BlockUnit| (u.id, u.blocks, u.block_size))
+            .collect()
+    }
+    let (_fake, nvme) = open(config(ExecMode::Sync, 5));
+    assert_eq!(units(&*nvme), [(1, 131072, 512), (2, 4096, 4096)]);
+    let mut q = nvme.create_qpair(QpairOptions::default())?;
+    let _typed: mcqio::QueuePair<Vec<DmaBuf>> = nvme.create_qpair_for(QpairOptions::default())?;
+    let e = q.read(9, 0, 1, buf(&nvme, 512), 0).unwrap_err();
+    assert_eq!(e.kind, SubmitErrorKind::UnknownNamespace { nsid: 9 });
+    assert_eq!(q.counters(), QueueCounters::default());
+
+    let fake = FakeUfs::new(UfsConfig {
+        exec: ExecMode::Sync,
+        lus: vec![LuConfig::Ram { blocks: 1024 }],
+        ..UfsConfig::default()
+    })?;
+    let backend: std::sync::Arc<dyn mcqio::vfio::Backend> = fake;
+    let ufs = mcqio::UfsController::new(backend, Default::default())?;
+    let lu = ufs.unit(0).expect("LU 0");
+    assert_eq!((lu.id, lu.blocks), (0, 1024));
+    assert_eq!(lu.bytes(), 1024 * u64::from(lu.block_size));
+    let mut u = ufs.create_qpair(UfsQpairOptions::default())?;
+    let _typed: mcqio::UfsQueuePair<Vec<DmaBuf>> =
+        ufs.create_qpair_for(UfsQpairOptions::default())?;
+    let b = ufs.alloc_buf(4096, DmaDir::Bidirectional)?;
+    let e = u.read(9, 0, 1, b, 0).unwrap_err();
+    assert_eq!(e.kind, SubmitErrorKind::UnknownLun { lun: 9 });
+    assert!(e.to_string().contains("LUN 9"), "{e}");
+    assert_eq!(u.counters(), QueueCounters::default());
+    Ok(())
+}

@@ -65,7 +65,7 @@ fn the_same_generic_code_runs_on_nvme_and_ufs() {
 
     for mcq in [true, false] {
         let (_f, ctrl) = up(sync_cfg(mcq), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         let b = round_trip(&mut qp, 0u8, |n| {
             ctrl.alloc_buf(n, DmaDir::Bidirectional).unwrap()
         });
@@ -114,7 +114,7 @@ fn ufs_blocking_io_with_a_limit_below_one_block_is_a_typed_error() {
             ..opts(1)
         },
     );
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     let mut back = vec![0u8; 4096];
     assert!(matches!(
         qp.read_blocking(0, 0, &mut back),
@@ -134,7 +134,10 @@ fn strict_and_lazy_mapping_work_on_ufs_queue_pairs() {
         for mcq in [true, false] {
             let (_f, ctrl) = up(sync_cfg(mcq), opts(1));
             let mut qp = ctrl
-                .create_mapped_qpair(UfsQpairOptions::default(), mode.clone())
+                .create_mapped_qpair(UfsQpairOptions {
+                    mapping: mode.clone(),
+                    ..Default::default()
+                })
                 .unwrap();
             let data = pattern(5, 8192);
             let mut w = AppBuffer::for_space(ctrl.dma(), data.len()).unwrap();
@@ -165,7 +168,7 @@ fn strict_and_lazy_mapping_work_on_ufs_queue_pairs() {
             assert!(e.buf.is_some());
             assert!(matches!(
                 e.kind,
-                mcqio::MappedSubmitErrorKind::Submit(SubmitErrorKind::UnknownNamespace { nsid: 9 })
+                mcqio::MappedSubmitErrorKind::Submit(SubmitErrorKind::UnknownLun { lun: 9 })
             ));
             assert!(qp.queue_pair().unwrap().stats().submitted >= 2);
             qp.close(|_| panic!("nothing in flight")).unwrap();

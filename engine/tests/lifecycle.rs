@@ -193,7 +193,7 @@ fn a_reset_ends_each_command_once_within_max_on_both_wires() {
             .unwrap();
             let backend: Arc<dyn mcqio::vfio::Backend> = fake.clone();
             let ctrl = mcqio::UfsController::new(backend, Default::default()).unwrap();
-            let q = ctrl.create_qpair::<DmaBuf>().unwrap();
+            let q = ctrl.create_qpair(Default::default()).unwrap();
             let rig = Ufs { fake, ctrl };
             reset_ends_each_once_within_max(&rig, q, max, &format!("ufs mcq={mcq} max {max}"));
         }

@@ -392,7 +392,10 @@ fn ufs_rig_with(
 ) -> Rig<UfsQueuePair<Mapped>> {
     let (fake, ctrl) = ufs_common::up(cfg, ufs_common::opts(1));
     let qp = ctrl
-        .create_mapped_qpair(UfsQpairOptions::default(), mapping.clone())
+        .create_mapped_qpair(UfsQpairOptions {
+            mapping: mapping.clone(),
+            ..Default::default()
+        })
         .unwrap();
     Rig {
         name: format!("ufs mcq={mcq} {mapping:?}"),
@@ -799,7 +802,7 @@ fn premapped_on_both_wires_survives_a_flaky_iommu() {
         );
         for mcq in [true, false] {
             let (fake, ctrl) = ufs_common::up(ufs_common::sync_cfg(mcq), ufs_common::opts(1));
-            let qp = ctrl.create_qpair::<mcqio::DmaBuf>().unwrap();
+            let qp = ctrl.create_qpair(Default::default()).unwrap();
             run_premapped(
                 &format!("ufs mcq={mcq} premapped"),
                 fake.iommu(),

@@ -152,9 +152,10 @@ fn worker(
     ctrl: &Arc<UfsController>,
 ) -> Outcomes {
     let mut qp: UfsQueuePair<DmaBuf> = ctrl
-        .create_qpair_with(UfsQpairOptions {
+        .create_qpair_for(UfsQpairOptions {
             io_timeout: Some(io_timeout),
             timeout_policy: TimeoutPolicy::Abort,
+            ..Default::default()
         })
         .unwrap_or_else(|e| w.fail(format!("create_qpair: {e}")));
     let mut r = Rng::new(seed ^ (thread as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));

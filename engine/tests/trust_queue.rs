@@ -113,7 +113,7 @@ fn drop_after_refused_delete_keeps_the_rings() {
         let c = canaries(&ctrl);
         let_delayed_post(&fake, Duration::from_millis(200));
         assert_untouched(&fake, &c, &format!("{mode:?} drop"));
-        assert!(ctrl.leaked_queue_bytes() > 0, "the leak is counted");
+        assert!(ctrl.leaked_bytes() > 0, "the leak is counted");
         // The queue id still names a live queue on the device: not reused.
         assert_eq!(ctrl.free_io_queues(), ctrl.granted_io_queues() - 1);
     }
@@ -274,7 +274,7 @@ fn fatal_controller_that_cannot_be_disabled_keeps_the_rings() {
         before,
         "rings and PRP pages of a controller that was never disabled must stay mapped"
     );
-    assert!(ctrl.leaked_queue_bytes() > 0);
+    assert!(ctrl.leaked_bytes() > 0);
 }
 
 /// Item 2: a panic in `close`'s callback must not skip the cleanup (queues
@@ -577,7 +577,7 @@ fn create_that_may_have_taken_effect_keeps_the_rings() {
         "the SQ and CQ rings the controller may use stay mapped"
     );
     assert_eq!(ctrl.free_io_queues(), granted - 1);
-    assert!(ctrl.leaked_queue_bytes() > 0);
+    assert!(ctrl.leaked_bytes() > 0);
     // The other ids still work.
     let mut qp = ctrl.create_qpair(small(4)).unwrap();
     qp.write_blocking(1, 0, &[5; 512]).unwrap();

@@ -7,7 +7,7 @@ use ufs_common::*;
 use std::time::{Duration, Instant};
 
 use mcqio::ufs::{UfsCtrlError, UfsError, UfsMode, UfsOptions};
-use mcqio::{DmaBuf, Error};
+use mcqio::Error;
 use mcqio_fixtures::ufs::{
     HostileUfs, LuConfig, Sense, UfsConfig, UfsDeviceLies, UfsFault, UfsFaultKind, UfsRegisterLies,
     UpiuKind, UpiuLie, LEGACY_QUEUE,
@@ -26,7 +26,7 @@ fn mcq_bring_up_sets_up_queues_and_reads_the_device() {
         (0, 4096, 4096)
     );
     assert_eq!(ctrl.device_descriptor().lus, 1);
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     assert!(qp.hw_queue().is_some());
     let data = pattern(1, 8192);
     qp.write_blocking(0, 10, &data).unwrap();
@@ -43,7 +43,7 @@ fn mcq_bring_up_sets_up_queues_and_reads_the_device() {
 fn legacy_bring_up_when_the_controller_has_no_mcq() {
     let (fake, ctrl) = up(sync_cfg(false), opts(4));
     assert_eq!(ctrl.mode(), UfsMode::Legacy);
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     assert_eq!(qp.hw_queue(), None);
     let data = pattern(2, 4096 * 3);
     qp.write_blocking(0, 100, &data).unwrap();
@@ -62,7 +62,7 @@ fn legacy_bring_up_when_the_options_ask_for_it() {
     };
     let (_fake, ctrl) = up(sync_cfg(true), o);
     assert_eq!(ctrl.mode(), UfsMode::Legacy);
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     qp.write_blocking(0, 0, &pattern(3, 4096)).unwrap();
 }
 
@@ -74,16 +74,16 @@ fn queue_count_is_bounded_by_maxq_and_queues_are_not_shared() {
     };
     let (_fake, ctrl) = up(cfg, opts(8));
     assert_eq!(ctrl.mode(), UfsMode::Mcq { queues: 2 });
-    let a = ctrl.create_qpair::<DmaBuf>().unwrap();
-    let b = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let a = ctrl.create_qpair(Default::default()).unwrap();
+    let b = ctrl.create_qpair(Default::default()).unwrap();
     assert_ne!(a.hw_queue(), b.hw_queue());
     assert!(matches!(
-        ctrl.create_qpair::<DmaBuf>(),
+        ctrl.create_qpair(Default::default()),
         Err(Error::NoFreeQueue { granted: 2 })
     ));
     let freed = a.hw_queue();
     drop(a);
-    let c = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let c = ctrl.create_qpair(Default::default()).unwrap();
     assert_eq!(
         c.hw_queue(),
         freed,
@@ -94,13 +94,13 @@ fn queue_count_is_bounded_by_maxq_and_queues_are_not_shared() {
 #[test]
 fn legacy_mode_has_one_queue_pair() {
     let (_fake, ctrl) = up(sync_cfg(false), opts(1));
-    let a = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let a = ctrl.create_qpair(Default::default()).unwrap();
     assert!(matches!(
-        ctrl.create_qpair::<DmaBuf>(),
+        ctrl.create_qpair(Default::default()),
         Err(Error::NoFreeQueue { granted: 1 })
     ));
     drop(a);
-    let mut b = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut b = ctrl.create_qpair(Default::default()).unwrap();
     b.write_blocking(0, 1, &pattern(4, 4096)).unwrap();
 }
 
@@ -122,7 +122,7 @@ fn several_logical_units_and_a_slow_device_init() {
         .map(|l| (l.lun, l.blocks))
         .collect();
     assert_eq!(lus, vec![(0, 1024), (1, 1 << 20), (2, 64)]);
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     let data = pattern(5, 4096);
     qp.write_blocking(2, 63, &data).unwrap();
     assert_eq!(fake.lu_bytes(2, 63 * 4096, 4096), data);
@@ -136,7 +136,7 @@ fn bring_up_twice_on_the_same_controller() {
     drop(ctrl);
     let backend: std::sync::Arc<dyn mcqio::vfio::Backend> = fake.clone();
     let ctrl = mcqio::UfsController::new(backend, opts(2)).unwrap();
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     qp.write_blocking(0, 0, &pattern(6, 4096)).unwrap();
 }
 
@@ -150,7 +150,7 @@ fn a_reused_queue_continues_where_the_controller_stands() {
     };
     let (fake, ctrl) = up(cfg, opts(1));
     for round in 0..4u64 {
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         for i in 0..(3 + round) {
             let data = pattern(round * 10 + i, 4096);
             qp.write_blocking(0, round * 10 + i, &data).unwrap();
@@ -167,7 +167,7 @@ fn a_reused_queue_continues_where_the_controller_stands() {
     let st = fake.stats();
     assert_eq!(st.errors, 0, "{st:?}");
     let before = st.commands;
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     qp.write_blocking(0, 99, &pattern(99, 4096)).unwrap();
     assert_eq!(fake.stats().commands, before + 1);
 }
@@ -187,7 +187,7 @@ fn qemu_absent_unit_descriptors_do_not_fail_bring_up() {
         let lus = ctrl.logical_units();
         assert_eq!(lus.len(), 1, "mcq {mcq}");
         assert_eq!((lus[0].lun, lus[0].blocks), (0, 4096));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         qp.write_blocking(0, 7, &pattern(9, 4096)).unwrap();
     }
     // Two LUs: the scan finds both and still stops before absent indexes.
@@ -225,7 +225,7 @@ fn qemu_target_failure_with_check_condition_is_a_scsi_status() {
             ..sync_cfg(mcq)
         };
         let (fake, ctrl) = up(cfg, opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         qp.write_blocking(0, 3, &pattern(5, 4096)).unwrap();
         fake.faults().inject_next(
             None,
@@ -257,7 +257,7 @@ fn qemu_queue_pointers_that_survive_a_reset_are_adopted() {
     };
     let (fake, ctrl) = up(cfg, opts(2));
     {
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         // 5 commands: the rings stop at slot 5, not 0.
         for i in 0..5u64 {
             qp.write_blocking(0, i, &pattern(i, 4096)).unwrap();
@@ -266,7 +266,7 @@ fn qemu_queue_pointers_that_survive_a_reset_are_adopted() {
     drop(ctrl);
     let backend: std::sync::Arc<dyn mcqio::vfio::Backend> = fake.clone();
     let ctrl = UfsController::new(backend, opts(2)).unwrap();
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     // Enough commands to wrap the 33-slot rings twice.
     for i in 0..70u64 {
         let lba = 100 + i % 7;
@@ -300,7 +300,7 @@ fn qemu_queues_left_enabled_by_the_previous_owner_are_reprogrammed() {
     };
     let (fake, ctrl) = up(cfg, opts(2));
     {
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         qp.write_blocking(0, 1, &pattern(1, 4096)).unwrap();
     }
     drop(ctrl);
@@ -309,7 +309,7 @@ fn qemu_queues_left_enabled_by_the_previous_owner_are_reprogrammed() {
     let backend: std::sync::Arc<dyn Backend> = fake.clone();
     let ctrl = UfsController::new(backend, opts(2)).unwrap();
     let mut qps: Vec<_> = (0..2)
-        .map(|_| ctrl.create_qpair::<DmaBuf>().unwrap())
+        .map(|_| ctrl.create_qpair(Default::default()).unwrap())
         .collect();
     for (i, qp) in qps.iter_mut().enumerate() {
         let lba = 10 + i as u64;
@@ -353,7 +353,7 @@ fn one_transport_error_on_test_unit_ready_does_not_fail_bring_up() {
         let ctrl = bring_up(&f, opts(1))
             .unwrap_or_else(|e| panic!("mcq={mcq}: one OCS error failed bring-up: {e}"));
         assert_eq!(f.faults().count(UfsFaultKind::Ocs), 1, "mcq={mcq}");
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         qp.write_blocking(0, 3, &pattern(1, 4096)).unwrap();
         assert_eq!(f.lu_bytes(0, 3 * 4096, 4096), pattern(1, 4096));
     }

@@ -22,7 +22,7 @@ fn run_with_fault(
     n: u64,
 ) -> (Vec<mcqio::Completion<DmaBuf>>, mcqio::ufs::UfsQpairStats) {
     let (f, ctrl) = up(sync_cfg(mcq), opts(1));
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     f.faults().inject_next(None, Some(READ10), fault);
     for i in 0..n {
         let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
@@ -106,7 +106,7 @@ fn iommu_fault_is_an_invalid_prdt_transport_error() {
 fn duplicate_and_stale_completions_are_counted_not_delivered() {
     for fault in [UfsFault::DuplicateCompletion, UfsFault::StaleCompletion] {
         let (f, ctrl) = up(sync_cfg(true), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         // One command first, so a stale entry has an earlier completion to repeat.
         qp.read(
             0,
@@ -168,7 +168,7 @@ fn delayed_completion_arrives_once() {
 fn host_fatal_fails_every_outstanding_command_once() {
     for mcq in [true, false] {
         let (f, ctrl) = up(sync_cfg(mcq), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         f.faults()
             .inject_next(None, Some(WRITE10), UfsFault::HostFatal);
         for i in 0..3u64 {
@@ -218,7 +218,7 @@ fn host_fatal_fails_every_outstanding_command_once() {
 fn surprise_removal_fails_outstanding_commands_once() {
     for mcq in [true, false] {
         let (f, ctrl) = up(sync_cfg(mcq), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         f.faults()
             .inject_next(None, Some(READ10), UfsFault::SurpriseRemoval);
         let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
@@ -242,7 +242,7 @@ fn surprise_removal_fails_outstanding_commands_once() {
 fn dropped_completion_is_withdrawn_at_close() {
     // Legacy: UTRLCLR withdraws the slot, so the buffer comes back.
     let (f, ctrl) = up(sync_cfg(false), opts(1));
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     f.faults()
         .inject_next(None, Some(READ10), UfsFault::DropCompletion);
     qp.read(
@@ -269,14 +269,14 @@ fn dropped_completion_is_withdrawn_at_close() {
     assert_eq!(done[0].result, Err(IoError::Aborted));
     assert!(done[0].buf.is_some(), "withdrawn by UTRLCLR: buffer back");
     // The list is free again.
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     qp.write_blocking(0, 0, &pattern(1, 4096)).unwrap();
     assert_eq!(ctrl.leaked_bytes(), 0);
 
     // MCQ: SQ stop + cleanup by nexus; the controller completes the held
     // command with OCS ABORTED, so its buffer comes back too.
     let (f, ctrl) = up(sync_cfg(true), opts(1));
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     f.faults()
         .inject_next(None, Some(READ10), UfsFault::DropCompletion);
     qp.read(
@@ -304,14 +304,14 @@ fn dropped_completion_is_withdrawn_at_close() {
     assert!(done[1].result.is_ok());
     assert_eq!(ctrl.leaked_bytes(), 0);
     // The queue is usable again by a new queue pair.
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     qp.write_blocking(0, 0, &pattern(2, 4096)).unwrap();
 }
 
 #[test]
 fn dropping_a_queue_pair_with_a_held_command_ends_it_and_frees_the_queue() {
     let (f, ctrl) = up(sync_cfg(true), opts(1));
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     f.faults()
         .inject_next(None, Some(WRITE10), UfsFault::DropCompletion);
     qp.write(0, 3, 1, buf_with(&ctrl, &pattern(3, 4096)), 1)
@@ -319,7 +319,7 @@ fn dropping_a_queue_pair_with_a_held_command_ends_it_and_frees_the_queue() {
     qp.submit();
     drop(qp);
     assert_eq!(ctrl.leaked_bytes(), 0);
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     let mut back = vec![0u8; 4096];
     qp.read_blocking(0, 3, &mut back).unwrap();
 }
@@ -328,7 +328,7 @@ fn dropping_a_queue_pair_with_a_held_command_ends_it_and_frees_the_queue() {
 fn abort_of_a_held_command_completes_it_once_with_aborted() {
     for mcq in [true, false] {
         let (f, ctrl) = up(sync_cfg(mcq), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         f.faults()
             .inject_next(None, Some(READ10), UfsFault::DropCompletion);
         qp.read(
@@ -376,7 +376,7 @@ fn abort_of_a_held_command_completes_it_once_with_aborted() {
 #[test]
 fn abort_of_a_delayed_command_in_the_device() {
     let (f, ctrl) = up(sync_cfg(true), opts(1));
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     f.faults().inject_next(
         None,
         Some(WRITE10),
@@ -397,8 +397,8 @@ fn abort_of_a_delayed_command_in_the_device() {
 #[test]
 fn a_fatal_controller_seen_by_one_queue_pair_fails_the_others() {
     let (f, ctrl) = up(threaded_cfg(true, 1), opts(2));
-    let mut a = ctrl.create_qpair::<DmaBuf>().unwrap();
-    let mut b = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut a = ctrl.create_qpair(Default::default()).unwrap();
+    let mut b = ctrl.create_qpair(Default::default()).unwrap();
     f.faults()
         .inject_next(None, Some(READ10), UfsFault::DropCompletion);
     b.read(
@@ -444,7 +444,7 @@ fn a_fatal_controller_seen_by_one_queue_pair_fails_the_others() {
 fn check_health_reports_a_fatal_controller_before_the_next_poll() {
     for mcq in [true, false] {
         let (f, ctrl) = up(sync_cfg(mcq), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         qp.check_health().expect("a healthy controller");
         f.faults()
             .inject_next(None, Some(WRITE10), UfsFault::HostFatal);
@@ -475,7 +475,7 @@ fn check_health_reports_a_fatal_controller_before_the_next_poll() {
 fn committed_faults_are_counted_in_both_modes() {
     for mcq in [true, false] {
         let (f, ctrl) = up(sync_cfg(mcq), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         f.faults()
             .inject_next(None, Some(READ10), UfsFault::Ocs(Ocs::ABORTED.0));
         let mut back = vec![0u8; 4096];

@@ -76,7 +76,7 @@ fn bogus_cqe_ucd_addresses_are_counted_stale() {
         }),
         opts(1),
     );
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     for i in 0..3 {
         qp.read(
             0,
@@ -220,7 +220,7 @@ fn an_lu_with_blocks_above_the_transfer_limit_is_unusable_not_fatal() {
             assert_eq!(lu.block_len, 4096);
             assert!(!lu.usable, "{lu:?}");
         }
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         let buf = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
         let e = qp.read(1, 0, 1, buf, 1).unwrap_err();
         assert!(
@@ -340,7 +340,7 @@ fn drop_leaks_the_pooled_queues_of_a_controller_that_cannot_be_disabled() {
         );
         // The first HCE = 0 (before enabling) is honoured; from then on not.
         let ctrl = open_liar(&h, UfsOptions { mcq, ..quick(2) }).unwrap();
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         let mut v = vec![0u8; 4096];
         qp.read_blocking(0, 0, &mut v).unwrap();
         qp.close(|_| {}).unwrap();
@@ -373,7 +373,7 @@ fn a_replayed_error_entry_does_not_end_the_command_in_its_slot() {
         },
     )
     .unwrap();
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     let faults = h.fake().faults();
     faults.inject_next(None, None, mcqio_fixtures::ufs::UfsFault::Ocs(0x5));
     qp.write(
@@ -580,15 +580,16 @@ fn lies_in_io_responses_and_entries_end_every_command_once() {
             let qopts = mcqio::ufs::UfsQpairOptions {
                 io_timeout: Some(std::time::Duration::from_millis(5)),
                 timeout_policy: mcqio::TimeoutPolicy::Abort,
+                ..Default::default()
             };
             // Another queue pair first, so "another queue's entry" has one
             // (legacy mode has a single one).
-            let mut other = mcq.then(|| ctrl.create_qpair_with::<DmaBuf>(qopts.clone()).unwrap());
+            let mut other = mcq.then(|| ctrl.create_qpair_for::<DmaBuf>(qopts.clone()).unwrap());
             if let Some(o) = &mut other {
                 let mut v = vec![0u8; 4096];
                 let _ = o.read_blocking(0, 1, &mut v);
             }
-            let mut qp = ctrl.create_qpair_with::<DmaBuf>(qopts).unwrap();
+            let mut qp = ctrl.create_qpair_for::<DmaBuf>(qopts).unwrap();
             h.set_device_lies(lies.clone());
             let mut seen = std::collections::HashMap::<u64, u32>::new();
             let mut results = Vec::new();
@@ -651,7 +652,7 @@ fn a_short_read_is_not_ok() {
             UfsDeviceLies::default(),
         );
         let ctrl = open_liar(&h, UfsOptions { mcq, ..quick(1) }).unwrap();
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         h.set_device_lies(UfsDeviceLies {
             upius: vec![UpiuLie {
                 kind: UpiuKind::Response,
@@ -767,7 +768,7 @@ fn every_transfer_report_that_is_not_whole_ends_in_its_error() {
                 UfsDeviceLies::default(),
             );
             let ctrl = open_liar(&h, UfsOptions { mcq, ..quick(1) }).unwrap();
-            let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+            let mut qp = ctrl.create_qpair(Default::default()).unwrap();
             let r = residual.to_be_bytes();
             h.set_device_lies(UfsDeviceLies {
                 upius: vec![UpiuLie {
@@ -896,9 +897,10 @@ fn a_lying_cq_tail_delivers_nothing_unproven() {
         );
         let ctrl = open_liar(&h, quick(1)).unwrap();
         let mut qp = ctrl
-            .create_qpair_with::<DmaBuf>(mcqio::ufs::UfsQpairOptions {
+            .create_qpair_for::<DmaBuf>(mcqio::ufs::UfsQpairOptions {
                 io_timeout: Some(std::time::Duration::from_millis(5)),
                 timeout_policy: mcqio::TimeoutPolicy::Abort,
+                ..Default::default()
             })
             .unwrap();
         // Some history in the ring, then commands the device holds.
@@ -980,9 +982,10 @@ fn interrupt_status_floods_during_io_end_every_command_once() {
             );
             let ctrl = open_liar(&h, UfsOptions { mcq, ..quick(1) }).unwrap();
             let mut qp = ctrl
-                .create_qpair_with::<DmaBuf>(mcqio::ufs::UfsQpairOptions {
+                .create_qpair_for::<DmaBuf>(mcqio::ufs::UfsQpairOptions {
                     io_timeout: Some(std::time::Duration::from_millis(5)),
                     timeout_policy: mcqio::TimeoutPolicy::Reset,
+                    ..Default::default()
                 })
                 .unwrap();
             h.fake().faults().set_probability(

@@ -339,8 +339,9 @@ fn run(seed: u64, replay: bool) -> Outcome {
                 TimeoutPolicy::ReportOnly,
             ],
         ),
+        ..Default::default()
     };
-    let mut qp = match ctrl.create_qpair_with::<DmaBuf>(qopts) {
+    let mut qp = match ctrl.create_qpair_for::<DmaBuf>(qopts) {
         Ok(q) => q,
         Err(e) => {
             out.result = format!("create_qpair {}", variant(&e));

@@ -142,7 +142,7 @@ fn hpb_off_sends_normal_reads() {
         },
     );
     assert!(ctrl.hpb_stats(0).is_none());
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     for _ in 0..8 {
         expect_block(5, Blk::Unwritten, &read1(&mut qp, 5, 1)).unwrap();
     }
@@ -159,7 +159,7 @@ fn host_control_loads_hot_subregion_then_sends_hpb_reads() {
             dev_cfg(control, 4096, 9, 7, false),
             hpb_opts(1, host(1 << 20)),
         );
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         for i in 0..4 {
             expect_block(40 + i, Blk::Unwritten, &read1(&mut qp, 40 + i, 1)).unwrap();
         }
@@ -192,7 +192,7 @@ fn write_dirties_then_update_reloads() {
         dev_cfg(DevControl::Host, 4096, 9, 7, false),
         hpb_opts(1, host(1 << 20)),
     );
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     for _ in 0..3 {
         read1(&mut qp, 20, 1);
     }
@@ -225,7 +225,7 @@ fn stale_or_corrupt_entry_is_caught_by_the_device() {
         dev_cfg(DevControl::Host, 4096, 9, 7, false),
         hpb_opts(1, host(1 << 20)),
     );
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     for _ in 0..3 {
         read1(&mut qp, 70, 1);
     }
@@ -269,7 +269,7 @@ fn host_map_stays_within_budget_and_evicts() {
         dev_cfg(DevControl::Host, 4096, 9, 7, false),
         hpb_opts(1, host(budget)),
     );
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     let mut x = 0x1234_5678_9abc_def1u64;
     for i in 0..3000u64 {
         x ^= x << 13;
@@ -310,7 +310,9 @@ fn worker(
     seed: u64,
     go: Arc<Barrier>,
 ) -> Result<(u64, u64), String> {
-    let mut qp = ctrl.create_qpair::<DmaBuf>().map_err(|e| e.to_string())?;
+    let mut qp = ctrl
+        .create_qpair(Default::default())
+        .map_err(|e| e.to_string())?;
     let depth = 6usize;
     let mut model: HashMap<u64, Blk> = HashMap::new();
     let mut busy: HashMap<u64, ()> = HashMap::new();
@@ -497,7 +499,7 @@ fn internal_map_loads_fail_and_vanish_without_reaching_the_application() {
         dev_cfg(DevControl::Host, 4096, 9, 7, false),
         hpb_opts(1, host(1 << 20)),
     );
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     fake.faults()
         .inject_next(None, Some(0xF9), UfsFault::Ocs(0x02));
     for _ in 0..3 {
@@ -530,7 +532,7 @@ fn internal_map_loads_fail_and_vanish_without_reaching_the_application() {
     qp.close(|_| seen += 1).unwrap();
     assert_eq!(seen, 0);
     // The controller still works for a new queue pair.
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     expect_block(300, Blk::Unwritten, &read1(&mut qp, 300, 1)).unwrap();
 }
 
@@ -547,7 +549,7 @@ fn pinned_region_is_loaded_first_and_never_evicted() {
     // Room for the pinned region's 4 sub-regions and 2 more.
     let budget = 6 * 128;
     let (fake, ctrl) = up(cfg, hpb_opts(1, host(budget)));
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     settle(&mut qp, || stats(&ctrl).valid_subregions == 4);
     // Region 2 = blocks 128..192: HPB READ on first touch.
     let a = fake.ftl_stats().unwrap();
@@ -582,7 +584,7 @@ fn host_controller_reset_reloads_the_active_map() {
         dev_cfg(DevControl::Host, 4096, 9, 7, false),
         hpb_opts(1, host(1 << 20)),
     );
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     for i in 0..4 {
         expect_block(40 + i, Blk::Unwritten, &read1(&mut qp, 40 + i, 1)).unwrap();
     }

@@ -67,9 +67,10 @@ fn qpair(
     timeout: Option<Duration>,
     policy: TimeoutPolicy,
 ) -> UfsQueuePair<DmaBuf> {
-    ctrl.create_qpair_with::<DmaBuf>(UfsQpairOptions {
+    ctrl.create_qpair_for::<DmaBuf>(UfsQpairOptions {
         io_timeout: timeout,
         timeout_policy: policy,
+        ..Default::default()
     })
     .unwrap()
 }
@@ -133,8 +134,8 @@ fn a_load_that_ran_before_a_write_is_not_used_after_the_write_completed() {
         for unmap in [false, true] {
             let what = format!("trust={trust} unmap={unmap}");
             let (fake, ctrl) = up(dev(true, trust), host_opts(2));
-            let mut a = ctrl.create_qpair::<DmaBuf>().unwrap();
-            let mut b = ctrl.create_qpair::<DmaBuf>().unwrap();
+            let mut a = ctrl.create_qpair(Default::default()).unwrap();
+            let mut b = ctrl.create_qpair(Default::default()).unwrap();
             let lba = 20u64; // sub-region 1
             heat(&mut b, lba, 3);
             poll_until(&fake, &mut b, &mut Vec::new(), &what, |_, _| {
@@ -413,7 +414,7 @@ fn close_and_drop_end_map_loads_internally() {
             drop(qp);
         }
         assert_eq!(ctrl.leaked_bytes(), 0, "close={close}: withdrawn");
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         heat(&mut qp, 41, 1);
     }
 }

@@ -23,7 +23,7 @@ fn random_rw(ctrl: &Arc<UfsController>, threads: usize, rounds: usize) {
         for t in 0..threads {
             let ctrl = Arc::clone(ctrl);
             s.spawn(move || {
-                let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+                let mut qp = ctrl.create_qpair(Default::default()).unwrap();
                 let mut rng = rand::rngs::SmallRng::seed_from_u64(t as u64 + 99);
                 let base = per * t as u64;
                 let mut written: HashMap<u64, Vec<u8>> = HashMap::new();
@@ -108,7 +108,7 @@ fn random_data_legacy_single_doorbell() {
 
 fn transfer_sizes(mcq: bool) {
     let (fake, ctrl) = up(sync_cfg(mcq), opts(1));
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     let mut lba = 0u64;
     for (i, kib) in [4usize, 8, 64, 252, 256, 260, 512, 768, 1024]
         .into_iter()
@@ -142,7 +142,9 @@ fn transfers_from_4k_to_1m_legacy() {
 #[test]
 fn vectored_buffers_one_prdt_entry_per_segment() {
     let (fake, ctrl) = up(sync_cfg(true), opts(1));
-    let mut qp = ctrl.create_qpair::<Vec<DmaBuf>>().unwrap();
+    let mut qp = ctrl
+        .create_qpair_for::<Vec<DmaBuf>>(Default::default())
+        .unwrap();
     // 1 MiB in 256 separate 4 KiB buffers, with empty segments mixed in.
     let data = pattern(11, 1 << 20);
     let mut segs = Vec::new();
@@ -175,7 +177,7 @@ fn vectored_buffers_one_prdt_entry_per_segment() {
 fn flush_and_unmap() {
     for mcq in [true, false] {
         let (fake, ctrl) = up(sync_cfg(mcq), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         qp.write_blocking(0, 20, &pattern(3, 4 * 4096)).unwrap();
         qp.flush(0, 1).unwrap();
         qp.unmap(0, 21, 2, 2).unwrap();
@@ -200,7 +202,7 @@ fn flush_and_unmap() {
 #[test]
 fn one_doorbell_per_batch_and_no_cqtp_read_when_idle() {
     let (_f, ctrl) = up(sync_cfg(true), opts(1));
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     for i in 0..8 {
         let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
         qp.read(0, i, 1, b, i).unwrap();
@@ -226,7 +228,7 @@ fn bad_inputs_are_typed_and_hand_the_buffer_back() {
     for mcq in [true, false] {
         let (_f, ctrl) = up(sync_cfg(mcq), opts(1));
         let (_f2, other) = up(sync_cfg(true), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         let buf = || ctrl.alloc_buf(8192, DmaDir::Bidirectional).unwrap();
         let kind = |r: Result<(), mcqio::SubmitError<DmaBuf>>| {
             let e = r.unwrap_err();
@@ -235,7 +237,7 @@ fn bad_inputs_are_typed_and_hand_the_buffer_back() {
         };
         assert_eq!(
             kind(qp.read(3, 0, 1, buf(), 0)),
-            SubmitErrorKind::UnknownNamespace { nsid: 3 }
+            SubmitErrorKind::UnknownLun { lun: 3 }
         );
         assert_eq!(
             kind(qp.read(0, 0, 0, buf(), 0)),
@@ -303,7 +305,7 @@ fn bad_inputs_are_typed_and_hand_the_buffer_back() {
         assert_eq!(qp.stats().submitted, n as u64);
         assert_eq!(
             qp.flush(7, 1).unwrap_err().kind,
-            SubmitErrorKind::UnknownNamespace { nsid: 7 }
+            SubmitErrorKind::UnknownLun { lun: 7 }
         );
         assert_eq!(
             qp.unmap(0, 4096, 1, 1).unwrap_err().kind,
@@ -337,7 +339,9 @@ fn split_opts() -> mcqio::ufs::UfsOptions {
 fn transfers_above_the_limit_are_split_and_complete_once() {
     for mcq in [true, false] {
         let (fake, ctrl) = up(sync_cfg(mcq), split_opts());
-        let mut qp = ctrl.create_qpair::<Vec<DmaBuf>>().unwrap();
+        let mut qp = ctrl
+            .create_qpair_for::<Vec<DmaBuf>>(Default::default())
+            .unwrap();
         assert_eq!(qp.max_transfer(), 64 << 10);
         // 448 KiB = 7 children of 64 KiB, in 3 odd-sized segments, so child
         // boundaries fall inside segments.
@@ -373,7 +377,7 @@ fn transfers_above_the_limit_are_split_and_complete_once() {
 #[test]
 fn a_split_that_cannot_fit_is_typed_and_nothing_is_sent() {
     let (fake, ctrl) = up(sync_cfg(true), split_opts());
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     let before = fake.stats().commands;
     // 9 children > depth 8.
     let big = ctrl.alloc_buf(576 << 10, DmaDir::Bidirectional).unwrap();
@@ -430,7 +434,7 @@ fn a_failing_child_fails_the_parent_once_after_all_children() {
     use mcqio_fixtures::ufs::UfsFault;
     for mcq in [true, false] {
         let (fake, ctrl) = up(sync_cfg(mcq), split_opts());
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         // The third child fails with a CHECK CONDITION.
         for _ in 0..2 {
             fake.faults()
@@ -471,7 +475,7 @@ fn closing_with_a_split_in_flight_ends_the_parent_once() {
     use mcqio_fixtures::ufs::UfsFault;
     for mcq in [true, false] {
         let (fake, ctrl) = up(sync_cfg(mcq), split_opts());
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         fake.faults()
             .inject_next(None, Some(0x28), UfsFault::DropCompletion);
         let b = ctrl.alloc_buf(256 << 10, DmaDir::Bidirectional).unwrap();

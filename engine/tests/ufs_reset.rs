@@ -61,7 +61,7 @@ fn reset_with_io_in_flight(cfg: UfsConfig, queues: u16, pairs: usize) {
     let quirks = cfg.qemu_quirks;
     let (f, ctrl) = up(cfg, opts(queues));
     let mut qps: Vec<_> = (0..pairs)
-        .map(|_| ctrl.create_qpair::<DmaBuf>().unwrap())
+        .map(|_| ctrl.create_qpair(Default::default()).unwrap())
         .collect();
     // Move the rings off slot 0 first, so a re-created queue that restarts
     // at the wrong place shows.
@@ -139,7 +139,7 @@ fn reset_with_io_in_flight(cfg: UfsConfig, queues: u16, pairs: usize) {
     assert_eq!(ctrl.leaked_bytes(), 0);
     drop(qps);
     // The queues went back to the pool in a state a new pair can use.
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     let mut back = vec![0u8; 4096];
     qp.read_blocking(0, 0, &mut back).unwrap();
     assert!(back == pattern(0, 4096));
@@ -170,10 +170,10 @@ fn reset_with_a_pooled_queue_and_a_second_reset() {
     // Two hardware queues, one in use: the pooled one must work after the
     // reset too, and a second reset recovers the same pairs again.
     let (_f, ctrl) = up(sync_cfg(true), opts(2));
-    let mut a = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut a = ctrl.create_qpair(Default::default()).unwrap();
     a.write_blocking(0, 1, &pattern(1, 4096)).unwrap();
     ctrl.reset().unwrap();
-    let mut b = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut b = ctrl.create_qpair(Default::default()).unwrap();
     let mut back = vec![0u8; 4096];
     b.read_blocking(0, 1, &mut back).unwrap();
     assert!(back == pattern(1, 4096));
@@ -189,7 +189,7 @@ fn reset_with_a_pooled_queue_and_a_second_reset() {
 fn no_doorbell_while_a_reset_is_pending() {
     for mcq in [true, false] {
         let (_f, ctrl) = up(sync_cfg(mcq), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         qp.write_blocking(0, 5, &pattern(5, 4096)).unwrap();
         ctrl.reset().unwrap();
         // Queued after the reset, before this pair noticed it: the old
@@ -218,7 +218,7 @@ fn no_doorbell_while_a_reset_is_pending() {
 fn reset_brings_back_a_fatal_controller() {
     for mcq in [true, false] {
         let (f, ctrl) = up(sync_cfg(mcq), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         f.faults()
             .inject_next(None, Some(WRITE10), UfsFault::HostFatal);
         qp.write(0, 0, 1, buf_with(&ctrl, &pattern(0, 4096)), 1)
@@ -252,7 +252,7 @@ fn a_controller_that_ignores_disable_leaks_the_buffers() {
             ..opts(2)
         };
         let (f, ctrl) = up(sync_cfg(mcq), o);
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         qp.write(0, 0, 1, buf_with(&ctrl, &pattern(0, 4096)), 1)
             .unwrap();
         qp.submit();
@@ -318,7 +318,7 @@ fn reset_while_threads_keep_io_in_flight() {
             let ctrl = Arc::clone(&ctrl);
             let stop = Arc::clone(&stop);
             threads.push(std::thread::spawn(move || {
-                let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+                let mut qp = ctrl.create_qpair(Default::default()).unwrap();
                 let (mut ok, mut aborted, mut seq) = (0u64, 0u64, 0u64);
                 // The value each block must hold (only this pair writes
                 // it); a write that ended AbortedByReset may or may not have
@@ -403,7 +403,7 @@ fn a_shallower_owner_after_a_deeper_one_on_qemu() {
         ..sync_cfg(true)
     };
     let (f, ctrl) = up(cfg, opts(1));
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     for i in 0..5u64 {
         qp.write_blocking(0, i, &pattern(i, 4096)).unwrap();
     }
@@ -415,7 +415,7 @@ fn a_shallower_owner_after_a_deeper_one_on_qemu() {
         ..opts(1)
     };
     let ctrl = mcqio::ufs::UfsController::new(backend, o).expect("bring-up after a deeper owner");
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     let mut back = vec![0u8; 4096];
     for i in 0..5u64 {
         qp.read_blocking(0, i, &mut back).unwrap();
@@ -433,7 +433,7 @@ fn a_shallower_owner_after_a_deeper_one_on_qemu() {
 fn a_different_device_after_a_reset_is_device_changed() {
     for mcq in [true, false] {
         let (f, ctrl) = up(sync_cfg(mcq), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         let blocks = f.config().lus[0].blocks();
         f.set_reported_capacity(0, Some(blocks / 2));
         qp.read(
@@ -516,7 +516,7 @@ fn poll_after_a_reset_delivers_at_most_max() {
     for mcq in [true, false] {
         for max in [1, 2] {
             let (f, ctrl) = up(sync_cfg(mcq), opts(1));
-            let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+            let mut qp = ctrl.create_qpair(Default::default()).unwrap();
             for i in 0..6u64 {
                 if i >= 3 {
                     f.faults()
@@ -579,7 +579,7 @@ const REPORT_LUNS: u8 = 0xA0;
 fn one_transport_error_on_test_unit_ready_does_not_fail_a_reset() {
     for mcq in [true, false] {
         let (f, ctrl) = up(sync_cfg(mcq), opts(1));
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         qp.write_blocking(0, 5, &pattern(3, 4096)).unwrap();
         f.faults().inject_next(
             Some(LEGACY_QUEUE),
@@ -625,7 +625,7 @@ fn transient_failures_during_a_reset_are_retried() {
     assert_eq!(faults.count(UfsFaultKind::DropCompletion), 1);
     assert_eq!(faults.count(UfsFaultKind::CheckCondition), 1);
     assert_eq!(faults.count(UfsFaultKind::IommuFault), 1);
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     qp.write_blocking(0, 1, &pattern(4, 4096)).unwrap();
 }
 
@@ -660,6 +660,6 @@ fn a_reset_against_a_device_that_fails_every_time_ends_in_a_typed_error() {
     // Once the device behaves, a reset brings the controller back.
     f.faults().clear();
     ctrl.reset().expect("reset after the faults stop");
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     qp.write_blocking(0, 2, &pattern(5, 4096)).unwrap();
 }

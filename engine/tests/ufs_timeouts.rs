@@ -20,9 +20,10 @@ const READ10: u8 = 0x28;
 const TIMEOUT: Duration = Duration::from_millis(20);
 
 fn qpair(ctrl: &std::sync::Arc<UfsController>, policy: TimeoutPolicy) -> UfsQueuePair<DmaBuf> {
-    ctrl.create_qpair_with::<DmaBuf>(UfsQpairOptions {
+    ctrl.create_qpair_for::<DmaBuf>(UfsQpairOptions {
         io_timeout: Some(TIMEOUT),
         timeout_policy: policy,
+        ..Default::default()
     })
     .unwrap()
 }
@@ -255,9 +256,10 @@ fn reset_policy_on_a_controller_that_cannot_be_disabled_never_hands_back_the_buf
 fn no_timeout_when_io_timeout_is_none() {
     let (f, ctrl) = up(sync_cfg(true), opts(1));
     let mut qp = ctrl
-        .create_qpair_with::<DmaBuf>(UfsQpairOptions {
+        .create_qpair_for::<DmaBuf>(UfsQpairOptions {
             io_timeout: None,
             timeout_policy: TimeoutPolicy::Abort,
+            ..Default::default()
         })
         .unwrap();
     f.faults()
@@ -342,7 +344,7 @@ fn check_timeouts_lists_overdue_commands_and_leaves_them_alone() {
     for mcq in [true, false] {
         let (f, ctrl) = up(sync_cfg(mcq), opts(1));
         let mut qp = ctrl
-            .create_qpair_with::<DmaBuf>(UfsQpairOptions {
+            .create_qpair_for::<DmaBuf>(UfsQpairOptions {
                 io_timeout: None,
                 ..Default::default()
             })

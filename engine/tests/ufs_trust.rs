@@ -57,7 +57,7 @@ fn failed_write_then_held_read(
 #[test]
 fn a_stale_error_entry_never_ends_the_command_now_in_its_slot() {
     let (f, ctrl) = up(sync_cfg(true), opts(1));
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     let hold = Duration::from_millis(300);
     let data = failed_write_then_held_read(&f, &ctrl, &mut qp, hold);
     let start = Instant::now();
@@ -100,7 +100,7 @@ fn a_stale_error_entry_never_ends_the_command_now_in_its_slot() {
 #[test]
 fn a_stale_error_entry_found_after_a_reset_is_stale_too() {
     let (f, ctrl) = up(sync_cfg(true), opts(1));
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     failed_write_then_held_read(&f, &ctrl, &mut qp, Duration::from_secs(30));
     ctrl.reset().expect("reset");
     let done = wait_n(&mut qp, 1);
@@ -151,7 +151,7 @@ fn many_queues(
 fn task_tags_of_two_queue_pairs_never_collide() {
     let (f, ctrl) = many_queues(16);
     let mut qps: Vec<_> = (0..9)
-        .map(|_| ctrl.create_qpair::<DmaBuf>().unwrap())
+        .map(|_| ctrl.create_qpair(Default::default()).unwrap())
         .collect();
     assert_eq!(qps[8].hw_queue(), Some(8));
     // Queue pair 0's first command stays outstanding at the device.
@@ -191,7 +191,7 @@ fn every_slot_of_every_queue_pair_has_its_own_task_tag() {
     assert_eq!(n, 32);
     let depth = usize::from(ctrl.depth());
     let mut qps: Vec<_> = (0..n)
-        .map(|_| ctrl.create_qpair::<DmaBuf>().unwrap())
+        .map(|_| ctrl.create_qpair(Default::default()).unwrap())
         .collect();
     // Everything stays outstanding for a while, so all of it overlaps.
     f.faults()
@@ -222,12 +222,12 @@ fn an_entry_left_on_a_pooled_queue_is_not_the_next_owners() {
     let data = pattern(40, 4096);
     // Each queue pair below is the only one: its descriptors take the
     // same IOVA, and its first command the same slot and generation.
-    ctrl.create_qpair::<DmaBuf>()
+    ctrl.create_qpair(Default::default())
         .unwrap()
         .write_blocking(0, 40, &data)
         .unwrap();
     {
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         f.faults()
             .inject_next(None, Some(READ10), UfsFault::DuplicateCompletion);
         let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
@@ -243,7 +243,7 @@ fn an_entry_left_on_a_pooled_queue_is_not_the_next_owners() {
         assert_eq!(got[0].result, Ok(()));
         qp.close(|c| panic!("nothing left: tag {}", c.tag)).unwrap();
     }
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     f.faults().inject_next(
         None,
         Some(READ10),
@@ -268,12 +268,12 @@ fn an_entry_left_on_a_pooled_queue_is_not_the_next_owners() {
 fn a_stale_entry_of_the_previous_owner_is_stale_for_the_next() {
     let (f, ctrl) = up(sync_cfg(true), opts(1));
     let data = pattern(50, 4096);
-    ctrl.create_qpair::<DmaBuf>()
+    ctrl.create_qpair(Default::default())
         .unwrap()
         .write_blocking(0, 50, &data)
         .unwrap();
     {
-        let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
         f.faults()
             .inject_next(None, Some(READ10), UfsFault::Ocs(Ocs::PEER_COMM_FAILURE.0));
         let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
@@ -282,7 +282,7 @@ fn a_stale_entry_of_the_previous_owner_is_stale_for_the_next() {
         assert!(c.result.is_err());
         qp.close(|c| panic!("nothing left: tag {}", c.tag)).unwrap();
     }
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     f.faults().inject_next(
         None,
         Some(READ10),

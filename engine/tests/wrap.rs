@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use mcqio::ufs::{UfsController, UfsOptions};
 use mcqio::vfio::{Backend, DmaDir};
-use mcqio::{Controller, ControllerOptions, DmaBuf, IoError, QpairOptions};
+use mcqio::{Controller, ControllerOptions, IoError, QpairOptions};
 use mcqio_fixtures::ufs::{
     HostileUfs, LuConfig, UfsConfig, UfsDeviceLies, UfsFault, UfsRegisterLies,
 };
@@ -139,7 +139,7 @@ fn ufs_stale_completions_stay_stale_across_the_generation_wrap() {
         },
     )
     .unwrap();
-    let mut qp = ctrl.create_qpair::<DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     // Every command is held by the device for 20 µs, so it is in
     // flight (its response area cleared) when the previous command's entry
     // — same slot, same UCD — is posted again.

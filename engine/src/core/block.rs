@@ -44,7 +44,7 @@
 //! let cfg = mcqio_fixtures::ufs::UfsConfig::default();
 //! let backend: Arc<dyn Backend> = mcqio_fixtures::ufs::FakeUfs::new(cfg)?;
 //! let ctrl = mcqio::UfsController::new(backend, Default::default())?;
-//! let mut qp = ctrl.create_qpair::<mcqio::DmaBuf>()?;
+//! let mut qp = ctrl.create_qpair(Default::default())?;
 //! let bufs = (0..4).map(|_| ctrl.alloc_buf(4096, DmaDir::Bidirectional)).collect::<Result<_, _>>()?;
 //! assert_eq!(read_all(&mut qp, 0u8, bufs), 4);
 //! # Ok(())
@@ -58,6 +58,40 @@ use mcqio_vfio::{DmaDir, DmaSpace};
 
 use super::error::{Error, Result};
 use super::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
+
+/// A namespace (NVMe) or logical unit (UFS), as every wire describes it:
+/// what a frontend (the fio engine, a ublk server) needs to expose it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct BlockUnit {
+    /// The address queue pairs take (an NVMe namespace id; a UFS LUN).
+    pub id: u32,
+    /// Size in logical blocks.
+    pub blocks: u64,
+    /// Logical block size in bytes.
+    pub block_size: u32,
+    /// Whether reads and writes can reach it (see `Namespace::usable`,
+    /// `LogicalUnit::usable`).
+    pub usable: bool,
+}
+
+impl BlockUnit {
+    /// Size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.blocks.saturating_mul(u64::from(self.block_size))
+    }
+}
+
+/// A controller's view as a block device, the same on every wire: its
+/// namespaces or logical units.
+pub trait BlockDevice {
+    /// Every namespace or logical unit the engine can address, by id.
+    fn units(&self) -> Vec<BlockUnit>;
+
+    /// The one with `id`, if any.
+    fn unit(&self, id: u32) -> Option<BlockUnit> {
+        self.units().into_iter().find(|u| u.id == id)
+    }
+}
 
 /// The block operations of a queue pair, the same on every transport.
 ///
@@ -134,6 +168,12 @@ pub trait BlockQueue {
     /// namespace or logical unit.
     fn block_shift(&self, at: Self::Addr) -> Option<u32>;
 
+    /// The refusal for an address that names nothing, in the wire's words
+    /// (NVMe: an unknown namespace; UFS: an unknown LUN).
+    fn unknown(at: Self::Addr) -> SubmitErrorKind {
+        SubmitErrorKind::UnknownNamespace { nsid: at.into() }
+    }
+
     /// Finish the queue pair: every command still in flight ends exactly
     /// once through `f`.
     fn close<F: FnMut(Completion<Self::Buf>)>(self, f: F) -> Result<()>
@@ -164,8 +204,6 @@ pub(crate) trait Blocking: BlockQueue {
     fn blocking_sync(&mut self) -> Result<()> {
         Ok(())
     }
-    /// An unknown namespace / logical unit, as the transport names it.
-    fn unknown(at: Self::Addr) -> SubmitErrorKind;
 }
 
 fn idle<Q: Blocking>(q: &mut Q) -> Result<()> {

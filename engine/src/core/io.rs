@@ -602,10 +602,16 @@ pub enum SubmitErrorKind {
     },
     /// No active namespace (NVMe) or logical unit (UFS: `nsid` is the LUN)
     /// with this id.
-    #[error("{nsid} names no active namespace or logical unit of this controller")]
+    #[error("{nsid} names no active namespace of this controller")]
     UnknownNamespace {
         /// The id given.
         nsid: u32,
+    },
+    /// UFS: no usable logical unit has this LUN.
+    #[error("LUN {lun} names no logical unit of this UFS device")]
+    UnknownLun {
+        /// The LUN given.
+        lun: u8,
     },
     /// The transfer cannot be carried even split into child commands: it
     /// needs more children than the queue depth, or one block is larger

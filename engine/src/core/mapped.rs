@@ -342,8 +342,7 @@ impl<Q: BlockQueue<Buf = Mapped>> MappedQueuePair<Q> {
             return Err(refuse(SubmitErrorKind::ZeroLength, buf));
         }
         let Some(shift) = self.qp().block_shift(nsid) else {
-            let nsid = nsid.into();
-            return Err(refuse(SubmitErrorKind::UnknownNamespace { nsid }, buf));
+            return Err(refuse(Q::unknown(nsid), buf));
         };
         // nlb < 2^32 and shift <= 63 - 32 for any block size a namespace
         // can report (bring-up checks its size fits 64 bits); saturate anyway.

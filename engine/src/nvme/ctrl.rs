@@ -253,7 +253,7 @@ pub struct Controller {
     pub(super) ready_timeout: Duration,
     /// Bytes of queue memory (rings, PRP pages, in-flight buffers) leaked
     /// because the device might still access them.
-    pub(super) leaked_queue_bytes: AtomicU64,
+    pub(super) leaked_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for Controller {
@@ -587,12 +587,12 @@ impl Controller {
     /// controller might still access it: deleting the queues failed, or a
     /// fatal controller could not be disabled. Never unmapped, so the device
     /// cannot write into memory reused for something else. Normally 0.
-    pub fn leaked_queue_bytes(&self) -> u64 {
-        self.leaked_queue_bytes.load(Ordering::Relaxed)
+    pub fn leaked_bytes(&self) -> u64 {
+        self.leaked_bytes.load(Ordering::Relaxed)
     }
 
     pub(crate) fn note_leak(&self, bytes: u64) {
-        self.leaked_queue_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.leaked_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// The doorbell hook of the backend, if any.
@@ -611,5 +611,20 @@ impl state::Controlled for Controller {
     fn settled_state(&self) -> u64 {
         let _a = self.lock_admin();
         self.state()
+    }
+}
+
+impl crate::core::block::BlockDevice for Controller {
+    fn units(&self) -> Vec<crate::core::block::BlockUnit> {
+        self.namespaces()
+            .iter()
+            .map(|n| crate::core::block::BlockUnit {
+                id: n.id,
+                blocks: n.nsze,
+                // Bring-up keeps LBADS below 32 (the block size fits 32 bits).
+                block_size: u32::try_from(n.lba_size).unwrap_or(u32::MAX),
+                usable: n.usable,
+            })
+            .collect()
     }
 }

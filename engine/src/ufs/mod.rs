@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! UfsController::new(backend, UfsOptions::default())   // HCE, link, device init, MCQ or legacy
-//!   └─ ctrl.create_qpair()                              // one per thread: an MCQ SQ/CQ pair, or the legacy list
+//!   └─ ctrl.create_qpair(UfsQpairOptions::default())  // one per thread: an MCQ SQ/CQ pair, or the legacy list
 //!        ├─ qp.read(lun, lba, blocks, buf, tag)         // UTRD + UCD (COMMAND UPIU, PRDT), no doorbell yet
 //!        ├─ qp.submit()                                 // one SQTP (or UTRLDBR) store per batch
 //!        └─ qp.poll(max, |c: Completion<_>| ..)         // one CQTP (or UTRLDBR) read, one CQHP store
@@ -28,7 +28,7 @@
 //! let backend: Arc<dyn Backend> = mcqio_fixtures::ufs::FakeUfs::new(cfg)?;
 //! let ctrl = UfsController::new(backend, UfsOptions { queues: 2, ..Default::default() })?;
 //! assert_eq!(ctrl.mode(), UfsMode::Mcq { queues: 2 });
-//! let mut qp = ctrl.create_qpair()?;
+//! let mut qp = ctrl.create_qpair(Default::default())?;
 //!
 //! let mut buf = ctrl.alloc_buf(8192, DmaDir::Bidirectional)?;
 //! buf.fill(0x5a);

@@ -23,7 +23,7 @@ impl PerCore for Arc<UfsController> {
     }
 
     fn create_for_core(&self, opts: &UfsQpairOptions) -> Result<UfsQueuePair<DmaBuf>> {
-        self.create_qpair_with(opts.clone())
+        self.create_qpair_for(opts.clone())
     }
 }
 

@@ -397,7 +397,7 @@ impl Device {
                 Ok(f.run(0, &mut qp, &units))
             }
             Device::Ufs(c) => {
-                let mut qp = c.create_qpair::<DmaBuf>()?;
+                let mut qp = c.create_qpair(Default::default())?;
                 let units: Vec<u8> = c.logical_units().iter().map(|l| l.lun).collect();
                 Ok(f.run(0, &mut qp, &units))
             }

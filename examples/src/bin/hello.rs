@@ -38,7 +38,7 @@ fn run_ufs(ctrl: Arc<UfsController>) -> Result<(), Box<dyn std::error::Error>> {
         lu.blocks,
         lu.block_len
     );
-    let mut qp = ctrl.create_qpair()?;
+    let mut qp = ctrl.create_qpair(Default::default())?;
     let bs = lu.block_len as usize;
     let len = (1usize << 20).min((lu.blocks as usize).saturating_mul(bs)) / bs * bs;
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();

@@ -256,7 +256,7 @@ impl Bench {
             },
         )
         .map_err(err)?;
-        let qp = ctrl.create_qpair::<DmaBuf>().map_err(err)?;
+        let qp = ctrl.create_qpair(Default::default()).map_err(err)?;
         let bufs = (0..depth)
             .map(|_| ctrl.alloc_buf(BLOCK as usize, DmaDir::FromDevice).map(Some))
             .collect::<Result<Vec<_>, _>>()

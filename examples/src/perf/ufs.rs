@@ -182,7 +182,7 @@ impl UfsTarget {
                     ctrl.depth()
                 ));
                 let qp = ctrl
-                    .create_qpair::<SlotBuf>()
+                    .create_qpair_for::<SlotBuf>(Default::default())
                     .map_err(|e| UfsOpenError::Other(e.to_string()))?;
                 Some(Arc::new(Mutex::new(LegacyList {
                     qp,
@@ -271,7 +271,7 @@ impl UfsTarget {
         let lun = lun_of(nsid)?;
         let qp = self
             .ctrl
-            .create_qpair::<SlotBuf>()
+            .create_qpair_for::<SlotBuf>(Default::default())
             .map_err(|e| e.to_string())?;
         let depth = depth.min(qp.depth()).max(1);
         let mem = self.buffers(depth, buf_len)?;

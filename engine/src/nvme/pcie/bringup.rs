@@ -216,7 +216,7 @@ impl Controller {
             state: crate::core::state::StateWord::default(),
             resets: AtomicU64::new(0),
             ready_timeout,
-            leaked_queue_bytes: AtomicU64::new(0),
+            leaked_bytes: AtomicU64::new(0),
         }))
     }
 

@@ -512,3 +512,17 @@ impl state::Controlled for UfsController {
         self.state.load_acquire()
     }
 }
+
+impl crate::core::block::BlockDevice for UfsController {
+    fn units(&self) -> Vec<crate::core::block::BlockUnit> {
+        self.logical_units()
+            .iter()
+            .map(|l| crate::core::block::BlockUnit {
+                id: u32::from(l.lun),
+                blocks: l.blocks,
+                block_size: l.block_len,
+                usable: l.usable,
+            })
+            .collect()
+    }
+}

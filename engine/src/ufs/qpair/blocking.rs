@@ -106,6 +106,10 @@ impl<B: IoBuf> BlockQueue for UfsQueuePair<B> {
             .map(|g| g.shift)
     }
 
+    fn unknown(lun: u8) -> SubmitErrorKind {
+        SubmitErrorKind::UnknownLun { lun }
+    }
+
     fn close<F: FnMut(Completion<B>)>(self, f: F) -> Result<()> {
         UfsQueuePair::close(self, f)
     }
@@ -128,12 +132,5 @@ impl<B: IoBuf> Blocking for UfsQueuePair<B> {
     /// it queues on a stale hardware queue (a poll of nothing does that).
     fn blocking_sync(&mut self) -> Result<()> {
         self.poll(0, |_| {}).map(|_| ())
-    }
-
-    fn unknown(lun: u8) -> SubmitErrorKind {
-        // A UFS LUN is the namespace of this engine's vocabulary.
-        SubmitErrorKind::UnknownNamespace {
-            nsid: u32::from(lun),
-        }
     }
 }

@@ -101,7 +101,7 @@ impl Transport {
 }
 
 /// Options of one [`UfsQueuePair`]
-/// ([`UfsController::create_qpair_with`]).
+/// ([`UfsController::create_qpair_for`]).
 #[derive(Clone, Debug)]
 pub struct UfsQpairOptions {
     /// Per-command timeout (`None`: never time out), as for NVMe's
@@ -121,14 +121,21 @@ pub struct UfsQpairOptions {
     /// its buffer — a refused or unanswered abort escalates to `Reset`;
     /// `Reset` asks for a host controller reset (see [`UfsQueuePair`]).
     pub timeout_policy: TimeoutPolicy,
+    /// How buffers get their device addresses, as NVMe's
+    /// [`crate::QpairOptions::mapping`]: premapped [`DmaBuf`]s
+    /// ([`UfsController::create_qpair`], the default) or application
+    /// buffers mapped per I/O in strict or lazy mode
+    /// ([`UfsController::create_mapped_qpair`]).
+    pub mapping: MappingMode,
 }
 
 impl Default for UfsQpairOptions {
-    /// The NVMe defaults: 30 s, [`TimeoutPolicy::Abort`].
+    /// The NVMe defaults: 30 s, [`TimeoutPolicy::Abort`], premapped.
     fn default() -> Self {
         UfsQpairOptions {
             io_timeout: Some(Duration::from_secs(30)),
             timeout_policy: TimeoutPolicy::Abort,
+            mapping: MappingMode::Premapped,
         }
     }
 }
@@ -206,33 +213,50 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
 }
 
 impl UfsController {
-    /// Create a queue pair with the default [`UfsQpairOptions`]: in MCQ
-    /// mode one of the hardware queues set up at bring-up, in legacy mode
-    /// the one list. [`Error::NoFreeQueue`] when every queue is taken by a
-    /// live queue pair.
-    pub fn create_qpair<B: IoBuf>(self: &Arc<Self>) -> Result<UfsQueuePair<B>> {
-        self.create_qpair_with(UfsQpairOptions::default())
+    /// Create a queue pair for [`DmaBuf`] buffers, as
+    /// [`Controller::create_qpair`](crate::Controller::create_qpair) does on
+    /// NVMe: in MCQ mode one of the hardware queues set up at bring-up, in
+    /// legacy mode the one list. [`Error::NoFreeQueue`] when every queue is
+    /// taken by a live queue pair. `opts.mapping` must be
+    /// [`MappingMode::Premapped`]: strict and lazy modes take application
+    /// buffers, through [`UfsController::create_mapped_qpair`].
+    pub fn create_qpair(self: &Arc<Self>, opts: UfsQpairOptions) -> Result<UfsQueuePair<DmaBuf>> {
+        self.create_qpair_for(opts)
     }
 
-    /// Create a queue pair for application buffers mapped per I/O in
-    /// `mapping` mode (strict or lazy): the same [`MappedQueuePair`] as
-    /// NVMe's, over a UFS queue pair (see [`crate::core::mapped`]).
+    /// Create a queue pair for application buffers mapped per I/O in the
+    /// strict or lazy mode `opts.mapping` names: the same
+    /// [`MappedQueuePair`] as NVMe's, over a UFS queue pair (see
+    /// [`crate::core::mapped`]).
     pub fn create_mapped_qpair(
         self: &Arc<Self>,
         opts: UfsQpairOptions,
-        mapping: MappingMode,
     ) -> Result<MappedQueuePair<UfsQueuePair<Mapped>>> {
+        let mapping = opts.mapping.clone();
         MappedQueuePair::<UfsQueuePair<Mapped>>::check_mode(&mapping)?;
-        let qp = self.create_qpair_with::<Mapped>(opts)?;
+        let qp = self.new_qpair::<Mapped>(&opts)?;
         let max = qp.max_transfer();
         MappedQueuePair::new(qp, self.dma(), max, &mapping)
     }
 
-    /// Create a queue pair with `opts` (see [`create_qpair`](Self::create_qpair)).
-    pub fn create_qpair_with<B: IoBuf>(
+    /// Create a queue pair moving buffers of type `B` (e.g. `Vec<DmaBuf>`
+    /// for vectored I/O), as
+    /// [`Controller::create_qpair_for`](crate::Controller::create_qpair_for)
+    /// on NVMe. `opts.mapping` must be premapped, as for
+    /// [`create_qpair`](Self::create_qpair).
+    pub fn create_qpair_for<B: IoBuf>(
         self: &Arc<Self>,
         opts: UfsQpairOptions,
     ) -> Result<UfsQueuePair<B>> {
+        match opts.mapping {
+            MappingMode::Premapped => self.new_qpair(&opts),
+            ref m => Err(Error::InvalidOption(format!(
+                "mapping {m:?} maps application buffers per I/O: create the queue pair with UfsController::create_mapped_qpair"
+            ))),
+        }
+    }
+
+    fn new_qpair<B: IoBuf>(self: &Arc<Self>, opts: &UfsQpairOptions) -> Result<UfsQueuePair<B>> {
         let depth = self.depth();
         // No reset between taking the queue and noting the state.
         let reset_guard = self.lock_reset();

@@ -267,9 +267,10 @@ mod tests {
             )
             .expect("bring-up");
             let mut qp = ctrl
-                .create_qpair_with::<DmaBuf>(UfsQpairOptions {
+                .create_qpair_for::<DmaBuf>(UfsQpairOptions {
                     io_timeout: Some(Duration::from_millis(40)),
                     timeout_policy: crate::TimeoutPolicy::Reset,
+                    ..Default::default()
                 })
                 .expect("qpair");
             let depth = qp.depth();

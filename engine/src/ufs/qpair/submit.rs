@@ -34,10 +34,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             return Err(SubmitErrorKind::ControllerFailed);
         }
         let Some(Some(g)) = self.lus.get(usize::from(lun)).copied() else {
-            // A UFS LUN is the namespace of this engine's vocabulary.
-            return Err(SubmitErrorKind::UnknownNamespace {
-                nsid: u32::from(lun),
-            });
+            return Err(SubmitErrorKind::UnknownLun { lun });
         };
         if blocks == 0 {
             return Err(SubmitErrorKind::ZeroLength);

@@ -358,8 +358,9 @@ impl Job {
                 let qopts = UfsQpairOptions {
                     io_timeout: o.io_timeout,
                     timeout_policy: TimeoutPolicy::Abort,
+                    ..Default::default()
                 };
-                let q = ctrl.create_qpair_with::<FioBuf>(qopts).map_err(qerr)?;
+                let q = ctrl.create_qpair_for::<FioBuf>(qopts).map_err(qerr)?;
                 // fio queues up to iodepth commands; above the queue's
                 // depth the engine would answer busy, and fio's requeue of
                 // a busy io_u under verify was seen to read back other

@@ -7,7 +7,9 @@ pub(crate) fn abort(a: &UfsDevArgs) -> Result<(), Failure> {
     use mcqio::IoError;
     let ctrl = open(a, Some(1))?;
     let (shift, size) = lu0(&ctrl)?;
-    let mut qp: UfsQueuePair = ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
+    let mut qp: UfsQueuePair = ctrl
+        .create_qpair(Default::default())
+        .map_err(ctx("creating a queue pair"))?;
     const N: u64 = 16;
     const LEN: u64 = 64 << 10;
     let base = size / 4;

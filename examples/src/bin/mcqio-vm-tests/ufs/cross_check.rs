@@ -26,7 +26,9 @@ pub(crate) fn write_pattern(a: &UfsPatternArgs) -> Result<(), Failure> {
     let ctrl = open(&a.dev, Some(1))?;
     let p = a.region;
     let shift = check_range(&ctrl, p.offset, p.len)?;
-    let mut qp: UfsQueuePair = ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
+    let mut qp: UfsQueuePair = ctrl
+        .create_qpair(Default::default())
+        .map_err(ctx("creating a queue pair"))?;
     let mut buf = vec![0u8; CHUNK as usize];
     let mut done = 0;
     while done < p.len {
@@ -54,7 +56,9 @@ pub(crate) fn check_pattern(a: &UfsPatternArgs) -> Result<(), Failure> {
     let ctrl = open(&a.dev, Some(1))?;
     let p = a.region;
     let shift = check_range(&ctrl, p.offset, p.len)?;
-    let mut qp: UfsQueuePair = ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
+    let mut qp: UfsQueuePair = ctrl
+        .create_qpair(Default::default())
+        .map_err(ctx("creating a queue pair"))?;
     let mut buf = vec![POISON; CHUNK as usize];
     let mut done = 0;
     while done < p.len {

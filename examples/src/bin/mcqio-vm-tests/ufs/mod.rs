@@ -109,7 +109,9 @@ pub(crate) fn bringup(a: &UfsDevArgs) -> Result<(), Failure> {
     let (shift, size) = lu0(&ctrl)?;
     // One write and read-back through a queue pair proves the data path
     // of the mode bring-up chose.
-    let mut qp: UfsQueuePair = ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
+    let mut qp: UfsQueuePair = ctrl
+        .create_qpair(Default::default())
+        .map_err(ctx("creating a queue pair"))?;
     println!(
         "queue pair:  hardware queue {:?}, max transfer {} KiB",
         qp.hw_queue(),

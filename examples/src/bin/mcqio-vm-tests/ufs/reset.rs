@@ -14,7 +14,7 @@ pub(crate) fn reset(a: &UfsDevArgs) -> Result<(), Failure> {
         UfsMode::Legacy => 1,
     };
     let mut qps: Vec<UfsQueuePair> = (0..pairs)
-        .map(|_| ctrl.create_qpair())
+        .map(|_| ctrl.create_qpair(Default::default()))
         .collect::<Result<_, _>>()
         .map_err(ctx("creating the queue pairs"))?;
     // Per pair: 8 reads of data written first and 8 writes of new data,

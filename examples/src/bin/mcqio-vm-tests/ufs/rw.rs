@@ -18,7 +18,9 @@ pub(crate) fn worker(
     max_io: usize,
     extents: &[Extent],
 ) -> Result<Report, Failure> {
-    let mut qp: UfsQueuePair = ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
+    let mut qp: UfsQueuePair = ctrl
+        .create_qpair(Default::default())
+        .map_err(ctx("creating a queue pair"))?;
     let mut free: Vec<DmaBuf> = (0..qd)
         .map(|_| ctrl.alloc_buf(max_io, DmaDir::Bidirectional))
         .collect::<Result<_, _>>()
@@ -123,7 +125,9 @@ pub(crate) fn rw(a: &UfsRwArgs) -> Result<(), Failure> {
         _ => threads,
     };
     let seed = a.shape.seed();
-    let probe: UfsQueuePair = ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
+    let probe: UfsQueuePair = ctrl
+        .create_qpair(Default::default())
+        .map_err(ctx("creating a queue pair"))?;
     let max_io = a
         .shape
         .check(probe.max_transfer(), usize::from(ctrl.depth()))?;
@@ -232,7 +236,10 @@ pub(crate) fn rw_mapped(
                             DmaMode::Premapped => unreachable!("refused before the threads start"),
                         };
                         let mut qp = ctrl
-                            .create_mapped_qpair(UfsQpairOptions::default(), mapping)
+                            .create_mapped_qpair(UfsQpairOptions {
+                                mapping,
+                                ..Default::default()
+                            })
                             .map_err(ctx("creating a mapped queue pair"))?;
                         let mut lane = AppLane::new(ctrl.dma(), mode, qd, max_io as usize)?;
                         let r = super::worker(&mut qp, &mut lane, shift, seed, &ext, &mut rng);
@@ -247,8 +254,9 @@ pub(crate) fn rw_mapped(
                             r
                         });
                     }
-                    let mut qp: UfsQueuePair<Mapped> =
-                        ctrl.create_qpair().map_err(ctx("creating a queue pair"))?;
+                    let mut qp: UfsQueuePair<Mapped> = ctrl
+                        .create_qpair_for(Default::default())
+                        .map_err(ctx("creating a queue pair"))?;
                     let mut lane = MapperLane::for_space(ctrl.dma(), mode, qd, max_io as usize)?;
                     let r = super::worker(&mut qp, &mut lane, shift, seed, &ext, &mut rng);
                     qp.close(|_| ()).map_err(ctx("closing the queue pair"))?;

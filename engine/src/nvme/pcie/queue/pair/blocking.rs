@@ -135,8 +135,4 @@ impl<B: IoBuf> Blocking for QueuePair<B> {
             None => Ok(()),
         }
     }
-
-    fn unknown(nsid: u32) -> SubmitErrorKind {
-        SubmitErrorKind::UnknownNamespace { nsid }
-    }
 }

@@ -184,7 +184,7 @@ struct NsGeom {
 /// or the controller failed and could not be disabled, the device may still
 /// access the queue's memory: its rings, PRP list pages and in-flight
 /// buffers are then leaked, never freed
-/// ([`Controller::leaked_queue_bytes`]).
+/// ([`Controller::leaked_bytes`]).
 ///
 /// Timeouts ([`QpairOptions::io_timeout`]), controller resets and
 /// controller failures are handled inside [`poll`](Self::poll): see
