@@ -340,8 +340,20 @@ pub(crate) trait TimeoutActions {
     type Buf;
     /// The queue pair's timeout state and trackers.
     fn state(&mut self) -> (&mut Timeouts, &mut Trackers<Self::Buf>);
+    /// The queue's name in messages (NVMe: its queue id; UFS: its hardware
+    /// queue, or 0 for the legacy list).
+    fn queue_id(&self) -> u16;
     /// Log a command found past its timeout under `ReportOnly`.
-    fn report(&mut self, e: &Expired);
+    fn report(&mut self, e: &Expired) {
+        log::warn!(
+            "queue {}: command tag {} (slot {}, cid {:#06x}) has no completion after {} ms",
+            self.queue_id(),
+            e.tag,
+            e.slot,
+            e.cid,
+            e.age_ms
+        );
+    }
     /// Ask the device to give up `e`'s command; whether it accepted (its
     /// completion is then due, as [`crate::IoError::TimedOut`]).
     fn abort(&mut self, e: &Expired) -> bool;

@@ -614,17 +614,21 @@ impl state::Controlled for Controller {
     }
 }
 
+impl From<&Namespace> for crate::core::block::BlockUnit {
+    fn from(n: &Namespace) -> Self {
+        crate::core::block::BlockUnit {
+            id: n.id,
+            blocks: n.nsze,
+            // Bring-up keeps LBADS below 32 (the block size fits 32 bits).
+            block_size: u32::try_from(n.lba_size).unwrap_or(u32::MAX),
+            usable: n.usable,
+        }
+    }
+}
+
+/// Its active namespaces.
 impl crate::core::block::BlockDevice for Controller {
     fn units(&self) -> Vec<crate::core::block::BlockUnit> {
-        self.namespaces()
-            .iter()
-            .map(|n| crate::core::block::BlockUnit {
-                id: n.id,
-                blocks: n.nsze,
-                // Bring-up keeps LBADS below 32 (the block size fits 32 bits).
-                block_size: u32::try_from(n.lba_size).unwrap_or(u32::MAX),
-                usable: n.usable,
-            })
-            .collect()
+        self.namespaces().iter().map(Into::into).collect()
     }
 }

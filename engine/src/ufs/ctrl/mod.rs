@@ -513,16 +513,24 @@ impl state::Controlled for UfsController {
     }
 }
 
+impl From<LogicalUnit> for crate::core::block::BlockUnit {
+    fn from(l: LogicalUnit) -> Self {
+        crate::core::block::BlockUnit {
+            id: u32::from(l.lun),
+            blocks: l.blocks,
+            block_size: l.block_len,
+            usable: l.usable,
+        }
+    }
+}
+
+/// Its logical units (by LUN).
 impl crate::core::block::BlockDevice for UfsController {
     fn units(&self) -> Vec<crate::core::block::BlockUnit> {
         self.logical_units()
             .iter()
-            .map(|l| crate::core::block::BlockUnit {
-                id: u32::from(l.lun),
-                blocks: l.blocks,
-                block_size: l.block_len,
-                usable: l.usable,
-            })
+            .copied()
+            .map(Into::into)
             .collect()
     }
 }

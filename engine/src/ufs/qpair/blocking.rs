@@ -1,6 +1,7 @@
 //! The blocking helpers and the shared [`BlockQueue`] / [`Blocking`] traits.
 
 use super::*;
+use crate::core::qpair::Addressed;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// SYNCHRONIZE CACHE of LU `lun`, and wait. Needs an idle queue pair
@@ -24,81 +25,40 @@ impl UfsQueuePair<DmaBuf> {
     }
 }
 
-/// The block operations shared with the NVMe transport: each is the
-/// inherent method of the same name (no extra work per I/O). A UFS LUN is
-/// the address; deallocate is UNMAP.
-impl<B: IoBuf> BlockQueue for UfsQueuePair<B> {
+/// UFS's block commands for the shared `BlockQueue` and blocking
+/// implementations (`core::qpair::Addressed`): a LUN is the address,
+/// deallocate is UNMAP; HPB's own commands are not the application's.
+impl<B: IoBuf> Addressed for UfsQueuePair<B> {
     type Addr = u8;
-    type Buf = B;
 
-    #[inline]
-    fn read(
+    #[inline(always)]
+    fn read_write(
         &mut self,
         lun: u8,
         lba: u64,
         blocks: u32,
         buf: B,
         tag: u64,
+        read: bool,
     ) -> std::result::Result<(), SubmitError<B>> {
-        UfsQueuePair::read(self, lun, lba, blocks, buf, tag)
+        self.submit_data(lun, lba, blocks, buf, tag, read)
     }
 
-    #[inline]
-    fn write(
-        &mut self,
-        lun: u8,
-        lba: u64,
-        blocks: u32,
-        buf: B,
-        tag: u64,
-    ) -> std::result::Result<(), SubmitError<B>> {
-        UfsQueuePair::write(self, lun, lba, blocks, buf, tag)
+    fn flush_at(&mut self, lun: u8, tag: u64) -> std::result::Result<(), SubmitError<()>> {
+        self.flush(lun, tag)
     }
 
-    fn flush(&mut self, lun: u8, tag: u64) -> std::result::Result<(), SubmitError<()>> {
-        UfsQueuePair::flush(self, lun, tag)
-    }
-
-    fn deallocate(
+    fn deallocate_at(
         &mut self,
         lun: u8,
         lba: u64,
         blocks: u32,
         tag: u64,
     ) -> std::result::Result<(), SubmitError<()>> {
-        UfsQueuePair::unmap(self, lun, lba, blocks, tag)
+        self.unmap(lun, lba, blocks, tag)
     }
 
-    #[inline]
-    fn submit(&mut self) -> bool {
-        UfsQueuePair::submit(self)
-    }
-
-    #[inline]
-    fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, f: F) -> Result<usize> {
-        UfsQueuePair::poll(self, max, f)
-    }
-
-    #[inline]
-    fn depth(&self) -> usize {
-        UfsQueuePair::depth(self)
-    }
-
-    #[inline]
-    fn outstanding(&self) -> usize {
-        UfsQueuePair::outstanding(self)
-    }
-
-    #[inline]
-    fn is_full(&self) -> bool {
-        UfsQueuePair::is_full(self)
-    }
-
-    fn max_transfer(&self) -> u64 {
-        self.eng.max_xfer
-    }
-
-    fn block_shift(&self, lun: u8) -> Option<u32> {
+    fn shift_of(&self, lun: u8) -> Option<u32> {
         self.lus
             .get(usize::from(lun))
             .copied()
@@ -106,31 +66,20 @@ impl<B: IoBuf> BlockQueue for UfsQueuePair<B> {
             .map(|g| g.shift)
     }
 
-    fn unknown(lun: u8) -> SubmitErrorKind {
+    fn unknown_at(lun: u8) -> SubmitErrorKind {
         SubmitErrorKind::UnknownLun { lun }
     }
 
-    fn close<F: FnMut(Completion<B>)>(self, f: F) -> Result<()> {
-        UfsQueuePair::close(self, f)
-    }
-}
-
-impl<B: IoBuf> Blocking for UfsQueuePair<B> {
-    fn bounce(&mut self) -> &mut Option<DmaBuf> {
-        &mut self.eng.bounce
+    #[inline(always)]
+    fn internal(&self) -> usize {
+        self.hpb.inflight()
     }
 
-    fn space(&self) -> &Arc<DmaSpace> {
+    fn dma_space(&self) -> &Arc<DmaSpace> {
         &self.space
     }
 
-    fn blocking_timeout(&self) -> Duration {
-        self.eng.blocking_timeout
-    }
-
-    /// An idle queue pair catches up with a host controller reset before
-    /// it queues on a stale hardware queue (a poll of nothing does that).
-    fn blocking_sync(&mut self) -> Result<()> {
-        self.poll(0, |_| {}).map(|_| ())
+    fn finish<F: FnMut(Completion<B>)>(self, f: F) -> Result<()> {
+        self.close(f)
     }
 }

@@ -40,7 +40,7 @@ use super::spec::scsi;
 use super::spec::status::{io_result, UfsError};
 use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
 use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, SLOT_BYTES};
-use crate::core::block::{self, BlockQueue, Blocking};
+use crate::core::block;
 use crate::core::deliver;
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::mapped::{MappedQueuePair, MappingMode};

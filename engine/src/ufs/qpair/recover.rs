@@ -311,13 +311,8 @@ impl<B: IoBuf> TimeoutActions for UfsTimeouts<'_, '_, B> {
         (&mut self.qp.eng.timeouts, &mut self.qp.eng.trackers)
     }
 
-    fn report(&mut self, e: &Expired) {
-        log::warn!(
-            "UFS queue pair (tag base {}): command tag {} has no completion after {} ms",
-            self.qp.tag_base,
-            e.tag,
-            e.age_ms
-        );
+    fn queue_id(&self) -> u16 {
+        self.qp.hw_queue().unwrap_or(0)
     }
 
     fn abort(&mut self, e: &Expired) -> bool {

@@ -78,7 +78,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     }
 
     #[inline(always)]
-    fn submit_data(
+    pub(super) fn submit_data(
         &mut self,
         lun: u8,
         lba: u64,
@@ -143,10 +143,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         };
         self.transport
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
-        self.eng
-            .trackers
-            .arm(slot, tag, Some(buf), self.eng.timeouts.now_ms);
-        self.eng.submitted += 1;
+        self.eng.arm(slot, tag, Some(buf));
         Ok(())
     }
 
@@ -232,10 +229,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             .write_command(slot, lun, task_tag, cdb, bytes, false);
         self.transport
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
-        self.eng
-            .trackers
-            .arm(slot, tag, None, self.eng.timeouts.now_ms);
-        self.eng.submitted += 1;
+        self.eng.arm(slot, tag, None);
         Ok(slot)
     }
 

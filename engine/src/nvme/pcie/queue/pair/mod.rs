@@ -23,7 +23,7 @@ use super::cq::CompQueue;
 use super::doorbell::Doorbell;
 use super::sq::SubQueue;
 use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
-use crate::core::block::{self, BlockQueue, Blocking};
+use crate::core::block;
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::qpair::{Engine, Reaped, Recreated, SplitRequest, Wire};
 use crate::core::state::Stopped;

@@ -189,14 +189,8 @@ impl<B: IoBuf> TimeoutActions for NvmeTimeouts<'_, B> {
         (&mut self.qp.eng.timeouts, &mut self.qp.eng.trackers)
     }
 
-    fn report(&mut self, e: &Expired) {
-        log::warn!(
-            "queue {}: command cid {:#06x} tag {} has no completion after {} ms",
-            self.qp.qid,
-            e.cid,
-            e.tag,
-            e.age_ms
-        );
+    fn queue_id(&self) -> u16 {
+        self.qp.qid
     }
 
     fn abort(&mut self, e: &Expired) -> bool {

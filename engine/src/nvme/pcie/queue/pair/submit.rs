@@ -119,10 +119,7 @@ impl<B: IoBuf> QueuePair<B> {
         let stream = self.eng.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
         self.sq
             .push_with(sqe.with_cid(cid).with_prp(prp1, prp2), stream);
-        self.eng
-            .trackers
-            .arm(slot, tag, Some(buf), self.eng.timeouts.now_ms);
-        self.eng.submitted += 1;
+        self.eng.arm(slot, tag, Some(buf));
         Ok(())
     }
 
@@ -138,10 +135,7 @@ impl<B: IoBuf> QueuePair<B> {
         let cid = self.eng.trackers.slot(slot).cid;
         let stream = self.eng.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
         self.sq.push_with(sqe.with_cid(cid), stream);
-        self.eng
-            .trackers
-            .arm(slot, tag, None, self.eng.timeouts.now_ms);
-        self.eng.submitted += 1;
+        self.eng.arm(slot, tag, None);
         Ok(())
     }
 
@@ -237,10 +231,7 @@ impl<B: IoBuf> QueuePair<B> {
             .with_cid(cid)
             .with_prp(w.list_iova, 0);
         self.sq.push(sqe);
-        self.eng
-            .trackers
-            .arm(slot, tag, None, self.eng.timeouts.now_ms);
-        self.eng.submitted += 1;
+        self.eng.arm(slot, tag, None);
         Ok(())
     }
 
