@@ -12,9 +12,8 @@
 //! quanta calibrated is read out once and applied here.
 //! `MCQIO_PERF_NO_TSC=1` forces `std::time::Instant`.
 //!
-//! The job loop reads the clock twice per batch, not per I/O: once before
-//! building a submission batch and once when a poll finds completions, so
-//! every I/O in a batch shares those two stamps.
+//! The job loop reads the clock twice per I/O: just before it pushes the
+//! I/O and when the poll hands back its completion (issue 29 item 1).
 
 use std::time::Instant;
 
