@@ -246,9 +246,12 @@ pub struct Stats {
     pub reads: u64,
     /// Writes among them.
     pub writes: u64,
-    /// I/Os per second over the measured phase.
+    /// I/Os per second over the measured phase, from the completions the
+    /// per-second samples counted (so it lies between `iops_min` and
+    /// `iops_max`; `ios` is the job's own count and may differ by the
+    /// I/Os that completed while it noticed the end).
     pub iops: f64,
-    /// Smallest per-second sample.
+    /// Smallest per-second sample (a tail under 0.25 s joins the last one).
     pub iops_min: f64,
     /// Largest per-second sample.
     pub iops_max: f64,

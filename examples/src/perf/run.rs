@@ -26,6 +26,38 @@ use crate::workload::{Distribution, Pattern};
 /// How often the run controller looks for SIGINT/SIGTERM while it waits.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
+/// A tail shorter than this (a run that ended just after a whole second)
+/// joins the previous per-second sample instead of being one.
+const MIN_SAMPLE_S: f64 = 0.25;
+
+/// One stretch of the measured phase, as the run controller counted it:
+/// each is one per-second IOPS sample.
+#[derive(Debug, Clone, PartialEq)]
+struct Interval {
+    /// Its end, seconds since the measured phase began.
+    end_s: f64,
+    /// Its length in seconds.
+    dt: f64,
+    /// Completions per job in it.
+    counts: Vec<u64>,
+}
+
+impl Interval {
+    /// Lengthen by a tail of `dt` seconds ending at `end_s`.
+    fn extend(&mut self, end_s: f64, dt: f64, counts: &[u64]) {
+        self.end_s = end_s;
+        self.dt += dt;
+        for (c, d) in self.counts.iter_mut().zip(counts) {
+            *c += d;
+        }
+    }
+
+    /// Completions per second over all jobs.
+    fn rate(&self) -> f64 {
+        self.counts.iter().sum::<u64>() as f64 / self.dt
+    }
+}
+
 /// The most blocks one job tracks for `--verify` (4 bytes of state each).
 pub const VERIFY_MAX_BLOCKS: u64 = 1 << 22;
 
@@ -352,10 +384,10 @@ pub fn run_devices(
     let t0 = Instant::now();
     let base = counts(&shared);
     shared.phase.store(PHASE_MEASURE, Ordering::Release);
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); o.jobs];
-    let mut total_samples: Vec<f64> = Vec::new();
-    // End of each sampled second, seconds since t0.
-    let mut sample_t: Vec<f64> = Vec::new();
+    // The measured phase cut into intervals, each a per-second sample; the
+    // intervals cover the phase from t0 to the last count, so the IOPS
+    // figures come from the same completions as the samples.
+    let mut intervals: Vec<Interval> = Vec::new();
     let mut last_t = t0;
     let mut last_c = base.clone();
     let end = o.time.map(|t| t0 + t);
@@ -396,29 +428,51 @@ pub fn run_devices(
         let now = Instant::now();
         let c = counts(&shared);
         let dt = (now - last_t).as_secs_f64();
-        if dt >= 0.9 {
-            let mut sum = 0.0;
-            for (j, (a, b)) in c.iter().zip(&last_c).enumerate() {
-                let r = (a - b) as f64 / dt;
-                samples[j].push(r);
-                sum += r;
+        let done = interrupted
+            || shared.failed.load(Ordering::Acquire) > 0
+            || (ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs)
+            || end.is_some_and(|e| now >= e);
+        if dt >= 0.9 || done {
+            let d: Vec<u64> = c.iter().zip(&last_c).map(|(a, b)| a - b).collect();
+            bar.rate(d.iter().sum(), dt, o.io_size);
+            let end_s = (now - t0).as_secs_f64();
+            match intervals.last_mut() {
+                // A short tail (a run that ended between two seconds) is
+                // too short to be a sample of its own: it joins the last
+                // second, so its completions still count.
+                Some(last) if dt < MIN_SAMPLE_S => last.extend(end_s, dt, &d),
+                _ => {
+                    intervals.push(Interval {
+                        end_s,
+                        dt,
+                        counts: d,
+                    });
+                    // Jobs snapshot their histograms when they see the new tick.
+                    shared.tick.fetch_add(1, Ordering::Relaxed);
+                }
             }
-            total_samples.push(sum);
-            sample_t.push((now - t0).as_secs_f64());
-            // Jobs snapshot their histograms when they see the new tick.
-            shared.tick.fetch_add(1, Ordering::Relaxed);
-            let d: u64 = c.iter().zip(&last_c).map(|(a, b)| a - b).sum();
-            bar.rate(d, dt, o.io_size);
             last_t = now;
             last_c = c;
         }
-        let done = shared.failed.load(Ordering::Acquire) > 0
-            || (ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs)
-            || end.is_some_and(|e| now >= e);
         if done {
             break;
         }
     }
+    let measured_s: f64 = intervals.iter().map(|i| i.dt).sum();
+    let samples: Vec<Vec<f64>> = (0..o.jobs)
+        .map(|j| {
+            intervals
+                .iter()
+                .map(|i| i.counts[j] as f64 / i.dt)
+                .collect()
+        })
+        .collect();
+    let total_samples: Vec<f64> = intervals.iter().map(Interval::rate).collect();
+    let sample_t: Vec<f64> = intervals.iter().map(|i| i.end_s).collect();
+    // Completions per job over the sampled intervals.
+    let sampled: Vec<u64> = (0..o.jobs)
+        .map(|j| intervals.iter().map(|i| i.counts[j]).sum())
+        .collect();
     shared.phase.store(PHASE_STOP, Ordering::Release);
     let iommu_after: Vec<_> = targets.iter().map(|t| t.iommu_stats()).collect();
     let proc_after = job::process_cpu();
@@ -483,10 +537,17 @@ pub fn run_devices(
         (0, 0, u64::MAX, 0, o.histogram.then(job::new_histogram)),
         (0, 0, u64::MAX, 0, o.histogram.then(job::new_histogram)),
     ];
+    // A direction's share of its row's IOPS: the row's IOPS come from the
+    // sampled intervals, and a direction is the same fraction of them as
+    // of the row's completions.
     let dir_stats =
-        |ios: u64, sum: u64, min: u64, max: u64, h: Option<&Histogram<u64>>, el: f64| {
+        |ios: u64, sum: u64, min: u64, max: u64, h: Option<&Histogram<u64>>, row: (u64, f64)| {
             (ios > 0).then(|| {
-                let iops = if el > 0.0 { ios as f64 / el } else { 0.0 };
+                let iops = if row.0 > 0 {
+                    row.1 * ios as f64 / row.0 as f64
+                } else {
+                    0.0
+                };
                 DirStats {
                     ios,
                     iops,
@@ -502,7 +563,14 @@ pub fn run_devices(
     let mut verify = VerifyReport::default();
     for r in &results {
         let el = r.elapsed.as_secs_f64();
-        let iops = if el > 0.0 { r.ios as f64 / el } else { 0.0 };
+        // Over the controller's intervals, the samples' own completions:
+        // the job's clock runs from when it saw the measured phase start to
+        // when it saw it stop, and a descheduled job sees either late.
+        let iops = if measured_s > 0.0 {
+            sampled[r.index] as f64 / measured_s
+        } else {
+            0.0
+        };
         let (mn, mx, avg) = summarize(&samples[r.index], iops);
         let (r_sum, r_min, r_max) = r.lat_ns();
         let r_hist = r.hist();
@@ -514,7 +582,7 @@ pub fn run_devices(
                 d.lat_min_ns,
                 d.lat_max_ns,
                 d.hist.as_ref(),
-                el,
+                (r.ios, iops),
             )
         };
         let stats = Stats {
@@ -603,8 +671,8 @@ pub fn run_devices(
     };
     tot.lat_us = LatUs::with(lat_sum, lat_min, lat_max, tot.ios, merged.as_ref(), &o.lat);
     let [dr, dw] = &dir_tot;
-    tot.read = dir_stats(dr.0, dr.1, dr.2, dr.3, dr.4.as_ref(), tot.elapsed_s);
-    tot.write = dir_stats(dw.0, dw.1, dw.2, dw.3, dw.4.as_ref(), tot.elapsed_s);
+    tot.read = dir_stats(dr.0, dr.1, dr.2, dr.3, dr.4.as_ref(), (tot.ios, tot.iops));
+    tot.write = dir_stats(dw.0, dw.1, dw.2, dw.3, dw.4.as_ref(), (tot.ios, tot.iops));
     let time_series = time_series(&results, &total_samples, &sample_t, o, moves_data);
     let cpu_ns_per_io = if tot.ios > 0 {
         (usr + sys) * 1e9 / tot.ios as f64
