@@ -398,6 +398,23 @@ fn cpu_ranges(cpus: &[usize]) -> String {
     }
 }
 
+/// Why a run completed no I/O, as far as the report can tell.
+fn nothing_completed(r: &report::RunReport) -> String {
+    let t = &r.total.stats;
+    let mut why = format!(
+        "{}: no I/O completed in the {:.2} s measured, so there is nothing to report",
+        r.device, t.elapsed_s
+    );
+    if r.device.contains("latency=") {
+        why.push_str(": the device's latency= is longer than the run (use -t longer than it)");
+    } else if t.errors > 0 {
+        why.push_str(": every I/O failed");
+    } else {
+        why.push_str(": the device answered nothing (a stalled device or a run cut short)");
+    }
+    why
+}
+
 fn print_failures(r: &report::RunReport) {
     let t = &r.total.stats;
     eprintln!(
@@ -489,6 +506,13 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
         .filter(|r| r.failed())
         .cloned()
         .collect();
+    // A run in which nothing completed measured nothing (issue 29 item 4):
+    // the figures are zeros, not a result.
+    let empty: Vec<String> = std::iter::once(&base)
+        .chain(other.as_ref())
+        .filter(|r| r.total.stats.ios == 0)
+        .map(nothing_completed)
+        .collect();
     if let Some(path) = &args.plot {
         let mut runs = vec![&base];
         runs.extend(other.as_ref());
@@ -529,10 +553,13 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
     for r in &failed {
         print_failures(r);
     }
+    for why in &empty {
+        eprintln!("mcqio-perf: error: {why}");
+    }
     Ok(match sig {
         // The shell's convention for "ended by signal N".
         Some(sig) => ExitCode::from((128 + sig).clamp(1, 255) as u8),
-        None if failed.is_empty() => ExitCode::SUCCESS,
+        None if failed.is_empty() && empty.is_empty() => ExitCode::SUCCESS,
         None => ExitCode::FAILURE,
     })
 }
