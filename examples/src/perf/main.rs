@@ -31,8 +31,10 @@
 mod clock;
 mod corelat;
 mod dmabench;
+mod interrupt;
 mod job;
 mod nvme;
+mod output;
 mod plot;
 mod progress;
 mod queue;
@@ -50,13 +52,14 @@ mod verify;
 mod workload;
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser};
 use mcqio::nvme::queue::pair::MAX_DEPTH;
 
+use crate::interrupt::Interrupt;
 use crate::report::CompareReport;
 use crate::report::LatOpts;
 use crate::run::{DmaMode, PerfError, RunOpts};
@@ -426,45 +429,10 @@ fn print_failures(r: &report::RunReport) {
     }
 }
 
-/// SIGINT/SIGTERM end the run the way fio does: jobs stop submitting, every
-/// I/O in flight completes, and the report covers the time measured. A
-/// second signal ends the process at once.
-struct Interrupt {
-    /// Set by either signal.
-    flag: Arc<AtomicBool>,
-    /// Which signal came (0: none).
-    signal: Arc<AtomicUsize>,
-}
-
-impl Interrupt {
-    fn install() -> Result<Self, PerfError> {
-        let flag = Arc::new(AtomicBool::new(false));
-        let signal = Arc::new(AtomicUsize::new(0));
-        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            let e = |e: std::io::Error| {
-                PerfError::Usage(format!("cannot install a handler for signal {sig}: {e}"))
-            };
-            // Registered first, so it sees the flag as the earlier signal left it.
-            signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&flag))
-                .map_err(e)?;
-            signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize).map_err(e)?;
-            signal_hook::flag::register(sig, Arc::clone(&flag)).map_err(e)?;
-        }
-        Ok(Interrupt { flag, signal })
-    }
-
-    /// The signal that came, if one did.
-    fn signal(&self) -> Option<i32> {
-        if !self.flag.load(Ordering::Relaxed) {
-            return None;
-        }
-        Some(self.signal.load(Ordering::Relaxed) as i32)
-    }
-}
-
 fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
-    let interrupt = Interrupt::install()?;
-    let o = args.opts(Arc::clone(&interrupt.flag))?;
+    let interrupt = Interrupt::install().map_err(PerfError::Usage)?;
+    let o = args.opts(interrupt.flag())?;
+    output::claim_all([args.output.as_deref(), args.plot.as_deref()]).map_err(PerfError::Usage)?;
     if o.time.is_some_and(|t| t.is_zero()) && o.ios.is_none() && o.bytes.is_none() {
         return Err(PerfError::Usage(
             "-t 0 measures nothing; give a time or -n <count>".into(),
@@ -486,21 +454,26 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
         }
     }
     let mut base = report::RunReport::median_of(bases).expect("at least one repeat ran");
-    let sig = interrupt.signal();
-    if let Some(sig) = sig {
-        base.interrupted = true;
-        let what = if sig == signal_hook::consts::SIGTERM {
-            "SIGTERM"
-        } else {
-            "SIGINT"
+    let mut other = report::RunReport::median_of(others);
+    if let Some(what) = interrupt.name() {
+        // The note goes on the run the signal cut short (each run records
+        // whether it saw the signal); a signal between two runs cut none,
+        // and the base run says what did not run.
+        let cut = match other.as_mut() {
+            Some(o) if o.interrupted => o,
+            _ => &mut base,
         };
-        base.notes.push(format!(
+        cut.interrupted = true;
+        cut.notes.push(format!(
             "interrupted by {what}: the numbers cover the {:.2} s measured before it",
-            base.total.stats.elapsed_s
+            cut.total.stats.elapsed_s
         ));
         eprintln!("mcqio-perf: interrupted by {what}; reporting the time measured");
+        if let (Some(c), None) = (&args.compare, &other) {
+            base.notes
+                .push(format!("the --compare run on {c} did not run"));
+        }
     }
-    let other = report::RunReport::median_of(others);
     let failed: Vec<report::RunReport> = std::iter::once(&base)
         .chain(other.as_ref())
         .filter(|r| r.failed())
@@ -556,9 +529,9 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
     for why in &empty {
         eprintln!("mcqio-perf: error: {why}");
     }
-    Ok(match sig {
+    Ok(match interrupt.exit_code() {
         // The shell's convention for "ended by signal N".
-        Some(sig) => ExitCode::from((128 + sig).clamp(1, 255) as u8),
+        Some(code) => code,
         None if failed.is_empty() && empty.is_empty() => ExitCode::SUCCESS,
         None => ExitCode::FAILURE,
     })

@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::report::RunReport;
@@ -30,9 +31,33 @@ const COLORS: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
+/// Draw into an SVG document in memory, then write it to `path`: a file
+/// that cannot be written is then an I/O error with its reason, not the
+/// backend's "Drawing backend error" (the caller checked it before the
+/// run, [`crate::output::claim`]).
+fn render(
+    path: &Path,
+    size: (u32, u32),
+    draw: impl FnOnce(&DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), PlotError>,
+) -> Result<(), PlotError> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        draw(&root)?;
+        root.present().map_err(err)?;
+    }
+    std::fs::write(path, svg).map_err(err)
+}
+
 /// IOPS per second (left) and the latency CDF (right), one series per run.
 pub fn perf_chart(path: &Path, runs: &[&RunReport]) -> Result<(), PlotError> {
-    let root = SVGBackend::new(path, (1200, 480)).into_drawing_area();
+    render(path, (1200, 480), |root| draw_perf(root, runs))
+}
+
+fn draw_perf(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    runs: &[&RunReport],
+) -> Result<(), PlotError> {
     root.fill(&WHITE).map_err(err)?;
     let (left, right) = root.split_horizontally(600);
 
@@ -137,7 +162,6 @@ pub fn perf_chart(path: &Path, runs: &[&RunReport]) -> Result<(), PlotError> {
         .background_style(WHITE.mix(0.8))
         .draw()
         .map_err(err)?;
-    root.present().map_err(err)?;
     Ok(())
 }
 
@@ -152,7 +176,18 @@ pub fn line_chart(
     y_desc: &str,
     series: &[Series],
 ) -> Result<(), PlotError> {
-    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    render(path, (800, 480), |root| {
+        draw_lines(root, title, x_desc, y_desc, series)
+    })
+}
+
+fn draw_lines(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[Series],
+) -> Result<(), PlotError> {
     root.fill(&WHITE).map_err(err)?;
     let pts = series.iter().flat_map(|(_, p)| p.iter());
     let (x0, x1, y1) = pts.fold((f64::INFINITY, f64::NEG_INFINITY, 1.0f64), |a, p| {
@@ -165,7 +200,7 @@ pub fn line_chart(
     } else {
         (0.0, 1.0)
     };
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 20))
         .margin(10)
         .x_label_area_size(40)
@@ -195,6 +230,5 @@ pub fn line_chart(
         .background_style(WHITE.mix(0.8))
         .draw()
         .map_err(err)?;
-    root.present().map_err(err)?;
     Ok(())
 }

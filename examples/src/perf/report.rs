@@ -617,6 +617,15 @@ impl CompareReport {
             let _ = write!(s, ", p99 latency {p:.2}x");
         }
         let _ = write!(s, ", CPU per I/O {:.2}x", r.cpu_ns_per_io);
+        for run in [&self.base, &self.other] {
+            if run.interrupted {
+                let _ = write!(
+                    s,
+                    " (compares a partial run: {} was interrupted)",
+                    run.device
+                );
+            }
+        }
         s
     }
 }
