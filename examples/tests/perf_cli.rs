@@ -410,7 +410,10 @@ fn a_run_that_completed_nothing_is_an_error() {
     let (code, out, err) = perf(&["-d", "fake,latency=1500ms", "-q", "1", "-t", "500ms"]);
     assert_eq!(code, 1, "stdout: {out}\nstderr: {err}");
     assert!(err.contains("no I/O completed"), "{err}");
-    assert!(err.contains("latency"), "the reason names the device latency: {err}");
+    assert!(
+        err.contains("latency"),
+        "the reason names the device latency: {err}"
+    );
     // The bare number that meant seconds is refused before anything runs.
     let (code, _, err) = perf(&["-d", "fake,latency=10", "-t", "1"]);
     assert_eq!(code, 2, "{err}");

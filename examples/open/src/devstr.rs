@@ -862,7 +862,9 @@ mod tests {
             parse_device_duration("latency", "1.5ms").unwrap(),
             Duration::from_micros(1500)
         );
-        let e = parse_device_duration("fake_latency", "10").unwrap_err().to_string();
+        let e = parse_device_duration("fake_latency", "10")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("fake_latency=10") && e.contains("10us"), "{e}");
         assert!(parse_device_duration("x", "fast").is_err());
         assert!(parse_device_duration("x", "-1us").is_err());
