@@ -14,6 +14,11 @@
 //!
 //! The job loop reads the clock twice per I/O: just before it pushes the
 //! I/O and when the poll hands back its completion (issue 29 item 1).
+//! Measured against one read per batch and one per poll (callgrind,
+//! `fake:null,sync=1 -q 128`, release profile, instructions per I/O as
+//! the difference of `-n 300000` and `-n 100000` over 200,000): 899 -> 928
+//! without a histogram, and 931 -> 1016 with one (`-L`, `--json`), where
+//! each I/O's own latency is now recorded instead of one value per batch.
 
 use std::time::Instant;
 
