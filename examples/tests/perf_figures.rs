@@ -92,3 +92,82 @@ fn a_timed_mixed_run_has_consistent_figures() {
     ]);
     check_report(&v);
 }
+
+/// Issue 29 item 2: a run with fewer than three per-second samples says
+/// its min/max/avg rest on too little, in the JSON and in the table.
+#[test]
+fn too_few_samples_are_warned_about() {
+    let v = perf_json(&["-d", "fake:null", "-t", "2"]);
+    let w = v["warnings"].as_array().expect("a warnings array");
+    assert!(
+        w.iter()
+            .any(|w| w.as_str().unwrap().contains("only 2 per-second sample(s)")),
+        "{w:?}"
+    );
+    let out = support::command(env!("CARGO_BIN_EXE_mcqio-perf"))
+        .args(["-d", "fake:null", "-n", "1000"])
+        .output()
+        .expect("runs");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("WARNING: only 1 per-second sample(s)"),
+        "{table}"
+    );
+}
+
+/// Runs `mcqio-perf` on CPU 0 only, returning its report's warnings.
+fn warnings_on_one_cpu(args: &[&str]) -> Vec<String> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = support::command(env!("CARGO_BIN_EXE_mcqio-perf"));
+    cmd.args(args).arg("--json");
+    // SAFETY: between fork and exec the closure only builds a CPU set on
+    // the stack and calls sched_setaffinity, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    let out = cmd.output().expect("mcqio-perf runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v["warnings"]
+        .as_array()
+        .expect("a warnings array")
+        .iter()
+        .map(|w| w.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Issue 29 item 2: three busy-polling jobs squeezed onto one CPU each get
+/// about a third of it; the report says so instead of presenting the
+/// figures as valid.
+#[test]
+fn a_starved_job_is_warned_about() {
+    let w = warnings_on_one_cpu(&["-d", "fake:null,sync=1", "-j", "3", "--force", "-t", "3"]);
+    assert!(
+        w.iter()
+            .any(|w| w.starts_with("job ") && w.contains("busy-polled but got")),
+        "{w:?}"
+    );
+}
+
+/// Issue 29 item 2: the fake's device thread sharing the job's one CPU
+/// waits for it; the report says the device answered late.
+#[test]
+fn a_descheduled_device_thread_is_warned_about() {
+    let w = warnings_on_one_cpu(&["-d", "fake:null", "-t", "3"]);
+    assert!(
+        w.iter()
+            .any(|w| w.contains("device thread") && w.contains("waited for a CPU")),
+        "{w:?}"
+    );
+}

@@ -40,6 +40,7 @@ mod progress;
 mod queue;
 mod report;
 mod run;
+mod sched;
 mod seed;
 mod seed_hpb;
 mod setup;

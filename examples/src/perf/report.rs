@@ -476,6 +476,10 @@ pub struct RunReport {
     pub failures: Vec<String>,
     /// Remarks (fallbacks taken, what a device measures).
     pub notes: Vec<String>,
+    /// Reasons the figures may not be valid (a starved job or device
+    /// thread, too few per-second samples); empty when there are none.
+    #[serde(default)]
+    pub warnings: Vec<String>,
     /// The latency clock.
     pub clock: ClockReport,
     /// With `--repeat N`: total IOPS of every repeat, in run order; the rest
@@ -834,6 +838,9 @@ impl RunReport {
                 }
             }
         }
+        for w in &self.warnings {
+            let _ = writeln!(out, "WARNING: {w}");
+        }
         for n in &self.notes {
             let _ = writeln!(out, "note: {n}");
         }
@@ -916,6 +923,7 @@ mod tests {
             },
             repeat_iops: vec![],
             interrupted: false,
+            warnings: vec![],
             compare: None,
             time_series: vec![],
         }

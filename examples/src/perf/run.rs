@@ -30,6 +30,71 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 /// joins the previous per-second sample instead of being one.
 const MIN_SAMPLE_S: f64 = 0.25;
 
+/// A busy-polling thread that got less than this share of a CPU was
+/// starved: its figures measure the scheduler, not the device.
+const STARVED_CPU: f64 = 0.5;
+
+/// A device thread that waited for a CPU longer than this share of the
+/// measured phase, while runnable, was descheduled.
+const DESCHEDULED: f64 = 0.2;
+
+/// Job threads are named this and their index.
+const JOB_THREAD_PREFIX: &str = "mcqio-perf-j";
+
+/// Fewer per-second samples than this make min/max/avg IOPS too thin to trust.
+const MIN_SAMPLES: usize = 3;
+
+/// What [`starved`] judges a run by.
+#[derive(Debug, Clone)]
+struct StarveInput {
+    /// Per-second samples taken.
+    samples: usize,
+    /// Per job: index, whether it busy-polls, its CPU time, its wall time.
+    jobs: Vec<(usize, bool, Duration, Duration)>,
+    /// Per device thread: its name and how long it waited for a CPU
+    /// while runnable in the measured phase, ns.
+    threads: Vec<(String, u64)>,
+    /// Length of the measured phase, s.
+    wall_s: f64,
+}
+
+/// The reasons not to take a run's figures at face value (issue 29 item
+/// 2): a busy-polling job, or a fake's device thread, that got far less
+/// than a CPU (getrusage per thread against wall time), or fewer than
+/// three per-second samples.
+fn starved(r: &StarveInput) -> Vec<String> {
+    let mut out = Vec::new();
+    for &(job, polled, cpu, wall) in &r.jobs {
+        let share = cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9);
+        if polled && !wall.is_zero() && share < STARVED_CPU {
+            out.push(format!(
+                "job {job} busy-polled but got {:.0}% of a CPU over its {:.2} s: the machine (or another job on its core) \
+                 took the rest, so its latency and IOPS measure the scheduler",
+                share * 100.0,
+                wall.as_secs_f64()
+            ));
+        }
+    }
+    for (name, wait) in &r.threads {
+        let share = *wait as f64 / 1e9 / r.wall_s.max(1e-9);
+        if share > DESCHEDULED {
+            out.push(format!(
+                "thread {name} (a fake's device thread) was runnable but waited for a CPU {:.0}% of the \
+                 measured {:.2} s: descheduled, the device answers late, so latency and IOPS measure the scheduler",
+                share * 100.0,
+                r.wall_s
+            ));
+        }
+    }
+    if r.samples < MIN_SAMPLES {
+        out.push(format!(
+            "only {} per-second sample(s): IOPS min/max/avg rest on too little to trust (run -t {MIN_SAMPLES} or longer)",
+            r.samples
+        ));
+    }
+    out
+}
+
 /// One stretch of the measured phase, as the run controller counted it:
 /// each is one per-second IOPS sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -313,7 +378,7 @@ pub fn run_devices(
         let core = o.cpus.get(spec.index).copied();
         let job = spec.index;
         let h = std::thread::Builder::new()
-            .name(format!("mcqio-perf-j{}", spec.index))
+            .name(format!("{JOB_THREAD_PREFIX}{}", spec.index))
             .spawn(move || -> (Result<JobResult, String>, bool) {
                 let pinned = core
                     .is_none_or(|id| core_affinity::set_for_current(core_affinity::CoreId { id }));
@@ -381,6 +446,7 @@ pub fn run_devices(
     }
     let iommu_before: Vec<_> = targets.iter().map(|t| t.iommu_stats()).collect();
     let proc_before = job::process_cpu();
+    let sched_before = crate::sched::snapshot();
     let t0 = Instant::now();
     let base = counts(&shared);
     shared.phase.store(PHASE_MEASURE, Ordering::Release);
@@ -474,6 +540,7 @@ pub fn run_devices(
         .map(|j| intervals.iter().map(|i| i.counts[j]).sum())
         .collect();
     shared.phase.store(PHASE_STOP, Ordering::Release);
+    let sched_after = crate::sched::snapshot();
     let iommu_after: Vec<_> = targets.iter().map(|t| t.iommu_stats()).collect();
     let proc_after = job::process_cpu();
     let proc_cpu = (proc_after.0 + proc_after.1).saturating_sub(proc_before.0 + proc_before.1);
@@ -674,6 +741,26 @@ pub fn run_devices(
     tot.read = dir_stats(dr.0, dr.1, dr.2, dr.3, dr.4.as_ref(), (tot.ios, tot.iops));
     tot.write = dir_stats(dw.0, dw.1, dw.2, dw.3, dw.4.as_ref(), (tot.ios, tot.iops));
     let time_series = time_series(&results, &total_samples, &sample_t, o, moves_data);
+    let warnings = starved(&StarveInput {
+        samples: total_samples.len(),
+        jobs: results
+            .iter()
+            .map(|r| {
+                let polled = !matches!(*targets[job_dev[r.index]], Target::Uring(_));
+                (r.index, polled, r.cpu_usr + r.cpu_sys, r.elapsed)
+            })
+            .collect(),
+        // Only the fakes' device threads: the main thread sleeps between
+        // samples, so its waits say nothing about the run.
+        threads: crate::sched::waits(&sched_before, &sched_after)
+            .into_iter()
+            .filter(|(tid, name, _)| {
+                *tid != std::process::id() && !name.starts_with(JOB_THREAD_PREFIX)
+            })
+            .map(|(tid, name, wait)| (format!("{name} ({tid})"), wait))
+            .collect(),
+        wall_s: wall,
+    });
     let cpu_ns_per_io = if tot.ios > 0 {
         (usr + sys) * 1e9 / tot.ios as f64
     } else {
@@ -711,6 +798,7 @@ pub fn run_devices(
         .map(|s| crate::report::HpbReport::from(&s))
         .collect();
     Ok(RunReport {
+        warnings,
         hpb,
         device: devices
             .iter()
