@@ -102,8 +102,8 @@ static struct fio_option options[] = {
 	{
 		.name = "fake_core", .lname = "fake_core", .type = FIO_OPT_INT,
 		.off1 = offsetof(struct mcqio_fio_options, fake_core),
-		.help = "Core the fake's device thread is pinned to (-1: not pinned)",
-		.def = "-1", .minval = -1,
+		.help = "Core the fake's device thread is pinned to (-2, the default: the highest CPU the process may use, as mcqio-perf does; -1: not pinned)",
+		.def = "-2", .minval = -2,
 		.category = FIO_OPT_C_ENGINE, .group = FIO_OPT_G_INVALID,
 	},
 	{ .name = NULL },
@@ -148,6 +148,7 @@ static int mcqio_setup(struct thread_data *td)
 		td->io_ops_data = NULL;
 	}
 	mcqio_config(td->eo, &cfg);
+	cfg.min_bs = td_min_bs(td);
 	names = calloc(n ? n : 1, sizeof(*names));
 	out = calloc(n ? n : 1, sizeof(*out));
 	if (!names || !out) {

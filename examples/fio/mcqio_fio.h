@@ -36,6 +36,7 @@ struct mcqio_fio_config {
 	const char *fake_latency; /* fake per-command latency, with its unit ("10us"); "0": none */
 	int64_t fake_core;        /* core for the fake's device thread; -1: none */
 	uint32_t mcq;             /* UFS: 1 MCQ when the controller has it, 0 legacy list */
+	uint64_t min_bs;          /* the job's smallest block size (td_min_bs); 0: not checked */
 };
 
 /* What setup learnt about each file. */

@@ -40,6 +40,8 @@ pub struct Config {
     pub fake_core: i64,
     /// `mcq` (UFS: 1 use MCQ when the controller has it, 0 the legacy list).
     pub mcq: u32,
+    /// The job's smallest block size (fio's `td_min_bs`; 0: not checked).
+    pub min_bs: u64,
 }
 
 /// Per-file answer of [`mcqio_fio_setup`] (`struct mcqio_fio_file`).
@@ -98,6 +100,30 @@ unsafe fn opt_str<'a>(p: *const c_char) -> Result<&'a str, EngineError> {
         .map_err(|_| EngineError::Abi("option is not UTF-8"))
 }
 
+/// `fake_core=-2`, the default: pin the fake's device thread to the
+/// highest CPU this process may use, as mcqio-perf keeps it off the job
+/// cores (fio's job threads start on the low ones). An unpinned device
+/// thread gave 576k, 533k, then 8k IOPS for the same job on a busy machine
+/// (issue 29 item 7).
+const FAKE_CORE_AUTO: i64 = -2;
+
+/// The highest CPU in this process's affinity mask (`None` if unknown).
+fn highest_allowed_cpu() -> Option<usize> {
+    // SAFETY: an all-zero cpu_set_t is a valid, empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes
+    // into the owned `set`.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: CPU_ISSET reads the initialised set; the index is in range.
+    (0..libc::CPU_SETSIZE as usize)
+        .rev()
+        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+}
+
 /// # Safety
 /// The strings in `c` are null or NUL-terminated.
 unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
@@ -152,10 +178,14 @@ unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
     }
     let fake_core = match c.fake_core {
         -1 => None,
-        n => Some(
-            usize::try_from(n)
-                .map_err(|_| bad("fake_core", n.to_string(), "use a core number, or -1"))?,
-        ),
+        FAKE_CORE_AUTO => highest_allowed_cpu(),
+        n => Some(usize::try_from(n).map_err(|_| {
+            bad(
+                "fake_core",
+                n.to_string(),
+                "use a core number, -1 (not pinned) or -2 (the highest CPU the process may use)",
+            )
+        })?),
     };
     Ok(DeviceOptions {
         huge_pages: spec::parse_huge_pages(huge)?,
@@ -204,6 +234,9 @@ pub unsafe extern "C" fn mcqio_fio_setup(
             })
             .collect::<Result<_, _>>()?;
         let (job, files) = Job::setup(&list, &opts, max_io)?;
+        // SAFETY: non-null and valid (caller contract).
+        let min_bs = unsafe { (*cfg).min_bs };
+        crate::job::check_block_sizes(&files, &list, min_bs, max_io)?;
         for (i, f) in files.iter().enumerate() {
             // SAFETY: `out` holds `nfiles` entries and files.len() == nfiles.
             unsafe {
@@ -443,8 +476,9 @@ mod tests {
             fake_namespaces: 1,
             fake_exec: std::ptr::null(),
             fake_latency: fake_latency.as_ptr(),
-            fake_core: -1,
+            fake_core: FAKE_CORE_AUTO,
             mcq: 1,
+            min_bs: 4096,
         }
     }
 
@@ -463,6 +497,9 @@ mod tests {
         assert_eq!(o.io_timeout, Some(Duration::from_secs(30)));
         let o = options(c"0", c"0").unwrap();
         assert_eq!((o.fake_latency, o.io_timeout), (Duration::ZERO, None));
+        // Issue 29 item 7: the default fake is pinned, as mcqio-perf's is.
+        assert_eq!(o.fake_core, highest_allowed_cpu());
+        assert!(o.fake_core.is_some());
         for (t, l, bad) in [
             (c"30s", c"10", "fake_latency=10"),
             (c"30", c"0", "io_timeout=30"),
