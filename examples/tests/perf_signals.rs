@@ -163,3 +163,17 @@ fn an_interrupted_compare_says_its_ratio_is_partial() {
         "{ratio}"
     );
 }
+
+/// Issue 29 item 9: an interrupted run's header gives the time measured,
+/// not only the time asked for.
+#[test]
+fn an_interrupted_header_shows_the_time_measured() {
+    let c = start(&["-d", "fake:null", "-t", "30"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(&c, libc::SIGINT);
+    let (code, out, err) = finish(c, Duration::from_secs(10));
+    assert_eq!(code, Some(130), "{err}");
+    let header = out.lines().next().unwrap_or_default();
+    assert!(header.contains("interrupted after "), "{header}");
+    assert!(header.contains("(asked: 30 s)"), "{header}");
+}

@@ -117,7 +117,54 @@ fn nonzero_size(s: &str) -> Result<u64, String> {
 struct CpuList(Vec<usize>);
 
 fn cpu_list(s: &str) -> Result<CpuList, String> {
+    let t = s.trim();
+    if let Some(hex) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        // spdk_nvme_perf's -c: bit i set = core i.
+        let mask = u128::from_str_radix(hex, 16)
+            .map_err(|_| format!("`{s}`: a core mask is hex, e.g. 0x3 for cores 0 and 1"))?;
+        if mask == 0 {
+            return Err(format!("`{s}`: the mask selects no core"));
+        }
+        return Ok(CpuList((0..128).filter(|&c| mask >> c & 1 == 1).collect()));
+    }
     parse_cpus(s).map(CpuList).map_err(|e| e.to_string())
+}
+
+fn rate(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("0 I/Os per second runs nothing; leave --rate-iops out for no limit".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "`{s}`: a whole number of I/Os per second over all jobs, e.g. 10000"
+        )),
+    }
+}
+
+/// fio's and spdk_nvme_perf's spellings clap would match to the wrong flag
+/// (`--output-format` to `--output`, `--direct` to `--quiet`), with what
+/// to use here.
+const FOREIGN_FLAGS: &[(&str, &str)] = &[
+    ("--output-format", "fio's; use --json (or nothing, for the table)"),
+    (
+        "--direct",
+        "fio's; mcqio-perf's I/O is always direct (the engine moves DMA buffers, no page cache), and uring:<path> opens with O_DIRECT where it may (direct=0 in the device string turns it off)",
+    ),
+    ("--bs", "fio's; use -o/--io-size (4k, 128k)"),
+    ("--iodepth", "fio's; use -q/--qd"),
+    ("--numjobs", "fio's; use -j/--jobs"),
+    ("--runtime", "fio's; use -t/--time"),
+];
+
+/// The message for a foreign flag among `args`, if there is one.
+fn foreign_flag(args: &[std::ffi::OsString]) -> Option<String> {
+    args.iter().skip(1).find_map(|a| {
+        let a = a.to_str()?;
+        let name = a.split('=').next()?;
+        FOREIGN_FLAGS
+            .iter()
+            .find(|(f, _)| *f == name)
+            .map(|(f, why)| format!("`{a}`: {f} is {why}"))
+    })
 }
 
 fn device(s: &str) -> Result<DeviceSpec, String> {
@@ -140,7 +187,7 @@ fn io_size(s: &str) -> Result<u64, String> {
 #[command(
     name = "mcqio-perf",
     version,
-    about = "Measure NVMe I/O through mcqio (fake, VFIO) or the kernel's io_uring",
+    about = "Measure NVMe and UFS I/O through mcqio (fake, VFIO) or the kernel's io_uring",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -159,7 +206,7 @@ struct RunArgs {
         action = clap::ArgAction::Append,
         value_parser = device,
         help = "Device: fake[,lbs=,lbads=,ns=,size=,corrupt=,error=,latency=,qpairs=,core=,sync=], fake:null, \
-                fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,core=,sync=], fake-ufs:null, \
+                fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,core=,sync=,tr=,tprog=,dies=], fake-ufs:null, \
                 vfio:<BDF>[,qpairs=,mcq=] (NVMe or UFS), uring:<path>[,size=,lbs=,lbads=,direct=], uring:null \
                 (lbs= in bytes, lbads= as NVMe's log2; default fake: 1 namespace of 64 MiB, 512 B blocks). \
                 Repeat -d to run several devices at once: job i runs on device i mod N"
@@ -180,8 +227,9 @@ struct RunArgs {
     /// Jobs: threads, each pinned to a core with its own queue pair / ring
     #[arg(short = 'j', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     jobs: u32,
-    /// Cores for the jobs (job i on the i-th listed core), e.g. 0,1 or 0-3
-    #[arg(long, value_parser = cpu_list)]
+    /// Cores for the jobs (job i on the i-th listed core), e.g. 0,1 or 0-3,
+    /// or spdk_nvme_perf's hex core mask (-c 0x3)
+    #[arg(short = 'c', long, value_parser = cpu_list)]
     cpus: Option<CpuList>,
     /// Time to measure: seconds or with a unit (3, 1s, 500ms, 2m) [default: 3 s
     /// without -n]; with -n the run ends at whichever comes first
@@ -227,7 +275,7 @@ struct RunArgs {
     #[arg(short = 'N', long = "nsid", value_parser = nsid_list)]
     nsids: Option<NsidList>,
     /// Limit the I/O rate: I/Os per second over all jobs
-    #[arg(long = "rate-iops", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long = "rate-iops", value_parser = rate)]
     rate_iops: Option<u64>,
     /// Move this many bytes in total and stop (size-based run; with -t:
     /// whichever comes first)
@@ -541,7 +589,12 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
 fn main() -> ExitCode {
     // The library logs through `log`; RUST_LOG=debug (or warn, trace) shows it.
     env_logger::init();
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(msg) = foreign_flag(&args) {
+        eprintln!("mcqio-perf: error: {msg}");
+        return ExitCode::from(2);
+    }
+    let cli = Cli::parse_from(args);
     let result = match &cli.cmd {
         None => perf(&cli.run),
         Some(c) => return setup::run(c),

@@ -154,8 +154,8 @@ pub enum PerfError {
         granted: usize,
     },
     /// `--offset`/`--size` do not fit a namespace or are not block-aligned.
-    #[error("{device} namespace {nsid}: the region at offset {offset} of {size} bytes {why} (the namespace has {ns_bytes} bytes in {lbads}-byte blocks)",
-        size = size.map_or_else(|| "to the end".to_string(), |s| s.to_string()))]
+    #[error("{device} namespace {nsid}: the region at offset {offset} {size} {why} (the namespace has {ns_bytes} bytes in {lbads}-byte blocks)",
+        size = size.map_or_else(|| "(to the end)".to_string(), |s| format!("of {s} bytes")))]
     Region {
         /// The device label.
         device: String,
