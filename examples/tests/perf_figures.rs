@@ -171,3 +171,40 @@ fn a_descheduled_device_thread_is_warned_about() {
         "{w:?}"
     );
 }
+
+/// Issue 29 item 6: a rate the device cannot give (QD 1 at 10 ms is at
+/// most 100 I/Os per second) is reported as achieved against requested,
+/// with a warning, instead of no word.
+#[test]
+fn an_unreached_rate_is_warned_about() {
+    let v = perf_json(&[
+        "-d",
+        "fake,latency=10ms",
+        "-q",
+        "1",
+        "--rate-iops",
+        "1000",
+        "-t",
+        "2",
+    ]);
+    let notes: Vec<&str> = v["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("--rate-iops 1000: achieved ")),
+        "{notes:?}"
+    );
+    let w = v["warnings"].as_array().expect("a warnings array");
+    assert!(
+        w.iter().any(|w| w
+            .as_str()
+            .unwrap()
+            .starts_with("--rate-iops 1000 was not reached")),
+        "{w:?}"
+    );
+}

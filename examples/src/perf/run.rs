@@ -44,6 +44,24 @@ const JOB_THREAD_PREFIX: &str = "mcqio-perf-j";
 /// Fewer per-second samples than this make min/max/avg IOPS too thin to trust.
 const MIN_SAMPLES: usize = 3;
 
+/// `--rate-iops` within this share of the request counts as reached.
+const RATE_REACHED: f64 = 0.98;
+
+/// The achieved rate against `--rate-iops` (issue 29 item 6): a note, and
+/// a warning when the run fell short of it by more than 2%.
+fn rate_note(requested: u64, achieved: f64) -> (String, Option<String>) {
+    let pct = achieved / requested as f64 * 100.0;
+    let note =
+        format!("--rate-iops {requested}: achieved {achieved:.0} I/Os per second ({pct:.1}%)");
+    let short = (achieved < RATE_REACHED * requested as f64).then(|| {
+        format!(
+            "--rate-iops {requested} was not reached: {achieved:.0} I/Os per second ({pct:.1}%); the device, the queue \
+             depth (at most QD / latency I/Os per second per job) or a starved thread held it back"
+        )
+    });
+    (note, short)
+}
+
 /// What [`starved`] judges a run by.
 #[derive(Debug, Clone)]
 struct StarveInput {
@@ -741,7 +759,7 @@ pub fn run_devices(
     tot.read = dir_stats(dr.0, dr.1, dr.2, dr.3, dr.4.as_ref(), (tot.ios, tot.iops));
     tot.write = dir_stats(dw.0, dw.1, dw.2, dw.3, dw.4.as_ref(), (tot.ios, tot.iops));
     let time_series = time_series(&results, &total_samples, &sample_t, o, moves_data);
-    let warnings = starved(&StarveInput {
+    let mut warnings = starved(&StarveInput {
         samples: total_samples.len(),
         jobs: results
             .iter()
@@ -761,6 +779,11 @@ pub fn run_devices(
             .collect(),
         wall_s: wall,
     });
+    if let Some(rate) = o.rate_iops {
+        let (note, short) = rate_note(rate, tot.iops);
+        notes.push(note);
+        warnings.extend(short);
+    }
     let cpu_ns_per_io = if tot.ios > 0 {
         (usr + sys) * 1e9 / tot.ios as f64
     } else {
