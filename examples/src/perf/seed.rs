@@ -304,25 +304,35 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
         );
     }
     if let Some(path) = &a.plot {
-        let series: Vec<crate::plot::Series> = WORKLOADS
+        // Grouped bars: one group per workload and job count, a bar per
+        // mode (lines would join jobs=1 to jobs=8 as if they were a series).
+        let groups: Vec<crate::plot::BarGroup> = WORKLOADS
             .iter()
-            .flat_map(|w| ["legacy", "mcq"].map(|m| (w.name(), m)))
-            .map(|(w, m)| {
-                let pts = report
-                    .rows
+            .flat_map(|w| jobs_list.map(|j| (w.name(), j)))
+            .map(|(w, j)| {
+                let v = ["legacy", "mcq"]
                     .iter()
-                    .filter(|r| r.workload == w && r.mode == m)
-                    .map(|r| (r.jobs as f64, r.iops_avg))
+                    .map(|m| {
+                        report
+                            .rows
+                            .iter()
+                            .find(|r| r.workload == w && r.jobs == j && r.mode == *m)
+                            .map_or(0.0, |r| r.iops_avg)
+                    })
                     .collect();
-                (format!("{w} {m}"), pts)
+                (format!("{w}, {j} job(s)"), v)
             })
             .collect();
-        crate::plot::line_chart(
+        crate::plot::bar_chart(
             path,
-            &format!("UFS MCQ vs legacy single doorbell on {}", a.device.label()),
-            "jobs",
+            &format!(
+                "UFS MCQ vs legacy single doorbell: 4 KiB random, QD {} per job, on {}",
+                a.depth,
+                a.device.label()
+            ),
             "IOPS (avg of per-second samples)",
-            &series,
+            &["legacy single doorbell", "MCQ"],
+            &groups,
         )
         .map_err(|e| PerfError::Output {
             path: path.clone(),
