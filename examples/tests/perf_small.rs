@@ -83,3 +83,17 @@ fn help_names_both_transports() {
     let (_, out, _) = perf(&["bind", "--help"]);
     assert!(out.contains("NVMe or UFS"), "{out}");
 }
+
+/// UFS `-q 4096` was explained as "the queue offers 255 slots of 4096
+/// bytes; the job needs 4096 of 4096": it is a depth limit.
+#[test]
+fn a_too_deep_queue_is_explained_as_a_depth_limit() {
+    let (code, _, err) = perf(&["-d", "fake-ufs", "-q", "4096", "-t", "1"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("queue depth 4096 is deeper than this device's queue pair (255 slots): use -q 255 or less"),
+        "{err}"
+    );
+    let (_, out, _) = perf(&["--help"]);
+    assert!(out.contains("255 with MCQ, 32 on"), "{out}");
+}

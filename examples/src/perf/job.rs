@@ -476,7 +476,18 @@ pub fn run<Q: JobQueue>(
     ready: impl FnOnce(Result<(), String>),
 ) -> Result<JobResult, QueueError> {
     let need = spec.nlb as usize * spec.lbads as usize;
-    if q.buffer_len() < need || q.depth() < spec.depth {
+    if q.depth() < spec.depth {
+        // A depth limit, not a buffer problem (issue 29 item 9).
+        let e = QueueError(format!(
+            "queue depth {} is deeper than this device's queue pair ({} slots): use -q {} or less",
+            spec.depth,
+            q.depth(),
+            q.depth()
+        ));
+        ready(Err(e.to_string()));
+        return Err(e);
+    }
+    if q.buffer_len() < need {
         let e = QueueError(format!(
             "the queue offers {} slots of {} bytes; the job needs {} of {need}",
             q.depth(),

@@ -221,7 +221,9 @@ struct RunArgs {
     /// I/O size (4k, 128k, bytes)
     #[arg(short = 'o', long = "io-size", default_value = "4k", value_parser = io_size)]
     io_size: u64,
-    /// Queue depth per job (at most the engine's queue depth limit)
+    /// Queue depth per job: 1 to 4096 here (the engine's limit); a device may
+    /// offer fewer slots per queue pair (the fake UFS: 255 with MCQ, 32 on
+    /// the legacy single-doorbell list), and the run then says so
     #[arg(short = 'q', long = "qd", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
     depth: u32,
     /// Jobs: threads, each pinned to a core with its own queue pair / ring
