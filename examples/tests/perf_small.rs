@@ -97,3 +97,41 @@ fn a_too_deep_queue_is_explained_as_a_depth_limit() {
     let (_, out, _) = perf(&["--help"]);
     assert!(out.contains("255 with MCQ, 32 on"), "{out}");
 }
+
+/// `--compare` printed a p99 ratio under tables that show no p99 (a
+/// histogram is recorded for `--plot` too, without `-L`).
+#[test]
+fn compare_ratios_only_figures_the_tables_show() {
+    let svg = std::env::temp_dir().join(format!("mcqio-ratio-{}.svg", std::process::id()));
+    let svg = svg.to_str().unwrap();
+    let ratio = |args: &[&str]| {
+        let (code, out, err) = perf(args);
+        assert_eq!(code, 0, "{err}");
+        out.lines()
+            .find(|l| l.contains(" vs ") && l.contains("IOPS"))
+            .unwrap_or_else(|| panic!("no ratio line: {out}"))
+            .to_string()
+    };
+    let plain = ratio(&[
+        "-d",
+        "fake:null",
+        "-t",
+        "1",
+        "--compare",
+        "fake:null,ns=2",
+        "--plot",
+        svg,
+    ]);
+    assert!(!plain.contains("p99"), "{plain}");
+    let _ = std::fs::remove_file(svg);
+    let with_l = ratio(&[
+        "-d",
+        "fake:null",
+        "-t",
+        "1",
+        "--compare",
+        "fake:null,ns=2",
+        "-L",
+    ]);
+    assert!(with_l.contains("p99 latency"), "{with_l}");
+}

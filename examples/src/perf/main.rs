@@ -563,7 +563,7 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
             doc.push('\n');
             doc.push_str(&other.table(lat));
             doc.push('\n');
-            doc.push_str(&CompareReport::new(base.clone(), other.clone()).ratio_text());
+            doc.push_str(&CompareReport::new(base.clone(), other.clone()).ratio_text(lat));
             doc.push('\n');
         }
     }

@@ -607,7 +607,9 @@ impl CompareReport {
     }
 
     /// The ratio line(s) for the table output.
-    pub fn ratio_text(&self) -> String {
+    /// Only figures the tables show are compared: the p99 ratio comes with
+    /// `percentiles` (`-L`), when the tables print percentiles.
+    pub fn ratio_text(&self, percentiles: bool) -> String {
         let r = &self.ratio;
         let mut s = format!(
             "{} vs {}: IOPS {:.2}x, ",
@@ -617,7 +619,7 @@ impl CompareReport {
             let _ = write!(s, "MiB/s {m:.2}x, ");
         }
         let _ = write!(s, "avg latency {:.2}x", r.lat_avg);
-        if let Some(p) = r.lat_p99 {
+        if let Some(p) = r.lat_p99.filter(|_| percentiles) {
             let _ = write!(s, ", p99 latency {p:.2}x");
         }
         let _ = write!(s, ", CPU per I/O {:.2}x", r.cpu_ns_per_io);
@@ -1074,7 +1076,7 @@ mod tests {
         assert!(v["base"]["total"]["iops"].is_number());
         assert!(v["other"]["total"]["iops"].is_number());
         assert!(v["ratio"]["iops"].is_number());
-        assert!(c.ratio_text().contains("IOPS 1.50x"));
+        assert!(c.ratio_text(true).contains("IOPS 1.50x"));
         let back: CompareReport = serde_json::from_value(v).unwrap();
         assert_eq!(back, c);
         // Issue 16 item 7: one JSON shape for single and compared runs.
