@@ -694,10 +694,10 @@ mod tests {
             lba_shift: 12,
             size: 1 << 20,
         };
-        assert!(check_block_sizes(&[f.clone()], &["fake"], 4096, 65536).is_ok());
-        assert!(check_block_sizes(&[f.clone()], &["fake"], 0, 0).is_ok());
+        assert!(check_block_sizes(&[f], &["fake"], 4096, 65536).is_ok());
+        assert!(check_block_sizes(&[f], &["fake"], 0, 0).is_ok());
         for (min, max, bad) in [(1024, 4096, 1024), (4096, 6144, 6144)] {
-            let e = check_block_sizes(&[f.clone()], &["fake"], min, max)
+            let e = check_block_sizes(&[f], &["fake"], min, max)
                 .unwrap_err()
                 .to_string();
             assert!(
