@@ -6,7 +6,7 @@
 #   DEST/lib*/...   the shared libraries both need (the guest has no libc)
 #
 # fio is built from the same configured source tree the engine was built
-# against (build.sh's target/fio/src), so versions and layouts match by
+# against (build.sh's <target>/fio/src), so versions and layouts match by
 # construction, and it is lean: only what that tree's configure found (libc,
 # libm, zlib), not the 60+ libraries of Debian's fio package. Its io_uring
 # engine is always built in on Linux. Copy DEST into the initramfs root
@@ -23,11 +23,12 @@ mkdir -p "$dest"
 dest=$(cd "$dest" && pwd)
 
 so=$(bash "$here/build.sh" | tail -n1)
-src=${FIO_SRC:-$root/target/fio/src}
+fio_dir=$(dirname "$so") # <cargo target dir>/fio, wherever build.sh found it
+src=${FIO_SRC:-$fio_dir/src}
 if [ ! -x "$src/fio" ] || [ "$src/config-host.h" -nt "$src/fio" ]; then
 	echo "guest-payload.sh: building fio from $src (a few minutes)" >&2
-	make -C "$src" -j"$(nproc)" fio >"$root/target/fio/fio-make.log" 2>&1 ||
-		{ echo "guest-payload.sh: fio's make failed; see target/fio/fio-make.log" >&2; exit 1; }
+	make -C "$src" -j"$(nproc)" fio >"$fio_dir/fio-make.log" 2>&1 ||
+		{ echo "guest-payload.sh: fio's make failed; see $fio_dir/fio-make.log" >&2; exit 1; }
 fi
 want=$(fio --version 2>/dev/null || true)
 got=$("$src/fio" --version)

@@ -44,12 +44,12 @@ struct mcqio_fio_options {
 	unsigned long long dma_budget;
 	unsigned int qpairs;
 	unsigned int shadow_doorbells;
-	unsigned long long io_timeout_us;
+	char *io_timeout;
 	unsigned long long fake_size;
 	unsigned int fake_lbs;
 	unsigned int fake_namespaces;
 	char *fake_exec;
-	unsigned long long fake_latency_us;
+	char *fake_latency;
 	int fake_core;
 	unsigned int mcq;
 };
@@ -81,14 +81,12 @@ static struct fio_option options[] = {
 	MCQIO_OPT("mcq", FIO_OPT_BOOL, mcq,
 		  "UFS: use MCQ (one SQ/CQ pair per job) when the host controller has it; 0: the legacy single-doorbell list (one job); fake-ufs advertises MCQ only when 1",
 		  "1"),
-	{
-		.name = "io_timeout", .lname = "io_timeout",
-		.type = FIO_OPT_STR_VAL_TIME,
-		.off1 = offsetof(struct mcqio_fio_options, io_timeout_us),
-		.help = "Per-command timeout; a timed-out command is aborted (0: none)",
-		.def = "30s", .is_time = 1,
-		.category = FIO_OPT_C_ENGINE, .group = FIO_OPT_G_INVALID,
-	},
+	/* Durations are strings the library parses, as mcqio-perf's device
+	 * strings are: each needs its unit (fio would read a bare number as
+	 * microseconds, mcqio-perf as seconds). */
+	MCQIO_OPT("io_timeout", FIO_OPT_STR_STORE, io_timeout,
+		  "Per-command timeout with its unit (30s, 500ms); a timed-out command is aborted (0: none)",
+		  "30s"),
 	MCQIO_OPT("fake_size", FIO_OPT_STR_VAL, fake_size,
 		  "Bytes per namespace of the fake controller, or per LU of fake-ufs (RAM)", "64m"),
 	MCQIO_OPT("fake_lbs", FIO_OPT_INT, fake_lbs,
@@ -98,19 +96,14 @@ static struct fio_option options[] = {
 	MCQIO_OPT("fake_exec", FIO_OPT_STR_STORE, fake_exec,
 		  "Fake device side: thread (a device thread polls, like hardware) or sync (in the doorbell store)",
 		  "thread"),
-	{
-		.name = "fake_latency", .lname = "fake_latency",
-		.type = FIO_OPT_STR_VAL_TIME,
-		.off1 = offsetof(struct mcqio_fio_options, fake_latency_us),
-		.help = "Minimum per-command latency of the fake controller",
-		.def = "0", .is_time = 1,
-		.category = FIO_OPT_C_ENGINE, .group = FIO_OPT_G_INVALID,
-	},
+	MCQIO_OPT("fake_latency", FIO_OPT_STR_STORE, fake_latency,
+		  "Minimum per-command latency of the fake controller, with its unit (10us, 1ms; 0: none)",
+		  "0"),
 	{
 		.name = "fake_core", .lname = "fake_core", .type = FIO_OPT_INT,
 		.off1 = offsetof(struct mcqio_fio_options, fake_core),
-		.help = "Core the fake's device thread is pinned to (-1: not pinned)",
-		.def = "-1", .minval = -1,
+		.help = "Core the fake's device thread is pinned to (-2, the default: the highest CPU the process may use, as mcqio-perf does; -1: not pinned)",
+		.def = "-2", .minval = -2,
 		.category = FIO_OPT_C_ENGINE, .group = FIO_OPT_G_INVALID,
 	},
 	{ .name = NULL },
@@ -124,12 +117,12 @@ static void mcqio_config(const struct mcqio_fio_options *o, struct mcqio_fio_con
 	c->dma_budget = o->dma_budget;
 	c->qpairs = o->qpairs;
 	c->shadow_doorbells = o->shadow_doorbells;
-	c->io_timeout_ms = o->io_timeout_us ? (o->io_timeout_us + 999) / 1000 : 0;
+	c->io_timeout = o->io_timeout;
 	c->fake_size = o->fake_size;
 	c->fake_lbs = o->fake_lbs;
 	c->fake_namespaces = o->fake_namespaces;
 	c->fake_exec = o->fake_exec;
-	c->fake_latency_ns = o->fake_latency_us * 1000;
+	c->fake_latency = o->fake_latency;
 	c->fake_core = o->fake_core;
 	c->mcq = o->mcq;
 }
@@ -155,6 +148,7 @@ static int mcqio_setup(struct thread_data *td)
 		td->io_ops_data = NULL;
 	}
 	mcqio_config(td->eo, &cfg);
+	cfg.min_bs = td_min_bs(td);
 	names = calloc(n ? n : 1, sizeof(*names));
 	out = calloc(n ? n : 1, sizeof(*out));
 	if (!names || !out) {

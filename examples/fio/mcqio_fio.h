@@ -28,14 +28,15 @@ struct mcqio_fio_config {
 	uint64_t dma_budget;      /* bytes; 0: the library's default */
 	uint32_t qpairs;          /* I/O queue pairs to ask for */
 	uint32_t shadow_doorbells;/* 0 or 1 */
-	uint64_t io_timeout_ms;   /* 0: no per-command timeout */
+	const char *io_timeout;   /* with its unit ("30s"); "0": no per-command timeout */
 	uint64_t fake_size;       /* bytes per fake namespace */
 	uint32_t fake_lbs;      /* fake block size */
 	uint32_t fake_namespaces; /* fake namespace count */
 	const char *fake_exec;    /* "thread" (default) or "sync" */
-	uint64_t fake_latency_ns; /* fake per-command latency */
+	const char *fake_latency; /* fake per-command latency, with its unit ("10us"); "0": none */
 	int64_t fake_core;        /* core for the fake's device thread; -1: none */
 	uint32_t mcq;             /* UFS: 1 MCQ when the controller has it, 0 legacy list */
+	uint64_t min_bs;          /* the job's smallest block size (td_min_bs); 0: not checked */
 };
 
 /* What setup learnt about each file. */

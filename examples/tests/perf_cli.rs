@@ -401,3 +401,21 @@ fn one_mib_ios_split_on_the_default_fake() {
         assert_eq!(v["total"]["ios"].as_u64(), Some(48), "-q {q}");
     }
 }
+
+/// Issue 29 item 4: a run in which nothing completed is not a result. With
+/// a 1.5 s device latency and 0.5 s measured, no I/O ends in the measured
+/// phase: the run exits non-zero and says why, instead of 0 with 0 IOPS.
+#[test]
+fn a_run_that_completed_nothing_is_an_error() {
+    let (code, out, err) = perf(&["-d", "fake,latency=1500ms", "-q", "1", "-t", "500ms"]);
+    assert_eq!(code, 1, "stdout: {out}\nstderr: {err}");
+    assert!(err.contains("no I/O completed"), "{err}");
+    assert!(
+        err.contains("latency"),
+        "the reason names the device latency: {err}"
+    );
+    // The bare number that meant seconds is refused before anything runs.
+    let (code, _, err) = perf(&["-d", "fake,latency=10", "-t", "1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("needs a unit"), "{err}");
+}

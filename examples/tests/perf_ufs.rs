@@ -132,7 +132,10 @@ fn deep_queues_on_fake_ufs() {
         "10",
     ]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("offers 32 slots"), "{err}");
+    assert!(
+        err.contains("queue pair (32 slots): use -q 32 or less"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -22,7 +22,8 @@
 //! `ns` (namespace count), `size` (bytes per namespace, or of a file to
 //! create), `corrupt` (probability that the fake corrupts read data), `error`
 //! (probability that the fake fails an I/O with Data Transfer Error),
-//! `latency` (fake device latency per command), `qpairs` (I/O queue pairs
+//! `latency` (fake device latency per command, with its unit: `10us`,
+//! `1.5ms`; a bare number other than `0` is refused), `qpairs` (I/O queue pairs
 //! the fake offers), `core` (CPU the fake's device thread is pinned to),
 //! `sync` (0/1: the fake runs inside the doorbell store, on the job's
 //! thread), `direct` (0/1: O_DIRECT for `uring:<path>`).
@@ -107,6 +108,24 @@ pub fn parse_duration(s: &str) -> Result<Duration, SpecError> {
             "`{s}` is not a duration ({e}): use seconds or a unit, e.g. 3, 1s, 500ms, 10us"
         ))
     })
+}
+
+/// Parse a device's duration option (`latency=`, `tr=`, `tprog=`, and the
+/// fio engine's `fake_latency=`): a number with its unit (`10us`, `200us`,
+/// `1.5ms`, `2s`), or `0`. A bare number is refused: it meant seconds here
+/// and microseconds in fio (issue 29 item 4), and a device latency is
+/// almost never meant in seconds.
+pub fn parse_device_duration(key: &str, v: &str) -> Result<Duration, SpecError> {
+    let t = v.trim();
+    if let Ok(n) = t.parse::<f64>() {
+        if n == 0.0 {
+            return Ok(Duration::ZERO);
+        }
+        return err(format!(
+            "`{key}={v}` needs a unit: {t}us, {t}ms or {t}s (ns, us, ms and s are understood)"
+        ));
+    }
+    parse_duration(t).map_err(|e| SpecError(format!("`{key}={v}`: {e}")))
 }
 
 /// Parse a CPU list: `0`, `0,1`, `0-3`, `0-3,6`. Duplicates are an error
@@ -494,7 +513,7 @@ impl std::str::FromStr for DeviceSpec {
                         opts.error = Some(p);
                     }
                 }
-                "latency" => opts.latency = Some(parse_duration(v)?),
+                "latency" => opts.latency = Some(parse_device_duration(k, v)?),
                 "qpairs" => {
                     let n = num(v)?;
                     if !(1..=65535).contains(&n) {
@@ -503,8 +522,8 @@ impl std::str::FromStr for DeviceSpec {
                     opts.qpairs = Some(n as u16);
                 }
                 "core" => opts.core = Some(num(v)? as usize),
-                "tr" => opts.nand_read = Some(parse_duration(v)?),
-                "tprog" => opts.nand_prog = Some(parse_duration(v)?),
+                "tr" => opts.nand_read = Some(parse_device_duration(k, v)?),
+                "tprog" => opts.nand_prog = Some(parse_device_duration(k, v)?),
                 "dies" => {
                     let n = num(v)?;
                     if !(1..=4096).contains(&n) {
@@ -823,6 +842,32 @@ mod tests {
         assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
         assert_eq!(parse_duration("0.5").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+    }
+
+    /// Issue 29 item 4: `latency=10` meant 10 s here and 10 µs in the fio
+    /// engine. A device's durations now need their unit (only `0` is the
+    /// same in every unit), and the fio engine parses its own with the same
+    /// function.
+    #[test]
+    fn device_durations_need_a_unit() {
+        for s in ["fake,latency=10", "fake-ufs,tr=200", "fake-ufs,tprog=0.5"] {
+            let e = s.parse::<DeviceSpec>().unwrap_err().to_string();
+            assert!(e.contains("unit"), "{s}: {e}");
+        }
+        let c = spec("fake,latency=10us").fake_config().unwrap();
+        assert_eq!(c.latency, Duration::from_micros(10));
+        let c = spec("fake,latency=0").fake_config().unwrap();
+        assert_eq!(c.latency, Duration::ZERO);
+        assert_eq!(
+            parse_device_duration("latency", "1.5ms").unwrap(),
+            Duration::from_micros(1500)
+        );
+        let e = parse_device_duration("fake_latency", "10")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fake_latency=10") && e.contains("10us"), "{e}");
+        assert!(parse_device_duration("x", "fast").is_err());
+        assert!(parse_device_duration("x", "-1us").is_err());
     }
 
     /// Issue 16 item 6: `fake` means the library's default device.

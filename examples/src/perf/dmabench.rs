@@ -14,6 +14,7 @@ use mcqio_vfio::mapping::bench::{self, BenchMode, BenchSpec};
 use mcqio_vfio::{Backend, DmaSpace, VfioBackend};
 use serde::Serialize;
 
+use crate::interrupt::Interrupt;
 use crate::spec::{parse_cpus, parse_duration, parse_size, DeviceKind, DeviceSpec};
 
 /// The fake IOMMU's cost per IOTLB invalidation unless `--inval-cost` says
@@ -110,6 +111,15 @@ pub fn run(a: &DmaBenchArgs) -> ExitCode {
     if a.time.is_zero() {
         return fail("-t 0: give a positive time per row (e.g. 1, 300ms)".into());
     }
+    if let Err(e) = crate::output::claim_all([a.plot.as_deref()]) {
+        return fail(e);
+    }
+    // A row runs to its end (the map/unmap loop has no stop flag); a signal
+    // ends the table after it, and a second one the process.
+    let interrupt = match Interrupt::install() {
+        Ok(i) => i,
+        Err(e) => return fail(e),
+    };
     let (_backend, space) = match space_for(&a.device, a.inval_cost) {
         Ok(s) => s,
         Err(e) => return fail(format!("{}: {e}", a.device.label())),
@@ -134,9 +144,17 @@ pub fn run(a: &DmaBenchArgs) -> ExitCode {
     let mut json_rows = Vec::new();
     // Per mode label: (threads, requests/s) for --plot.
     let mut chart: Vec<crate::plot::Series> = Vec::new();
+    let mut cut = false;
     for &t in &threads {
+        if cut {
+            break;
+        }
         let mut rows = Vec::with_capacity(modes.len());
         for &mode in &modes {
+            if interrupt.signal().is_some() {
+                cut = true;
+                break;
+            }
             let mut spec = BenchSpec::new(mode, t.max(1), duration);
             spec.io_size = a.io_size.max(1) as usize;
             match bench::run_map_unmap(&space, &spec) {
@@ -175,6 +193,12 @@ pub fn run(a: &DmaBenchArgs) -> ExitCode {
             println!();
         }
     }
+    if let Some(what) = interrupt.name() {
+        eprintln!("mcqio-perf: interrupted by {what}; printing the rows that ran");
+        if !a.json {
+            println!("interrupted: the table stops after the rows above");
+        }
+    }
     if let Some(path) = &a.plot {
         let title = format!(
             "map -> I/O -> unmap on {} ({} B I/Os)",
@@ -188,11 +212,11 @@ pub fn run(a: &DmaBenchArgs) -> ExitCode {
         }
     }
     if a.json {
-        let doc = serde_json::json!({ "device": a.device.raw, "io_size": a.io_size, "seconds_per_row": secs, "invalidation_cost_us": cost_us, "rows": json_rows });
+        let doc = serde_json::json!({ "device": a.device.raw, "io_size": a.io_size, "seconds_per_row": secs, "invalidation_cost_us": cost_us, "rows": json_rows, "interrupted": interrupt.signal().is_some() });
         println!(
             "{}",
             serde_json::to_string_pretty(&doc).expect("JSON values serialize")
         );
     }
-    ExitCode::SUCCESS
+    interrupt.exit_code().unwrap_or(ExitCode::SUCCESS)
 }

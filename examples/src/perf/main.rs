@@ -31,13 +31,16 @@
 mod clock;
 mod corelat;
 mod dmabench;
+mod interrupt;
 mod job;
 mod nvme;
+mod output;
 mod plot;
 mod progress;
 mod queue;
 mod report;
 mod run;
+mod sched;
 mod seed;
 mod seed_hpb;
 mod setup;
@@ -50,13 +53,14 @@ mod verify;
 mod workload;
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser};
 use mcqio::nvme::queue::pair::MAX_DEPTH;
 
+use crate::interrupt::Interrupt;
 use crate::report::CompareReport;
 use crate::report::LatOpts;
 use crate::run::{DmaMode, PerfError, RunOpts};
@@ -113,7 +117,54 @@ fn nonzero_size(s: &str) -> Result<u64, String> {
 struct CpuList(Vec<usize>);
 
 fn cpu_list(s: &str) -> Result<CpuList, String> {
+    let t = s.trim();
+    if let Some(hex) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        // spdk_nvme_perf's -c: bit i set = core i.
+        let mask = u128::from_str_radix(hex, 16)
+            .map_err(|_| format!("`{s}`: a core mask is hex, e.g. 0x3 for cores 0 and 1"))?;
+        if mask == 0 {
+            return Err(format!("`{s}`: the mask selects no core"));
+        }
+        return Ok(CpuList((0..128).filter(|&c| mask >> c & 1 == 1).collect()));
+    }
     parse_cpus(s).map(CpuList).map_err(|e| e.to_string())
+}
+
+fn rate(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("0 I/Os per second runs nothing; leave --rate-iops out for no limit".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "`{s}`: a whole number of I/Os per second over all jobs, e.g. 10000"
+        )),
+    }
+}
+
+/// fio's and spdk_nvme_perf's spellings clap would match to the wrong flag
+/// (`--output-format` to `--output`, `--direct` to `--quiet`), with what
+/// to use here.
+const FOREIGN_FLAGS: &[(&str, &str)] = &[
+    ("--output-format", "fio's; use --json (or nothing, for the table)"),
+    (
+        "--direct",
+        "fio's; mcqio-perf's I/O is always direct (the engine moves DMA buffers, no page cache), and uring:<path> opens with O_DIRECT where it may (direct=0 in the device string turns it off)",
+    ),
+    ("--bs", "fio's; use -o/--io-size (4k, 128k)"),
+    ("--iodepth", "fio's; use -q/--qd"),
+    ("--numjobs", "fio's; use -j/--jobs"),
+    ("--runtime", "fio's; use -t/--time"),
+];
+
+/// The message for a foreign flag among `args`, if there is one.
+fn foreign_flag(args: &[std::ffi::OsString]) -> Option<String> {
+    args.iter().skip(1).find_map(|a| {
+        let a = a.to_str()?;
+        let name = a.split('=').next()?;
+        FOREIGN_FLAGS
+            .iter()
+            .find(|(f, _)| *f == name)
+            .map(|(f, why)| format!("`{a}`: {f} is {why}"))
+    })
 }
 
 fn device(s: &str) -> Result<DeviceSpec, String> {
@@ -136,7 +187,7 @@ fn io_size(s: &str) -> Result<u64, String> {
 #[command(
     name = "mcqio-perf",
     version,
-    about = "Measure NVMe I/O through mcqio (fake, VFIO) or the kernel's io_uring",
+    about = "Measure NVMe and UFS I/O through mcqio (fake, VFIO) or the kernel's io_uring",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -155,7 +206,7 @@ struct RunArgs {
         action = clap::ArgAction::Append,
         value_parser = device,
         help = "Device: fake[,lbs=,lbads=,ns=,size=,corrupt=,error=,latency=,qpairs=,core=,sync=], fake:null, \
-                fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,core=,sync=], fake-ufs:null, \
+                fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,core=,sync=,tr=,tprog=,dies=], fake-ufs:null, \
                 vfio:<BDF>[,qpairs=,mcq=] (NVMe or UFS), uring:<path>[,size=,lbs=,lbads=,direct=], uring:null \
                 (lbs= in bytes, lbads= as NVMe's log2; default fake: 1 namespace of 64 MiB, 512 B blocks). \
                 Repeat -d to run several devices at once: job i runs on device i mod N"
@@ -170,14 +221,17 @@ struct RunArgs {
     /// I/O size (4k, 128k, bytes)
     #[arg(short = 'o', long = "io-size", default_value = "4k", value_parser = io_size)]
     io_size: u64,
-    /// Queue depth per job (at most the engine's queue depth limit)
+    /// Queue depth per job: 1 to 4096 here (the engine's limit); a device may
+    /// offer fewer slots per queue pair (the fake UFS: 255 with MCQ, 32 on
+    /// the legacy single-doorbell list), and the run then says so
     #[arg(short = 'q', long = "qd", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
     depth: u32,
     /// Jobs: threads, each pinned to a core with its own queue pair / ring
     #[arg(short = 'j', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     jobs: u32,
-    /// Cores for the jobs (job i on the i-th listed core), e.g. 0,1 or 0-3
-    #[arg(long, value_parser = cpu_list)]
+    /// Cores for the jobs (job i on the i-th listed core), e.g. 0,1 or 0-3,
+    /// or spdk_nvme_perf's hex core mask (-c 0x3)
+    #[arg(short = 'c', long, value_parser = cpu_list)]
     cpus: Option<CpuList>,
     /// Time to measure: seconds or with a unit (3, 1s, 500ms, 2m) [default: 3 s
     /// without -n]; with -n the run ends at whichever comes first
@@ -223,7 +277,7 @@ struct RunArgs {
     #[arg(short = 'N', long = "nsid", value_parser = nsid_list)]
     nsids: Option<NsidList>,
     /// Limit the I/O rate: I/Os per second over all jobs
-    #[arg(long = "rate-iops", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long = "rate-iops", value_parser = rate)]
     rate_iops: Option<u64>,
     /// Move this many bytes in total and stop (size-based run; with -t:
     /// whichever comes first)
@@ -398,6 +452,23 @@ fn cpu_ranges(cpus: &[usize]) -> String {
     }
 }
 
+/// Why a run completed no I/O, as far as the report can tell.
+fn nothing_completed(r: &report::RunReport) -> String {
+    let t = &r.total.stats;
+    let mut why = format!(
+        "{}: no I/O completed in the {:.2} s measured, so there is nothing to report",
+        r.device, t.elapsed_s
+    );
+    if r.device.contains("latency=") {
+        why.push_str(": the device's latency= is longer than the run (use -t longer than it)");
+    } else if t.errors > 0 {
+        why.push_str(": every I/O failed");
+    } else {
+        why.push_str(": the device answered nothing (a stalled device or a run cut short)");
+    }
+    why
+}
+
 fn print_failures(r: &report::RunReport) {
     let t = &r.total.stats;
     eprintln!(
@@ -409,45 +480,10 @@ fn print_failures(r: &report::RunReport) {
     }
 }
 
-/// SIGINT/SIGTERM end the run the way fio does: jobs stop submitting, every
-/// I/O in flight completes, and the report covers the time measured. A
-/// second signal ends the process at once.
-struct Interrupt {
-    /// Set by either signal.
-    flag: Arc<AtomicBool>,
-    /// Which signal came (0: none).
-    signal: Arc<AtomicUsize>,
-}
-
-impl Interrupt {
-    fn install() -> Result<Self, PerfError> {
-        let flag = Arc::new(AtomicBool::new(false));
-        let signal = Arc::new(AtomicUsize::new(0));
-        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            let e = |e: std::io::Error| {
-                PerfError::Usage(format!("cannot install a handler for signal {sig}: {e}"))
-            };
-            // Registered first, so it sees the flag as the earlier signal left it.
-            signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&flag))
-                .map_err(e)?;
-            signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize).map_err(e)?;
-            signal_hook::flag::register(sig, Arc::clone(&flag)).map_err(e)?;
-        }
-        Ok(Interrupt { flag, signal })
-    }
-
-    /// The signal that came, if one did.
-    fn signal(&self) -> Option<i32> {
-        if !self.flag.load(Ordering::Relaxed) {
-            return None;
-        }
-        Some(self.signal.load(Ordering::Relaxed) as i32)
-    }
-}
-
 fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
-    let interrupt = Interrupt::install()?;
-    let o = args.opts(Arc::clone(&interrupt.flag))?;
+    let interrupt = Interrupt::install().map_err(PerfError::Usage)?;
+    let o = args.opts(interrupt.flag())?;
+    output::claim_all([args.output.as_deref(), args.plot.as_deref()]).map_err(PerfError::Usage)?;
     if o.time.is_some_and(|t| t.is_zero()) && o.ios.is_none() && o.bytes.is_none() {
         return Err(PerfError::Usage(
             "-t 0 measures nothing; give a time or -n <count>".into(),
@@ -469,25 +505,37 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
         }
     }
     let mut base = report::RunReport::median_of(bases).expect("at least one repeat ran");
-    let sig = interrupt.signal();
-    if let Some(sig) = sig {
-        base.interrupted = true;
-        let what = if sig == signal_hook::consts::SIGTERM {
-            "SIGTERM"
-        } else {
-            "SIGINT"
+    let mut other = report::RunReport::median_of(others);
+    if let Some(what) = interrupt.name() {
+        // The note goes on the run the signal cut short (each run records
+        // whether it saw the signal); a signal between two runs cut none,
+        // and the base run says what did not run.
+        let cut = match other.as_mut() {
+            Some(o) if o.interrupted => o,
+            _ => &mut base,
         };
-        base.notes.push(format!(
+        cut.interrupted = true;
+        cut.notes.push(format!(
             "interrupted by {what}: the numbers cover the {:.2} s measured before it",
-            base.total.stats.elapsed_s
+            cut.total.stats.elapsed_s
         ));
         eprintln!("mcqio-perf: interrupted by {what}; reporting the time measured");
+        if let (Some(c), None) = (&args.compare, &other) {
+            base.notes
+                .push(format!("the --compare run on {c} did not run"));
+        }
     }
-    let other = report::RunReport::median_of(others);
     let failed: Vec<report::RunReport> = std::iter::once(&base)
         .chain(other.as_ref())
         .filter(|r| r.failed())
         .cloned()
+        .collect();
+    // A run in which nothing completed measured nothing (issue 29 item 4):
+    // the figures are zeros, not a result.
+    let empty: Vec<String> = std::iter::once(&base)
+        .chain(other.as_ref())
+        .filter(|r| r.total.stats.ios == 0)
+        .map(nothing_completed)
         .collect();
     if let Some(path) = &args.plot {
         let mut runs = vec![&base];
@@ -515,7 +563,7 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
             doc.push('\n');
             doc.push_str(&other.table(lat));
             doc.push('\n');
-            doc.push_str(&CompareReport::new(base.clone(), other.clone()).ratio_text());
+            doc.push_str(&CompareReport::new(base.clone(), other.clone()).ratio_text(lat));
             doc.push('\n');
         }
     }
@@ -529,10 +577,13 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
     for r in &failed {
         print_failures(r);
     }
-    Ok(match sig {
+    for why in &empty {
+        eprintln!("mcqio-perf: error: {why}");
+    }
+    Ok(match interrupt.exit_code() {
         // The shell's convention for "ended by signal N".
-        Some(sig) => ExitCode::from((128 + sig).clamp(1, 255) as u8),
-        None if failed.is_empty() => ExitCode::SUCCESS,
+        Some(code) => code,
+        None if failed.is_empty() && empty.is_empty() => ExitCode::SUCCESS,
         None => ExitCode::FAILURE,
     })
 }
@@ -540,7 +591,12 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
 fn main() -> ExitCode {
     // The library logs through `log`; RUST_LOG=debug (or warn, trace) shows it.
     env_logger::init();
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(msg) = foreign_flag(&args) {
+        eprintln!("mcqio-perf: error: {msg}");
+        return ExitCode::from(2);
+    }
+    let cli = Cli::parse_from(args);
     let result = match &cli.cmd {
         None => perf(&cli.run),
         Some(c) => return setup::run(c),

@@ -246,9 +246,12 @@ pub struct Stats {
     pub reads: u64,
     /// Writes among them.
     pub writes: u64,
-    /// I/Os per second over the measured phase.
+    /// I/Os per second over the measured phase, from the completions the
+    /// per-second samples counted (so it lies between `iops_min` and
+    /// `iops_max`; `ios` is the job's own count and may differ by the
+    /// I/Os that completed while it noticed the end).
     pub iops: f64,
-    /// Smallest per-second sample.
+    /// Smallest per-second sample (a tail under 0.25 s joins the last one).
     pub iops_min: f64,
     /// Largest per-second sample.
     pub iops_max: f64,
@@ -473,6 +476,10 @@ pub struct RunReport {
     pub failures: Vec<String>,
     /// Remarks (fallbacks taken, what a device measures).
     pub notes: Vec<String>,
+    /// Reasons the figures may not be valid (a starved job or device
+    /// thread, too few per-second samples); empty when there are none.
+    #[serde(default)]
+    pub warnings: Vec<String>,
     /// The latency clock.
     pub clock: ClockReport,
     /// With `--repeat N`: total IOPS of every repeat, in run order; the rest
@@ -600,7 +607,9 @@ impl CompareReport {
     }
 
     /// The ratio line(s) for the table output.
-    pub fn ratio_text(&self) -> String {
+    /// Only figures the tables show are compared: the p99 ratio comes with
+    /// `percentiles` (`-L`), when the tables print percentiles.
+    pub fn ratio_text(&self, percentiles: bool) -> String {
         let r = &self.ratio;
         let mut s = format!(
             "{} vs {}: IOPS {:.2}x, ",
@@ -610,10 +619,19 @@ impl CompareReport {
             let _ = write!(s, "MiB/s {m:.2}x, ");
         }
         let _ = write!(s, "avg latency {:.2}x", r.lat_avg);
-        if let Some(p) = r.lat_p99 {
+        if let Some(p) = r.lat_p99.filter(|_| percentiles) {
             let _ = write!(s, ", p99 latency {p:.2}x");
         }
         let _ = write!(s, ", CPU per I/O {:.2}x", r.cpu_ns_per_io);
+        for run in [&self.base, &self.other] {
+            if run.interrupted {
+                let _ = write!(
+                    s,
+                    " (compares a partial run: {} was interrupted)",
+                    run.device
+                );
+            }
+        }
         s
     }
 }
@@ -669,6 +687,15 @@ impl RunReport {
             (Some(n), None) => format!("{n} I/Os per job"),
             (None, Some(t)) => format!("{t} s"),
             _ => String::new(),
+        };
+        // What was measured, not what was asked for (issue 29 item 9).
+        let bound = if self.interrupted {
+            format!(
+                "interrupted after {:.2} s (asked: {bound})",
+                self.total.stats.elapsed_s
+            )
+        } else {
+            bound
         };
         let _ = writeln!(
             out,
@@ -822,6 +849,9 @@ impl RunReport {
                 }
             }
         }
+        for w in &self.warnings {
+            let _ = writeln!(out, "WARNING: {w}");
+        }
         for n in &self.notes {
             let _ = writeln!(out, "note: {n}");
         }
@@ -904,6 +934,7 @@ mod tests {
             },
             repeat_iops: vec![],
             interrupted: false,
+            warnings: vec![],
             compare: None,
             time_series: vec![],
         }
@@ -1045,7 +1076,7 @@ mod tests {
         assert!(v["base"]["total"]["iops"].is_number());
         assert!(v["other"]["total"]["iops"].is_number());
         assert!(v["ratio"]["iops"].is_number());
-        assert!(c.ratio_text().contains("IOPS 1.50x"));
+        assert!(c.ratio_text(true).contains("IOPS 1.50x"));
         let back: CompareReport = serde_json::from_value(v).unwrap();
         assert_eq!(back, c);
         // Issue 16 item 7: one JSON shape for single and compared runs.

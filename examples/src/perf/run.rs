@@ -26,6 +26,121 @@ use crate::workload::{Distribution, Pattern};
 /// How often the run controller looks for SIGINT/SIGTERM while it waits.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
+/// A tail shorter than this (a run that ended just after a whole second)
+/// joins the previous per-second sample instead of being one.
+const MIN_SAMPLE_S: f64 = 0.25;
+
+/// A busy-polling thread that got less than this share of a CPU was
+/// starved: its figures measure the scheduler, not the device.
+const STARVED_CPU: f64 = 0.5;
+
+/// A device thread that waited for a CPU longer than this share of the
+/// measured phase, while runnable, was descheduled.
+const DESCHEDULED: f64 = 0.2;
+
+/// Job threads are named this and their index.
+const JOB_THREAD_PREFIX: &str = "mcqio-perf-j";
+
+/// Fewer per-second samples than this make min/max/avg IOPS too thin to trust.
+const MIN_SAMPLES: usize = 3;
+
+/// `--rate-iops` within this share of the request counts as reached.
+const RATE_REACHED: f64 = 0.98;
+
+/// The achieved rate against `--rate-iops` (issue 29 item 6): a note, and
+/// a warning when the run fell short of it by more than 2%.
+fn rate_note(requested: u64, achieved: f64) -> (String, Option<String>) {
+    let pct = achieved / requested as f64 * 100.0;
+    let note =
+        format!("--rate-iops {requested}: achieved {achieved:.0} I/Os per second ({pct:.1}%)");
+    let short = (achieved < RATE_REACHED * requested as f64).then(|| {
+        format!(
+            "--rate-iops {requested} was not reached: {achieved:.0} I/Os per second ({pct:.1}%); the device, the queue \
+             depth (at most QD / latency I/Os per second per job) or a starved thread held it back"
+        )
+    });
+    (note, short)
+}
+
+/// What [`starved`] judges a run by.
+#[derive(Debug, Clone)]
+struct StarveInput {
+    /// Per-second samples taken.
+    samples: usize,
+    /// Per job: index, whether it busy-polls, its CPU time, its wall time.
+    jobs: Vec<(usize, bool, Duration, Duration)>,
+    /// Per device thread: its name and how long it waited for a CPU
+    /// while runnable in the measured phase, ns.
+    threads: Vec<(String, u64)>,
+    /// Length of the measured phase, s.
+    wall_s: f64,
+}
+
+/// The reasons not to take a run's figures at face value (issue 29 item
+/// 2): a busy-polling job, or a fake's device thread, that got far less
+/// than a CPU (getrusage per thread against wall time), or fewer than
+/// three per-second samples.
+fn starved(r: &StarveInput) -> Vec<String> {
+    let mut out = Vec::new();
+    for &(job, polled, cpu, wall) in &r.jobs {
+        let share = cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9);
+        if polled && !wall.is_zero() && share < STARVED_CPU {
+            out.push(format!(
+                "job {job} busy-polled but got {:.0}% of a CPU over its {:.2} s: the machine (or another job on its core) \
+                 took the rest, so its latency and IOPS measure the scheduler",
+                share * 100.0,
+                wall.as_secs_f64()
+            ));
+        }
+    }
+    for (name, wait) in &r.threads {
+        let share = *wait as f64 / 1e9 / r.wall_s.max(1e-9);
+        if share > DESCHEDULED {
+            out.push(format!(
+                "thread {name} (a fake's device thread) was runnable but waited for a CPU {:.0}% of the \
+                 measured {:.2} s: descheduled, the device answers late, so latency and IOPS measure the scheduler",
+                share * 100.0,
+                r.wall_s
+            ));
+        }
+    }
+    if r.samples < MIN_SAMPLES {
+        out.push(format!(
+            "only {} per-second sample(s): IOPS min/max/avg rest on too little to trust (run -t {MIN_SAMPLES} or longer)",
+            r.samples
+        ));
+    }
+    out
+}
+
+/// One stretch of the measured phase, as the run controller counted it:
+/// each is one per-second IOPS sample.
+#[derive(Debug, Clone, PartialEq)]
+struct Interval {
+    /// Its end, seconds since the measured phase began.
+    end_s: f64,
+    /// Its length in seconds.
+    dt: f64,
+    /// Completions per job in it.
+    counts: Vec<u64>,
+}
+
+impl Interval {
+    /// Lengthen by a tail of `dt` seconds ending at `end_s`.
+    fn extend(&mut self, end_s: f64, dt: f64, counts: &[u64]) {
+        self.end_s = end_s;
+        self.dt += dt;
+        for (c, d) in self.counts.iter_mut().zip(counts) {
+            *c += d;
+        }
+    }
+
+    /// Completions per second over all jobs.
+    fn rate(&self) -> f64 {
+        self.counts.iter().sum::<u64>() as f64 / self.dt
+    }
+}
+
 /// The most blocks one job tracks for `--verify` (4 bytes of state each).
 pub const VERIFY_MAX_BLOCKS: u64 = 1 << 22;
 
@@ -57,8 +172,8 @@ pub enum PerfError {
         granted: usize,
     },
     /// `--offset`/`--size` do not fit a namespace or are not block-aligned.
-    #[error("{device} namespace {nsid}: the region at offset {offset} of {size} bytes {why} (the namespace has {ns_bytes} bytes in {lbads}-byte blocks)",
-        size = size.map_or_else(|| "to the end".to_string(), |s| s.to_string()))]
+    #[error("{device} namespace {nsid}: the region at offset {offset} {size} {why} (the namespace has {ns_bytes} bytes in {lbads}-byte blocks)",
+        size = size.map_or_else(|| "(to the end)".to_string(), |s| format!("of {s} bytes")))]
     Region {
         /// The device label.
         device: String,
@@ -281,7 +396,7 @@ pub fn run_devices(
         let core = o.cpus.get(spec.index).copied();
         let job = spec.index;
         let h = std::thread::Builder::new()
-            .name(format!("mcqio-perf-j{}", spec.index))
+            .name(format!("{JOB_THREAD_PREFIX}{}", spec.index))
             .spawn(move || -> (Result<JobResult, String>, bool) {
                 let pinned = core
                     .is_none_or(|id| core_affinity::set_for_current(core_affinity::CoreId { id }));
@@ -349,13 +464,14 @@ pub fn run_devices(
     }
     let iommu_before: Vec<_> = targets.iter().map(|t| t.iommu_stats()).collect();
     let proc_before = job::process_cpu();
+    let sched_before = crate::sched::snapshot();
     let t0 = Instant::now();
     let base = counts(&shared);
     shared.phase.store(PHASE_MEASURE, Ordering::Release);
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); o.jobs];
-    let mut total_samples: Vec<f64> = Vec::new();
-    // End of each sampled second, seconds since t0.
-    let mut sample_t: Vec<f64> = Vec::new();
+    // The measured phase cut into intervals, each a per-second sample; the
+    // intervals cover the phase from t0 to the last count, so the IOPS
+    // figures come from the same completions as the samples.
+    let mut intervals: Vec<Interval> = Vec::new();
     let mut last_t = t0;
     let mut last_c = base.clone();
     let end = o.time.map(|t| t0 + t);
@@ -396,30 +512,53 @@ pub fn run_devices(
         let now = Instant::now();
         let c = counts(&shared);
         let dt = (now - last_t).as_secs_f64();
-        if dt >= 0.9 {
-            let mut sum = 0.0;
-            for (j, (a, b)) in c.iter().zip(&last_c).enumerate() {
-                let r = (a - b) as f64 / dt;
-                samples[j].push(r);
-                sum += r;
+        let done = interrupted
+            || shared.failed.load(Ordering::Acquire) > 0
+            || (ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs)
+            || end.is_some_and(|e| now >= e);
+        if dt >= 0.9 || done {
+            let d: Vec<u64> = c.iter().zip(&last_c).map(|(a, b)| a - b).collect();
+            bar.rate(d.iter().sum(), dt, o.io_size);
+            let end_s = (now - t0).as_secs_f64();
+            match intervals.last_mut() {
+                // A short tail (a run that ended between two seconds) is
+                // too short to be a sample of its own: it joins the last
+                // second, so its completions still count.
+                Some(last) if dt < MIN_SAMPLE_S => last.extend(end_s, dt, &d),
+                _ => {
+                    intervals.push(Interval {
+                        end_s,
+                        dt,
+                        counts: d,
+                    });
+                    // Jobs snapshot their histograms when they see the new tick.
+                    shared.tick.fetch_add(1, Ordering::Relaxed);
+                }
             }
-            total_samples.push(sum);
-            sample_t.push((now - t0).as_secs_f64());
-            // Jobs snapshot their histograms when they see the new tick.
-            shared.tick.fetch_add(1, Ordering::Relaxed);
-            let d: u64 = c.iter().zip(&last_c).map(|(a, b)| a - b).sum();
-            bar.rate(d, dt, o.io_size);
             last_t = now;
             last_c = c;
         }
-        let done = shared.failed.load(Ordering::Acquire) > 0
-            || (ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs)
-            || end.is_some_and(|e| now >= e);
         if done {
             break;
         }
     }
+    let measured_s: f64 = intervals.iter().map(|i| i.dt).sum();
+    let samples: Vec<Vec<f64>> = (0..o.jobs)
+        .map(|j| {
+            intervals
+                .iter()
+                .map(|i| i.counts[j] as f64 / i.dt)
+                .collect()
+        })
+        .collect();
+    let total_samples: Vec<f64> = intervals.iter().map(Interval::rate).collect();
+    let sample_t: Vec<f64> = intervals.iter().map(|i| i.end_s).collect();
+    // Completions per job over the sampled intervals.
+    let sampled: Vec<u64> = (0..o.jobs)
+        .map(|j| intervals.iter().map(|i| i.counts[j]).sum())
+        .collect();
     shared.phase.store(PHASE_STOP, Ordering::Release);
+    let sched_after = crate::sched::snapshot();
     let iommu_after: Vec<_> = targets.iter().map(|t| t.iommu_stats()).collect();
     let proc_after = job::process_cpu();
     let proc_cpu = (proc_after.0 + proc_after.1).saturating_sub(proc_before.0 + proc_before.1);
@@ -483,10 +622,17 @@ pub fn run_devices(
         (0, 0, u64::MAX, 0, o.histogram.then(job::new_histogram)),
         (0, 0, u64::MAX, 0, o.histogram.then(job::new_histogram)),
     ];
+    // A direction's share of its row's IOPS: the row's IOPS come from the
+    // sampled intervals, and a direction is the same fraction of them as
+    // of the row's completions.
     let dir_stats =
-        |ios: u64, sum: u64, min: u64, max: u64, h: Option<&Histogram<u64>>, el: f64| {
+        |ios: u64, sum: u64, min: u64, max: u64, h: Option<&Histogram<u64>>, row: (u64, f64)| {
             (ios > 0).then(|| {
-                let iops = if el > 0.0 { ios as f64 / el } else { 0.0 };
+                let iops = if row.0 > 0 {
+                    row.1 * ios as f64 / row.0 as f64
+                } else {
+                    0.0
+                };
                 DirStats {
                     ios,
                     iops,
@@ -502,7 +648,14 @@ pub fn run_devices(
     let mut verify = VerifyReport::default();
     for r in &results {
         let el = r.elapsed.as_secs_f64();
-        let iops = if el > 0.0 { r.ios as f64 / el } else { 0.0 };
+        // Over the controller's intervals, the samples' own completions:
+        // the job's clock runs from when it saw the measured phase start to
+        // when it saw it stop, and a descheduled job sees either late.
+        let iops = if measured_s > 0.0 {
+            sampled[r.index] as f64 / measured_s
+        } else {
+            0.0
+        };
         let (mn, mx, avg) = summarize(&samples[r.index], iops);
         let (r_sum, r_min, r_max) = r.lat_ns();
         let r_hist = r.hist();
@@ -514,7 +667,7 @@ pub fn run_devices(
                 d.lat_min_ns,
                 d.lat_max_ns,
                 d.hist.as_ref(),
-                el,
+                (r.ios, iops),
             )
         };
         let stats = Stats {
@@ -603,9 +756,34 @@ pub fn run_devices(
     };
     tot.lat_us = LatUs::with(lat_sum, lat_min, lat_max, tot.ios, merged.as_ref(), &o.lat);
     let [dr, dw] = &dir_tot;
-    tot.read = dir_stats(dr.0, dr.1, dr.2, dr.3, dr.4.as_ref(), tot.elapsed_s);
-    tot.write = dir_stats(dw.0, dw.1, dw.2, dw.3, dw.4.as_ref(), tot.elapsed_s);
+    tot.read = dir_stats(dr.0, dr.1, dr.2, dr.3, dr.4.as_ref(), (tot.ios, tot.iops));
+    tot.write = dir_stats(dw.0, dw.1, dw.2, dw.3, dw.4.as_ref(), (tot.ios, tot.iops));
     let time_series = time_series(&results, &total_samples, &sample_t, o, moves_data);
+    let mut warnings = starved(&StarveInput {
+        samples: total_samples.len(),
+        jobs: results
+            .iter()
+            .map(|r| {
+                let polled = !matches!(*targets[job_dev[r.index]], Target::Uring(_));
+                (r.index, polled, r.cpu_usr + r.cpu_sys, r.elapsed)
+            })
+            .collect(),
+        // Only the fakes' device threads: the main thread sleeps between
+        // samples, so its waits say nothing about the run.
+        threads: crate::sched::waits(&sched_before, &sched_after)
+            .into_iter()
+            .filter(|(tid, name, _)| {
+                *tid != std::process::id() && !name.starts_with(JOB_THREAD_PREFIX)
+            })
+            .map(|(tid, name, wait)| (format!("{name} ({tid})"), wait))
+            .collect(),
+        wall_s: wall,
+    });
+    if let Some(rate) = o.rate_iops {
+        let (note, short) = rate_note(rate, tot.iops);
+        notes.push(note);
+        warnings.extend(short);
+    }
     let cpu_ns_per_io = if tot.ios > 0 {
         (usr + sys) * 1e9 / tot.ios as f64
     } else {
@@ -643,6 +821,7 @@ pub fn run_devices(
         .map(|s| crate::report::HpbReport::from(&s))
         .collect();
     Ok(RunReport {
+        warnings,
         hpb,
         device: devices
             .iter()

@@ -11,13 +11,12 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
+use crate::interrupt::Interrupt;
 use crate::report::LatOpts;
 use crate::run::{DmaMode, PerfError, RunOpts};
 use crate::spec::{parse_duration, DeviceSpec};
@@ -129,6 +128,8 @@ pub struct SeedRow {
     pub cpu_usr_pct: f64,
     /// Job threads' system CPU, percent of one core per job.
     pub cpu_sys_pct: f64,
+    /// A signal cut this row short: its figures cover less than `time_s`.
+    pub partial: bool,
 }
 
 /// The whole `seed mcq` document.
@@ -146,6 +147,8 @@ pub struct SeedReport {
     pub rows: Vec<SeedRow>,
     /// Remarks (shared cores, the legacy lock, the device).
     pub notes: Vec<String>,
+    /// Stopped by SIGINT/SIGTERM: `rows` is the part of the table that ran.
+    pub interrupted: bool,
 }
 
 /// Run `seed`.
@@ -166,6 +169,7 @@ pub fn run(a: &SeedArgs) -> ExitCode {
 const WORKLOADS: [Pattern; 2] = [Pattern::Randread, Pattern::Randwrite];
 
 fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
+    crate::output::claim_all([a.plot.as_deref()]).map_err(PerfError::Usage)?;
     if !a.device.is_ufs(&mcqio_vfio::SysRoots::default()) {
         return Err(PerfError::Usage(format!(
             "seed mcq compares UFS MCQ with the legacy single doorbell: `{}` is not a UFS device (use fake-ufs, fake-ufs:null or vfio:<BDF> of a UFS host controller)",
@@ -194,11 +198,14 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
         ));
     }
     let clock = crate::clock::Clock::new();
-    let interrupt = Arc::new(AtomicBool::new(false));
+    let interrupt = Interrupt::install().map_err(PerfError::Usage)?;
     let mut rows = Vec::new();
-    for pattern in WORKLOADS {
+    'rows: for pattern in WORKLOADS {
         for jobs in jobs_list {
             for mcq in [false, true] {
+                if interrupt.signal().is_some() {
+                    break 'rows;
+                }
                 let mut spec = a.device.clone();
                 spec.opts.mcq = Some(mcq);
                 let o = RunOpts {
@@ -221,7 +228,7 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
                     dma_batch: None,
                     seed: 0x5eed_0c0f_fee0,
                     progress: false,
-                    interrupt: Arc::clone(&interrupt),
+                    interrupt: interrupt.flag(),
                     distribution: Distribution::Uniform,
                     offset: 0,
                     size: None,
@@ -258,6 +265,7 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
                     mib_s: t.mib_s.unwrap_or(0.0),
                     cpu_usr_pct: t.cpu_usr_pct,
                     cpu_sys_pct: t.cpu_sys_pct,
+                    partial: r.interrupted,
                 });
             }
         }
@@ -286,27 +294,45 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
         time_s: a.time.as_secs_f64(),
         rows,
         notes,
+        interrupted: interrupt.signal().is_some(),
     };
+    if let Some(what) = interrupt.name() {
+        eprintln!(
+            "mcqio-perf: interrupted by {what}; printing the {} of {} rows that ran",
+            report.rows.len(),
+            WORKLOADS.len() * jobs_list.len() * 2
+        );
+    }
     if let Some(path) = &a.plot {
-        let series: Vec<crate::plot::Series> = WORKLOADS
+        // Grouped bars: one group per workload and job count, a bar per
+        // mode (lines would join jobs=1 to jobs=8 as if they were a series).
+        let groups: Vec<crate::plot::BarGroup> = WORKLOADS
             .iter()
-            .flat_map(|w| ["legacy", "mcq"].map(|m| (w.name(), m)))
-            .map(|(w, m)| {
-                let pts = report
-                    .rows
+            .flat_map(|w| jobs_list.map(|j| (w.name(), j)))
+            .map(|(w, j)| {
+                let v = ["legacy", "mcq"]
                     .iter()
-                    .filter(|r| r.workload == w && r.mode == m)
-                    .map(|r| (r.jobs as f64, r.iops_avg))
+                    .map(|m| {
+                        report
+                            .rows
+                            .iter()
+                            .find(|r| r.workload == w && r.jobs == j && r.mode == *m)
+                            .map_or(0.0, |r| r.iops_avg)
+                    })
                     .collect();
-                (format!("{w} {m}"), pts)
+                (format!("{w}, {j} job(s)"), v)
             })
             .collect();
-        crate::plot::line_chart(
+        crate::plot::bar_chart(
             path,
-            &format!("UFS MCQ vs legacy single doorbell on {}", a.device.label()),
-            "jobs",
+            &format!(
+                "UFS MCQ vs legacy single doorbell: 4 KiB random, QD {} per job, on {}",
+                a.depth,
+                a.device.label()
+            ),
             "IOPS (avg of per-second samples)",
-            &series,
+            &["legacy single doorbell", "MCQ"],
+            &groups,
         )
         .map_err(|e| PerfError::Output {
             path: path.clone(),
@@ -319,7 +345,7 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
     } else {
         print!("{}", table(&report));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(interrupt.exit_code().unwrap_or(ExitCode::SUCCESS))
 }
 
 /// The table: a row per workload, jobs and mode, then MCQ / legacy ratios.
@@ -339,7 +365,7 @@ fn table(r: &SeedReport) -> String {
     for row in &r.rows {
         let _ = writeln!(
             out,
-            "{:<10} {:>4} {:<7} {:>10.0} {:>10.0} {:>10.0} {:>9.1} {:>7.1} {:>7.1}",
+            "{:<10} {:>4} {:<7} {:>10.0} {:>10.0} {:>10.0} {:>9.1} {:>7.1} {:>7.1}{}",
             row.workload,
             row.jobs,
             row.mode,
@@ -348,7 +374,19 @@ fn table(r: &SeedReport) -> String {
             row.iops_avg,
             row.mib_s,
             row.cpu_usr_pct,
-            row.cpu_sys_pct
+            row.cpu_sys_pct,
+            if row.partial {
+                "  (partial: interrupted)"
+            } else {
+                ""
+            }
+        );
+    }
+    if r.interrupted {
+        let _ = writeln!(
+            out,
+            "interrupted: the table stops after the rows above (a partial row covers less than {:.1} s)",
+            r.time_s
         );
     }
     let _ = writeln!(out);

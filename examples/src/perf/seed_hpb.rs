@@ -21,6 +21,7 @@
 //! map cache by N (same cache-to-range ratios, N times less warm-up): the
 //! quick form tests use.
 
+use crate::interrupt::Interrupt;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -174,6 +175,9 @@ pub struct HpbReport {
     pub wall_s: f64,
     /// Remarks.
     pub notes: Vec<String>,
+    /// Stopped by SIGINT/SIGTERM: `rows` holds the ranges that ran, and
+    /// the criteria judge only those.
+    pub interrupted: bool,
 }
 
 /// The engine's HPB counters (a serializable copy of [`HpbStats`]).
@@ -211,8 +215,22 @@ impl From<&HpbStats> for HpbCounters {
 
 /// Run `seed hpb`.
 pub fn run(a: &HpbArgs) -> ExitCode {
-    match seed(a) {
+    let interrupt = match Interrupt::install() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("mcqio-perf: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match seed(a, &interrupt) {
         Ok(r) => {
+            if let Some(what) = interrupt.name() {
+                eprintln!(
+                    "mcqio-perf: interrupted by {what}; printing the {} of {} rows that ran",
+                    r.rows.len(),
+                    RANGES.len()
+                );
+            }
             if a.json {
                 println!(
                     "{}",
@@ -221,7 +239,7 @@ pub fn run(a: &HpbArgs) -> ExitCode {
             } else {
                 print!("{}", table(&r));
             }
-            ExitCode::SUCCESS
+            interrupt.exit_code().unwrap_or(ExitCode::SUCCESS)
         }
         Err(e) => {
             eprintln!("mcqio-perf: error: {e}");
@@ -342,7 +360,7 @@ impl Bench {
     }
 }
 
-fn seed(a: &HpbArgs) -> Result<HpbReport, PerfError> {
+fn seed(a: &HpbArgs, interrupt: &Interrupt) -> Result<HpbReport, PerfError> {
     let wall = Instant::now();
     let lu_bytes = 64 * GIB / a.scale;
     let max_range = RANGES[RANGES.len() - 1] * GIB / a.scale;
@@ -384,6 +402,9 @@ fn seed(a: &HpbArgs) -> Result<HpbReport, PerfError> {
     let mut rows = Vec::new();
     let mut peak = 0;
     for &g in &RANGES {
+        if interrupt.signal().is_some() {
+            break;
+        }
         let range = g * GIB / a.scale;
         let blocks = range / BLOCK;
         // HPB off: fill the device's map cache, then measure.
@@ -438,19 +459,27 @@ fn seed(a: &HpbArgs) -> Result<HpbReport, PerfError> {
         });
     }
     let h = on.hpb();
-    let first = rows[0].clone();
-    let last = rows[rows.len() - 1].clone();
-    let criteria = Criteria {
-        off_falls_with_range: rows
-            .windows(2)
-            .all(|w| w[1].hpb_off_iops < w[0].hpb_off_iops),
-        on_within_10pct_of_first: rows
-            .iter()
-            .all(|r| (r.hpb_on_iops - first.hpb_on_iops).abs() <= 0.10 * first.hpb_on_iops),
-        last_on_ge_1_8x_off: last.hpb_on_iops >= 1.8 * last.hpb_off_iops,
-        first_within_5pct: (first.hpb_on_iops - first.hpb_off_iops).abs()
-            <= 0.05 * first.hpb_off_iops,
-        host_map_within_budget: h.host_map_bytes <= budget && peak <= budget,
+    let criteria = match (rows.first(), rows.last()) {
+        (Some(first), Some(last)) => Criteria {
+            off_falls_with_range: rows
+                .windows(2)
+                .all(|w| w[1].hpb_off_iops < w[0].hpb_off_iops),
+            on_within_10pct_of_first: rows
+                .iter()
+                .all(|r| (r.hpb_on_iops - first.hpb_on_iops).abs() <= 0.10 * first.hpb_on_iops),
+            last_on_ge_1_8x_off: last.hpb_on_iops >= 1.8 * last.hpb_off_iops,
+            first_within_5pct: (first.hpb_on_iops - first.hpb_off_iops).abs()
+                <= 0.05 * first.hpb_off_iops,
+            host_map_within_budget: h.host_map_bytes <= budget && peak <= budget,
+        },
+        // Interrupted before the first row: no table to judge.
+        _ => Criteria {
+            off_falls_with_range: false,
+            on_within_10pct_of_first: false,
+            last_on_ge_1_8x_off: false,
+            first_within_5pct: false,
+            host_map_within_budget: h.host_map_bytes <= budget && peak <= budget,
+        },
     };
     let model = ModelParams {
         t_read_us: ftl.t_read.as_secs_f64() * 1e6,
@@ -492,6 +521,7 @@ fn seed(a: &HpbArgs) -> Result<HpbReport, PerfError> {
         criteria,
         wall_s: wall.elapsed().as_secs_f64(),
         notes,
+        interrupted: interrupt.signal().is_some(),
     })
 }
 
@@ -534,6 +564,14 @@ fn table(r: &HpbReport) -> String {
             row.off_map_hit_ratio,
             row.on_hpb_accepted_ratio,
             row.host_map_bytes as f64 / (1 << 20) as f64
+        );
+    }
+    if r.interrupted {
+        let _ = writeln!(
+            out,
+            "interrupted: the table stops after the {} of {} ranges above",
+            r.rows.len(),
+            RANGES.len()
         );
     }
     let c = &r.criteria;

@@ -16,7 +16,7 @@ use crate::spec::parse_size;
 pub enum Command {
     /// List NVMe and UFS controllers: address, kind, ids, driver, IOMMU group, viability, use
     Devices(DevicesArgs),
-    /// Hand a controller to vfio-pci (refuses while the kernel uses it)
+    /// Hand an NVMe or UFS controller to vfio-pci (refuses while the kernel uses it)
     Bind(BindArgs),
     /// Give a controller back to the kernel's driver (nvme, or ufshcd (module ufshcd-pci) for UFS)
     Unbind(UnbindArgs),

@@ -24,8 +24,8 @@ pub struct Config {
     pub qpairs: u32,
     /// `shadow_doorbells`.
     pub shadow_doorbells: u32,
-    /// `io_timeout` in ms (0: none).
-    pub io_timeout_ms: u64,
+    /// `io_timeout`, with its unit (`30s`, `500ms`; `0`: none).
+    pub io_timeout: *const c_char,
     /// `fake_size`.
     pub fake_size: u64,
     /// `fake_lbs`.
@@ -34,12 +34,14 @@ pub struct Config {
     pub fake_namespaces: u32,
     /// `fake_exec`.
     pub fake_exec: *const c_char,
-    /// `fake_latency` in ns.
-    pub fake_latency_ns: u64,
+    /// `fake_latency`, with its unit (`10us`, `1ms`; `0`: none).
+    pub fake_latency: *const c_char,
     /// `fake_core` (-1: not pinned).
     pub fake_core: i64,
     /// `mcq` (UFS: 1 use MCQ when the controller has it, 0 the legacy list).
     pub mcq: u32,
+    /// The job's smallest block size (fio's `td_min_bs`; 0: not checked).
+    pub min_bs: u64,
 }
 
 /// Per-file answer of [`mcqio_fio_setup`] (`struct mcqio_fio_file`).
@@ -98,21 +100,52 @@ unsafe fn opt_str<'a>(p: *const c_char) -> Result<&'a str, EngineError> {
         .map_err(|_| EngineError::Abi("option is not UTF-8"))
 }
 
-fn positive(v: u64) -> Option<u64> {
-    (v > 0).then_some(v)
+/// `fake_core=-2`, the default: pin the fake's device thread to the
+/// highest CPU this process may use, as mcqio-perf keeps it off the job
+/// cores (fio's job threads start on the low ones). An unpinned device
+/// thread gave 576k, 533k, then 8k IOPS for the same job on a busy machine
+/// (issue 29 item 7).
+const FAKE_CORE_AUTO: i64 = -2;
+
+/// The highest CPU in this process's affinity mask (`None` if unknown).
+fn highest_allowed_cpu() -> Option<usize> {
+    // SAFETY: an all-zero cpu_set_t is a valid, empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes
+    // into the owned `set`.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: CPU_ISSET reads the initialised set; the index is in range.
+    (0..libc::CPU_SETSIZE as usize)
+        .rev()
+        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
 }
 
 /// # Safety
 /// The strings in `c` are null or NUL-terminated.
 unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
     // SAFETY: forwarded caller contract on each string.
-    let (dma, huge, exec) = unsafe {
+    let (dma, huge, exec, timeout, latency) = unsafe {
         (
             opt_str(c.dma)?,
             opt_str(c.hugepages)?,
             opt_str(c.fake_exec)?,
+            opt_str(c.io_timeout)?,
+            opt_str(c.fake_latency)?,
         )
     };
+    // The same rule as a device string's `latency=`: a unit on every
+    // duration (fio itself reads a bare number as microseconds,
+    // mcqio-perf read it as seconds).
+    let duration = |key, v: &str| match v {
+        "" => Ok(Duration::ZERO),
+        v => mcqio_open::devstr::parse_device_duration(key, v).map_err(spec::SpecError::from),
+    };
+    let io_timeout = duration("io_timeout", timeout)?;
+    let fake_latency = duration("fake_latency", latency)?;
     spec::DmaMode::parse(dma)?;
     let bad = |option, value: String, why| spec::SpecError::BadOption { option, value, why };
     let qpairs = u16::try_from(c.qpairs)
@@ -145,10 +178,14 @@ unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
     }
     let fake_core = match c.fake_core {
         -1 => None,
-        n => Some(
-            usize::try_from(n)
-                .map_err(|_| bad("fake_core", n.to_string(), "use a core number, or -1"))?,
-        ),
+        FAKE_CORE_AUTO => highest_allowed_cpu(),
+        n => Some(usize::try_from(n).map_err(|_| {
+            bad(
+                "fake_core",
+                n.to_string(),
+                "use a core number, -1 (not pinned) or -2 (the highest CPU the process may use)",
+            )
+        })?),
     };
     Ok(DeviceOptions {
         huge_pages: spec::parse_huge_pages(huge)?,
@@ -156,12 +193,12 @@ unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
         qpairs,
         shadow_doorbells: c.shadow_doorbells != 0,
         mcq: c.mcq != 0,
-        io_timeout: positive(c.io_timeout_ms).map(Duration::from_millis),
+        io_timeout: (!io_timeout.is_zero()).then_some(io_timeout),
         fake_size: c.fake_size,
         fake_lbs: c.fake_lbs,
         fake_namespaces: c.fake_namespaces,
         fake_exec: spec::parse_fake_exec(exec)?,
-        fake_latency: Duration::from_nanos(c.fake_latency_ns),
+        fake_latency,
         fake_core,
     })
 }
@@ -197,6 +234,9 @@ pub unsafe extern "C" fn mcqio_fio_setup(
             })
             .collect::<Result<_, _>>()?;
         let (job, files) = Job::setup(&list, &opts, max_io)?;
+        // SAFETY: non-null and valid (caller contract).
+        let min_bs = unsafe { (*cfg).min_bs };
+        crate::job::check_block_sizes(&files, &list, min_bs, max_io)?;
         for (i, f) in files.iter().enumerate() {
             // SAFETY: `out` holds `nfiles` entries and files.len() == nfiles.
             unsafe {
@@ -418,3 +458,54 @@ const _: () = {
     const fn send<T: Send>() {}
     send::<Job>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(io_timeout: &CStr, fake_latency: &CStr) -> Config {
+        Config {
+            dma: std::ptr::null(),
+            hugepages: std::ptr::null(),
+            dma_budget: 0,
+            qpairs: 4,
+            shadow_doorbells: 1,
+            io_timeout: io_timeout.as_ptr(),
+            fake_size: 1 << 20,
+            fake_lbs: 4096,
+            fake_namespaces: 1,
+            fake_exec: std::ptr::null(),
+            fake_latency: fake_latency.as_ptr(),
+            fake_core: FAKE_CORE_AUTO,
+            mcq: 1,
+            min_bs: 4096,
+        }
+    }
+
+    fn options(io_timeout: &CStr, fake_latency: &CStr) -> Result<DeviceOptions, EngineError> {
+        // SAFETY: the config's strings are NUL-terminated literals or null.
+        unsafe { device_options(&config(io_timeout, fake_latency)) }
+    }
+
+    /// Issue 29 item 4: `fake_latency=10` was 10 µs here (fio's rule for a
+    /// bare time) and `latency=10` 10 s in mcqio-perf. Both now need a
+    /// unit, parsed by the one device-string function.
+    #[test]
+    fn durations_need_a_unit_as_in_device_strings() {
+        let o = options(c"30s", c"10us").unwrap();
+        assert_eq!(o.fake_latency, Duration::from_micros(10));
+        assert_eq!(o.io_timeout, Some(Duration::from_secs(30)));
+        let o = options(c"0", c"0").unwrap();
+        assert_eq!((o.fake_latency, o.io_timeout), (Duration::ZERO, None));
+        // Issue 29 item 7: the default fake is pinned, as mcqio-perf's is.
+        assert_eq!(o.fake_core, highest_allowed_cpu());
+        assert!(o.fake_core.is_some());
+        for (t, l, bad) in [
+            (c"30s", c"10", "fake_latency=10"),
+            (c"30", c"0", "io_timeout=30"),
+        ] {
+            let e = options(t, l).unwrap_err().to_string();
+            assert!(e.contains(bad) && e.contains("unit"), "{e}");
+        }
+    }
+}

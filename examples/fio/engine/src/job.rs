@@ -588,6 +588,35 @@ impl Drop for Job {
 
 /// What fio needs to know of the file `name`: the unit `unit` selects on
 /// the device's controller.
+/// Refuse a job whose block sizes (`min_bs`, `max_bs`; 0: unknown) are
+/// not whole logical blocks of every file, with the engine's own message
+/// instead of fio's bare `err=22` at the first I/O (issue 29 item 7).
+pub fn check_block_sizes(
+    files: &[FileInfo],
+    names: &[&str],
+    min_bs: u64,
+    max_bs: u64,
+) -> Result<(), EngineError> {
+    for (f, name) in files.iter().zip(names) {
+        let lbs = 1u64 << f.lba_shift;
+        for bs in [min_bs, max_bs] {
+            if bs != 0 && bs % lbs != 0 {
+                return Err(EngineError::Unaligned {
+                    bs,
+                    lbs,
+                    file: name.to_string(),
+                    hint: if name.starts_with("fake") && !name.starts_with("fake-ufs") {
+                        " (or the fake's fake_lbs=)"
+                    } else {
+                        ""
+                    },
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 fn file_info(dev: &Device, unit: Unit, name: &str) -> Result<FileInfo, EngineError> {
     let wrong = |want: &'static str| EngineError::WrongSelector {
         file: name.to_string(),
@@ -656,6 +685,30 @@ fn file_info(dev: &Device, unit: Unit, name: &str) -> Result<FileInfo, EngineErr
 mod tests {
     use super::*;
     use crate::spec::FakeExec;
+
+    /// Issue 29 item 7: a bs the device cannot do is refused at setup with
+    /// the engine's reason (fio only said err=22 at the first I/O).
+    #[test]
+    fn block_sizes_must_be_whole_logical_blocks() {
+        let f = FileInfo {
+            unit: 1,
+            lba_shift: 12,
+            size: 1 << 20,
+        };
+        assert!(check_block_sizes(&[f], &["fake"], 4096, 65536).is_ok());
+        assert!(check_block_sizes(&[f], &["fake"], 0, 0).is_ok());
+        for (min, max, bad) in [(1024, 4096, 1024), (4096, 6144, 6144)] {
+            let e = check_block_sizes(&[f], &["fake"], min, max)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!(
+                    "bs {bad} is not a multiple of the device's 4096-byte"
+                )) && e.contains("fake_lbs="),
+                "{e}"
+            );
+        }
+    }
     use mcqio_fixtures::ufs::{FakeUfs, Sense, UfsFault};
     use mcqio_vfio::HugePages;
 

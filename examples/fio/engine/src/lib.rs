@@ -94,6 +94,19 @@ pub enum EngineError {
         /// The filename.
         file: String,
     },
+    /// A block size the device cannot transfer: not a whole number of its
+    /// logical blocks (fio would only say err=22).
+    #[error("`{file}`: bs {bs} is not a multiple of the device's {lbs}-byte logical block; use bs={lbs} or a multiple of it{hint}")]
+    Unaligned {
+        /// The job's block size that does not fit.
+        bs: u64,
+        /// The device's logical block size.
+        lbs: u64,
+        /// The filename.
+        file: String,
+        /// What else could be changed.
+        hint: &'static str,
+    },
     /// iodepth out of range.
     #[error("iodepth={0}: the engine supports 1 to 4096")]
     Depth(u32),

@@ -46,6 +46,9 @@ pub enum SpecError {
     /// The filename: its device part or its selector.
     #[error(transparent)]
     Filename(#[from] FilenameError),
+    /// A duration option without its unit, or not a duration.
+    #[error("option {0}")]
+    Duration(#[from] mcqio_open::devstr::SpecError),
     /// An engine option value that is not allowed.
     #[error("option {option}={value}: {why}")]
     BadOption {

@@ -1,0 +1,179 @@
+//! Issue 29 item 3: every subcommand that runs for a while obeys SIGINT
+//! and SIGTERM. The first signal ends the table after the row in progress
+//! (a run: after the I/O in flight) and prints what ran, marked partial;
+//! a second ends the process at once; the exit code is 128 + the signal.
+
+mod support;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+fn start(args: &[&str]) -> Child {
+    support::command(env!("CARGO_BIN_EXE_mcqio-perf"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mcqio-perf starts")
+}
+
+fn signal(c: &Child, sig: i32) {
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    let rc = unsafe { libc::kill(c.id() as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
+}
+
+/// Wait for the child (at most `limit`), returning code, stdout, stderr.
+fn finish(mut c: Child, limit: Duration) -> (Option<i32>, String, String) {
+    let t = Instant::now();
+    while c.try_wait().expect("wait").is_none() {
+        if t.elapsed() > limit {
+            let _ = c.kill();
+            let out = c.wait_with_output().expect("output");
+            panic!(
+                "still running {limit:?} after the signal: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = c.wait_with_output().expect("output");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn seed_mcq_stops_and_prints_its_partial_table() {
+    let c = start(&["seed", "mcq", "-t", "20"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(&c, libc::SIGINT);
+    let (code, out, err) = finish(c, Duration::from_secs(10));
+    assert_eq!(code, Some(130), "{out}\n{err}");
+    assert!(out.contains("(partial: interrupted)"), "{out}");
+    assert!(out.contains("interrupted: the table stops"), "{out}");
+    assert!(err.contains("interrupted by SIGINT"), "{err}");
+}
+
+#[test]
+fn seed_hpb_stops_on_sigterm() {
+    let c = start(&["seed", "hpb"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    signal(&c, libc::SIGTERM);
+    let (code, out, err) = finish(c, Duration::from_secs(10));
+    assert_eq!(code, Some(143), "{out}\n{err}");
+    assert!(
+        out.contains("interrupted: the table stops after the"),
+        "{out}"
+    );
+    assert!(err.contains("interrupted by SIGTERM"), "{err}");
+}
+
+#[test]
+fn dma_bench_stops_after_the_row_in_progress() {
+    let c = start(&["dma-bench", "-t", "2", "--threads", "1"]);
+    std::thread::sleep(Duration::from_millis(1000));
+    signal(&c, libc::SIGINT);
+    let (code, out, err) = finish(c, Duration::from_secs(10));
+    assert_eq!(code, Some(130), "{out}\n{err}");
+    assert!(
+        out.contains("premapped"),
+        "the row that was running is printed: {out}"
+    );
+    assert!(out.contains("interrupted: the table stops"), "{out}");
+}
+
+/// The first signal waits for the I/O in flight (here 20 s of device
+/// latency); the second one does not wait.
+#[test]
+fn a_second_signal_ends_seed_mcq_at_once() {
+    let c = start(&[
+        "seed",
+        "mcq",
+        "-d",
+        "fake-ufs,latency=20s",
+        "-t",
+        "30",
+        "-q",
+        "1",
+    ]);
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(&c, libc::SIGINT);
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&c, libc::SIGINT);
+    let (code, out, err) = finish(c, Duration::from_secs(8));
+    assert_eq!(code, Some(130), "{out}\n{err}");
+}
+
+/// A signal during the `--compare` run: the note sits on that run, and
+/// the ratio line says it compares a partial run.
+#[test]
+fn an_interrupted_compare_marks_the_run_that_was_cut() {
+    let c = start(&[
+        "-d",
+        "fake:null",
+        "-n",
+        "2000",
+        "--compare",
+        "fake:null,latency=100ms",
+        "--json",
+    ]);
+    // The first run's 2000 I/Os take milliseconds; the second's, 100 ms
+    // each at QD 32, about 6 s.
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(&c, libc::SIGINT);
+    let (code, out, err) = finish(c, Duration::from_secs(10));
+    assert_eq!(code, Some(130), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let other = &v["compare"]["run"];
+    assert_eq!(v["interrupted"], false, "the first run ran to its end: {v}");
+    assert_eq!(other["interrupted"], true, "{v}");
+    let has_note = |r: &serde_json::Value| {
+        r["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().starts_with("interrupted by SIGINT"))
+    };
+    assert!(!has_note(&v) && has_note(other), "{v}");
+}
+
+#[test]
+fn an_interrupted_compare_says_its_ratio_is_partial() {
+    let c = start(&[
+        "-d",
+        "fake:null",
+        "-n",
+        "2000",
+        "--compare",
+        "fake:null,latency=100ms",
+    ]);
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(&c, libc::SIGINT);
+    let (code, out, err) = finish(c, Duration::from_secs(10));
+    assert_eq!(code, Some(130), "{err}");
+    let ratio = out
+        .lines()
+        .find(|l| l.contains(" vs ") && l.contains("IOPS"))
+        .unwrap_or_else(|| panic!("no ratio line: {out}"));
+    assert!(
+        ratio.contains("compares a partial run: fake:null,latency=100ms was interrupted"),
+        "{ratio}"
+    );
+}
+
+/// Issue 29 item 9: an interrupted run's header gives the time measured,
+/// not only the time asked for.
+#[test]
+fn an_interrupted_header_shows_the_time_measured() {
+    let c = start(&["-d", "fake:null", "-t", "30"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(&c, libc::SIGINT);
+    let (code, out, err) = finish(c, Duration::from_secs(10));
+    assert_eq!(code, Some(130), "{err}");
+    let header = out.lines().next().unwrap_or_default();
+    assert!(header.contains("interrupted after "), "{header}");
+    assert!(header.contains("(asked: 30 s)"), "{header}");
+}
