@@ -21,7 +21,7 @@
 //! itself, its creation and accessors; `submit.rs`, `reap.rs` (the poll),
 //! `recover.rs` (timeouts and withdrawal), `reset.rs` (after a controller
 //! reset or failure), `teardown.rs` (close, drop, leaks) and `blocking.rs`
-//! (blocking helpers, [`BlockQueue`]).
+//! (blocking helpers, [`BlockQueue`](crate::core::block::BlockQueue)).
 
 use std::cell::Cell;
 use std::marker::PhantomData;
