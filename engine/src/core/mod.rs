@@ -36,6 +36,7 @@ pub mod io;
 pub mod mapped;
 pub mod per_core;
 pub(crate) mod qpair;
+pub(crate) mod ring;
 pub(crate) mod split;
 pub(crate) mod state;
 pub mod timeout;

@@ -350,7 +350,7 @@ impl UfsController {
         self.pool.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Current health ([`health`]): the failure bits of the state word.
+    /// Current health ([`state::OK`], [`state::FATAL`], [`state::GONE`]): the failure bits of the state word.
     #[inline]
     pub(crate) fn health(&self) -> u64 {
         state::failure(self.state())

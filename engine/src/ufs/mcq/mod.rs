@@ -24,6 +24,7 @@
 
 pub(super) mod config;
 
+use crate::core::ring;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -289,10 +290,7 @@ impl McqQueue {
             }
             // SAFETY: as above; the controller is disabled.
             unsafe { clear_entry(p) };
-            self.cq_head += 1;
-            if self.cq_head == self.entries {
-                self.cq_head = 0;
-            }
+            self.cq_head = ring::next(self.cq_head, self.entries);
             n += 1;
             f(cqe.ucd(), cqe.ocs());
         }
@@ -319,10 +317,7 @@ impl McqQueue {
             p.add(2).write_volatile(w[2].to_le());
             p.add(3).write_volatile(w[3].to_le());
         }
-        self.sq_tail += 1;
-        if self.sq_tail == self.entries {
-            self.sq_tail = 0;
-        }
+        self.sq_tail = ring::next(self.sq_tail, self.entries);
     }
 
     /// Publish everything posted since the last flush with one SQTP store.
@@ -393,10 +388,7 @@ impl McqQueue {
             // SAFETY: the same entry, ours until CQHP releases it (below,
             // after the barriers): one volatile store, no reference.
             unsafe { clear_entry(p) };
-            self.cq_head += 1;
-            if self.cq_head == self.entries {
-                self.cq_head = 0;
-            }
+            self.cq_head = ring::next(self.cq_head, self.entries);
             n += 1;
             f(cqe.ucd(), cqe.ocs());
         }

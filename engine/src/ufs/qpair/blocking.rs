@@ -1,4 +1,5 @@
-//! The blocking helpers and the shared [`BlockQueue`] / [`Blocking`] traits.
+//! The blocking helpers and UFS's block commands for the shared
+//! [`BlockQueue`](crate::core::block::BlockQueue) implementation.
 
 use super::*;
 use crate::core::qpair::Addressed;

@@ -34,7 +34,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// pair; given up (slot retired until a controller reset, buffer never
     /// reused) if the controller refuses, or does not give it back within
     /// another timeout. Never a controller reset, never in
-    /// [`UfsQpairStats`]: counted in [`HpbStats`](super::HpbStats).
+    /// [`UfsQpairStats`]: counted in [`HpbStats`](crate::ufs::HpbStats).
     #[cold]
     fn scan_internal_timeouts(&mut self) {
         if self.hpb.inflight() == 0 {

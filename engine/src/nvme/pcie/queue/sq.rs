@@ -1,5 +1,6 @@
 //! The submission ring.
 
+use crate::core::ring;
 use std::ptr::NonNull;
 
 use mcqio_vfio::{barrier, DmaRegion};
@@ -113,10 +114,7 @@ impl SubQueue {
             // SAFETY: see above.
             unsafe { slot.write(sqe) };
         }
-        self.tail += 1;
-        if self.tail == self.entries {
-            self.tail = 0;
-        }
+        self.tail = ring::next(self.tail, self.entries);
     }
 
     /// Ring the tail doorbell once for everything pushed since the last ring.

@@ -1,4 +1,4 @@
-//! The blocking convenience API and the shared [`BlockQueue`] view.
+//! The blocking convenience API and the shared [`BlockQueue`](crate::core::block::BlockQueue) view.
 
 use super::*;
 use crate::core::qpair::Addressed;

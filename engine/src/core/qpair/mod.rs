@@ -1,0 +1,359 @@
+//! The queue pair's lifecycle, written once: [`Engine`] holds what every
+//! wire's queue pair keeps, and [`Wire`]'s provided methods carry what
+//! every wire's queue pair does.
+//!
+//! A wire (NVMe over PCIe, UFS MCQ or legacy) implements the small
+//! required part of [`Wire`] — ring the doorbell, reap completion entries
+//! and prove each one belongs to the command in its slot, look at the
+//! controller's health, act on a timeout, hand over what the controller
+//! posted before it stopped, forget its rings, re-create its queue — and
+//! gets from the core:
+//!
+//! - the **submit gate** ([`Wire::gate`]): one relaxed load of the
+//!   controller's state word per batch; no doorbell once a reset began or
+//!   the queue stopped;
+//! - the **poll skeleton** ([`Wire::poll`]): gate → ring → reap at most
+//!   `max` (each completion counted before the callback runs) → idle ticks
+//!   of the coarse clock → a health look every
+//!   [`Wire::HEALTH_CHECK_INTERVAL`] empty polls → the timeout scan when due
+//!   → the wire's after-poll work;
+//! - **recovery** ([`Wire::recover`]): the one state machine after the state
+//!   word changed (see [`super::state`]): deliver what was posted, end the
+//!   rest once ([`Engine::end_all`]) with or without buffers by the
+//!   fail → disable → leak rule, re-create the queue after a reset;
+//! - **one budget mechanism**: whatever recovery or a timeout ends beyond
+//!   the poll's `max` waits in the engine's held completions, preallocated
+//!   to the queue depth at creation, and the next polls hand them out
+//!   first. `poll` never delivers more than `max`.
+//!
+//! # A third wire, a new frontend
+//!
+//! A new wire (NVMe over TCP, say) is a folder beside `nvme/pcie/`
+//! (`nvme/tcp/`), reusing `nvme/{spec, ctrl, admin}`: its queue pair embeds
+//! an [`Engine`] and implements [`Wire`] — `ring` (send the queued capsules),
+//! `reap` (parse received PDUs, prove each by its CID, end it through
+//! [`Engine::complete`]), `check_controller` (the connection's health),
+//! `scan_timeouts` (Abort on the admin queue), `deliver_posted` and `forget`
+//! (what a dropped connection leaves), `recreate` (reconnect the queue), and
+//! its controller implements [`super::state::Controlled`]. A frontend (a
+//! ublk server) uses only the public API — [`super::block::BlockQueue`],
+//! [`super::per_core`], the device opener in `examples/open` — beside the
+//! fio engine in `examples/`. Neither changes anything in `core/`.
+//!
+//! Everything is static dispatch: a wire's queue pair embeds an
+//! [`Engine`] and implements [`Wire`]; its public `poll` and `submit` are
+//! the provided methods, monomorphised and inlined for that wire. Nothing
+//! here allocates after creation, and nothing names a wire.
+
+use super::error::{Error, Result};
+use super::io::{Completion, IoBuf, IoError};
+use super::state::{self, Change, Controlled, Stopped};
+use super::timeout::IDLE_CLOCK_INTERVAL;
+
+mod blocks;
+mod engine;
+mod split;
+
+pub(crate) use self::blocks::Addressed;
+pub(crate) use self::engine::Engine;
+pub use self::engine::QueueCounters;
+pub(crate) use self::split::{Child, SplitRequest};
+
+/// What one reaping pass found.
+#[derive(Copy, Clone, Debug, Default)]
+pub(crate) struct Reaped {
+    /// Completion entries consumed (stale ones included).
+    pub seen: usize,
+    /// Completions delivered to the callback.
+    pub delivered: usize,
+    /// The completion register read a value no healthy controller gives
+    /// (all ones, a tail outside the ring): look at the controller's
+    /// health now.
+    pub suspect: bool,
+}
+
+/// Re-creating the queue after a reset.
+pub(crate) enum Recreated {
+    /// Done; the controller's state word it was done in.
+    Yes(u64),
+    /// The state word moved on meanwhile (another reset): look again.
+    Moved,
+    /// Failed with this error; `left`: the controller may have the queue
+    /// (partly) on our rings.
+    Failed { error: String, left: bool },
+}
+
+/// A wire's queue pair: the hooks it implements, and the lifecycle the
+/// core provides on them (see the module docs).
+pub(crate) trait Wire: Sized {
+    /// The buffers moved through the queue.
+    type Buf: IoBuf;
+    /// What the wire keeps per child while building a split transfer.
+    type Child;
+    /// Empty polls (with commands outstanding) between health looks.
+    const HEALTH_CHECK_INTERVAL: u32;
+
+    /// The engine state.
+    fn eng(&mut self) -> &mut Engine<Self::Buf, Self::Child>;
+    /// The engine state, shared.
+    fn eng_ref(&self) -> &Engine<Self::Buf, Self::Child>;
+
+    /// The controller the queue belongs to.
+    type Ctrl: Controlled;
+    /// The controller.
+    fn ctrl(&self) -> &Self::Ctrl;
+    /// Ring the doorbell for what was queued since the last ring; whether
+    /// a doorbell was written. Only called with the gate open.
+    fn ring(&mut self) -> bool;
+    /// Consume up to `max` completion entries: prove each one, then end
+    /// its command through [`Engine::complete`]; write the completion
+    /// queue's head.
+    fn reap<F: FnMut(Completion<Self::Buf>)>(&mut self, max: usize, f: &mut F) -> Reaped;
+    /// Look at the controller's health; a failure is recorded at the
+    /// controller (which changes the state word) for every queue pair.
+    fn check_controller(&mut self);
+    /// Act on the commands past their timeout (the scan is due). `drained`:
+    /// the poll consumed everything the controller had posted. Completions
+    /// go to `f` (the engine holds what exceeds the poll's budget).
+    fn scan_timeouts(&mut self, drained: bool, f: &mut dyn FnMut(Completion<Self::Buf>));
+    /// The wire's work after a poll (UFS: the HPB pass).
+    #[inline(always)]
+    fn after_poll(&mut self) {}
+    /// Recovery step 1: deliver what the controller completed before it
+    /// stopped (it can post no more), each entry proven as `reap` proves
+    /// it. No doorbell. Returns the completions delivered.
+    fn deliver_posted(&mut self, f: &mut dyn FnMut(Completion<Self::Buf>)) -> usize;
+    /// Before the core ends every command: end the wire's own commands
+    /// (no application completion), with or without their buffers. Returns
+    /// the bytes leaked.
+    fn end_internal(&mut self, _keep_bufs: bool) -> u64 {
+        0
+    }
+    /// The controller dropped the queue (or gave up on it): the wire's own
+    /// record of what is in flight, and its ring positions, are void.
+    fn forget(&mut self);
+    /// Re-create the queue on the controller in state `settled`.
+    fn recreate(&mut self, settled: u64) -> Recreated;
+    /// Count `bytes` as leaked at the controller.
+    fn note_leak(&self, bytes: u64);
+    /// The queue's id for messages.
+    fn queue_id(&self) -> u16;
+    /// The error a stopped queue reports, in the wire's words.
+    fn stopped_error(&self, s: Stopped) -> Error;
+
+    /// The controller's state word: one relaxed load.
+    #[inline(always)]
+    fn state(&self) -> u64 {
+        self.ctrl().state_word().load()
+    }
+
+    /// The controller's state word once no reset is running.
+    fn settled_state(&self) -> u64 {
+        self.ctrl().settled_state()
+    }
+
+    /// The submit gate: the controller is in the state this queue's rings
+    /// belong to, and the queue did not stop.
+    #[inline(always)]
+    fn gate(&self) -> bool {
+        let e = self.eng_ref();
+        e.stopped.is_none() && self.state() == e.seen_state
+    }
+
+    /// Ring the doorbell once for everything queued since the last ring.
+    /// Returns whether a doorbell was written: `false` when there was
+    /// nothing to ring, when the queue stopped, and when the controller
+    /// was reset or failed since this queue last looked (the next poll
+    /// ends what was queued and re-creates the queue).
+    #[inline]
+    fn submit(&mut self) -> bool {
+        self.gate() && self.ring()
+    }
+
+    /// The poll skeleton (see the module docs).
+    #[inline]
+    fn poll<F: FnMut(Completion<Self::Buf>)>(&mut self, max: usize, f: &mut F) -> Result<usize> {
+        let e = self.eng_ref();
+        let max = max.min(e.max_per_poll);
+        if e.stopped.is_some() || !e.held.is_empty() || self.state() != e.seen_state {
+            return self.poll_cold(max, f);
+        }
+        self.ring();
+        let r = self.reap(max, f);
+        let mut n = r.delivered;
+        let e = self.eng();
+        if r.seen == 0 && e.trackers.outstanding() > 0 {
+            e.idle_polls = e.idle_polls.wrapping_add(1);
+            if e.idle_polls % IDLE_CLOCK_INTERVAL == 0 && e.timeouts.enabled() {
+                e.timeouts.tick();
+            }
+            if r.suspect || e.idle_polls % Self::HEALTH_CHECK_INTERVAL == 0 {
+                self.check_controller();
+                if self.state() != self.eng_ref().seen_state {
+                    return Ok(n + self.poll_cold(max - n, f)?);
+                }
+            }
+        } else {
+            e.idle_polls = 0;
+            if r.seen != 0 && e.timeouts.enabled() {
+                e.timeouts.tick();
+            }
+        }
+        if self.eng_ref().timeouts.scan_due() && !r.suspect {
+            let drained = r.seen < max;
+            n += self.budgeted(max - n, f, |q, g| q.scan_timeouts(drained, g));
+            if self.state() != self.eng_ref().seen_state {
+                return Ok(n + self.poll_cold(max - n, f)?);
+            }
+        }
+        self.after_poll();
+        Ok(n)
+    }
+
+    /// Run `end`, which ends any number of commands through the callback
+    /// it gets, so that at most `budget` reach `f` and the rest are held.
+    #[cold]
+    fn budgeted<F: FnMut(Completion<Self::Buf>)>(
+        &mut self,
+        budget: usize,
+        f: &mut F,
+        end: impl FnOnce(&mut Self, &mut dyn FnMut(Completion<Self::Buf>)),
+    ) -> usize {
+        // Taken while `end` runs: `f` is only called before anything new
+        // is held (the budget comes first), and older held ones are not
+        // passed to `f` here, so a panicking `f` loses none.
+        let mut held = std::mem::take(&mut self.eng().held);
+        let ((), k) = held.budgeted(budget, f, |g| end(self, g));
+        self.eng().held = held;
+        k
+    }
+
+    /// `poll` when completions are held, or the state word changed, or the
+    /// queue stopped: hand out held completions, then recover, at most
+    /// `max` in all (the rest are held).
+    #[cold]
+    #[inline(never)]
+    fn poll_cold<F: FnMut(Completion<Self::Buf>)>(
+        &mut self,
+        max: usize,
+        f: &mut F,
+    ) -> Result<usize> {
+        let mut n = self.eng().held.deliver(max, f);
+        let e = self.eng_ref();
+        if e.stopped.is_none() && self.state() == e.seen_state {
+            return Ok(n);
+        }
+        let mut r = Ok(0);
+        n += self.budgeted(max - n, f, |q, g| r = q.recover(true, g));
+        r.map(|_| n)
+    }
+
+    /// Recovery after the controller's state word changed (see
+    /// [`super::state`]): every command ends exactly once, through `f`.
+    /// With `recreate` false (closing) the queue is not re-created after a
+    /// reset; [`Engine::queue_absent`] says so. Returns the completions
+    /// delivered, or the stopped queue's error.
+    #[cold]
+    #[inline(never)]
+    fn recover(
+        &mut self,
+        recreate: bool,
+        f: &mut dyn FnMut(Completion<Self::Buf>),
+    ) -> Result<usize> {
+        let mut n = 0;
+        loop {
+            if self.state() == self.eng_ref().seen_state {
+                return match self.eng_ref().stopped {
+                    Some(s) => Err(self.stopped_error(s)),
+                    None => Ok(n),
+                };
+            }
+            // Waits for a reset in progress to finish.
+            let settled = self.settled_state();
+            let failed = state::failure(settled) != state::OK;
+            match state::change(self.eng_ref().seen_state, settled) {
+                Change::Same => continue,
+                Change::Undisabled => {
+                    // Failed without being disabled: the controller may
+                    // still access the rings, descriptors and buffers.
+                    self.eng().device_may_access = true;
+                    n += self.deliver_posted(f);
+                    let mut leaked = self.end_internal(false);
+                    let ended = self.eng_ref().trackers.outstanding();
+                    if ended > 0 {
+                        log::error!(
+                            "queue {}: the controller could not be disabled; {ended} commands end without their buffers",
+                            self.queue_id()
+                        );
+                    }
+                    let e = self.eng();
+                    let (k, l) = e.end_all(IoError::ControllerFailed, false, f);
+                    e.rstats.failed_by_controller += k as u64;
+                    n += k;
+                    leaked += l;
+                    self.note_leak(leaked);
+                    self.forget();
+                    let e = self.eng();
+                    e.stopped = Some(Stopped::of(settled).unwrap_or(Stopped::Fatal));
+                    e.seen_state = settled;
+                }
+                Change::NewEpoch { .. } => {
+                    // Disabled (or gone) since: the controller dropped the
+                    // queue and accesses none of its memory.
+                    n += self.deliver_posted(f);
+                    let leaked = self.end_internal(true);
+                    self.note_leak(leaked);
+                    let (err, e) = if failed {
+                        (IoError::ControllerFailed, self.eng())
+                    } else {
+                        (IoError::AbortedByReset, self.eng())
+                    };
+                    let (k, _) = e.end_all(err, true, f);
+                    if failed {
+                        e.rstats.failed_by_controller += k as u64;
+                    } else {
+                        e.rstats.aborted_by_reset += k as u64;
+                    }
+                    n += k;
+                    e.device_may_access = false;
+                    e.seen_state = settled;
+                    self.forget();
+                    if failed {
+                        self.eng().stopped = Stopped::of(settled);
+                        continue;
+                    }
+                    if !recreate {
+                        self.eng().queue_absent = true;
+                        return Ok(n);
+                    }
+                    match self.recreate(settled) {
+                        Recreated::Yes(s) => {
+                            let e = self.eng();
+                            // The controller dropped every command: slots
+                            // retired by a failed timeout action serve again.
+                            e.trackers.unretire_all();
+                            e.seen_state = s;
+                            e.stopped = None;
+                            e.idle_polls = 0;
+                            e.rstats.recoveries += 1;
+                        }
+                        Recreated::Moved => continue,
+                        Recreated::Failed { error, left } => {
+                            if self.state() != settled {
+                                continue; // reset again meanwhile: retry
+                            }
+                            let qid = self.queue_id();
+                            log::error!(
+                                "queue {qid}: re-creating the queue after a reset failed: {error}"
+                            );
+                            let e = self.eng();
+                            e.device_may_access |= left;
+                            e.stopped = Some(Stopped::Lost);
+                            return Err(Error::QueueLost { qid });
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
