@@ -83,6 +83,30 @@ pub(crate) enum Recreated {
     Failed { error: String, left: bool },
 }
 
+/// The three accessors every [`Wire`] impl writes the same way, for a
+/// queue pair that keeps its [`Engine`] in field `$eng` and its
+/// controller (an `Arc`) in field `$ctrl`: `wire_parts!(eng, ctrl);`
+/// inside the impl.
+macro_rules! wire_parts {
+    ($eng:ident, $ctrl:ident) => {
+        #[inline(always)]
+        fn eng(&mut self) -> &mut $crate::core::qpair::Engine<Self::Buf, Self::Child> {
+            &mut self.$eng
+        }
+
+        #[inline(always)]
+        fn eng_ref(&self) -> &$crate::core::qpair::Engine<Self::Buf, Self::Child> {
+            &self.$eng
+        }
+
+        #[inline(always)]
+        fn ctrl(&self) -> &Self::Ctrl {
+            &self.$ctrl
+        }
+    };
+}
+pub(crate) use wire_parts;
+
 /// A wire's queue pair: the hooks it implements, and the lifecycle the
 /// core provides on them (see the module docs).
 pub(crate) trait Wire: Sized {

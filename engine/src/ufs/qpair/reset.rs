@@ -45,20 +45,7 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
     type Child = u16;
     const HEALTH_CHECK_INTERVAL: u32 = HEALTH_CHECK_INTERVAL;
 
-    #[inline(always)]
-    fn eng(&mut self) -> &mut Engine<B, Self::Child> {
-        &mut self.eng
-    }
-
-    #[inline(always)]
-    fn eng_ref(&self) -> &Engine<B, Self::Child> {
-        &self.eng
-    }
-
-    #[inline(always)]
-    fn ctrl(&self) -> &UfsController {
-        &self.ctrl
-    }
+    crate::core::qpair::wire_parts!(eng, ctrl);
 
     #[inline(always)]
     fn ring(&mut self) -> bool {

@@ -11,20 +11,7 @@ impl<B: IoBuf> Wire for QueuePair<B> {
     type Child = SplitChild;
     const HEALTH_CHECK_INTERVAL: u32 = HEALTH_CHECK_INTERVAL;
 
-    #[inline(always)]
-    fn eng(&mut self) -> &mut Engine<B, SplitChild> {
-        &mut self.eng
-    }
-
-    #[inline(always)]
-    fn eng_ref(&self) -> &Engine<B, SplitChild> {
-        &self.eng
-    }
-
-    #[inline(always)]
-    fn ctrl(&self) -> &Controller {
-        &self.ctrl
-    }
+    crate::core::qpair::wire_parts!(eng, ctrl);
 
     #[inline(always)]
     fn ring(&mut self) -> bool {
