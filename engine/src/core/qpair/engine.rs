@@ -89,6 +89,20 @@ pub(crate) struct Engine<B: IoBuf, S> {
     pub device_may_access: bool,
     /// A reset removed the queue and it was not re-created (closing).
     pub queue_absent: bool,
+    /// How far closing got (see `Wire::shutdown`).
+    pub closing: Closing,
+}
+
+/// How far [`Wire::shutdown`](super::Wire::shutdown) (close or drop) got.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Closing {
+    /// In use.
+    Open,
+    /// Closing began: no new internal work (HPB map loads); a panic in the
+    /// application's callback leaves this state, and `Drop` resumes.
+    Begun,
+    /// Every command ended; the wire did its last step.
+    Done,
 }
 
 impl<B: IoBuf, S> Engine<B, S> {
@@ -123,6 +137,7 @@ impl<B: IoBuf, S> Engine<B, S> {
             rstats: RecoveryStats::default(),
             device_may_access: false,
             queue_absent: false,
+            closing: Closing::Open,
         }
     }
 

@@ -55,8 +55,8 @@ mod engine;
 mod split;
 
 pub(crate) use self::blocks::Addressed;
-pub(crate) use self::engine::Engine;
 pub use self::engine::QueueCounters;
+pub(crate) use self::engine::{Closing, Engine};
 pub(crate) use self::split::{Child, SplitRequest};
 
 /// What one reaping pass found.
@@ -164,6 +164,16 @@ pub(crate) trait Wire: Sized {
     fn queue_id(&self) -> u16;
     /// The error a stopped queue reports, in the wire's words.
     fn stopped_error(&self, s: Stopped) -> Error;
+    /// Closing: take the queue off the device, delivering what it still
+    /// completes through `f`. `Ok(true)`: the device holds none of the
+    /// queue's commands any more; `Ok(false)`: it may still (a withdrawal
+    /// it did not confirm); `Err`: the queue could not be taken off and
+    /// stays on the device. Called again after a panic in `f`, it carries
+    /// on from its last finished step.
+    fn withdraw_all(&mut self, f: &mut dyn FnMut(Completion<Self::Buf>)) -> Result<bool>;
+    /// Closing finished; `gone`: a reset or failure had already removed
+    /// the queue (nothing was withdrawn).
+    fn closed(&mut self, gone: bool);
 
     /// The controller's state word: one relaxed load.
     #[inline(always)]
@@ -270,6 +280,60 @@ pub(crate) trait Wire: Sized {
         let mut r = Ok(0);
         n += self.budgeted(max - n, f, |q, g| r = q.recover(true, g));
         r.map(|_| n)
+    }
+
+    /// Close (or drop): every command still in flight ends exactly once
+    /// through `f` — what the device completes while the queue is taken off
+    /// it as the device said, the rest as [`IoError::Aborted`], with their
+    /// buffers only if the device can no longer touch them (otherwise they
+    /// are leaked, with the queue's memory). After a reset or failure the
+    /// commands end as `poll` would end them, and a stopped queue reports
+    /// its error once every command was delivered. A panic in `f` skips
+    /// none of this: `Drop` calls this again and it carries on.
+    #[cold]
+    fn shutdown(&mut self, f: &mut dyn FnMut(Completion<Self::Buf>)) -> Result<()> {
+        if self.eng_ref().closing == Closing::Done {
+            return Ok(());
+        }
+        self.eng().closing = Closing::Begun;
+        self.eng().held.deliver(usize::MAX, &mut |c| f(c));
+        let mut r = Ok(false);
+        if self.state() == self.eng_ref().seen_state && self.eng_ref().stopped.is_none() {
+            r = self.withdraw_all(f);
+        }
+        // A reset or failure (before, or while withdrawing): the queue is
+        // gone from the device; end the rest as poll would.
+        if self.state() != self.eng_ref().seen_state {
+            let _ = self.recover(false, f);
+        }
+        let e = self.eng_ref();
+        if e.stopped.is_some() || e.queue_absent {
+            let stopped = e.stopped;
+            self.eng().closing = Closing::Done;
+            self.closed(true);
+            return match stopped {
+                Some(s) => Err(self.stopped_error(s)),
+                None => Ok(()),
+            };
+        }
+        let safe = matches!(r, Ok(true));
+        let left = self.eng_ref().trackers.outstanding();
+        if !safe && left > 0 {
+            log::error!(
+                "queue {}: the device may still hold {left} commands; they end without their buffers, which are leaked with the queue's memory",
+                self.queue_id()
+            );
+        }
+        // The wire's own commands end inside it, the application's once each.
+        let mut leaked = self.end_internal(safe);
+        leaked += self.eng().end_all(IoError::Aborted, safe, f).1;
+        if !safe {
+            self.eng().device_may_access = true;
+        }
+        self.note_leak(leaked);
+        self.eng().closing = Closing::Done;
+        self.closed(false);
+        r.map(|_| ())
     }
 
     /// Recovery after the controller's state word changed (see

@@ -45,7 +45,7 @@ use crate::core::deliver;
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::mapped::{MappedQueuePair, MappingMode};
 use crate::core::qpair::Reaped as CoreReaped;
-use crate::core::qpair::{Engine, Recreated, SplitRequest, Wire};
+use crate::core::qpair::{Closing, Engine, Recreated, SplitRequest, Wire};
 use crate::core::split::Routed;
 use crate::core::state::Stopped;
 use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, TimeoutPolicy, Timeouts};
@@ -206,7 +206,6 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     tag_base: u8,
     lus: Vec<Option<LuGeom>>,
     space: Arc<DmaSpace>,
-    closed: bool,
     /// HPB: the read/write hooks and internal map loads (`super::hpb`).
     hpb: HpbQp,
     _not_sync: PhantomData<Cell<()>>,
@@ -370,7 +369,6 @@ impl UfsController {
             tag_base,
             lus,
             space: Arc::clone(self.dma()),
-            closed: false,
             hpb,
             _not_sync: PhantomData,
         })

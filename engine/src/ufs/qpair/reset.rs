@@ -75,7 +75,7 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
     #[inline(always)]
     fn after_poll(&mut self) {
         // No new map loads once the queue pair is closing.
-        if self.hpb.pass_due() && !self.closed {
+        if self.hpb.pass_due() && self.eng.closing == Closing::Open {
             self.hpb_pass();
         }
     }
@@ -173,6 +173,13 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
     fn stopped_error(&self, s: Stopped) -> Error {
         stopped_error(s, self.queue_id())
     }
+
+    fn withdraw_all(&mut self, f: &mut dyn FnMut(Completion<B>)) -> Result<bool> {
+        self.withdraw_in_flight(f)
+    }
+
+    /// The queue's memory goes back to the pool (or is leaked) in `Drop`.
+    fn closed(&mut self, _gone: bool) {}
 }
 
 impl<B: IoBuf> UfsQueuePair<B> {

@@ -1,54 +1,46 @@
-//! Teardown: ending every command in flight once (`end_all`), `close`,
-//! and `Drop`, which leaks the queue's memory when the controller may still
-//! hold it.
+//! Teardown, UFS's side of the core's `Wire::shutdown`: `close`, the
+//! withdrawal of what is still in flight, and `Drop`, which leaks the
+//! queue's memory when the controller may still hold it.
 
 use super::*;
 
 impl<B: IoBuf> UfsQueuePair<B> {
-    /// End every command in flight with `err` (the device no longer owns
-    /// them, or `keep_bufs` is false and their buffers are leaked): HPB's
-    /// own commands inside the HPB state, the application's once each
-    /// (`Engine::end_all`). Returns the bytes leaked.
-    #[cold]
-    pub(super) fn end_all(
-        &mut self,
-        err: IoError,
-        keep_bufs: bool,
-        f: &mut dyn FnMut(Completion<B>),
-    ) -> u64 {
-        let leaked = self.end_internal(keep_bufs);
-        leaked + self.eng.end_all(err, keep_bufs, f).1
-    }
-
     /// Finish the queue pair: wait (up to `UfsOptions::close_timeout`) for
     /// commands in flight, then withdraw what is left (MCQ: SQ stop and
     /// cleanup by nexus; legacy: UTRLCLR). Every command ends exactly once
     /// through `f`: withdrawn ones with [`IoError::Aborted`] — with their
     /// buffer if the controller confirmed the withdrawal, without it
-    /// (leaked, with the queue's memory) if not.
+    /// (leaked, with the queue's memory) if not. After a host controller
+    /// reset or failure the commands end as [`poll`](Self::poll) ends them,
+    /// and a failed controller is reported as `Err` once every command was
+    /// delivered — the core's `Wire::shutdown`, as on NVMe.
     pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
-        self.shutdown(&mut f);
-        Ok(())
+        self.shutdown(&mut f)
     }
 
-    fn shutdown(&mut self, f: &mut dyn FnMut(Completion<B>)) {
-        if self.closed {
-            return;
-        }
-        self.closed = true;
-        self.eng.held.deliver(usize::MAX, &mut |c| f(c));
+    /// `Wire::withdraw_all`: wait (up to `UfsOptions::close_timeout`) for
+    /// the commands in flight, polling; then withdraw what is left (MCQ:
+    /// SQ stop and cleanup by nexus, the ABORTED completions delivered as
+    /// [`IoError::Aborted`]; legacy: UTRLCLR, waited for). `Ok(true)` when
+    /// the controller holds none of them any more.
+    pub(super) fn withdraw_in_flight(&mut self, f: &mut dyn FnMut(Completion<B>)) -> Result<bool> {
         let limit = self.ctrl.options().close_timeout;
         let start = Instant::now();
         while self.eng.trackers.outstanding() > 0
             && self.eng.stopped.is_none()
+            && self.ctrl.state() == self.eng.seen_state
             && start.elapsed() < limit
         {
             if matches!(self.poll(usize::MAX, &mut *f), Ok(0)) {
                 std::thread::yield_now();
             }
         }
-        if self.eng.trackers.outstanding() == 0 {
-            return;
+        if self.eng.trackers.outstanding() == 0
+            || self.eng.stopped.is_some()
+            || self.ctrl.state() != self.eng.seen_state
+        {
+            // Done, or the core ends the rest as recovery does.
+            return Ok(true);
         }
         // Still in flight: withdraw.
         let withdrawn = match &mut *self.transport {
@@ -68,17 +60,13 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 self.eng.trackers.outstanding() == 0
             }
         };
-        let leaked = self.end_all(IoError::Aborted, withdrawn, f);
-        if !withdrawn {
-            self.eng.device_may_access = true;
-            self.ctrl.add_leaked(leaked);
-        }
+        Ok(withdrawn)
     }
 }
 
 impl<B: IoBuf> Drop for UfsQueuePair<B> {
     fn drop(&mut self) {
-        self.shutdown(&mut |_| {});
+        let _ = self.shutdown(&mut drop);
         // SAFETY: taken once, here; neither field is used after.
         let (t, u) = unsafe {
             (

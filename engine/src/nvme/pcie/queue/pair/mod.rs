@@ -225,20 +225,17 @@ impl<B: IoBuf> std::fmt::Debug for QueuePair<B> {
     }
 }
 
-/// How far [`QueuePair::close`] (or drop) got. Each step is recorded as
-/// soon as it is done, so that a panic in the application's callback
-/// leaves a state that `Drop` resumes from: the queues are deleted, the
-/// remaining commands end and the queue id is returned all the same.
+/// How far deleting the queues got while closing (or dropping). Each step
+/// is recorded as soon as it is done, so that a panic in the application's
+/// callback leaves a state that `Drop` resumes from.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Teardown {
-    /// In use (or a reset removed the queues: `queue_absent`).
+    /// In use (or a reset removed the queues: `Engine::queue_absent`).
     Live,
     /// Delete I/O SQ succeeded; the CQ still exists.
     SqDeleted,
     /// Both queues deleted: the device touches none of the queue's memory.
     Deleted,
-    /// Every command ended and the queue id was handled.
-    Done,
 }
 
 /// Status of a command the controller aborted at our request.

@@ -83,6 +83,14 @@ impl<B: IoBuf> Wire for QueuePair<B> {
     fn stopped_error(&self, s: Stopped) -> Error {
         stopped_error(s, self.qid)
     }
+
+    fn withdraw_all(&mut self, f: &mut dyn FnMut(Completion<B>)) -> Result<bool> {
+        self.delete_queues(f)
+    }
+
+    fn closed(&mut self, gone: bool) {
+        self.release_queue(gone)
+    }
 }
 
 impl<B: IoBuf> QueuePair<B> {

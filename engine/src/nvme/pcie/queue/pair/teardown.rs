@@ -2,7 +2,6 @@
 //! command once, free the rings and PRP pages or leak them while the device
 //! may still access them.
 
-use super::recover::stopped_error;
 use super::*;
 
 impl<B: IoBuf> QueuePair<B> {
@@ -26,22 +25,16 @@ impl<B: IoBuf> QueuePair<B> {
     /// (as unwinding does) carries on from where `close` stopped, with the
     /// remaining completions dropped.
     pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
-        self.shut_down(&mut f)
+        self.shutdown(&mut f)
     }
 
-    /// Close or drop: resumable (see [`Teardown`]).
-    pub(super) fn shut_down<F: FnMut(Completion<B>)>(&mut self, f: &mut F) -> Result<()> {
+    /// `Wire::withdraw_all`: delete the SQ, deliver what the controller
+    /// posts for what it fetched before, delete the CQ. Resumable (see
+    /// [`Teardown`]).
+    pub(super) fn delete_queues(&mut self, f: &mut dyn FnMut(Completion<B>)) -> Result<bool> {
         loop {
             match self.teardown {
-                Teardown::Done => return Ok(()),
                 Teardown::Live => {
-                    self.eng.held.deliver(usize::MAX, f);
-                    if self.ctrl.state() != self.eng.seen_state {
-                        let _ = self.recover(false, f);
-                    }
-                    if self.eng.stopped.is_some() || self.eng.queue_absent {
-                        return self.shut_down_gone();
-                    }
                     // Report every consumed CQE first: deleting the SQ may
                     // make the controller post completions for what it
                     // aborts, and they must find room (the lazy head could
@@ -49,7 +42,7 @@ impl<B: IoBuf> QueuePair<B> {
                     self.cq.flush();
                     match self.ctrl.delete_sq(self.qid) {
                         Ok(()) => self.teardown = Teardown::SqDeleted,
-                        Err(e) => return self.delete_failed(f, e),
+                        Err(e) => return Err(self.delete_failed(e)),
                     }
                 }
                 Teardown::SqDeleted => {
@@ -58,67 +51,49 @@ impl<B: IoBuf> QueuePair<B> {
                     self.deliver_posted(f);
                     match self.ctrl.delete_cq(self.qid) {
                         Ok(()) => self.teardown = Teardown::Deleted,
-                        Err(e) => return self.delete_failed(f, e),
+                        Err(e) => return Err(self.delete_failed(e)),
                     }
                 }
-                Teardown::Deleted => {
-                    // Both queues are gone: the device no longer accesses
-                    // the buffers of what it never completed.
-                    self.eng.end_all(IoError::Aborted, true, f);
-                    self.teardown = Teardown::Done;
-                    self.ctrl.release_qid(self.qid);
-                    return Ok(());
-                }
+                // Both queues are gone: the device no longer accesses the
+                // buffers of what it never completed.
+                Teardown::Deleted => return Ok(true),
             }
         }
     }
 
-    /// A reset or failure already removed the queues (`on_state_change`
-    /// completed, or leaked, every command).
-    pub(super) fn shut_down_gone(&mut self) -> Result<()> {
-        self.teardown = Teardown::Done;
-        // Free again even after a failure without a disable: the controller
-        // must be reset before any queue can be created, and a reset deletes
-        // every queue. Not when re-creating the queue after a reset may have
-        // left it on the controller.
-        if !(self.eng.stopped == Some(Stopped::Lost) && self.eng.device_may_access) {
+    /// Deleting a queue failed with `e`: unless a reset or failure explains
+    /// it (the core then ends the rest as poll would), the controller still
+    /// has the queue — it may fetch from the SQ ring and PRP pages,
+    /// transfer into the buffers, post into the CQ ring. None of it may be
+    /// freed or reused: the core leaks the buffers, `Drop` the rings and
+    /// PRP pages, and the queue id stays out of use.
+    #[cold]
+    fn delete_failed(&mut self, e: Error) -> Error {
+        if self.ctrl.state() == self.eng.seen_state {
+            log::error!(
+                "queue {}: deleting the queues failed ({e}); leaking its rings, PRP pages and {} in-flight buffers so the device cannot write into reused memory",
+                self.qid,
+                self.eng.trackers.outstanding()
+            );
+        }
+        e
+    }
+
+    /// `Wire::closed`: the queue id goes back — unless the controller may
+    /// still have the queue: a deletion that failed, or re-creating it
+    /// after a reset that may have left it there. After a failure without
+    /// a disable the id is free again all the same: the controller must be
+    /// reset before any queue can be created, and a reset deletes every
+    /// queue.
+    pub(super) fn release_queue(&mut self, gone: bool) {
+        let keep = if gone {
+            self.eng.stopped == Some(Stopped::Lost) && self.eng.device_may_access
+        } else {
+            self.eng.device_may_access
+        };
+        if !keep {
             self.ctrl.release_qid(self.qid);
         }
-        match self.eng.stopped {
-            Some(e) => Err(stopped_error(e, self.qid)),
-            None => Ok(()),
-        }
-    }
-
-    /// Deleting a queue failed with `e`.
-    #[cold]
-    pub(super) fn delete_failed<F: FnMut(Completion<B>)>(
-        &mut self,
-        f: &mut F,
-        e: Error,
-    ) -> Result<()> {
-        // The deletion may have failed because the controller was reset or
-        // failed meanwhile: then complete as poll would.
-        if self.ctrl.state() != self.eng.seen_state {
-            let _ = self.recover(false, f);
-            if self.eng.stopped.is_some() || self.eng.queue_absent {
-                return self.shut_down_gone();
-            }
-        }
-        // The controller still has the queue: it may fetch from the SQ ring
-        // and PRP pages, transfer into the buffers, and post into the CQ
-        // ring. None of it may be freed or reused: leak it all (the rings
-        // and PRP pages in `Drop`), and keep the queue id out of use.
-        self.eng.device_may_access = true;
-        self.teardown = Teardown::Done;
-        log::error!(
-            "queue {}: deleting the queues failed ({e}); leaking its rings, PRP pages and {} in-flight buffers so the device cannot write into reused memory",
-            self.qid,
-            self.eng.trackers.outstanding()
-        );
-        let (_, leaked) = self.eng.end_all(IoError::Aborted, false, f);
-        self.note_leak(leaked);
-        Err(e)
     }
 }
 
@@ -127,9 +102,7 @@ impl<B: IoBuf> Drop for QueuePair<B> {
     /// dropped), then free the rings and PRP pages — or leak them if the
     /// device may still access them (see [`QueuePair::close`]).
     fn drop(&mut self) {
-        if self.teardown != Teardown::Done {
-            let _ = self.shut_down(&mut |c: Completion<B>| drop(c));
-        }
+        let _ = self.shutdown(&mut drop);
         let ring_bytes = self.sq.region().len() + self.cq.region().len() + self.prp_mem.len();
         if self.eng.device_may_access {
             log::error!(
