@@ -9,6 +9,8 @@
 //!   ([`AsyncEvent`]), Identify, [`Controller::admin_read`].
 //! - [`pcie`]: NVMe over PCIe: [`QueuePair`] (rings, doorbells, PRP lists,
 //!   transfers split at MDTS) in [`pcie::queue`].
+//! - [`tcp`]: NVMe over TCP groundwork: PDUs, digests, the Fabrics
+//!   command set (no queue pair yet).
 //!
 //! [`queue`] is [`pcie::queue`] under its former path.
 
@@ -18,6 +20,7 @@ mod mapped;
 pub mod pcie;
 mod per_core;
 pub mod spec;
+pub mod tcp;
 
 pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace};
 pub use mapped::MappedQueuePair;

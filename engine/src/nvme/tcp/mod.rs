@@ -1,0 +1,33 @@
+//! # NVMe over TCP: the PDU layer and the Fabrics command set
+//!
+//! Plain data and codecs, no sockets: what an NVMe/TCP queue pair (a future
+//! `Wire` beside [`super::pcie`]) stands on.
+//!
+//! - [`pdu`]: the `#[repr(C)]` wire structs (common header, ICReq/ICResp,
+//!   CapsuleCmd/CapsuleResp, H2CData/C2HData, R2T, TermReq), an in-place
+//!   parser that accepts a PDU split across any number of receives
+//!   ([`pdu::Parse::Incomplete`]) and checks every length and offset
+//!   before it reads, and builders that write into a caller's buffer.
+//! - [`digest`]: CRC32C header and data digests.
+//! - [`fabrics`]: opcode 0x7F (Connect and its 1024-byte data, Property
+//!   Get/Set, Disconnect), Keep Alive, the SGL descriptors NVMe/TCP uses
+//!   (Transport Data Block for R2T/C2H transfers, Data Block with an offset
+//!   for in-capsule data), and the Fabrics fields of Identify Controller.
+//!
+//! Errors ([`pdu::PduError`], [`pdu::BuildError`]) are `Copy` values that
+//! name the field at fault, so a connection can end with a typed error and
+//! answer the peer with the matching TermReq FES ([`pdu::PduError::fes`]).
+//!
+//! The parser never panics and never slices outside the buffer it is
+//! given: the property tests in [`pdu`] feed it arbitrary bytes and every
+//! split of valid PDUs.
+
+pub mod digest;
+pub mod fabrics;
+pub mod pdu;
+
+#[cfg(test)]
+mod tests;
+
+pub use digest::Digests;
+pub use pdu::{BuildError, Direction, Negotiated, Parse, Pdu, PduError};
