@@ -246,9 +246,9 @@ const _: () = assert!(std::mem::offset_of!(R2tHeader, r2tl) == 16);
 const _: () = assert!(size_of::<TermReqHeader>() == DATA_HLEN);
 const _: () = assert!(std::mem::offset_of!(TermReqHeader, fei) == 10);
 
-// SAFETY (all seven): `#[repr(C)]`, integers and byte arrays only, no
-// padding (the sizes are asserted above to be the sums of the fields), so
-// every bit pattern is a valid value.
+// The eight headers below: `#[repr(C)]`, integers and byte arrays only,
+// no padding (the sizes are asserted above to be the sums of the fields).
+// SAFETY: so every bit pattern is a valid value.
 unsafe impl PlainData for CommonHeader {}
 // SAFETY: as above.
 unsafe impl PlainData for IcReq {}
