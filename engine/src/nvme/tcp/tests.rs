@@ -514,6 +514,24 @@ proptest! {
     }
 
     #[test]
+    fn data_pdus_round_trip(cccid in any::<u16>(), ttag in any::<u16>(), datao in any::<u32>(), size in 1usize..3000, last in any::<bool>(), h2c in any::<bool>(), hd in any::<bool>(), dd in any::<bool>(), pda in 0u8..32) {
+        let n = neg(Digests { header: hd, data: dd }, pda, pda);
+        let (pdu_type, dir) = if h2c { (pdu_type::H2C_DATA, H2C) } else { (pdu_type::C2H_DATA, C2H) };
+        let d = DataPdu { pdu_type, cccid, ttag, datao, last, success: false };
+        let data: Vec<u8> = (0..size).map(|i| (i * 7) as u8).collect();
+        let mut out = vec![0u8; 256 + size];
+        let len = write_data(&mut out, &d, &data, &n).unwrap();
+        let mut head = vec![0u8; 256];
+        let layout = write_data_header(&mut head, &d, size, &n).unwrap();
+        prop_assert_eq!(layout.plen, len);
+        prop_assert_eq!(&head[..layout.pdo], &out[..layout.pdo]);
+        let (p, used) = one(&out[..len], dir, &n).unwrap();
+        prop_assert_eq!(used, len);
+        let expected = Pdu::Data { pdu_type, cccid, ttag, datao, last, success: false, data: &data };
+        prop_assert_eq!(p, expected);
+    }
+
+    #[test]
     fn one_flipped_bit_is_caught_with_both_digests(size in 1usize..2000, bit in 0usize..16000) {
         let n = neg(Digests::BOTH, 0, 0);
         let mut b = c2h_data(&n, &vec![0xC3; size], true, false);
