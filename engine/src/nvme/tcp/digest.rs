@@ -64,6 +64,32 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
     ::crc32c::crc32c(bytes)
 }
 
+/// A data digest computed piece by piece, for data that is placed
+/// straight into a command's buffer as it arrives (one receive at a time)
+/// rather than parsed whole from the receive buffer.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct DataDigest(u32);
+
+impl DataDigest {
+    /// The digest of no bytes.
+    pub const fn new() -> Self {
+        DataDigest(0)
+    }
+    /// Append `bytes`.
+    #[inline]
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0 = ::crc32c::crc32c_append(self.0, bytes);
+    }
+    /// The digest of everything appended.
+    pub const fn value(&self) -> u32 {
+        self.0
+    }
+    /// Whether the 4 wire bytes that followed the data match.
+    pub fn matches(&self, wire: [u8; 4]) -> bool {
+        u32::from_le_bytes(wire) == self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,6 +103,18 @@ mod tests {
         let inc: Vec<u8> = (0u8..32).collect();
         assert_eq!(crc32c(&inc), 0x46DD_794E);
         assert_eq!(crc32c(&[]), 0);
+    }
+
+    #[test]
+    fn incremental_digest_equals_whole() {
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 13 + 7) as u8).collect();
+        for cut in [0, 1, 3, 64, 4095, 5000] {
+            let mut d = DataDigest::new();
+            d.update(&data[..cut]);
+            d.update(&data[cut..]);
+            assert_eq!(d.value(), crc32c(&data), "cut at {cut}");
+            assert!(d.matches(crc32c(&data).to_le_bytes()));
+        }
     }
 
     #[test]

@@ -832,6 +832,95 @@ fn check_header(
     Ok((pdo, plen as usize - ddgst - pdo, header_end))
 }
 
+/// A PDU header that passed every check [`parse`] makes before the data:
+/// where the data and its digest lie, for a receiver that places the data
+/// itself ([`parse_header`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// The common header.
+    pub ch: CommonHeader,
+    /// Header plus header digest.
+    pub header_end: usize,
+    /// Where the data starts (`pdo`; `header_end` without data).
+    pub data_at: usize,
+    /// Data bytes (`datal` for data PDUs, checked).
+    pub data_len: usize,
+    /// The data digest follows the data.
+    pub data_digest: bool,
+    /// The whole PDU.
+    pub plen: usize,
+}
+
+impl Header {
+    /// The H2CData/C2HData header fields, if this is one (`buf` holds at
+    /// least `header_end` bytes, as [`parse_header`] checked).
+    pub fn data_header(&self, buf: &[u8]) -> Option<DataHeader> {
+        matches!(self.ch.pdu_type, pdu_type::H2C_DATA | pdu_type::C2H_DATA)
+            .then(|| read_plain::<DataHeader>(buf))
+            .flatten()
+    }
+}
+
+/// Check the PDU header at the start of `buf` as soon as the header (and
+/// its digest) is in, without waiting for the data: `Ok(None)` until then.
+/// Everything [`parse`] checks except the data digest is checked here, so
+/// a receiver can read the data of a large C2HData straight into the
+/// command's buffer (`data_len` bytes from `data_at`, then the digest,
+/// checked with [`super::digest::DataDigest`]).
+pub fn parse_header(
+    buf: &[u8],
+    direction: Direction,
+    neg: &Negotiated,
+) -> Result<Option<Header>, PduError> {
+    let Some(ch) = read_plain::<CommonHeader>(buf) else {
+        return Ok(None);
+    };
+    let (data_at, data_len, header_end) = check_header(&ch, direction, neg)?;
+    if buf.len() < header_end {
+        return Ok(None);
+    }
+    let hlen = ch.hlen as usize;
+    if header_end > hlen {
+        let received = le32(buf, hlen);
+        let computed = crc32c(&buf[..hlen]);
+        if received != computed {
+            return Err(PduError::HeaderDigest { received, computed });
+        }
+    }
+    if matches!(ch.pdu_type, pdu_type::H2C_DATA | pdu_type::C2H_DATA) {
+        let h: DataHeader = read_plain(buf).ok_or(PduError::PlenTooSmall {
+            plen: ch.plen,
+            min: DATA_HLEN as u32,
+        })?;
+        check_data_header(&ch, &h, data_len)?;
+    }
+    Ok(Some(Header {
+        ch,
+        header_end,
+        data_at,
+        data_len,
+        data_digest: data_len > 0 && ch.flags & flags::DDGSTF != 0 && may_carry_data(ch.pdu_type),
+        plen: ch.plen as usize,
+    }))
+}
+
+fn check_data_header(ch: &CommonHeader, h: &DataHeader, data_len: usize) -> Result<(), PduError> {
+    if h.datal as usize != data_len {
+        return Err(PduError::DatalMismatch {
+            datal: h.datal,
+            carried: data_len as u32,
+        });
+    }
+    if data_len == 0 {
+        return Err(PduError::ZeroLength(ch.pdu_type));
+    }
+    let last = ch.flags & flags::LAST_PDU != 0;
+    if ch.pdu_type == pdu_type::C2H_DATA && ch.flags & flags::SUCCESS != 0 && !last {
+        return Err(PduError::SuccessWithoutLast);
+    }
+    Ok(())
+}
+
 /// Parse the PDU at the start of `buf` (the bytes received so far, from a
 /// PDU boundary), sent in `direction`, under `neg`. See the module docs.
 pub fn parse<'a>(
@@ -917,20 +1006,9 @@ pub fn parse<'a>(
                 plen: ch.plen,
                 min: DATA_HLEN as u32,
             })?;
-            if h.datal as usize != data_len {
-                return Err(PduError::DatalMismatch {
-                    datal: h.datal,
-                    carried: data_len as u32,
-                });
-            }
-            if data_len == 0 {
-                return Err(PduError::ZeroLength(ch.pdu_type));
-            }
+            check_data_header(&ch, &h, data_len)?;
             let last = ch.flags & flags::LAST_PDU != 0;
             let success = ch.pdu_type == pdu_type::C2H_DATA && ch.flags & flags::SUCCESS != 0;
-            if success && !last {
-                return Err(PduError::SuccessWithoutLast);
-            }
             Pdu::Data {
                 pdu_type: ch.pdu_type,
                 cccid: h.cccid,

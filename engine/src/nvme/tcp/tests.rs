@@ -543,3 +543,57 @@ proptest! {
         prop_assert!(!complete);
     }
 }
+
+#[test]
+fn header_first_then_data_placed_by_the_receiver() {
+    use super::digest::DataDigest;
+    let n = neg(Digests::BOTH, 3, 0);
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    let b = c2h_data(&n, &data, true, false);
+    // Nothing until the header and its digest are in.
+    for cut in 0..28 {
+        assert_eq!(parse_header(&b[..cut], C2H, &n), Ok(None), "cut {cut}");
+    }
+    let h = parse_header(&b[..28], C2H, &n).unwrap().unwrap();
+    assert_eq!(
+        (h.header_end, h.data_at, h.data_len, h.plen),
+        (28, 32, data.len(), b.len())
+    );
+    assert!(h.data_digest);
+    let dh = h.data_header(&b).unwrap();
+    assert_eq!((dh.cccid, dh.datao, dh.datal), (9, 4096, data.len() as u32));
+    // The receiver copies the data into its own buffer piece by piece.
+    let mut placed = vec![0u8; data.len()];
+    let mut d = DataDigest::new();
+    for (i, piece) in b[h.data_at..h.data_at + h.data_len]
+        .chunks(1460)
+        .enumerate()
+    {
+        placed[i * 1460..i * 1460 + piece.len()].copy_from_slice(piece);
+        d.update(piece);
+    }
+    assert_eq!(placed, data);
+    let at = h.data_at + h.data_len;
+    assert!(d.matches(b[at..at + 4].try_into().unwrap()));
+    // A bad header digest or a lying DATAL is refused before any data.
+    let mut bad = b[..28].to_vec();
+    bad[26] ^= 1;
+    assert!(matches!(
+        parse_header(&bad, C2H, &n),
+        Err(PduError::HeaderDigest { .. })
+    ));
+    let mut lie = b[..28].to_vec();
+    lie[16] ^= 4;
+    let dg = super::digest::crc32c(&lie[..24]);
+    lie[24..28].copy_from_slice(&dg.to_le_bytes());
+    assert!(matches!(
+        parse_header(&lie, C2H, &n),
+        Err(PduError::DatalMismatch { .. })
+    ));
+    // Non-data PDUs have no data header.
+    let mut out = [0u8; 64];
+    let len = write_r2t(&mut out, 1, 2, 0, 4096, &n).unwrap();
+    let h = parse_header(&out[..len], C2H, &n).unwrap().unwrap();
+    assert_eq!((h.data_len, h.data_digest), (0, false));
+    assert!(h.data_header(&out).is_none());
+}
