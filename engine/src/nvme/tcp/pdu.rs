@@ -326,6 +326,34 @@ impl Negotiated {
         max_data: 0,
     };
 
+    /// What a host runs with after ICResp: the digests granted (which must
+    /// be among those it asked for), its own HPDA, the controller's CPDA,
+    /// and `max_data` (the largest data PDU it accepts). MAXH2CDATA stays in
+    /// `resp` (the limit on what the host sends).
+    pub fn for_host(
+        asked: Digests,
+        hpda: u8,
+        resp: &IcResp,
+        max_data: u32,
+    ) -> Result<Self, PduError> {
+        let granted = Digests::from_byte(resp.dgst);
+        if (granted.header && !asked.header)
+            || (granted.data && !asked.data)
+            || resp.dgst & !0b11 != 0
+        {
+            return Err(PduError::DigestNotAsked {
+                asked: asked.to_byte(),
+                granted: resp.dgst,
+            });
+        }
+        Ok(Negotiated {
+            digests: granted,
+            hpda,
+            cpda: resp.cpda,
+            max_data,
+        })
+    }
+
     /// The PDA that data sent in `direction` is aligned to.
     pub const fn pda(&self, direction: Direction) -> u8 {
         match direction {
@@ -519,6 +547,15 @@ pub enum PduError {
     /// HPDA/CPDA above 31.
     #[error("PDU data alignment {0} above the maximum 31")]
     BadPda(u8),
+    /// ICResp grants a digest the host did not ask for (or sets reserved
+    /// bits of DGST).
+    #[error("ICResp grants digests {granted:#04x}, the host asked for {asked:#04x}")]
+    DigestNotAsked {
+        /// DGST of the ICReq.
+        asked: u8,
+        /// DGST of the ICResp.
+        granted: u8,
+    },
     /// MAXH2CDATA below 4096 or not a multiple of 4.
     #[error("MAXH2CDATA {0} (must be a multiple of 4, at least 4096)")]
     BadMaxH2cData(u32),
@@ -562,6 +599,7 @@ impl PduError {
             PduError::DataDigest { .. } => (fes::PDU_SEQUENCE_ERROR, 0),
             PduError::UnsupportedPfv(_) => (fes::UNSUPPORTED_PARAMETER, 8),
             PduError::BadPda(_) => (fes::UNSUPPORTED_PARAMETER, 10),
+            PduError::DigestNotAsked { .. } => (fes::UNSUPPORTED_PARAMETER, 11),
             PduError::BadMaxH2cData(_) => (fes::UNSUPPORTED_PARAMETER, 12),
         }
     }

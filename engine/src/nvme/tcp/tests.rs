@@ -597,3 +597,47 @@ fn header_first_then_data_placed_by_the_receiver() {
     assert_eq!((h.data_len, h.data_digest), (0, false));
     assert!(h.data_header(&out).is_none());
 }
+
+#[test]
+fn host_negotiation_takes_only_what_it_asked_for() {
+    let mut b = [0u8; 128];
+    write_ic_resp(
+        &mut b,
+        2,
+        Digests {
+            header: true,
+            data: false,
+        },
+        8192,
+    )
+    .unwrap();
+    let Pdu::IcResp(r) = one(&b, C2H, &Negotiated::INITIAL).unwrap().0 else {
+        panic!()
+    };
+    let n = Negotiated::for_host(Digests::BOTH, 1, &r, 65536).unwrap();
+    assert_eq!(
+        (n.digests, n.hpda, n.cpda, n.max_data),
+        (
+            Digests {
+                header: true,
+                data: false
+            },
+            1,
+            2,
+            65536
+        )
+    );
+    assert_eq!(
+        Negotiated::for_host(Digests::NONE, 0, &r, 4096),
+        Err(PduError::DigestNotAsked {
+            asked: 0,
+            granted: 1
+        })
+    );
+    let mut r2 = r;
+    r2.dgst = 0x04;
+    assert!(matches!(
+        Negotiated::for_host(Digests::BOTH, 0, &r2, 4096),
+        Err(PduError::DigestNotAsked { .. })
+    ));
+}
