@@ -25,6 +25,18 @@ fn one<'a>(buf: &'a [u8], dir: Direction, n: &Negotiated) -> Result<(Pdu<'a>, us
     }
 }
 
+fn c2h_data_into(out: &mut [u8], n: &Negotiated, data: &[u8]) -> usize {
+    let pdu = DataPdu {
+        pdu_type: pdu_type::C2H_DATA,
+        cccid: 1,
+        ttag: 0,
+        datao: 0,
+        last: true,
+        success: true,
+    };
+    write_data(out, &pdu, data, n).unwrap()
+}
+
 fn c2h_data(n: &Negotiated, data: &[u8], last: bool, success: bool) -> Vec<u8> {
     let mut out = vec![0u8; 512 + data.len()];
     let pdu = DataPdu {
@@ -494,11 +506,49 @@ proptest! {
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400), hd in any::<bool>(), dd in any::<bool>(), pda in 0u8..4) {
         let n = neg(Digests { header: hd, data: dd }, pda, pda);
         for dir in [H2C, C2H] {
+            if let Ok(Some(h)) = parse_header(&bytes, dir, &n) {
+                prop_assert!(h.header_end <= bytes.len());
+                prop_assert!(h.data_at >= h.header_end || h.data_len == 0);
+                prop_assert!(h.data_at + h.data_len <= h.plen);
+                let _ = h.data_header(&bytes);
+            }
             if let Ok(Parse::Complete { len, pdu }) = parse(&bytes, dir, &n) {
                 prop_assert!(len <= bytes.len());
                 if let Pdu::Data { data, .. } | Pdu::CapsuleCmd { data, .. } = pdu {
                     prop_assert!(data.len() <= len);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_valid_pdus_never_panic(kind in 0usize..4, size in 0usize..600, edits in proptest::collection::vec((0usize..700, any::<u8>()), 1..6), cut in 0usize..800, hd in any::<bool>(), dd in any::<bool>(), pda in 0u8..4) {
+        let n = neg(Digests { header: hd, data: dd }, pda, pda);
+        let mut out = vec![0u8; 1024];
+        let data = vec![0x77u8; size.max(1)];
+        let (len, dir) = match kind {
+            0 => (write_capsule_cmd(&mut out, &Sqe::default(), &data[..size], &n).unwrap(), H2C),
+            1 => (c2h_data_into(&mut out, &n, &data), C2H),
+            2 => (write_r2t(&mut out, 1, 2, 3, 4, &n).unwrap(), C2H),
+            _ => (write_capsule_resp(&mut out, &Cqe::default(), &n).unwrap(), C2H),
+        };
+        let mut b = out[..len].to_vec();
+        for (at, v) in edits {
+            if !b.is_empty() {
+                let i = at % b.len();
+                b[i] = v;
+            }
+        }
+        b.truncate(cut.min(b.len()));
+        for d in [dir, if dir == H2C { C2H } else { H2C }] {
+            if let Ok(Parse::Complete { len, pdu }) = parse(&b, d, &n) {
+                prop_assert!(len <= b.len());
+                if let Pdu::Data { data, .. } | Pdu::CapsuleCmd { data, .. } = pdu {
+                    prop_assert!(data.len() < len);
+                }
+            }
+            if let Ok(Some(h)) = parse_header(&b, d, &n) {
+                prop_assert!(h.header_end <= b.len() && h.data_at + h.data_len <= h.plen);
             }
         }
     }
