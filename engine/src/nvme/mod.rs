@@ -9,8 +9,6 @@
 //!   ([`AsyncEvent`]), Identify, [`Controller::admin_read`].
 //! - [`pcie`]: NVMe over PCIe: [`QueuePair`] (rings, doorbells, PRP lists,
 //!   transfers split at MDTS) in [`pcie::queue`].
-//! - [`tcp`]: NVMe over TCP groundwork: PDUs, digests, the Fabrics
-//!   command set (no queue pair yet).
 //!
 //! [`queue`] is [`pcie::queue`] under its former path.
 
