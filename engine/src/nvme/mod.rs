@@ -18,6 +18,7 @@ mod mapped;
 pub mod pcie;
 mod per_core;
 pub mod spec;
+pub mod tcp;
 
 pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace};
 pub use mapped::MappedQueuePair;
