@@ -490,7 +490,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// passes here first, so this is also where an idle queue reads the
     /// clock (see [`stamp_if_idle`](Self::stamp_if_idle)).
     #[inline]
-    fn check_lba(&mut self, nsid: u32, slba: u64, nlb: u32) -> Result<NsGeom, SubmitErrorKind> {
+    fn check_range(&mut self, nsid: u32, slba: u64, nlb: u32) -> Result<NsGeom, SubmitErrorKind> {
         self.stamp_if_idle();
         if self.eng.stopped.is_some() {
             return Err(SubmitErrorKind::ControllerFailed);

@@ -69,7 +69,7 @@ impl<B: IoBuf> QueuePair<B> {
         tag: u64,
         device_writes: bool,
     ) -> Result<(), SubmitError<B>> {
-        let g = match self.check_lba(nsid, slba, nlb) {
+        let g = match self.check_range(nsid, slba, nlb) {
             Ok(g) => g,
             Err(kind) => return Err(SubmitError { kind, buf }),
         };
@@ -160,7 +160,7 @@ impl<B: IoBuf> QueuePair<B> {
         tag: u64,
     ) -> Result<(), SubmitError<()>> {
         let err = |kind| Err(SubmitError { kind, buf: () });
-        if let Err(k) = self.check_lba(nsid, slba, nlb) {
+        if let Err(k) = self.check_range(nsid, slba, nlb) {
             return err(k);
         }
         if nlb > MAX_NLB {
@@ -198,7 +198,7 @@ impl<B: IoBuf> QueuePair<B> {
             });
         }
         for &(slba, nlb) in ranges {
-            if let Err(k) = self.check_lba(nsid, slba, nlb) {
+            if let Err(k) = self.check_range(nsid, slba, nlb) {
                 return err(k);
             }
         }
