@@ -8,6 +8,11 @@ mod support;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+/// A hang guard, not a measurement: the exit code and the "interrupted"
+/// lines are what show the signal was obeyed. Long enough for a table row
+/// to finish under qemu-user on a loaded machine (the aarch64 CI step).
+const HANG: Duration = Duration::from_secs(120);
+
 fn start(args: &[&str]) -> Child {
     support::command(env!("CARGO_BIN_EXE_mcqio-perf"))
         .args(args)
@@ -50,7 +55,7 @@ fn seed_mcq_stops_and_prints_its_partial_table() {
     let c = start(&["seed", "mcq", "-t", "20"]);
     std::thread::sleep(Duration::from_millis(1500));
     signal(&c, libc::SIGINT);
-    let (code, out, err) = finish(c, Duration::from_secs(10));
+    let (code, out, err) = finish(c, HANG);
     assert_eq!(code, Some(130), "{out}\n{err}");
     assert!(out.contains("(partial: interrupted)"), "{out}");
     assert!(out.contains("interrupted: the table stops"), "{out}");
@@ -62,7 +67,7 @@ fn seed_hpb_stops_on_sigterm() {
     let c = start(&["seed", "hpb"]);
     std::thread::sleep(Duration::from_millis(1000));
     signal(&c, libc::SIGTERM);
-    let (code, out, err) = finish(c, Duration::from_secs(10));
+    let (code, out, err) = finish(c, HANG);
     assert_eq!(code, Some(143), "{out}\n{err}");
     assert!(
         out.contains("interrupted: the table stops after the"),
@@ -76,7 +81,7 @@ fn dma_bench_stops_after_the_row_in_progress() {
     let c = start(&["dma-bench", "-t", "2", "--threads", "1"]);
     std::thread::sleep(Duration::from_millis(1000));
     signal(&c, libc::SIGINT);
-    let (code, out, err) = finish(c, Duration::from_secs(10));
+    let (code, out, err) = finish(c, HANG);
     assert_eq!(code, Some(130), "{out}\n{err}");
     assert!(
         out.contains("premapped"),
@@ -124,7 +129,7 @@ fn an_interrupted_compare_marks_the_run_that_was_cut() {
     // each at QD 32, about 6 s.
     std::thread::sleep(Duration::from_millis(1500));
     signal(&c, libc::SIGINT);
-    let (code, out, err) = finish(c, Duration::from_secs(10));
+    let (code, out, err) = finish(c, HANG);
     assert_eq!(code, Some(130), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     let other = &v["compare"]["run"];
@@ -152,7 +157,7 @@ fn an_interrupted_compare_says_its_ratio_is_partial() {
     ]);
     std::thread::sleep(Duration::from_millis(1500));
     signal(&c, libc::SIGINT);
-    let (code, out, err) = finish(c, Duration::from_secs(10));
+    let (code, out, err) = finish(c, HANG);
     assert_eq!(code, Some(130), "{err}");
     let ratio = out
         .lines()
@@ -171,7 +176,7 @@ fn an_interrupted_header_shows_the_time_measured() {
     let c = start(&["-d", "fake:null", "-t", "30"]);
     std::thread::sleep(Duration::from_millis(1500));
     signal(&c, libc::SIGINT);
-    let (code, out, err) = finish(c, Duration::from_secs(10));
+    let (code, out, err) = finish(c, HANG);
     assert_eq!(code, Some(130), "{err}");
     let header = out.lines().next().unwrap_or_default();
     assert!(header.contains("interrupted after "), "{header}");
