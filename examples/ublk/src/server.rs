@@ -267,6 +267,23 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
         self.live
     }
 
+    /// A summary of the tags' states and requests, for diagnostics.
+    pub fn describe(&self) -> String {
+        let mut out = format!(
+            "queue {}: {} live tags, {} engine commands outstanding, {} waiting;",
+            self.q.qid(),
+            self.live,
+            self.t.outstanding(),
+            self.waiting.len()
+        );
+        for (i, t) in self.tags.iter().enumerate() {
+            if !matches!(t.state, State::Fetching | State::Dead | State::Idle) {
+                out += &format!(" tag {i}: {:?} {:?} (try {});", t.state, t.req, t.tries);
+            }
+        }
+        out
+    }
+
     /// Engine commands outstanding.
     pub fn outstanding(&self) -> usize {
         self.t.outstanding()
