@@ -191,9 +191,10 @@ impl Control {
     }
 }
 
-/// The ids of the ublk devices that exist (from sysfs).
+/// The ids of the ublk devices that exist: the `/dev/ublkcN` nodes
+/// devtmpfs creates for each (also for a device whose server died).
 pub fn device_ids() -> Vec<u32> {
-    let mut ids: Vec<u32> = std::fs::read_dir("/sys/class/ublk-char-dev")
+    let mut ids: Vec<u32> = std::fs::read_dir("/dev")
         .into_iter()
         .flatten()
         .flatten()
