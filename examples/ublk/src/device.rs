@@ -160,7 +160,8 @@ fn serve_queue<T: Target>(
         .map_err(|e| fail(format!("queue {qid}: {e}")))?;
     let mut s = Server::new(q, qp, at, o.caps, dev.dma().clone())
         .map_err(|e| fail(format!("queue {qid}: {e}")))?;
-    s.start().map_err(|e| fail(format!("queue {qid}: FETCH: {e}")))?;
+    s.start()
+        .map_err(|e| fail(format!("queue {qid}: FETCH: {e}")))?;
     let _ = events.send(QueueEvent::Fetched(qid));
     let r = s.run(stop);
     let (_, stats) = s.finish();

@@ -168,7 +168,11 @@ impl UblkQueue for FakeQueue {
 
     fn fetch(&mut self, tag: u16, addr: u64) -> io::Result<()> {
         let t = usize::from(tag);
-        assert_eq!(self.state[t], KState::Unfetched, "second FETCH of tag {tag}");
+        assert_eq!(
+            self.state[t],
+            KState::Unfetched,
+            "second FETCH of tag {tag}"
+        );
         assert_eq!(addr, 0, "USER_COPY: FETCH carries no address");
         self.state[t] = KState::Queued;
         Ok(())
@@ -234,7 +238,11 @@ impl UblkQueue for FakeQueue {
 
     fn copy_in(&mut self, tag: u16, dst: &mut [u8]) -> io::Result<()> {
         let t = usize::from(tag);
-        assert_eq!(self.state[t], KState::Busy, "copy_in of tag {tag} without a request");
+        assert_eq!(
+            self.state[t],
+            KState::Busy,
+            "copy_in of tag {tag} without a request"
+        );
         let d = self.write_data[t]
             .as_ref()
             .unwrap_or_else(|| panic!("copy_in of tag {tag}, which holds no WRITE"));
@@ -245,8 +253,16 @@ impl UblkQueue for FakeQueue {
 
     fn copy_out(&mut self, tag: u16, src: &[u8]) -> io::Result<()> {
         let t = usize::from(tag);
-        assert_eq!(self.state[t], KState::Busy, "copy_out of tag {tag} without a request");
-        assert_eq!(self.descs[t].op(), sys::IO_OP_READ, "copy_out for a non-READ");
+        assert_eq!(
+            self.state[t],
+            KState::Busy,
+            "copy_out of tag {tag} without a request"
+        );
+        assert_eq!(
+            self.descs[t].op(),
+            sys::IO_OP_READ,
+            "copy_out for a non-READ"
+        );
         assert!(self.read_data[t].is_none(), "copy_out of tag {tag} twice");
         self.read_data[t] = Some(src.to_vec());
         Ok(())

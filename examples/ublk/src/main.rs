@@ -277,7 +277,9 @@ fn serve_device(
             }
         }
         stop.store(true, Ordering::Relaxed);
-        let results = server.join().map_err(|_| "a queue thread panicked".to_string())?;
+        let results = server
+            .join()
+            .map_err(|_| "a queue thread panicked".to_string())?;
         let results = results?;
         let mut errs = Vec::new();
         for (q, r) in results.into_iter().enumerate() {

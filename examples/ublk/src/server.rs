@@ -79,10 +79,7 @@ pub fn map_request(d: &IoDesc, caps: &Caps) -> Result<Request, i32> {
     let shift = caps.block_shift - 9; // 512-byte sectors to blocks
     let range = || -> Result<(u64, u32), i32> {
         let mask = (1u64 << shift) - 1;
-        if d.nr_sectors == 0
-            || d.start_sector & mask != 0
-            || u64::from(d.nr_sectors) & mask != 0
-        {
+        if d.nr_sectors == 0 || d.start_sector & mask != 0 || u64::from(d.nr_sectors) & mask != 0 {
             return Err(-libc::EINVAL);
         }
         let lba = d.start_sector >> shift;
@@ -222,8 +219,14 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
         let depth = usize::from(q.depth());
         let mut tags = Vec::with_capacity(depth);
         for _ in 0..depth {
-            let b = DmaBuf::alloc(&space, caps.max_io as usize, DmaDir::Bidirectional)
-                .map_err(|e| io::Error::other(format!("tag buffers ({depth} x {} bytes): {e}", caps.max_io)))?;
+            let b = DmaBuf::alloc(&space, caps.max_io as usize, DmaDir::Bidirectional).map_err(
+                |e| {
+                    io::Error::other(format!(
+                        "tag buffers ({depth} x {} bytes): {e}",
+                        caps.max_io
+                    ))
+                },
+            )?;
             tags.push(Tag {
                 state: State::Idle,
                 addr: b.as_slice().as_ptr() as u64,
@@ -328,7 +331,10 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
             Err(e) => {
                 // The queue pair cannot go on (controller gone): answer
                 // everything with the engine with a transport error.
-                eprintln!("mcqio-ublk: queue {}: engine poll failed: {e}", self.q.qid());
+                eprintln!(
+                    "mcqio-ublk: queue {}: engine poll failed: {e}",
+                    self.q.qid()
+                );
                 return Err(io::Error::other(e.to_string()));
             }
         }
@@ -364,8 +370,14 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
                             // is already in the buffer).
                             let t = &mut self.tags[usize::from(tag)];
                             let buf = t.buf.as_mut().expect("a fetching tag holds its buffer");
-                            if let Err(e) = self.q.copy_in(tag, &mut buf.as_mut_slice()[..bytes as usize]) {
-                                eprintln!("mcqio-ublk: queue {} tag {tag}: user copy in: {e}", self.q.qid());
+                            if let Err(e) = self
+                                .q
+                                .copy_in(tag, &mut buf.as_mut_slice()[..bytes as usize])
+                            {
+                                eprintln!(
+                                    "mcqio-ublk: queue {} tag {tag}: user copy in: {e}",
+                                    self.q.qid()
+                                );
                                 self.answer(tag, -libc::EIO);
                                 return Ok(());
                             }
@@ -415,7 +427,10 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
         let at = self.at;
         let refused: Option<mcqio::SubmitErrorKind> = match req {
             Request::Read { lba, blocks, .. } => {
-                let buf = self.tags[i].buf.take().expect("an idle tag holds its buffer");
+                let buf = self.tags[i]
+                    .buf
+                    .take()
+                    .expect("an idle tag holds its buffer");
                 match self.t.read(at, lba, blocks, buf, etag) {
                     Ok(()) => None,
                     Err(e) => {
@@ -427,7 +442,10 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
             Request::Write {
                 lba, blocks, fua, ..
             } => {
-                let buf = self.tags[i].buf.take().expect("an idle tag holds its buffer");
+                let buf = self.tags[i]
+                    .buf
+                    .take()
+                    .expect("an idle tag holds its buffer");
                 let r = if fua {
                     self.t.write_fua(at, lba, blocks, buf, etag)
                 } else {
@@ -442,12 +460,16 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
                 }
             }
             Request::Flush => self.t.flush(at, etag).err().map(|e| e.kind),
-            Request::Discard { lba, blocks } => {
-                self.t.deallocate(at, lba, blocks, etag).err().map(|e| e.kind)
-            }
-            Request::WriteZeroes { lba, blocks } => {
-                self.t.write_zeroes(at, lba, blocks, etag).err().map(|e| e.kind)
-            }
+            Request::Discard { lba, blocks } => self
+                .t
+                .deallocate(at, lba, blocks, etag)
+                .err()
+                .map(|e| e.kind),
+            Request::WriteZeroes { lba, blocks } => self
+                .t
+                .write_zeroes(at, lba, blocks, etag)
+                .err()
+                .map(|e| e.kind),
         };
         match refused {
             None => self.tags[i].state = State::InEngine,
@@ -492,7 +514,9 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
             self.stats.protocol_errors += 1;
             return Ok(());
         }
-        let req = self.tags[i].req.expect("a tag with the engine has a request");
+        let req = self.tags[i]
+            .req
+            .expect("a tag with the engine has a request");
         let had_buf = matches!(req, Request::Read { .. } | Request::Write { .. });
         if had_buf {
             match c.buf {
@@ -510,7 +534,10 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
                 if let Request::Read { bytes, .. } = req {
                     let buf = self.tags[i].buf.as_ref().expect("returned above");
                     if let Err(e) = self.q.copy_out(tag, &buf.as_slice()[..bytes as usize]) {
-                        eprintln!("mcqio-ublk: queue {} tag {tag}: user copy out: {e}", self.q.qid());
+                        eprintln!(
+                            "mcqio-ublk: queue {} tag {tag}: user copy out: {e}",
+                            self.q.qid()
+                        );
                         self.answer(tag, -libc::EIO);
                         return Ok(());
                     }
@@ -535,13 +562,19 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
         err: Option<mcqio::IoError>,
     ) -> io::Result<()> {
         let i = usize::from(tag);
-        let fresh = DmaBuf::alloc(&self.space, self.caps.max_io as usize, DmaDir::Bidirectional)
-            .map_err(|e| io::Error::other(format!("replacing a lost tag buffer: {e}")))?;
+        let fresh = DmaBuf::alloc(
+            &self.space,
+            self.caps.max_io as usize,
+            DmaDir::Bidirectional,
+        )
+        .map_err(|e| io::Error::other(format!("replacing a lost tag buffer: {e}")))?;
         self.tags[i].addr = fresh.as_slice().as_ptr() as u64;
         self.tags[i].buf = Some(fresh);
         let errno = err.as_ref().map_or(-libc::EIO, errno_of);
         match (req, err) {
-            (Request::Read { .. }, Some(e)) if retriable(&e) && self.tags[i].tries < MAX_RETRIES => {
+            (Request::Read { .. }, Some(e))
+                if retriable(&e) && self.tags[i].tries < MAX_RETRIES =>
+            {
                 self.tags[i].tries += 1;
                 self.stats.retries += 1;
                 self.tags[i].state = State::Fetching;

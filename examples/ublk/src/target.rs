@@ -132,13 +132,11 @@ pub fn errno_of(e: &IoError) -> i32 {
         },
         IoError::Ufs(u) => match u {
             UfsError::Transport(_) => libc::ENOLINK,
-            UfsError::Scsi {
-                sense: Some(s), ..
-            } => match s.key {
-                0x03 => libc::ENODATA,   // MEDIUM ERROR
+            UfsError::Scsi { sense: Some(s), .. } => match s.key {
+                0x03 => libc::ENODATA,    // MEDIUM ERROR
                 0x05 => libc::EOPNOTSUPP, // ILLEGAL REQUEST
-                0x07 => libc::EIO,       // DATA PROTECT
-                0x0d => libc::ENOSPC,    // VOLUME OVERFLOW
+                0x07 => libc::EIO,        // DATA PROTECT
+                0x0d => libc::ENOSPC,     // VOLUME OVERFLOW
                 _ => libc::EIO,
             },
             _ => libc::EIO,
@@ -181,9 +179,15 @@ mod tests {
         assert_eq!(nvme(sct::MEDIA, media::UNRECOVERED_READ), -libc::ENODATA);
         assert_eq!(nvme(sct::MEDIA, media::WRITE_FAULT), -libc::ENODATA);
         assert_eq!(nvme(sct::MEDIA, media::GUARD_CHECK), -libc::EILSEQ);
-        assert_eq!(nvme(sct::GENERIC, generic::CAPACITY_EXCEEDED), -libc::ENOSPC);
+        assert_eq!(
+            nvme(sct::GENERIC, generic::CAPACITY_EXCEEDED),
+            -libc::ENOSPC
+        );
         assert_eq!(nvme(sct::GENERIC, generic::DATA_TRANSFER_ERROR), -libc::EIO);
-        assert_eq!(nvme(sct::GENERIC, generic::INVALID_OPCODE), -libc::EOPNOTSUPP);
+        assert_eq!(
+            nvme(sct::GENERIC, generic::INVALID_OPCODE),
+            -libc::EOPNOTSUPP
+        );
         assert_eq!(errno_of(&IoError::TimedOut), -libc::ETIMEDOUT);
         assert_eq!(errno_of(&IoError::ControllerFailed), -libc::ENOLINK);
         assert_eq!(errno_of(&IoError::AbortedByReset), -libc::EIO);

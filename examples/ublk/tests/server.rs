@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use mcqio::{QpairOptions, QueuePair};
-use mcqio_fixtures::{Fault, FakeController};
+use mcqio_fixtures::{FakeController, Fault};
 use mcqio_open::{Device, DeviceSpec, Fake, Opened};
 use mcqio_ublk::device::{caps_of, params_of, unit};
 use mcqio_ublk::fake::{Answer, FakeQueue};
@@ -92,7 +92,10 @@ fn exchange<T: Target>(
     assert_eq!(got.len(), tags.len(), "one answer per request");
     let mut out = Vec::new();
     for t in tags {
-        let i = got.iter().position(|a| a.tag == t).expect("every tag answered");
+        let i = got
+            .iter()
+            .position(|a| a.tag == t)
+            .expect("every tag answered");
         out.push(got.swap_remove(i));
     }
     out
@@ -112,7 +115,7 @@ fn shut_down<T: Target>(mut s: Server<'_, FakeQueue, T>) {
 fn roundtrip<T: Target>(s: &mut Server<'_, FakeQueue, T>, caps: &Caps) {
     let bs = 1u32 << caps.block_shift;
     let spb = bs / 512; // sectors per block
-    // Writes of 1 block, 3 blocks, and the largest request, then read back.
+                        // Writes of 1 block, 3 blocks, and the largest request, then read back.
     let sizes = [spb, 3 * spb, caps.max_io / 512];
     let mut at = 0u64;
     let mut writes = Vec::new();
@@ -151,7 +154,14 @@ fn nvme_write_read_roundtrip() {
     let c = caps(&o, 128 << 10);
     assert_eq!(c.max_io, 128 << 10);
     let mut qp = nvme_qp(&o, 64, None);
-    let mut s = Server::new(FakeQueue::new(0, 8), &mut qp, 1u32, c, o.device.dma().clone()).unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 8),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
     s.start().unwrap();
     assert_eq!(s.queue().ready_tags().len(), 8);
     roundtrip(&mut s, &c);
@@ -164,7 +174,14 @@ fn nvme_4k_blocks_and_a_device_thread() {
     let c = caps(&o, 64 << 10);
     assert_eq!(c.block_shift, 12);
     let mut qp = nvme_qp(&o, 64, None);
-    let mut s = Server::new(FakeQueue::new(0, 8), &mut qp, 1u32, c, o.device.dma().clone()).unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 8),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
     s.start().unwrap();
     roundtrip(&mut s, &c);
     // Not whole 4 KiB blocks: refused before the engine sees it.
@@ -184,7 +201,14 @@ fn ufs_write_read_roundtrip() {
         panic!("not UFS")
     };
     let mut qp = ctrl.create_qpair::<mcqio::DmaBuf>().unwrap();
-    let mut s = Server::new(FakeQueue::new(0, 8), &mut qp, 0u8, c, o.device.dma().clone()).unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 8),
+        &mut qp,
+        0u8,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
     s.start().unwrap();
     roundtrip(&mut s, &c);
     // Flush (SYNCHRONIZE CACHE) and discard (UNMAP) go through; write
@@ -209,7 +233,14 @@ fn nvme_flush_discard_write_zeroes_fua() {
     let c = caps(&o, 128 << 10);
     assert!(c.volatile_cache && c.fua && c.discard && c.write_zeroes_blocks > 0);
     let mut qp = nvme_qp(&o, 64, None);
-    let mut s = Server::new(FakeQueue::new(0, 8), &mut qp, 1u32, c, o.device.dma().clone()).unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 8),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
     s.start().unwrap();
     let data = pattern(9, 64 * 512);
     let mut fua_write = desc(sys::IO_OP_WRITE, 1000, 64);
@@ -243,7 +274,14 @@ fn bad_requests_get_their_errno() {
     let c = caps(&o, 64 << 10);
     let sectors = c.blocks;
     let mut qp = nvme_qp(&o, 64, None);
-    let mut s = Server::new(FakeQueue::new(0, 8), &mut qp, 1u32, c, o.device.dma().clone()).unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 8),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
     s.start().unwrap();
     let a = exchange(
         &mut s,
@@ -278,7 +316,14 @@ fn device_errors_map_to_block_errnos() {
     let f = fake_nvme(&o);
     let c = caps(&o, 64 << 10);
     let mut qp = nvme_qp(&o, 64, None);
-    let mut s = Server::new(FakeQueue::new(0, 4), &mut qp, 1u32, c, o.device.dma().clone()).unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 4),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
     s.start().unwrap();
     let cases = [
         (2u8, 0x81u8, -libc::ENODATA), // unrecovered read error
@@ -287,15 +332,8 @@ fn device_errors_map_to_block_errnos() {
         (2, 0x82, -libc::EILSEQ),      // guard check
     ];
     for (sct, sc, want) in cases {
-        f.faults().inject_next(
-            Some(1),
-            None,
-            Fault::Status {
-                sct,
-                sc,
-                dnr: true,
-            },
-        );
+        f.faults()
+            .inject_next(Some(1), None, Fault::Status { sct, sc, dnr: true });
         let a = exchange(&mut s, vec![(desc(sys::IO_OP_READ, 0, 8), None)]);
         assert_eq!(a[0].result, want, "status {sct:#x}/{sc:#x}");
         assert!(a[0].data.is_none(), "no data handed out for a failed read");
@@ -309,10 +347,20 @@ fn a_lost_completion_is_retried_after_the_engine_aborts_it() {
     let f = fake_nvme(&o);
     let c = caps(&o, 64 << 10);
     let mut qp = nvme_qp(&o, 64, Some(Duration::from_millis(20)));
-    let mut s = Server::new(FakeQueue::new(0, 4), &mut qp, 1u32, c, o.device.dma().clone()).unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 4),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
     s.start().unwrap();
     let data = pattern(3, 8 * 512);
-    let a = exchange(&mut s, vec![(desc(sys::IO_OP_WRITE, 64, 8), Some(data.clone()))]);
+    let a = exchange(
+        &mut s,
+        vec![(desc(sys::IO_OP_WRITE, 64, 8), Some(data.clone()))],
+    );
     assert_eq!(a[0].result, 8 * 512);
     f.faults().inject_next(Some(1), None, Fault::DropCompletion);
     let a = exchange(&mut s, vec![(desc(sys::IO_OP_READ, 64, 8), None)]);
@@ -329,10 +377,22 @@ fn a_full_engine_queue_makes_requests_wait_not_fail() {
     let o = open("fake,size=8m");
     let c = caps(&o, 16 << 10);
     let mut qp = nvme_qp(&o, 4, None);
-    let mut s = Server::new(FakeQueue::new(0, 32), &mut qp, 1u32, c, o.device.dma().clone()).unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 32),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
     s.start().unwrap();
     let writes: Vec<_> = (0..32u64)
-        .map(|i| (desc(sys::IO_OP_WRITE, i * 32, 32), Some(pattern(i, 32 * 512))))
+        .map(|i| {
+            (
+                desc(sys::IO_OP_WRITE, i * 32, 32),
+                Some(pattern(i, 32 * 512)),
+            )
+        })
         .collect();
     let a = exchange(&mut s, writes.clone());
     assert!(a.iter().all(|a| a.result == 32 * 512));
@@ -410,7 +470,14 @@ fn random_stream(specs: &[&str]) {
         };
         macro_rules! body {
             ($qp:expr, $at:expr) => {{
-                let mut s = Server::new(FakeQueue::new(0, depth), $qp, $at, c, o.device.dma().clone()).unwrap();
+                let mut s = Server::new(
+                    FakeQueue::new(0, depth),
+                    $qp,
+                    $at,
+                    c,
+                    o.device.dma().clone(),
+                )
+                .unwrap();
                 s.start().unwrap();
                 for pass in 0..PASSES {
                     let _ = pass;
@@ -450,7 +517,8 @@ fn random_stream(specs: &[&str]) {
                 // more, then abort before the engine could answer them.
                 for tag in s.queue().ready_tags() {
                     let at = u64::from(tag) * region;
-                    s.queue_mut().request(tag, desc(sys::IO_OP_READ, at, spb as u32), None);
+                    s.queue_mut()
+                        .request(tag, desc(sys::IO_OP_READ, at, spb as u32), None);
                     handed += 1;
                 }
                 assert!(s.queue().in_flight() > 0);
@@ -516,7 +584,10 @@ fn the_mapping_follows_the_capabilities() {
     );
     assert_eq!(
         map_request(&desc(sys::IO_OP_WRITE_ZEROES, 8 * 999, 8), &caps),
-        Ok(Request::WriteZeroes { lba: 999, blocks: 1 })
+        Ok(Request::WriteZeroes {
+            lba: 999,
+            blocks: 1
+        })
     );
     assert_eq!(
         map_request(&desc(sys::IO_OP_READ, 8 * 999, 16), &caps),
@@ -540,7 +611,11 @@ fn nvme_parameters_from_what_the_engine_reports() {
     let Device::Nvme(ctrl) = &o.device else {
         panic!()
     };
-    assert_eq!(u64::from(c.max_io), ctrl.max_transfer(), "capped at the engine's max transfer");
+    assert_eq!(
+        u64::from(c.max_io),
+        ctrl.max_transfer(),
+        "capped at the engine's max transfer"
+    );
     let p = params_of(&c);
     assert_eq!(p.basic.dev_sectors, 8 << 20 >> 9);
     assert_eq!(p.basic.logical_bs_shift, 12);
@@ -552,4 +627,3 @@ fn nvme_parameters_from_what_the_engine_reports() {
     assert_eq!(p.discard.max_discard_segments, 1);
     assert!(p.discard.max_write_zeroes_sectors > 0);
 }
-
