@@ -59,6 +59,8 @@ pub struct FakeQueue {
     /// Completions the server has not reaped: (tag, result).
     cq: VecDeque<(u16, i32)>,
     answers: Vec<Answer>,
+    /// The device was stopped: no tag gets a request any more.
+    stopped: bool,
     /// `io_uring_enter`s seen.
     pub enters: u64,
 }
@@ -76,6 +78,7 @@ impl FakeQueue {
             sq: Vec::new(),
             cq: VecDeque::new(),
             answers: Vec::new(),
+            stopped: false,
             enters: 0,
         }
     }
@@ -92,6 +95,7 @@ impl FakeQueue {
     /// driver does when the block layer queues one.
     pub fn request(&mut self, tag: u16, desc: IoDesc, data: Option<Vec<u8>>) {
         let t = usize::from(tag);
+        assert!(!self.stopped, "a request after the stop");
         assert_eq!(
             self.state[t],
             KState::Ready,
@@ -115,6 +119,7 @@ impl FakeQueue {
     /// Stop the device: every tag waiting for a request is aborted; tags
     /// holding one are aborted when their answer arrives.
     pub fn abort(&mut self) {
+        self.stopped = true;
         for t in 0..self.state.len() {
             if self.state[t] == KState::Ready {
                 self.state[t] = KState::Gone;
@@ -142,7 +147,7 @@ impl FakeQueue {
     }
 
     fn stopping(&self) -> bool {
-        self.state.contains(&KState::Gone)
+        self.stopped
     }
 }
 
@@ -193,12 +198,17 @@ impl UblkQueue for FakeQueue {
 
     fn submit(&mut self, _wait: Wait) -> io::Result<()> {
         self.enters += 1;
-        for s in &mut self.state {
+        let stopping = self.stopping();
+        for (t, s) in self.state.iter_mut().enumerate() {
             if *s == KState::Queued {
-                *s = KState::Ready;
+                if stopping {
+                    *s = KState::Gone;
+                    self.cq.push_back((t as u16, sys::IO_RES_ABORT));
+                } else {
+                    *s = KState::Ready;
+                }
             }
         }
-        let stopping = self.stopping();
         for (tag, result, _) in std::mem::take(&mut self.sq) {
             let t = usize::from(tag);
             let desc = self.descs[t];
