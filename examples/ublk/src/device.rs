@@ -1,0 +1,215 @@
+//! From an open mcqio device to a served ublk device: the capabilities
+//! and parameters from what the engine reports ([`caps_of`],
+//! [`params_of`]), and one pinned thread per queue, each owning one ublk
+//! queue and one engine queue pair ([`serve`]).
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use mcqio::ufs::UfsQpairOptions;
+use mcqio::{QpairOptions, TimeoutPolicy};
+use mcqio_open::{BlockUnit, Device};
+
+use crate::queue::KernelQueue;
+use crate::server::{Server, Stats};
+use crate::sys::{self, Params};
+use crate::target::{Caps, Target};
+
+/// Largest buffer per tag unless asked otherwise (the engine's max
+/// transfer may be smaller).
+pub const DEFAULT_MAX_IO: u64 = 1 << 20;
+
+/// NVMe Write Zeroes covers at most 65536 blocks.
+const NVME_MAX_WRITE_ZEROES: u32 = 1 << 16;
+
+/// The unit of `dev` numbered `id` (NVMe namespace id, UFS LUN), or its
+/// first one.
+pub fn unit(dev: &Device, id: Option<u32>) -> Result<BlockUnit, String> {
+    let units = dev.units();
+    match id {
+        None => units
+            .first()
+            .copied()
+            .ok_or_else(|| "the device has no namespace or logical unit".into()),
+        Some(n) => units.iter().find(|u| u.id == n).copied().ok_or_else(|| {
+            format!(
+                "no unit {n}: the device has {:?}",
+                units.iter().map(|u| u.id).collect::<Vec<_>>()
+            )
+        }),
+    }
+}
+
+/// What the server may offer the kernel for `u` on `dev`, with tag
+/// buffers of at most `max_io` bytes.
+pub fn caps_of(dev: &Device, u: &BlockUnit, max_io: u64) -> Caps {
+    let block_shift = u.block_size.trailing_zeros();
+    let max_io = max_io.min(dev.max_transfer()).min(u64::from(u32::MAX) / 2);
+    let max_io = (max_io >> block_shift << block_shift).max(u64::from(u.block_size)) as u32;
+    match dev {
+        Device::Nvme(c) => {
+            let id = c.identify();
+            Caps {
+                block_shift,
+                blocks: u.blocks,
+                max_io,
+                volatile_cache: id.has_volatile_write_cache(),
+                fua: true,
+                discard: id.supports_dsm(),
+                write_zeroes_blocks: if id.supports_write_zeroes() {
+                    NVME_MAX_WRITE_ZEROES
+                } else {
+                    0
+                },
+            }
+        }
+        Device::Ufs(_) => Caps {
+            block_shift,
+            blocks: u.blocks,
+            max_io,
+            // SYNCHRONIZE CACHE is always sent on; the engine has no FUA
+            // write, so the block layer emulates FUA with a flush.
+            volatile_cache: true,
+            fua: false,
+            discard: true,
+            write_zeroes_blocks: 0,
+        },
+    }
+}
+
+/// The ublk parameters for `caps`.
+pub fn params_of(caps: &Caps) -> Params {
+    let shift = caps.block_shift as u8;
+    let mut attrs = 0;
+    if caps.volatile_cache {
+        attrs |= sys::ATTR_VOLATILE_CACHE;
+        if caps.fua {
+            attrs |= sys::ATTR_FUA;
+        }
+    }
+    let mut p = Params {
+        len: std::mem::size_of::<Params>() as u32,
+        types: sys::PARAM_TYPE_BASIC,
+        basic: sys::ParamBasic {
+            attrs,
+            logical_bs_shift: shift,
+            physical_bs_shift: shift,
+            io_opt_shift: shift,
+            io_min_shift: shift,
+            max_sectors: caps.max_io >> 9,
+            chunk_sectors: 0,
+            dev_sectors: caps.blocks << (caps.block_shift - 9),
+            virt_boundary_mask: 0,
+        },
+        ..Params::default()
+    };
+    if caps.discard || caps.write_zeroes_blocks > 0 {
+        p.types |= sys::PARAM_TYPE_DISCARD;
+        p.discard = sys::ParamDiscard {
+            discard_alignment: 0,
+            discard_granularity: 1 << caps.block_shift,
+            // One range per request, at most 1 GiB.
+            max_discard_sectors: if caps.discard { 1 << 21 } else { 0 },
+            max_write_zeroes_sectors: caps.write_zeroes_blocks << (caps.block_shift - 9),
+            max_discard_segments: 1,
+            reserved0: 0,
+        };
+    }
+    p
+}
+
+/// What each queue thread reports.
+pub enum QueueEvent {
+    /// Queue `qid` fetched every tag (START_DEV may go once all have).
+    Fetched(u16),
+    /// Queue `qid` could not start.
+    Failed(u16, String),
+}
+
+/// How the queues are set up.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// The open `/dev/ublkcN`.
+    pub cdev: Arc<OwnedFd>,
+    /// Tags per queue.
+    pub depth: u16,
+    /// USER_COPY (data by pread/pwrite on `/dev/ublkcN`).
+    pub user_copy: bool,
+    /// What the device offers.
+    pub caps: Caps,
+    /// Per-command timeout of the engine's queue pairs.
+    pub io_timeout: Option<std::time::Duration>,
+}
+
+fn serve_queue<T: Target>(
+    qid: u16,
+    qp: &mut T,
+    at: T::Addr,
+    dev: &Device,
+    o: &ServeOptions,
+    events: &Sender<QueueEvent>,
+    stop: &AtomicBool,
+) -> Result<Stats, String> {
+    let fail = |e: String| {
+        let _ = events.send(QueueEvent::Failed(qid, e.clone()));
+        e
+    };
+    let q = KernelQueue::new(o.cdev.clone(), qid, o.depth, o.user_copy)
+        .map_err(|e| fail(format!("queue {qid}: {e}")))?;
+    let mut s = Server::new(q, qp, at, o.caps, dev.dma().clone())
+        .map_err(|e| fail(format!("queue {qid}: {e}")))?;
+    s.start()
+        .map_err(|e| fail(format!("queue {qid}: FETCH: {e}")))?;
+    let _ = events.send(QueueEvent::Fetched(qid));
+    let r = s.run(stop);
+    let (_, stats) = s.finish();
+    r.map_err(|e| format!("queue {qid}: {e}"))?;
+    Ok(stats)
+}
+
+/// Serve `queues` ublk queues of unit `unit_id` on `dev`, one pinned
+/// thread each with its own engine queue pair; returns each queue's
+/// counters once every queue's tags are aborted (the device was stopped)
+/// or `stop` is set while idle.
+pub fn serve(
+    dev: &Device,
+    unit_id: u32,
+    queues: u16,
+    o: &ServeOptions,
+    events: Sender<QueueEvent>,
+    stop: &AtomicBool,
+) -> Result<Vec<Result<Stats, String>>, String> {
+    let n = usize::from(queues);
+    match dev {
+        Device::Nvme(c) => {
+            let opts = QpairOptions {
+                // Room for every tag and for the engine's split children.
+                depth: o.depth.saturating_mul(2).clamp(2, 4096),
+                io_timeout: o.io_timeout,
+                timeout_policy: TimeoutPolicy::default(),
+                ..QpairOptions::default()
+            };
+            let events = std::sync::Mutex::new(events);
+            mcqio::run_per_core(c, n, opts, |i, qp| {
+                let tx = events.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                serve_queue(i as u16, qp, unit_id, dev, o, &tx, stop)
+            })
+            .map_err(|e| e.to_string())
+        }
+        Device::Ufs(c) => {
+            let at = u8::try_from(unit_id).map_err(|_| format!("LUN {unit_id} out of range"))?;
+            let opts = UfsQpairOptions {
+                io_timeout: o.io_timeout,
+                ..UfsQpairOptions::default()
+            };
+            let events = std::sync::Mutex::new(events);
+            mcqio::run_per_core(c, n, opts, |i, qp| {
+                let tx = events.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                serve_queue(i as u16, qp, at, dev, o, &tx, stop)
+            })
+            .map_err(|e| e.to_string())
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! `mcqio-ublk`: serve an mcqio device as `/dev/ublkbN` (see the crate docs).
+
+use std::fs::OpenOptions;
+use std::os::fd::OwnedFd;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use mcqio::ControllerOptions;
+use mcqio_open::{CtrlOptions, DeviceSpec};
+use mcqio_ublk::ctrl::{self, Control};
+use mcqio_ublk::device::{self, QueueEvent, ServeOptions};
+use mcqio_ublk::sys;
+
+#[derive(Parser)]
+#[command(
+    name = "mcqio-ublk",
+    about = "Serve a namespace or logical unit mcqio drives as a kernel block device (/dev/ublkbN)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create /dev/ublkbN on a device and serve it in the foreground until
+    /// SIGINT or SIGTERM, then delete it.
+    Add {
+        /// The device: vfio:<BDF> (NVMe or UFS bound to vfio-pci), fake[,size=..,lbs=..],
+        /// fake-ufs[,...] (mcqio's device-string language).
+        device: String,
+        /// ublk queues, each served by one pinned thread with its own
+        /// engine queue pair.
+        #[arg(long, short = 'q', default_value_t = 1)]
+        queues: u16,
+        /// Tags (requests in flight) per queue.
+        #[arg(long, short = 'd', default_value_t = 64)]
+        depth: u16,
+        /// The ublk device id (N of /dev/ublkbN); default: the driver picks.
+        #[arg(long)]
+        id: Option<u32>,
+        /// The NVMe namespace id or UFS LUN to serve (default: the first).
+        #[arg(long)]
+        unit: Option<u32>,
+        /// Largest request (bytes; the per-tag buffer); capped at the
+        /// engine's max transfer.
+        #[arg(long, default_value_t = device::DEFAULT_MAX_IO, value_parser = parse_size)]
+        max_io: u64,
+        /// Move data by pread/pwrite on /dev/ublkcN (UBLK_F_USER_COPY)
+        /// instead of the kernel copying through the buffer address.
+        #[arg(long)]
+        user_copy: bool,
+        /// Engine per-command timeout in milliseconds (0: none).
+        #[arg(long, default_value_t = 30_000)]
+        io_timeout_ms: u64,
+    },
+    /// List the ublk devices.
+    List,
+    /// Stop and delete ublk devices (whose server is gone, or is to go).
+    Del {
+        /// Device ids.
+        ids: Vec<u32>,
+        /// Every ublk device.
+        #[arg(long, short = 'a')]
+        all: bool,
+    },
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    mcqio_open::devstr::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Add {
+            device,
+            queues,
+            depth,
+            id,
+            unit,
+            max_io,
+            user_copy,
+            io_timeout_ms,
+        } => add(AddArgs {
+            device,
+            queues,
+            depth,
+            id,
+            unit,
+            max_io,
+            user_copy,
+            io_timeout: (io_timeout_ms > 0).then(|| Duration::from_millis(io_timeout_ms)),
+        }),
+        Cmd::List => list(),
+        Cmd::Del { ids, all } => del(ids, all),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mcqio-ublk: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct AddArgs {
+    device: String,
+    queues: u16,
+    depth: u16,
+    id: Option<u32>,
+    unit: Option<u32>,
+    max_io: u64,
+    user_copy: bool,
+    io_timeout: Option<Duration>,
+}
+
+fn add(a: AddArgs) -> Result<(), String> {
+    if a.queues == 0 {
+        return Err("--queues must be at least 1".into());
+    }
+    if a.depth == 0 || a.depth > sys::MAX_QUEUE_DEPTH {
+        return Err(format!("--depth must be 1 to {}", sys::MAX_QUEUE_DEPTH));
+    }
+    // The engine first: a device that cannot be opened leaves nothing
+    // behind in the kernel. A PCI function still bound to its kernel
+    // driver is refused here (it is not on vfio-pci).
+    let spec: DeviceSpec = a.device.parse().map_err(|e| format!("{e}"))?;
+    let backing = spec.backing("mcqio-ublk").map_err(|e| e.to_string())?;
+    let mut copts = CtrlOptions {
+        nvme: ControllerOptions {
+            io_queues: a.queues,
+            max_transfer: a.max_io,
+            ..ControllerOptions::default()
+        },
+        ..CtrlOptions::default()
+    };
+    if let Some(mcq) = spec.opts.mcq {
+        copts.ufs.mcq = mcq;
+    }
+    let opened = backing
+        .open(&copts)
+        .map_err(|e| format!("{}: {e}", spec.label()))?;
+    let dev = opened.device.clone();
+    if dev.granted_queues() < usize::from(a.queues) {
+        return Err(format!(
+            "{}: the controller granted {} queue pairs, {} asked for (use --queues {})",
+            spec.label(),
+            dev.granted_queues(),
+            a.queues,
+            dev.granted_queues()
+        ));
+    }
+    let unit = device::unit(&dev, a.unit)?;
+    let caps = device::caps_of(&dev, &unit, a.max_io);
+    let params = device::params_of(&caps);
+
+    let mut ctl = Control::open().map_err(|e| e.to_string())?;
+    let features = ctl.features().map_err(|e| e.to_string())?;
+    let mut flags = sys::F_URING_CMD_COMP_IN_TASK | sys::F_CMD_IOCTL_ENCODE;
+    if a.user_copy {
+        if features & sys::F_USER_COPY == 0 {
+            return Err(format!(
+                "the driver has no USER_COPY (features {})",
+                ctrl::flag_names(features)
+            ));
+        }
+        flags |= sys::F_USER_COPY;
+    }
+    let info = ctl
+        .add(sys::DevInfo {
+            nr_hw_queues: a.queues,
+            queue_depth: a.depth,
+            max_io_buf_bytes: caps.max_io,
+            dev_id: a.id.unwrap_or(u32::MAX),
+            flags,
+            ..sys::DevInfo::default()
+        })
+        .map_err(|e| e.to_string())?;
+    let id = info.dev_id;
+    // From here on the kernel has a device: every way out deletes it.
+    let r = serve_device(&mut ctl, id, &info, &params, &dev, &unit, caps, &a);
+    if let Err(e) = ctl.delete(id) {
+        eprintln!("mcqio-ublk: deleting device {id}: {e}");
+    } else {
+        eprintln!("mcqio-ublk: device {id} deleted");
+    }
+    drop(opened);
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serve_device(
+    ctl: &mut Control,
+    id: u32,
+    info: &sys::DevInfo,
+    params: &sys::Params,
+    dev: &mcqio_open::Device,
+    unit: &mcqio_open::BlockUnit,
+    caps: mcqio_ublk::target::Caps,
+    a: &AddArgs,
+) -> Result<(), String> {
+    ctl.set_params(id, params).map_err(|e| e.to_string())?;
+    let cdev = open_cdev(id)?;
+    let term = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // A second signal while shutting down exits at once.
+        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&term))
+            .and_then(|_| signal_hook::flag::register(sig, Arc::clone(&term)))
+            .map_err(|e| format!("signal handler: {e}"))?;
+    }
+    let stop = AtomicBool::new(false);
+    let o = ServeOptions {
+        cdev: cdev.clone(),
+        depth: info.queue_depth,
+        user_copy: info.flags & sys::F_USER_COPY != 0,
+        caps,
+        io_timeout: a.io_timeout,
+    };
+    let (tx, rx) = mpsc::channel();
+    let queues = info.nr_hw_queues;
+    let unit_id = unit.id;
+    std::thread::scope(|s| {
+        let server = s.spawn(|| device::serve(dev, unit_id, queues, &o, tx, &stop));
+        let mut fetched = 0;
+        let mut failed = None;
+        while fetched < queues && failed.is_none() {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(QueueEvent::Fetched(_)) => fetched += 1,
+                Ok(QueueEvent::Failed(_, e)) => failed = Some(e),
+                Err(mpsc::RecvTimeoutError::Timeout) if server.is_finished() => {
+                    failed = Some("the queue threads ended before fetching".into())
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    failed = Some("the queue threads ended before fetching".into())
+                }
+            }
+        }
+        let started = match failed {
+            None => ctl
+                .start(id, std::process::id() as i32)
+                .map_err(|e| e.to_string()),
+            Some(e) => Err(e),
+        };
+        match &started {
+            Ok(()) => eprintln!(
+                "mcqio-ublk: /dev/ublkb{id} ready: {} x {} B blocks ({} MiB) of {} unit {}, {} queue(s) x {} tags, max I/O {} KiB, {}{}{}{}, {} mode",
+                caps.blocks,
+                1u64 << caps.block_shift,
+                (caps.blocks << caps.block_shift) >> 20,
+                a.device,
+                unit.id,
+                queues,
+                info.queue_depth,
+                caps.max_io >> 10,
+                if caps.volatile_cache { "volatile cache" } else { "no volatile cache" },
+                if caps.fua { ", FUA" } else { "" },
+                if caps.discard { ", discard" } else { "" },
+                if caps.write_zeroes_blocks > 0 { ", write zeroes" } else { "" },
+                if o.user_copy { "user-copy" } else { "copy" },
+            ),
+            Err(e) => eprintln!("mcqio-ublk: device {id} not started: {e}"),
+        }
+        // Serve until a signal, or until the device is stopped from
+        // elsewhere (`mcqio-ublk del`): then the queues end by themselves.
+        while started.is_ok() && !term.load(Ordering::Relaxed) && !server.is_finished() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !server.is_finished() {
+            eprintln!("mcqio-ublk: stopping device {id}");
+            if let Err(e) = ctl.stop(id) {
+                eprintln!("mcqio-ublk: {e}");
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let results = server
+            .join()
+            .map_err(|_| "a queue thread panicked".to_string())?;
+        let results = results?;
+        let mut errs = Vec::new();
+        for (q, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(st) => eprintln!(
+                    "mcqio-ublk: queue {q}: {} requests, {} errors, {} retries, {} queue-full waits, {} kernel entries, {} sleeps, {} protocol errors",
+                    st.requests, st.errors, st.retries, st.queue_full, st.enters, st.sleeps, st.protocol_errors
+                ),
+                Err(e) => errs.push(e),
+            }
+        }
+        started?;
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs.join("; "))
+        }
+    })
+}
+
+/// Open `/dev/ublkcN`, which devtmpfs (or udev) creates after ADD_DEV.
+fn open_cdev(id: u32) -> Result<Arc<OwnedFd>, String> {
+    let path = format!("/dev/ublkc{id}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(f) => return Ok(Arc::new(OwnedFd::from(f))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => return Err(format!("{path}: {e}")),
+        }
+    }
+}
+
+fn list() -> Result<(), String> {
+    let mut ctl = Control::open().map_err(|e| e.to_string())?;
+    let ids = ctrl::device_ids();
+    if ids.is_empty() {
+        println!("no ublk devices");
+        return Ok(());
+    }
+    println!(
+        "{:<4} {:<9} {:>6} {:>6} {:>8} {:>8} {:>12} {:>6}  flags",
+        "id", "state", "queues", "depth", "max_io", "pid", "sectors", "lbs"
+    );
+    for id in ids {
+        let info = match ctl.info(id) {
+            Ok(i) => i,
+            Err(e) => {
+                println!("{id:<4} {e}");
+                continue;
+            }
+        };
+        let (sectors, lbs) = match ctl.params(id) {
+            Ok(p) => (p.basic.dev_sectors, 1u32 << p.basic.logical_bs_shift),
+            Err(_) => (0, 0),
+        };
+        println!(
+            "{:<4} {:<9} {:>6} {:>6} {:>8} {:>8} {:>12} {:>6}  {}",
+            id,
+            ctrl::state_name(info.state),
+            info.nr_hw_queues,
+            info.queue_depth,
+            info.max_io_buf_bytes,
+            info.ublksrv_pid,
+            sectors,
+            lbs,
+            ctrl::flag_names(info.flags)
+        );
+    }
+    Ok(())
+}
+
+fn del(mut ids: Vec<u32>, all: bool) -> Result<(), String> {
+    if all {
+        ids = ctrl::device_ids();
+    } else if ids.is_empty() {
+        return Err("name the devices to delete, or --all".into());
+    }
+    let mut ctl = Control::open().map_err(|e| e.to_string())?;
+    let mut errs = Vec::new();
+    for id in ids {
+        // A live server sees its queues aborted by the stop and exits.
+        if let Err(e) = ctl.stop(id) {
+            eprintln!("mcqio-ublk: {e}");
+        }
+        match ctl.delete(id) {
+            Ok(()) => println!("deleted ublk device {id}"),
+            Err(e) => errs.push(e.to_string()),
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; "))
+    }
+}
