@@ -200,7 +200,7 @@ fn ufs_write_read_roundtrip() {
     let Device::Ufs(ctrl) = &o.device else {
         panic!("not UFS")
     };
-    let mut qp = ctrl.create_qpair::<mcqio::DmaBuf>().unwrap();
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
     let mut s = Server::new(
         FakeQueue::new(0, 8),
         &mut qp,
@@ -552,7 +552,7 @@ fn random_stream(specs: &[&str]) {
                 body!(&mut qp, 1u32)
             }
             Device::Ufs(ctrl) => {
-                let mut qp = ctrl.create_qpair::<mcqio::DmaBuf>().unwrap();
+                let mut qp = ctrl.create_qpair(Default::default()).unwrap();
                 body!(&mut qp, 0u8)
             }
         }
