@@ -24,7 +24,13 @@
 //! - **one budget mechanism**: whatever recovery or a timeout ends beyond
 //!   the poll's `max` waits in the engine's held completions, preallocated
 //!   to the queue depth at creation, and the next polls hand them out
-//!   first. `poll` never delivers more than `max`.
+//!   first. `poll` never delivers more than `max`;
+//! - **close and drop** ([`Wire::shutdown`]): held completions first, a
+//!   reset caught up with, the queue taken off the device
+//!   ([`Wire::withdraw_all`]), the rest ended once with or without buffers;
+//!   resumable after a panic in the callback;
+//! - the split planner ([`Engine::plan_split`]), and [`Addressed`]: one
+//!   `BlockQueue` and blocking-helper implementation for every wire.
 //!
 //! # A third wire, a new frontend
 //!
@@ -34,8 +40,10 @@
 //! `reap` (parse received PDUs, prove each by its CID, end it through
 //! [`Engine::complete`]), `check_controller` (the connection's health),
 //! `scan_timeouts` (Abort on the admin queue), `deliver_posted` and `forget`
-//! (what a dropped connection leaves), `recreate` (reconnect the queue), and
-//! its controller implements [`super::state::Controlled`]. A frontend (a
+//! (what a dropped connection leaves), `recreate` (reconnect the queue),
+//! `withdraw_all` (Disconnect) — and [`Addressed`] (its addresses and block
+//! commands); its controller implements [`super::state::Controlled`] and
+//! its buffers are reached through `IoBuf::segment_host`. A frontend (a
 //! ublk server) uses only the public API — [`super::block::BlockQueue`],
 //! [`super::per_core`], the device opener in `examples/open` — beside the
 //! fio engine in `examples/`. Neither changes anything in `core/`.
