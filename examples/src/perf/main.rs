@@ -276,7 +276,9 @@ struct RunArgs {
     /// Namespaces to run on, e.g. 1,2 [default: all]
     #[arg(short = 'N', long = "nsid", value_parser = nsid_list)]
     nsids: Option<NsidList>,
-    /// Limit the I/O rate: I/Os per second over all jobs
+    /// Limit the I/O rate: I/Os per second over all jobs (a job that fell
+    /// behind, descheduled or stalled, makes up to one second of it; the
+    /// report gives the rate achieved and warns below 98%)
     #[arg(long = "rate-iops", value_parser = rate)]
     rate_iops: Option<u64>,
     /// Move this many bytes in total and stop (size-based run; with -t:
