@@ -84,8 +84,11 @@ impl Shared {
 /// What one job does.
 #[derive(Debug, Clone)]
 pub struct JobSpec {
-    /// Job number.
+    /// Row number: one per (thread, namespace) pair, the index of its
+    /// completion counter and of its line in the report.
     pub index: usize,
+    /// The job thread (and so the core) it runs on.
+    pub thread: usize,
     /// Namespace (1-based).
     pub nsid: u32,
     /// First LBA the job may touch.
@@ -176,6 +179,9 @@ pub struct JobResult {
     pub cpu_usr: Duration,
     /// System CPU time in the measured phase.
     pub cpu_sys: Duration,
+    /// Whether `cpu_usr`/`cpu_sys` are this job's thread's: of several jobs
+    /// on one thread, one reports the thread's CPU and the others none.
+    pub cpu_owner: bool,
     /// Blocks written by the verify prefill.
     pub prefill_blocks: u64,
     /// Slots retired because a command ended without its buffer (the
@@ -239,6 +245,7 @@ impl JobResult {
             elapsed: Duration::ZERO,
             cpu_usr: Duration::ZERO,
             cpu_sys: Duration::ZERO,
+            cpu_owner: false,
             prefill_blocks: 0,
             lost_slots: 0,
         }
@@ -468,6 +475,7 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
 
 /// Run one job on `q` until the controller says stop (or the I/O count is
 /// reached). The caller pins the thread; this returns after draining.
+#[cfg(test)]
 pub fn run<Q: JobQueue>(
     q: Q,
     spec: &JobSpec,
@@ -475,33 +483,67 @@ pub fn run<Q: JobQueue>(
     clock: Clock,
     ready: impl FnOnce(Result<(), String>),
 ) -> Result<JobResult, QueueError> {
-    let need = spec.nlb as usize * spec.lbads as usize;
-    if q.depth() < spec.depth {
-        // A depth limit, not a buffer problem (issue 29 item 9).
-        let e = QueueError(format!(
-            "queue depth {} is deeper than this device's queue pair ({} slots): use -q {} or less",
-            spec.depth,
-            q.depth(),
-            q.depth()
-        ));
-        ready(Err(e.to_string()));
-        return Err(e);
+    let mut r = run_many(vec![q], std::slice::from_ref(spec), shared, clock, ready)?;
+    Ok(r.pop().expect("one job, one result"))
+}
+
+/// Run several jobs from the calling thread, each on its own queue
+/// (`qs[i]` serves `specs[i]`), taking turns: spdk_nvme_perf's namespace
+/// contexts of one worker, each with its own queue pair and queue depth.
+/// The caller pins the thread; this returns after draining them all.
+pub fn run_many<Q: JobQueue>(
+    qs: Vec<Q>,
+    specs: &[JobSpec],
+    shared: &Shared,
+    clock: Clock,
+    ready: impl FnOnce(Result<(), String>),
+) -> Result<Vec<JobResult>, QueueError> {
+    assert_eq!(qs.len(), specs.len(), "a queue per job");
+    for (q, spec) in qs.iter().zip(specs) {
+        let need = spec.nlb as usize * spec.lbads as usize;
+        let e = if q.depth() < spec.depth {
+            // A depth limit, not a buffer problem (issue 29 item 9).
+            Some(QueueError(format!(
+                "queue depth {} is deeper than this device's queue pair ({} slots): use -q {} or less",
+                spec.depth,
+                q.depth(),
+                q.depth()
+            )))
+        } else if q.buffer_len() < need {
+            Some(QueueError(format!(
+                "the queue offers {} slots of {} bytes; the job needs {} of {need}",
+                q.depth(),
+                q.buffer_len(),
+                spec.depth
+            )))
+        } else {
+            None
+        };
+        if let Some(e) = e {
+            ready(Err(e.to_string()));
+            return Err(e);
+        }
     }
-    if q.buffer_len() < need {
-        let e = QueueError(format!(
-            "the queue offers {} slots of {} bytes; the job needs {} of {need}",
-            q.depth(),
-            q.buffer_len(),
-            spec.depth
-        ));
-        ready(Err(e.to_string()));
-        return Err(e);
+    let (histogram, verify) = specs
+        .first()
+        .map_or((false, false), |s| (s.histogram, s.verify));
+    macro_rules! group {
+        ($h:literal, $v:literal) => {
+            run_group::<Q, $h, $v>(
+                qs.into_iter()
+                    .zip(specs)
+                    .map(|(q, spec)| Runner::new(q, spec, clock.clone()))
+                    .collect(),
+                shared,
+                ready,
+            )
+        };
     }
-    let r = match (spec.histogram, spec.verify) {
-        (false, false) => Runner::<Q, false, false>::new(q, spec, clock).run(shared, ready),
-        (true, false) => Runner::<Q, true, false>::new(q, spec, clock).run(shared, ready),
-        (false, true) => Runner::<Q, false, true>::new(q, spec, clock).run(shared, ready),
-        (true, true) => Runner::<Q, true, true>::new(q, spec, clock).run(shared, ready),
+    let r = match (histogram, verify) {
+        (false, false) => group!(false, false),
+        (true, false) => group!(true, false),
+        (false, true) => group!(false, true),
+        (true, true) => group!(true, true),
     };
     if r.is_err() {
         shared.failed.fetch_add(1, Ordering::Release);
@@ -594,7 +636,8 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             // After a stall, catch up by at most the window.
             let floor = t.saturating_sub(self.rate_window);
             self.rate_next = self.rate_next.max(floor);
-            n = n.min((t - self.rate_next) / self.rate_ticks + 1);
+            let due = (t - self.rate_next).checked_div(self.rate_ticks).unwrap_or(0);
+            n = n.min(due + 1);
         }
         let n0 = n;
         let result = Self::fill_n(&mut self.q, st, gen, &mut n, &self.clock, nlb);
@@ -715,37 +758,23 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         Ok(())
     }
 
-    fn run(
-        mut self,
-        shared: &Shared,
-        ready: impl FnOnce(Result<(), String>),
-    ) -> Result<JobResult, QueueError> {
-        let spec = self.st.spec;
+    /// Before the run: the verify prefill, if any.
+    fn prepare(&mut self) -> Result<(), QueueError> {
         if V {
-            if let Err(e) = self.prefill() {
-                ready(Err(e.to_string()));
-                return Err(e);
-            }
+            self.prefill()?;
             // The per-second IOPS samples read this counter: the prefill's
             // completions happened before the run and must not land in the
             // first sample.
             self.st.completed_total = 0;
         }
-        ready(Ok(()));
-        let mut phase = shared.phase.load(Ordering::Acquire);
-        while phase == PHASE_READY {
-            std::thread::yield_now();
-            phase = shared.phase.load(Ordering::Acquire);
-        }
-        if phase >= PHASE_STOP {
-            // The run ended (or was aborted) before this thread got to run:
-            // on an oversubscribed machine a job can first look after the
-            // measured phase is over. It measured nothing; entering the loop
-            // would wait for a phase change that never comes.
-            return Ok(self.st.res);
-        }
+        Ok(())
+    }
+
+    /// The loop state of a job that starts in `phase` (warm-up or measure).
+    fn begin<'s>(&mut self, shared: &'s Shared, phase: u32) -> Pass<'s> {
+        let spec = self.st.spec;
         let seed = spec.seed ^ (spec.index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let mut gen = IoGen::with_distribution(
+        let gen = IoGen::with_distribution(
             spec.pattern,
             spec.read_pct,
             spec.first_lba,
@@ -758,72 +787,101 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         if let Some(rate) = spec.rate_iops.filter(|&r| r > 0) {
             self.set_rate(rate);
         }
-        let counter = &shared.completed[spec.index];
-        let mut budget = u64::MAX;
-        let mut t_start = self.clock.now();
-        let mut cpu_start = thread_cpu();
-        let mut measuring = false;
-        let mut tick = shared.tick.load(Ordering::Relaxed);
+        let mut p = Pass {
+            phase,
+            gen,
+            counter: &shared.completed[spec.index],
+            budget: u64::MAX,
+            t_start: self.clock.now(),
+            cpu_start: thread_cpu(),
+            t_end: 0,
+            measuring: false,
+            tick: shared.tick.load(Ordering::Relaxed),
+        };
         if phase == PHASE_MEASURE {
-            measuring = true;
+            p.measuring = true;
             self.st.counting = true;
-            budget = spec.ios_limit.unwrap_or(u64::MAX);
+            p.budget = spec.ios_limit.unwrap_or(u64::MAX);
         }
-        loop {
-            let p = shared.phase.load(Ordering::Relaxed);
-            if p != phase {
-                phase = p;
-                if phase == PHASE_MEASURE && !measuring {
-                    measuring = true;
-                    self.st.hist_n = [0; 2];
-                    self.st.res.reset_counts();
-                    self.st.counting = true;
-                    budget = spec.ios_limit.unwrap_or(u64::MAX);
-                    t_start = self.clock.now();
-                    cpu_start = thread_cpu();
-                } else if phase >= PHASE_STOP {
-                    if H && measuring {
-                        // Pairs with the controller's Release store of STOP,
-                        // made after its last tick: that tick is visible.
-                        std::sync::atomic::fence(Ordering::Acquire);
-                        let k = shared.tick.load(Ordering::Relaxed);
-                        if k != tick {
-                            self.st.snapshot(k);
-                        }
+        p
+    }
+
+    /// One turn of the job loop: follow the phase, start what may start,
+    /// submit and reap. `Ok(false)` once the job is done (stopped, or its
+    /// I/O count reached and drained).
+    #[inline(always)]
+    fn pass(&mut self, p: &mut Pass<'_>, shared: &Shared) -> Result<bool, QueueError> {
+        let spec = self.st.spec;
+        let ph = shared.phase.load(Ordering::Relaxed);
+        if ph != p.phase {
+            p.phase = ph;
+            if p.phase == PHASE_MEASURE && !p.measuring {
+                p.measuring = true;
+                self.st.hist_n = [0; 2];
+                self.st.res.reset_counts();
+                self.st.counting = true;
+                p.budget = spec.ios_limit.unwrap_or(u64::MAX);
+                p.t_start = self.clock.now();
+                p.cpu_start = thread_cpu();
+            } else if p.phase >= PHASE_STOP {
+                if H && p.measuring {
+                    // Pairs with the controller's Release store of STOP,
+                    // made after its last tick: that tick is visible.
+                    std::sync::atomic::fence(Ordering::Acquire);
+                    let k = shared.tick.load(Ordering::Relaxed);
+                    if k != p.tick {
+                        self.st.snapshot(k);
                     }
-                    break;
                 }
-            }
-            if H && measuring {
-                let k = shared.tick.load(Ordering::Relaxed);
-                if k != tick {
-                    tick = k;
-                    self.st.snapshot(k);
-                }
-            }
-            self.fill(&mut gen, &mut budget)?;
-            if budget == 0 && self.st.inflight == 0 {
-                break;
-            }
-            if self.turn()? > 0 {
-                counter.store(self.st.completed_total, Ordering::Relaxed);
-            } else {
-                // Nothing completed: pause before polling again. A tight
-                // re-poll keeps pulling the completion ring's cache line
-                // back while the device is writing into it, so every CQE
-                // store there becomes a cross-core round trip.
-                std::hint::spin_loop();
+                p.t_end = self.clock.now();
+                return Ok(false);
             }
         }
-        let t_end = self.clock.now();
-        let cpu_end = thread_cpu();
-        if measuring {
+        if H && p.measuring {
+            let k = shared.tick.load(Ordering::Relaxed);
+            if k != p.tick {
+                p.tick = k;
+                self.st.snapshot(k);
+            }
+        }
+        self.fill(&mut p.gen, &mut p.budget)?;
+        if p.budget == 0 && self.st.inflight == 0 {
+            p.t_end = self.clock.now();
+            return Ok(false);
+        }
+        if self.turn()? > 0 {
+            p.counter.store(self.st.completed_total, Ordering::Relaxed);
+        } else {
+            // Nothing completed: pause before polling again. A tight
+            // re-poll keeps pulling the completion ring's cache line
+            // back while the device is writing into it, so every CQE
+            // store there becomes a cross-core round trip.
+            std::hint::spin_loop();
+        }
+        Ok(true)
+    }
+
+    /// After the loop: times, the count-bound handshake, the drain.
+    /// `cpu_end` is the thread's CPU time when its last job stopped, given
+    /// to the one job of the thread that reports it (`None` for the others,
+    /// so a thread's CPU is counted once).
+    fn end(
+        mut self,
+        p: Pass<'_>,
+        shared: &Shared,
+        cpu_end: Option<(Duration, Duration)>,
+    ) -> Result<JobResult, QueueError> {
+        let spec = self.st.spec;
+        if p.measuring {
             self.st.res.elapsed =
-                Duration::from_nanos(self.clock.ticks_to_ns(t_end.wrapping_sub(t_start)));
-            self.st.res.cpu_usr = cpu_end.0.saturating_sub(cpu_start.0);
-            self.st.res.cpu_sys = cpu_end.1.saturating_sub(cpu_start.1);
+                Duration::from_nanos(self.clock.ticks_to_ns(p.t_end.wrapping_sub(p.t_start)));
+            if let Some(cpu_end) = cpu_end {
+                self.st.res.cpu_usr = cpu_end.0.saturating_sub(p.cpu_start.0);
+                self.st.res.cpu_sys = cpu_end.1.saturating_sub(p.cpu_start.1);
+                self.st.res.cpu_owner = true;
+            }
         }
-        if spec.ios_limit.is_some() && budget == 0 {
+        if spec.ios_limit.is_some() && p.budget == 0 {
             shared.finished.fetch_add(1, Ordering::Release);
         }
         // Drain: these completions are not counted, but errors and
@@ -833,9 +891,80 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         while self.st.inflight > 0 {
             self.turn()?;
         }
-        counter.store(self.st.completed_total, Ordering::Relaxed);
+        p.counter.store(self.st.completed_total, Ordering::Relaxed);
         Ok(self.st.res)
     }
+}
+
+/// One job's place in its loop, kept apart from the [`Runner`] so one
+/// thread can take turns between several jobs.
+struct Pass<'s> {
+    /// The phase this job last saw.
+    phase: u32,
+    /// Its I/O stream.
+    gen: IoGen,
+    /// Its completion counter, read by the per-second sampler.
+    counter: &'s AtomicU64,
+    /// I/Os it may still start in the measured phase.
+    budget: u64,
+    /// Clock and thread CPU when its measured phase began.
+    t_start: u64,
+    cpu_start: (Duration, Duration),
+    /// Clock when it stopped.
+    t_end: u64,
+    /// Whether it is in the measured phase.
+    measuring: bool,
+    /// The sampler's tick it last snapshotted at.
+    tick: u32,
+}
+
+/// Run `runners` (the jobs of one thread) to the end, taking turns.
+fn run_group<Q: JobQueue, const H: bool, const V: bool>(
+    mut runners: Vec<Runner<'_, Q, H, V>>,
+    shared: &Shared,
+    ready: impl FnOnce(Result<(), String>),
+) -> Result<Vec<JobResult>, QueueError> {
+    for r in &mut runners {
+        if let Err(e) = r.prepare() {
+            ready(Err(e.to_string()));
+            return Err(e);
+        }
+    }
+    ready(Ok(()));
+    let mut phase = shared.phase.load(Ordering::Acquire);
+    while phase == PHASE_READY {
+        std::thread::yield_now();
+        phase = shared.phase.load(Ordering::Acquire);
+    }
+    if phase >= PHASE_STOP {
+        // The run ended (or was aborted) before this thread got to run:
+        // on an oversubscribed machine a job can first look after the
+        // measured phase is over. It measured nothing; entering the loop
+        // would wait for a phase change that never comes.
+        return Ok(runners.into_iter().map(|r| r.st.res).collect());
+    }
+    let mut passes: Vec<Pass<'_>> = runners.iter_mut().map(|r| r.begin(shared, phase)).collect();
+    if let [r] = &mut runners[..] {
+        // One job on the thread (the common case): its own tight loop.
+        while r.pass(&mut passes[0], shared)? {}
+    } else {
+        let mut live = vec![true; runners.len()];
+        let mut left = runners.len();
+        while left > 0 {
+            for (i, (r, p)) in runners.iter_mut().zip(passes.iter_mut()).enumerate() {
+                if live[i] && !r.pass(p, shared)? {
+                    live[i] = false;
+                    left -= 1;
+                }
+            }
+        }
+    }
+    let cpu_end = thread_cpu();
+    let mut out = Vec::with_capacity(runners.len());
+    for (i, (r, p)) in runners.into_iter().zip(passes).enumerate() {
+        out.push(r.end(p, shared, (i == 0).then_some(cpu_end))?);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -928,6 +1057,7 @@ mod tests {
     fn spec(verify: bool, ios: u64) -> JobSpec {
         JobSpec {
             index: 0,
+            thread: 0,
             nsid: 1,
             first_lba: 0,
             blocks: 64,

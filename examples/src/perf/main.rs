@@ -273,7 +273,10 @@ struct RunArgs {
     /// Size of the region under test in each namespace [default: to the end]
     #[arg(long, visible_alias = "range", value_parser = size_arg)]
     size: Option<u64>,
-    /// Namespaces to run on, e.g. 1,2 [default: all]
+    /// Namespaces to run on, e.g. 1,2 [default: all]. As spdk_nvme_perf:
+    /// max(jobs, namespaces) rows, row r on job r mod jobs and namespace r
+    /// mod namespaces; a job with several drives each on its own queue pair
+    /// at the full -q, a namespace with several jobs is shared by them
     #[arg(short = 'N', long = "nsid", value_parser = nsid_list)]
     nsids: Option<NsidList>,
     /// Limit the I/O rate: I/Os per second over all jobs (a job that fell
