@@ -636,7 +636,9 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             // After a stall, catch up by at most the window.
             let floor = t.saturating_sub(self.rate_window);
             self.rate_next = self.rate_next.max(floor);
-            let due = (t - self.rate_next).checked_div(self.rate_ticks).unwrap_or(0);
+            let due = (t - self.rate_next)
+                .checked_div(self.rate_ticks)
+                .unwrap_or(0);
             n = n.min(due + 1);
         }
         let n0 = n;
@@ -862,20 +864,25 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
     }
 
     /// After the loop: times, the count-bound handshake, the drain.
-    /// `cpu_end` is the thread's CPU time when its last job stopped, given
-    /// to the one job of the thread that reports it (`None` for the others,
-    /// so a thread's CPU is counted once).
+    /// `thread_end` is the clock and the thread's CPU time when the
+    /// thread's last job stopped, given to the one job of the thread that
+    /// reports the thread's CPU (`None` for the others, so it is counted
+    /// once); that job's time runs to the same end, so its CPU share is
+    /// the thread's over the same span.
     fn end(
         mut self,
-        p: Pass<'_>,
+        mut p: Pass<'_>,
         shared: &Shared,
-        cpu_end: Option<(Duration, Duration)>,
+        thread_end: Option<(u64, (Duration, Duration))>,
     ) -> Result<JobResult, QueueError> {
         let spec = self.st.spec;
         if p.measuring {
+            if let Some((t, _)) = thread_end {
+                p.t_end = t;
+            }
             self.st.res.elapsed =
                 Duration::from_nanos(self.clock.ticks_to_ns(p.t_end.wrapping_sub(p.t_start)));
-            if let Some(cpu_end) = cpu_end {
+            if let Some((_, cpu_end)) = thread_end {
                 self.st.res.cpu_usr = cpu_end.0.saturating_sub(p.cpu_start.0);
                 self.st.res.cpu_sys = cpu_end.1.saturating_sub(p.cpu_start.1);
                 self.st.res.cpu_owner = true;
@@ -959,10 +966,13 @@ fn run_group<Q: JobQueue, const H: bool, const V: bool>(
             }
         }
     }
-    let cpu_end = thread_cpu();
+    let thread_end = (
+        passes.iter().map(|p| p.t_end).max().unwrap_or(0),
+        thread_cpu(),
+    );
     let mut out = Vec::with_capacity(runners.len());
     for (i, (r, p)) in runners.into_iter().zip(passes).enumerate() {
-        out.push(r.end(p, shared, (i == 0).then_some(cpu_end))?);
+        out.push(r.end(p, shared, (i == 0).then_some(thread_end))?);
     }
     Ok(out)
 }
