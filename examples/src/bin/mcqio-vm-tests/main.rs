@@ -39,6 +39,7 @@ mod cross_check;
 mod device;
 mod identify;
 mod iommu;
+mod irq;
 mod lanes;
 mod pattern;
 mod reset;
@@ -52,6 +53,7 @@ use cross_check::*;
 use device::*;
 use identify::*;
 use iommu::*;
+use irq::*;
 use lanes::*;
 use reset::*;
 use rw::*;
@@ -74,6 +76,9 @@ enum Cmd {
     Identify(DevArgs),
     /// Write, read back and verify data at random LBAs and sizes, one queue pair per thread.
     Rw(RwArgs),
+    /// Route the MSI-X vectors to eventfds; each admin completion signals
+    /// vector 0 (and /proc/interrupts counts it).
+    Irq(DevArgs),
     /// Flush, Write Zeroes and Dataset Management (deallocate), each checked by reading back.
     Commands(DevArgs),
     /// Reset the controller with reads in flight; every read completes or is
@@ -135,6 +140,7 @@ fn main() -> ExitCode {
     let res = match &cli.cmd {
         Cmd::Identify(a) => identify(a),
         Cmd::Rw(a) => rw(a),
+        Cmd::Irq(a) => irq(a),
         Cmd::Commands(a) => commands(a),
         Cmd::Reset(a) => reset(a),
         Cmd::DmaAfterUnmap(a) => dma_after_unmap(a),
