@@ -97,6 +97,10 @@ enum Cmd {
     /// UFS: bring the host controller and its device up, print what it
     /// reports, and check the transfer mode (MCQ or legacy) it ended in.
     UfsBringup(UfsDevArgs),
+    /// UFS: route the controller's interrupt to an eventfd; each UIC
+    /// command completion (IS.UCCS with IE.UCCE) is delivered, cleared and
+    /// unmasked.
+    UfsIrq(UfsDevArgs),
     /// UFS: write, read back and verify data at random LBAs and sizes of
     /// LU 0, one queue pair (an MCQ SQ/CQ pair) per thread.
     UfsRw(UfsRwArgs),
@@ -149,6 +153,7 @@ fn main() -> ExitCode {
         Cmd::CheckPattern(a) => check_pattern(a),
         Cmd::GenPattern(p) => gen_pattern(p),
         Cmd::UfsBringup(a) => ufs::bringup(a),
+        Cmd::UfsIrq(a) => ufs::irq(a),
         Cmd::UfsRw(a) => ufs::rw(a),
         Cmd::UfsDmaAfterUnmap(a) => ufs::dma_after_unmap(a),
         Cmd::UfsAbort(a) => ufs::abort(a),
