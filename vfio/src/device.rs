@@ -321,6 +321,25 @@ fn irq_index(dev: &VfioDevice) -> Option<(u32, IrqKind)> {
     })
 }
 
+impl VfioBackend {
+    /// Set or clear the PCI command register's Interrupt Disable bit.
+    fn intx_disable(&self, disable: bool) -> std::result::Result<(), IrqError> {
+        let dev = self.iommu.device();
+        let bdf = &self.info.bdf;
+        let io = |e: VfioError| IrqError::Config(e.to_string());
+        let cmd = config_u16(bdf, dev, PCI_COMMAND).map_err(io)?;
+        let want = if disable {
+            cmd | PCI_COMMAND_INTX_DISABLE
+        } else {
+            cmd & !PCI_COMMAND_INTX_DISABLE
+        };
+        if want != cmd {
+            config_write(bdf, dev, PCI_COMMAND, &want.to_le_bytes()).map_err(io)?;
+        }
+        Ok(())
+    }
+}
+
 impl Interrupts for VfioBackend {
     fn kind(&self) -> IrqKind {
         irq_index(self.iommu.device()).map_or(IrqKind::None, |(_, k)| k)
@@ -343,6 +362,10 @@ impl Interrupts for VfioBackend {
                 op: "disable interrupts",
                 source,
             })?;
+            if old == VFIO_PCI_INTX_IRQ_INDEX {
+                // Back to how open left it: INTx disabled.
+                self.intx_disable(true)?;
+            }
         }
         if notifiers.is_empty() {
             return Ok(());
@@ -352,6 +375,12 @@ impl Interrupts for VfioBackend {
                 op: "route interrupts to eventfds",
                 source,
             })?;
+        if index == VFIO_PCI_INTX_IRQ_INDEX {
+            // Open set the command register's Interrupt Disable (a polled
+            // driver wants no INTx), and vfio-pci keeps the line masked
+            // while it is set: clear it, or nothing is ever delivered.
+            self.intx_disable(false)?;
+        }
         *routed = Some((index, notifiers.to_vec()));
         log::debug!(
             "{}: {} {kind:?} vector(s) routed to eventfds",

@@ -133,6 +133,9 @@ pub enum IrqError {
     /// The device has no usable interrupt.
     #[error("the device has no interrupt the host can use")]
     Unsupported,
+    /// The PCI command register could not be read or written.
+    #[error("PCI command register: {0}")]
+    Config(String),
     /// The VFIO call failed.
     #[error("VFIO {op} failed: {source}")]
     Vfio {
