@@ -181,6 +181,33 @@ pub struct JobResult {
     /// Slots retired because a command ended without its buffer (the
     /// device may still access it); they count in `errors` too.
     pub lost_slots: u64,
+    /// The engine's register accesses and system-clock calls during the
+    /// measured phase (`None`: not an engine queue).
+    pub accesses: Option<Accesses>,
+    /// Latency-clock reads during the measured phase.
+    pub clock_reads: u64,
+}
+
+/// What the engine's queue did during the measured phase, from its
+/// counters ([`mcqio::QueueCounters`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Accesses {
+    /// Doorbell register stores.
+    pub doorbell_writes: u64,
+    /// Register loads.
+    pub register_reads: u64,
+    /// The engine's system-clock calls (its coarse timeout clock).
+    pub system_clock_reads: u64,
+}
+
+impl Accesses {
+    fn between(a: &mcqio::QueueCounters, b: &mcqio::QueueCounters) -> Self {
+        Accesses {
+            doorbell_writes: b.doorbell_writes - a.doorbell_writes,
+            register_reads: b.register_reads - a.register_reads,
+            system_clock_reads: b.system_clock_reads - a.system_clock_reads,
+        }
+    }
 }
 
 /// What one direction (reads or writes) of a job measured.
@@ -241,6 +268,8 @@ impl JobResult {
             cpu_sys: Duration::ZERO,
             prefill_blocks: 0,
             lost_slots: 0,
+            accesses: None,
+            clock_reads: 0,
         }
     }
 
@@ -567,11 +596,13 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         }
         let st = &mut self.st;
         let nlb = st.spec.nlb;
-        let t = self.clock.now();
         // I/Os this batch may start: the budget, and under a rate limit the
-        // I/Os whose start time has come (one division per batch).
+        // I/Os whose start time has come (one clock read and one division
+        // per batch, only under a rate limit).
         let mut n = *budget;
         if self.rate_ticks > 0 {
+            let t = self.clock.now();
+            st.res.clock_reads += 1;
             if t < self.rate_next {
                 return Ok(());
             }
@@ -630,6 +661,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 }
             }
             let t = clock.now();
+            st.res.clock_reads += 1;
             match q.push(slot as usize, IoReq { op, slba, nlb }) {
                 Ok(()) => {
                     st.slots[slot as usize] = Slot {
@@ -673,6 +705,8 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         let n = self.q.reap(|slot, status| {
             st.complete(slot, status, clock.now(), clock);
         })?;
+        // One read per completion.
+        st.res.clock_reads += n as u64;
         st.flush_hist();
         Ok(n)
     }
@@ -749,10 +783,13 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         let mut cpu_start = thread_cpu();
         let mut measuring = false;
         let mut tick = shared.tick.load(Ordering::Relaxed);
+        let mut counters_start = None;
         if phase == PHASE_MEASURE {
             measuring = true;
             self.st.counting = true;
             budget = spec.ios_limit.unwrap_or(u64::MAX);
+            self.st.res.clock_reads = 0;
+            counters_start = self.q.counters();
         }
         loop {
             let p = shared.phase.load(Ordering::Relaxed);
@@ -766,6 +803,8 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                     budget = spec.ios_limit.unwrap_or(u64::MAX);
                     t_start = self.clock.now();
                     cpu_start = thread_cpu();
+                    self.st.res.clock_reads = 0;
+                    counters_start = self.q.counters();
                 } else if phase >= PHASE_STOP {
                     if H && measuring {
                         // Pairs with the controller's Release store of STOP,
@@ -802,7 +841,11 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         }
         let t_end = self.clock.now();
         let cpu_end = thread_cpu();
+        let clock_reads = self.st.res.clock_reads;
         if measuring {
+            if let (Some(a), Some(b)) = (counters_start, self.q.counters()) {
+                self.st.res.accesses = Some(Accesses::between(&a, &b));
+            }
             self.st.res.elapsed =
                 Duration::from_nanos(self.clock.ticks_to_ns(t_end.wrapping_sub(t_start)));
             self.st.res.cpu_usr = cpu_end.0.saturating_sub(cpu_start.0);
@@ -818,6 +861,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         while self.st.inflight > 0 {
             self.turn()?;
         }
+        self.st.res.clock_reads = if measuring { clock_reads } else { 0 };
         counter.store(self.st.completed_total, Ordering::Relaxed);
         Ok(self.st.res)
     }
@@ -981,6 +1025,17 @@ mod tests {
         );
         let (_, min, max) = r.lat_ns();
         assert!(min <= max);
+    }
+
+    /// Issue 28: the job counts its latency-clock reads — one at each push
+    /// and one at each completion, none per batch without a rate limit —
+    /// and a queue that is not on the engine reports no register accesses.
+    #[test]
+    fn the_job_counts_two_clock_reads_per_io() {
+        let r = go(MemQueue::new(8, 1024, 512), &spec(false, 1000));
+        assert_eq!(r.ios, 1000);
+        assert_eq!(r.clock_reads, 2000);
+        assert_eq!(r.accesses, None);
     }
 
     /// Issue 16 item 8: reads and writes are counted and timed apart, each

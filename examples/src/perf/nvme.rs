@@ -469,6 +469,10 @@ impl JobQueue for MappedQueue {
             None => Ok(n),
         }
     }
+
+    fn counters(&self) -> Option<mcqio::QueueCounters> {
+        Some(self.qp.counters())
+    }
 }
 
 #[cfg(test)]

@@ -210,4 +210,8 @@ impl<Q: BlockQueue<Buf = SlotBuf>> JobQueue for BlockJobQueue<Q> {
             })
             .map_err(|e| QueueError(e.to_string()))
     }
+
+    fn counters(&self) -> Option<mcqio::QueueCounters> {
+        Some(self.qp.counters())
+    }
 }

@@ -465,7 +465,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// The counters every wire keeps, in the type shared with UFS
     /// ([`crate::QueueCounters`]).
     pub fn counters(&self) -> crate::QueueCounters {
-        self.eng.counters()
+        self.all_counters()
     }
 
     /// Namespaces numbered 1..=n (the usual case) are found at index
@@ -549,5 +549,98 @@ mod tests {
             n = qp.poll(32, |c| assert!(c.result.is_ok())).expect("poll");
         }
         assert!(qp.eng.timeouts.ticks > before);
+    }
+
+    /// Issue 28: the shared counters carry the wire's doorbell stores and
+    /// the I/O path's register loads (NVMe: only the CSTS health look every
+    /// `HEALTH_CHECK_INTERVAL` empty polls), so a tool can report them per
+    /// I/O on any wire.
+    #[test]
+    fn the_counters_carry_doorbells_and_register_reads() {
+        let fake =
+            mcqio_fixtures::FakeController::new(mcqio_fixtures::FakeConfig::sync()).expect("fake");
+        let backend: Arc<dyn mcqio_vfio::Backend> = fake.clone();
+        let ctrl = Controller::new(backend, Default::default()).expect("bring-up");
+        let opts = QpairOptions {
+            depth: 1,
+            ..QpairOptions::default()
+        };
+        let mut qp = ctrl.create_qpair(opts).expect("qpair");
+        let mut buf = Some(ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf"));
+        for _ in 0..10 {
+            qp.read(1, 0, 8, buf.take().expect("buf back"), 1)
+                .expect("read");
+            while qp.poll(1, |c| buf = c.buf).expect("poll") == 0 {}
+        }
+        let c = qp.counters();
+        let s = qp.stats();
+        assert_eq!(
+            c.doorbell_writes,
+            s.sq_doorbell_writes + s.cq_doorbell_writes
+        );
+        // QD1: one SQ tail and one CQ head store per I/O.
+        assert_eq!(c.doorbell_writes, 20);
+        assert_eq!(c.register_reads, 0, "no register load on the I/O path");
+        // A command the device holds back: empty polls look at CSTS once
+        // per HEALTH_CHECK_INTERVAL.
+        let mut qp2 = ctrl.create_qpair(QpairOptions::default()).expect("qpair");
+        let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf");
+        fake.faults().inject_next(
+            Some(qp2.qid()),
+            None,
+            mcqio_fixtures::Fault::Delay(Duration::from_secs(3600)),
+        );
+        qp2.read(1, 0, 8, b, 2).expect("read");
+        qp2.submit();
+        for _ in 0..3 * HEALTH_CHECK_INTERVAL + 5 {
+            assert_eq!(qp2.poll(1, |_| {}).expect("poll"), 0);
+        }
+        assert_eq!(qp2.counters().register_reads, 3);
+    }
+
+    /// Issue 28: every poll that completed something read the coarse clock
+    /// with a system-clock call (`Instant`) — at QD1 one per I/O, a real
+    /// system call in a guest without a trusted TSC. Once the CPU counter
+    /// is calibrated, a busy queue calls the system clock at most about
+    /// twice per millisecond however many polls complete something.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[test]
+    fn a_busy_queue_calls_the_system_clock_at_most_twice_a_millisecond() {
+        let fake =
+            mcqio_fixtures::FakeController::new(mcqio_fixtures::FakeConfig::sync()).expect("fake");
+        let backend: Arc<dyn mcqio_vfio::Backend> = fake;
+        let ctrl = Controller::new(backend, Default::default()).expect("bring-up");
+        let mut qp = ctrl.create_qpair(QpairOptions::default()).expect("qpair");
+        let mut buf = Some(ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf"));
+        let mut one = |qp: &mut QueuePair| {
+            qp.read(1, 0, 8, buf.take().expect("buf back"), 1)
+                .expect("read");
+            while qp.poll(1, |c| buf = c.buf).expect("poll") == 0 {}
+        };
+        // Past the calibration (system-clock time, however slow the machine).
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_millis(u64::from(crate::core::clock::CALIBRATION_MS) + 2)
+        {
+            one(&mut qp);
+        }
+        let (reads, ticks, t) = (
+            qp.counters().system_clock_reads,
+            qp.eng.timeouts.ticks,
+            std::time::Instant::now(),
+        );
+        for _ in 0..20_000 {
+            one(&mut qp);
+        }
+        let ms = t.elapsed().as_millis() as u64;
+        let ticks = qp.eng.timeouts.ticks - ticks;
+        let reads = qp.counters().system_clock_reads - reads;
+        assert!(
+            ticks >= 20_000,
+            "each completing poll reads the coarse clock ({ticks})"
+        );
+        assert!(
+            reads <= 2 * ms + 2,
+            "{reads} system-clock calls in {ms} ms of {ticks} clock readings"
+        );
     }
 }
