@@ -226,6 +226,11 @@ struct RunArgs {
     /// the legacy single-doorbell list), and the run then says so
     #[arg(short = 'q', long = "qd", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
     depth: u32,
+    /// NVMe I/O queue entries per queue pair (SQ and CQ); default: the queue
+    /// depth plus the CQ head batch, so the controller never finds a CQ
+    /// full. depth + 1 ..= CAP.MQES + 1; NVMe (fake, vfio) only
+    #[arg(short = 'i', long = "io-queue-size", value_parser = clap::value_parser!(u16).range(2..))]
+    io_queue_size: Option<u16>,
     /// Jobs: threads, each pinned to a core with its own queue pair / ring
     #[arg(short = 'j', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     jobs: u32,
@@ -394,6 +399,7 @@ impl RunArgs {
             mix: self.mix.unwrap_or(70),
             io_size: self.io_size,
             depth: self.depth as usize,
+            io_queue_size: self.io_queue_size,
             jobs,
             cpus,
             time: match (self.time, self.ios.or(self.bytes)) {

@@ -251,6 +251,8 @@ pub struct RunOpts {
     pub io_size: u64,
     /// Queue depth per job.
     pub depth: usize,
+    /// NVMe I/O queue entries (`None`: the engine's choice).
+    pub io_queue_size: Option<u16>,
     /// Number of jobs.
     pub jobs: usize,
     /// Cores to pin jobs to (job i on the i-th entry); empty: do not pin.
@@ -954,6 +956,7 @@ fn plan_device(
     let plan = OpenPlan {
         jobs,
         depth: o.depth,
+        io_queue_size: o.io_queue_size,
         io_size: o.io_size,
         writes: pct < 100 || o.verify,
         // Every job's core, not only this device's: a fake's device thread
