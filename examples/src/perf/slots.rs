@@ -139,11 +139,11 @@ pub struct BlockJobQueue<Q: BlockQueue<Buf = SlotBuf>> {
     // Dropped by hand: the queue pair (holding in-flight SlotBufs) closes
     // first, then the region is freed or leaked.
     pub(crate) qp: ManuallyDrop<Q>,
-    at: Q::Addr,
+    pub(crate) at: Q::Addr,
     /// A completion came without its buffer: the device may still access
     /// that slot, so the region must never be freed.
     device_may_access: bool,
-    mem: SlotBuffers,
+    pub(crate) mem: SlotBuffers,
 }
 
 impl<Q: BlockQueue<Buf = SlotBuf>> BlockJobQueue<Q> {
