@@ -733,8 +733,7 @@ mod tests {
         };
         // Past the calibration (system-clock time, however slow the machine).
         let t = std::time::Instant::now();
-        while t.elapsed() < Duration::from_millis(u64::from(crate::core::clock::CALIBRATION_MS) + 2)
-        {
+        while t.elapsed() < crate::core::clock::CALIBRATION + Duration::from_millis(2) {
             one(&mut qp);
         }
         let (reads, ticks, t) = (
