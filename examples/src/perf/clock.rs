@@ -255,6 +255,24 @@ mod tests {
         assert_eq!(c.ticks_to_ns(3_000_000_000), 1_000_000_000 - 1);
     }
 
+    /// The directly read TSC calibrates to a plausible rate, reads
+    /// monotonically, and converts a second of its ticks to a second.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_direct_tsc_is_calibrated() {
+        let c = Clock::rdtsc();
+        assert_eq!(c.source(), ClockSource::Tsc);
+        assert!(
+            (1e8..1e11).contains(&c.ticks_per_sec()),
+            "{}",
+            c.ticks_per_sec()
+        );
+        let (a, b) = (c.now(), c.now());
+        assert!(b >= a);
+        let ns = c.ticks_to_ns(c.ticks_per_sec() as u64);
+        assert!((999_000_000..=1_001_000_000).contains(&ns), "{ns}");
+    }
+
     /// The hand-written conversion agrees with quanta's own to within one
     /// part per million (plus a nanosecond of rounding).
     #[test]
