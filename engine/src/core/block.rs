@@ -174,6 +174,12 @@ pub trait BlockQueue {
         SubmitErrorKind::UnknownNamespace { nsid: at.into() }
     }
 
+    /// The counters every wire keeps (commands, doorbell stores, register
+    /// loads, system-clock calls), for tools that report per-I/O costs.
+    fn counters(&self) -> crate::core::qpair::QueueCounters {
+        crate::core::qpair::QueueCounters::default()
+    }
+
     /// Finish the queue pair: every command still in flight ends exactly
     /// once through `f`.
     fn close<F: FnMut(Completion<Self::Buf>)>(self, f: F) -> Result<()>

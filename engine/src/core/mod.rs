@@ -27,9 +27,11 @@
 //!   methods are the submit gate, the poll skeleton, recovery after a
 //!   reset and the one completion budget.
 //! - [`timeout`]: the [`TimeoutPolicy`](timeout::TimeoutPolicy), the coarse
-//!   clock, and the scan that finds expired commands.
+//!   clock, and the scan that finds expired commands; `clock`: the coarse
+//!   clock read through the CPU's counter (few system-clock calls).
 
 pub mod block;
+pub(crate) mod clock;
 pub(crate) mod deliver;
 pub mod error;
 pub mod io;

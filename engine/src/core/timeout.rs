@@ -18,7 +18,9 @@
 //! slow consumer) was answered in time: before the scan the transport
 //! marks those slots (`Timeouts::mark_posted`), and they are skipped.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::clock::CoarseClock;
 
 use super::tracker::{tstate, Trackers};
 
@@ -118,10 +120,12 @@ pub(crate) struct Timeouts {
     timeout_ms: u32,
     scan_interval_ms: u32,
     last_scan_ms: u32,
-    /// The coarse clock's last reading (ms since `epoch`); commands are
-    /// stamped with it.
+    /// The coarse clock's last reading (ms since the queue's creation);
+    /// commands are stamped with it.
     pub now_ms: u32,
-    epoch: Instant,
+    /// Where readings come from (a CPU counter spares most system-clock
+    /// calls on a busy queue: `core::clock`).
+    pub clock: CoarseClock,
     pub stats: TimeoutStats,
     /// Scratch bitmap of a scan: slots whose completion is posted but not
     /// yet consumed (one bit per slot).
@@ -144,7 +148,7 @@ impl Timeouts {
             scan_interval_ms: (timeout_ms / 4).max(1),
             last_scan_ms: 0,
             now_ms: 0,
-            epoch: Instant::now(),
+            clock: CoarseClock::new(),
             stats: TimeoutStats::default(),
             #[cfg(test)]
             ticks: 0,
@@ -190,7 +194,7 @@ impl Timeouts {
     /// Read the coarse clock.
     #[inline]
     pub fn tick(&mut self) {
-        self.now_ms = self.epoch.elapsed().as_millis() as u32;
+        self.now_ms = self.clock.now_ms(self.now_ms);
         #[cfg(test)]
         {
             self.ticks += 1;

@@ -12,6 +12,16 @@
 //! quanta calibrated is read out once and applied here.
 //! `MCQIO_PERF_NO_TSC=1` forces `std::time::Instant`.
 //!
+//! quanta takes the TSC only when CPUID says it is invariant, which an
+//! emulated CPU (QEMU TCG) may not say although the guest kernel runs its
+//! own clock on the TSC (`tsc=reliable`): the job loop then fell back to
+//! `clock_gettime` (171 ns a read in that guest, against a few ns for the
+//! TSC; issue 28). So when quanta declines but the kernel's current
+//! clocksource is `tsc`, the TSC is read directly and calibrated here
+//! against the monotonic clock (20 ms at start-up). A kernel on another
+//! clocksource (hpet, acpi_pm) distrusts the TSC; then the clock stays
+//! `clock_gettime`, and the report warns.
+//!
 //! The job loop reads the clock twice per I/O: just before it pushes the
 //! I/O and when the poll hands back its completion (issue 29 item 1).
 //! Measured against one read per batch and one per poll (callgrind,
@@ -25,7 +35,8 @@ use std::time::Instant;
 /// Where the ticks come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClockSource {
-    /// A CPU counter (the TSC on x86_64, `cntvct_el0` on aarch64), calibrated by quanta.
+    /// A CPU counter (the TSC on x86_64, `cntvct_el0` on aarch64), calibrated by quanta
+    /// (or here, for a TSC the kernel uses and quanta declines).
     Tsc,
     /// A monotonic clock in nanoseconds (quanta's fallback or `Instant`).
     Instant,
@@ -34,7 +45,27 @@ pub enum ClockSource {
 #[derive(Debug, Clone)]
 enum Inner {
     Quanta(quanta::Clock),
+    /// The TSC read directly, calibrated here (see the module docs).
+    #[cfg(target_arch = "x86_64")]
+    Rdtsc,
     Instant(Instant),
+}
+
+/// Where the kernel names its clocksource.
+#[cfg(target_arch = "x86_64")]
+const CLOCKSOURCE: &str = "/sys/devices/system/clocksource/clocksource0/current_clocksource";
+
+/// Whether the kernel's clocksource, as `current_clocksource` reads, is
+/// the TSC (the kernel checked it and keeps its own time on it).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn kernel_uses_tsc(current_clocksource: &str) -> bool {
+    current_clocksource.trim() == "tsc"
+}
+
+/// Nanoseconds per 2^32 ticks of a counter running at `ticks_per_sec`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn ns_per_2_32(ticks_per_sec: f64) -> u64 {
+    (1e9 * 4_294_967_296.0 / ticks_per_sec) as u64
 }
 
 /// A calibrated tick source. Cheap to clone (no shared state), so every job
@@ -61,6 +92,10 @@ impl Clock {
         const PROBE: u64 = 1 << 40;
         let ns = q.delta_as_nanos(0, PROBE);
         let counter = ns != PROBE && ns > 0;
+        #[cfg(target_arch = "x86_64")]
+        if !counter && std::fs::read_to_string(CLOCKSOURCE).is_ok_and(|s| kernel_uses_tsc(&s)) {
+            return Self::rdtsc();
+        }
         let ns_per_2_32 = if counter {
             q.delta_as_nanos(0, 1 << 32)
         } else {
@@ -79,6 +114,24 @@ impl Clock {
             } else {
                 1e9
             },
+        }
+    }
+
+    /// The TSC, calibrated against the monotonic clock over 20 ms.
+    #[cfg(target_arch = "x86_64")]
+    fn rdtsc() -> Self {
+        let (t0, c0) = (Instant::now(), tsc());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let (c1, t1) = (tsc(), Instant::now());
+        let ticks_per_sec = c1.wrapping_sub(c0) as f64 / (t1 - t0).as_secs_f64();
+        if !(ticks_per_sec.is_finite() && ticks_per_sec > 1e6) {
+            return Self::instant();
+        }
+        Clock {
+            inner: Inner::Rdtsc,
+            source: ClockSource::Tsc,
+            ticks_per_sec,
+            ns_per_2_32: ns_per_2_32(ticks_per_sec),
         }
     }
 
@@ -117,6 +170,8 @@ impl Clock {
     pub fn now(&self) -> u64 {
         match &self.inner {
             Inner::Quanta(q) => q.raw(),
+            #[cfg(target_arch = "x86_64")]
+            Inner::Rdtsc => tsc(),
             Inner::Instant(base) => base.elapsed().as_nanos() as u64,
         }
     }
@@ -141,6 +196,15 @@ impl Clock {
         std::hint::black_box(acc);
         t0.elapsed().as_nanos() as f64 / CALLS as f64
     }
+}
+
+/// The time-stamp counter.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn tsc() -> u64 {
+    // SAFETY: RDTSC is in the x86_64 baseline; it reads the time-stamp
+    // counter and touches no memory.
+    unsafe { std::arch::x86_64::_rdtsc() }
 }
 
 impl Default for Clock {
@@ -181,12 +245,52 @@ mod tests {
         );
     }
 
+    /// Issue 28: the TSC is taken when the kernel keeps its time on it,
+    /// even where quanta declines it; and the conversion of a rate.
+    #[test]
+    fn the_tsc_is_used_when_the_kernel_uses_it() {
+        assert!(kernel_uses_tsc("tsc\n"));
+        assert!(!kernel_uses_tsc("hpet\n"));
+        assert!(!kernel_uses_tsc("acpi_pm"));
+        assert!(!kernel_uses_tsc("kvm-clock\n"));
+        // 1 GHz: one ns per tick; 2 GHz: half.
+        assert_eq!(ns_per_2_32(1e9), 1 << 32);
+        assert_eq!(ns_per_2_32(2e9), 1 << 31);
+        let c = Clock {
+            inner: Inner::Instant(Instant::now()),
+            source: ClockSource::Tsc,
+            ticks_per_sec: 3e9,
+            ns_per_2_32: ns_per_2_32(3e9),
+        };
+        assert_eq!(c.ticks_to_ns(3_000_000_000), 1_000_000_000 - 1);
+    }
+
+    /// The directly read TSC calibrates to a plausible rate, reads
+    /// monotonically, and converts a second of its ticks to a second.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_direct_tsc_is_calibrated() {
+        let c = Clock::rdtsc();
+        assert_eq!(c.source(), ClockSource::Tsc);
+        assert!(
+            (1e8..1e11).contains(&c.ticks_per_sec()),
+            "{}",
+            c.ticks_per_sec()
+        );
+        let (a, b) = (c.now(), c.now());
+        assert!(b >= a);
+        let ns = c.ticks_to_ns(c.ticks_per_sec() as u64);
+        assert!((999_000_000..=1_001_000_000).contains(&ns), "{ns}");
+    }
+
     /// The hand-written conversion agrees with quanta's own to within one
     /// part per million (plus a nanosecond of rounding).
     #[test]
     fn conversion_matches_quanta() {
         let c = Clock::new();
-        let Inner::Quanta(q) = &c.inner else { return };
+        let Inner::Quanta(q) = &c.inner else {
+            return;
+        };
         for ticks in [0u64, 1, 999, 123_456, 1 << 20, 3_000_000_000, 1 << 40] {
             let ours = c.ticks_to_ns(ticks);
             let theirs = q.delta_as_nanos(0, ticks);

@@ -187,6 +187,33 @@ pub struct JobResult {
     /// Slots retired because a command ended without its buffer (the
     /// device may still access it); they count in `errors` too.
     pub lost_slots: u64,
+    /// The engine's register accesses and system-clock calls during the
+    /// measured phase (`None`: not an engine queue).
+    pub accesses: Option<Accesses>,
+    /// Latency-clock reads during the measured phase.
+    pub clock_reads: u64,
+}
+
+/// What the engine's queue did during the measured phase, from its
+/// counters ([`mcqio::QueueCounters`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Accesses {
+    /// Doorbell register stores.
+    pub doorbell_writes: u64,
+    /// Register loads.
+    pub register_reads: u64,
+    /// The engine's system-clock calls (its coarse timeout clock).
+    pub system_clock_reads: u64,
+}
+
+impl Accesses {
+    fn between(a: &mcqio::QueueCounters, b: &mcqio::QueueCounters) -> Self {
+        Accesses {
+            doorbell_writes: b.doorbell_writes - a.doorbell_writes,
+            register_reads: b.register_reads - a.register_reads,
+            system_clock_reads: b.system_clock_reads - a.system_clock_reads,
+        }
+    }
 }
 
 /// What one direction (reads or writes) of a job measured.
@@ -248,6 +275,8 @@ impl JobResult {
             cpu_owner: false,
             prefill_blocks: 0,
             lost_slots: 0,
+            accesses: None,
+            clock_reads: 0,
         }
     }
 
@@ -625,11 +654,13 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         }
         let st = &mut self.st;
         let nlb = st.spec.nlb;
-        let t = self.clock.now();
         // I/Os this batch may start: the budget, and under a rate limit the
-        // I/Os whose start time has come (one division per batch).
+        // I/Os whose start time has come (one clock read and one division
+        // per batch, only under a rate limit).
         let mut n = *budget;
         if self.rate_ticks > 0 {
+            let t = self.clock.now();
+            st.res.clock_reads += 1;
             if t < self.rate_next {
                 return Ok(());
             }
@@ -691,6 +722,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 }
             }
             let t = clock.now();
+            st.res.clock_reads += 1;
             match q.push(slot as usize, IoReq { op, slba, nlb }) {
                 Ok(()) => {
                     st.slots[slot as usize] = Slot {
@@ -734,6 +766,8 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         let n = self.q.reap(|slot, status| {
             st.complete(slot, status, clock.now(), clock);
         })?;
+        // One read per completion.
+        st.res.clock_reads += n as u64;
         st.flush_hist();
         Ok(n)
     }
@@ -799,11 +833,14 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             t_end: 0,
             measuring: false,
             tick: shared.tick.load(Ordering::Relaxed),
+            counters_start: None,
         };
         if phase == PHASE_MEASURE {
             p.measuring = true;
             self.st.counting = true;
             p.budget = spec.ios_limit.unwrap_or(u64::MAX);
+            self.st.res.clock_reads = 0;
+            p.counters_start = self.q.counters();
         }
         p
     }
@@ -825,6 +862,8 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 p.budget = spec.ios_limit.unwrap_or(u64::MAX);
                 p.t_start = self.clock.now();
                 p.cpu_start = thread_cpu();
+                self.st.res.clock_reads = 0;
+                p.counters_start = self.q.counters();
             } else if p.phase >= PHASE_STOP {
                 if H && p.measuring {
                     // Pairs with the controller's Release store of STOP,
@@ -876,7 +915,11 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         thread_end: Option<(u64, (Duration, Duration))>,
     ) -> Result<JobResult, QueueError> {
         let spec = self.st.spec;
+        let clock_reads = self.st.res.clock_reads;
         if p.measuring {
+            if let (Some(a), Some(b)) = (p.counters_start, self.q.counters()) {
+                self.st.res.accesses = Some(Accesses::between(&a, &b));
+            }
             if let Some((t, _)) = thread_end {
                 p.t_end = t;
             }
@@ -898,6 +941,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         while self.st.inflight > 0 {
             self.turn()?;
         }
+        self.st.res.clock_reads = if p.measuring { clock_reads } else { 0 };
         p.counter.store(self.st.completed_total, Ordering::Relaxed);
         Ok(self.st.res)
     }
@@ -923,6 +967,8 @@ struct Pass<'s> {
     measuring: bool,
     /// The sampler's tick it last snapshotted at.
     tick: u32,
+    /// The queue's counters when its measured phase began.
+    counters_start: Option<mcqio::QueueCounters>,
 }
 
 /// Run `runners` (the jobs of one thread) to the end, taking turns.
@@ -1136,6 +1182,17 @@ mod tests {
         );
         let (_, min, max) = r.lat_ns();
         assert!(min <= max);
+    }
+
+    /// Issue 28: the job counts its latency-clock reads — one at each push
+    /// and one at each completion, none per batch without a rate limit —
+    /// and a queue that is not on the engine reports no register accesses.
+    #[test]
+    fn the_job_counts_two_clock_reads_per_io() {
+        let r = go(MemQueue::new(8, 1024, 512), &spec(false, 1000));
+        assert_eq!(r.ios, 1000);
+        assert_eq!(r.clock_reads, 2000);
+        assert_eq!(r.accesses, None);
     }
 
     /// Issue 16 item 8: reads and writes are counted and timed apart, each

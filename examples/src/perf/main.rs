@@ -33,6 +33,7 @@ mod corelat;
 mod dmabench;
 mod interrupt;
 mod job;
+mod minimal;
 mod nvme;
 mod output;
 mod plot;
@@ -226,6 +227,11 @@ struct RunArgs {
     /// the legacy single-doorbell list), and the run then says so
     #[arg(short = 'q', long = "qd", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
     depth: u32,
+    /// NVMe I/O queue entries per queue pair (SQ and CQ); default: the queue
+    /// depth plus the CQ head batch, so the controller never finds a CQ
+    /// full. depth + 1 ..= CAP.MQES + 1; NVMe (fake, vfio) only
+    #[arg(short = 'i', long = "io-queue-size", value_parser = clap::value_parser!(u16).range(2..))]
+    io_queue_size: Option<u16>,
     /// Jobs: threads, each pinned to a core with its own queue pair / ring
     #[arg(short = 'j', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     jobs: u32,
@@ -322,6 +328,13 @@ struct RunArgs {
     /// share cores and measure the scheduler as much as the device)
     #[arg(long)]
     force: bool,
+    /// The engine alone: one queue pair on the first device, reads kept at
+    /// -q in flight until -n completed (default 1000000), nothing per I/O
+    /// but read, submit, poll and a counter (no LBA generator, clock or
+    /// statistics); prints one line. For telling engine cost from tool
+    /// cost (callgrind, strace)
+    #[arg(long)]
+    minimal: bool,
 }
 
 /// Default measured time without -t and -n.
@@ -399,6 +412,7 @@ impl RunArgs {
             mix: self.mix.unwrap_or(70),
             io_size: self.io_size,
             depth: self.depth as usize,
+            io_queue_size: self.io_queue_size,
             jobs,
             cpus,
             time: match (self.time, self.ios.or(self.bytes)) {
@@ -488,6 +502,19 @@ fn print_failures(r: &report::RunReport) {
 fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
     let interrupt = Interrupt::install().map_err(PerfError::Usage)?;
     let o = args.opts(interrupt.flag())?;
+    if args.minimal {
+        let spec = &args.device[0];
+        let m = minimal::MinimalOpts {
+            depth: o.depth,
+            io_queue_size: o.io_queue_size,
+            io_size: o.io_size,
+            ios: o.ios.unwrap_or(1_000_000),
+            cpus: o.cpus.clone(),
+        };
+        let r = minimal::run(spec, &m)?;
+        println!("{}", r.line(&spec.raw, o.depth));
+        return Ok(ExitCode::SUCCESS);
+    }
     output::claim_all([args.output.as_deref(), args.plot.as_deref()]).map_err(PerfError::Usage)?;
     if o.time.is_some_and(|t| t.is_zero()) && o.ios.is_none() && o.bytes.is_none() {
         return Err(PerfError::Usage(

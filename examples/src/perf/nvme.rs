@@ -41,6 +41,8 @@ pub struct NvmeTarget {
     ctrl: Arc<Controller>,
     fake: Option<Arc<FakeController>>,
     info: CtrlInfo,
+    /// I/O queue entries per queue pair (0: the engine's choice).
+    queue_entries: u16,
 }
 
 impl std::fmt::Debug for NvmeTarget {
@@ -94,6 +96,7 @@ impl NvmeTarget {
                 let cfg = FakeConfig {
                     mqes: plan
                         .depth
+                        .max(usize::from(plan.io_queue_size.unwrap_or(0)))
                         .clamp(1023, mcqio::nvme::queue::pair::MAX_DEPTH as usize)
                         as u16,
                     ..cfg
@@ -182,6 +185,7 @@ impl NvmeTarget {
         Ok(NvmeTarget {
             ctrl,
             fake,
+            queue_entries: plan.io_queue_size.unwrap_or(0),
             info: CtrlInfo {
                 namespaces,
                 lbads,
@@ -235,6 +239,7 @@ impl NvmeTarget {
             .ctrl
             .create_qpair_for::<SlotBuf>(QpairOptions {
                 depth: self.qpair_depth(depth, buf_len),
+                queue_entries: self.queue_entries,
                 ..QpairOptions::default()
             })
             .map_err(|e| e.to_string())?;
@@ -305,6 +310,7 @@ impl NvmeTarget {
             .ctrl
             .create_qpair_for::<Mapped>(QpairOptions {
                 depth: self.qpair_depth(depth, buf_len),
+                queue_entries: self.queue_entries,
                 ..QpairOptions::default()
             })
             .map_err(|e| e.to_string())?;
@@ -469,6 +475,10 @@ impl JobQueue for MappedQueue {
             None => Ok(n),
         }
     }
+
+    fn counters(&self) -> Option<mcqio::QueueCounters> {
+        Some(self.qp.counters())
+    }
 }
 
 #[cfg(test)]
@@ -485,6 +495,7 @@ mod tests {
         let plan = OpenPlan {
             jobs: 1,
             depth: 4,
+            io_queue_size: None,
             io_size: 4096,
             writes: false,
             job_cores: Vec::new(),

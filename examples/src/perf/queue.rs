@@ -103,4 +103,11 @@ pub trait JobQueue {
     /// Hand every available completion to `done(slot, status)`; returns how
     /// many there were. Never blocks.
     fn reap<F: FnMut(usize, IoStatus)>(&mut self, done: F) -> Result<usize, QueueError>;
+
+    /// The engine's counters of this queue (doorbell stores, register
+    /// loads, system-clock calls), for queues on the engine; `None` for
+    /// others (io_uring, test queues).
+    fn counters(&self) -> Option<mcqio::QueueCounters> {
+        None
+    }
 }

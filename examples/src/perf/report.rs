@@ -325,6 +325,22 @@ pub struct TotalReport {
     /// CPU of the whole process during the measured phase, percent of one
     /// core: job threads plus helpers such as the fake's device thread.
     pub process_cpu_pct: f64,
+    /// What the engine's queues did per I/O (`null` when no job ran on
+    /// the engine, e.g. io_uring).
+    #[serde(default)]
+    pub per_io: Option<PerIoReport>,
+}
+
+/// The engine's register accesses and system-clock calls per I/O in the
+/// measured phase, all jobs together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PerIoReport {
+    /// Doorbell register stores per I/O.
+    pub doorbell_writes: f64,
+    /// Register loads per I/O.
+    pub register_reads: f64,
+    /// The engine's system-clock calls (its timeout clock) per I/O.
+    pub engine_clock_calls: f64,
 }
 
 /// The workload as run.
@@ -450,6 +466,9 @@ pub struct ClockReport {
     pub ns_per_call: f64,
     /// Ticks per second.
     pub ticks_per_sec: f64,
+    /// Reads of this clock per I/O in the measured phase (all jobs).
+    #[serde(default)]
+    pub reads_per_io: f64,
 }
 
 /// Everything one run measured.
@@ -765,6 +784,20 @@ impl RunReport {
             "CPU (whole process, incl. device threads): {:.1}% of one core",
             self.total.process_cpu_pct
         );
+        let _ = write!(out, "Per I/O:");
+        if let Some(p) = &self.total.per_io {
+            let _ = write!(
+                out,
+                " {:.3} doorbell writes, {:.3} register reads, {:.4} engine clock calls;",
+                p.doorbell_writes, p.register_reads, p.engine_clock_calls
+            );
+        }
+        let c = &self.clock;
+        let _ = writeln!(
+            out,
+            " latency clock {} ({:.2} reads per I/O, {:.1} ns per read)",
+            c.source, c.reads_per_io, c.ns_per_call
+        );
         let _ = writeln!(
             out,
             "Errors: {} failed I/O(s), {} verify mismatch(es)",
@@ -921,6 +954,11 @@ mod tests {
                 cpu_ns_per_io: 100.0,
                 cycles_per_io: Some(300.0),
                 process_cpu_pct: 200.0,
+                per_io: Some(PerIoReport {
+                    doorbell_writes: 0.0625,
+                    register_reads: 0.0,
+                    engine_clock_calls: 0.001,
+                }),
             },
             dma: None,
             hpb: Vec::new(),
@@ -931,6 +969,7 @@ mod tests {
                 source: "tsc".into(),
                 ns_per_call: 7.0,
                 ticks_per_sec: 3e9,
+                reads_per_io: 2.0,
             },
             repeat_iops: vec![],
             interrupted: false,
@@ -1023,6 +1062,36 @@ mod tests {
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["total"]["write"]["iops"], 321.0);
         assert!(v["jobs"][0]["read"].is_null());
+    }
+
+    /// Issue 28: the text report says what the engine did per I/O at the
+    /// device's registers and which latency clock was read how often, at
+    /// what cost; the JSON carries the same fields.
+    #[test]
+    fn the_report_gives_register_accesses_and_clock_reads_per_io() {
+        let r = sample_run("fake:null", 1e6, 2.0);
+        let t = r.table(false);
+        assert!(
+            t.contains(
+                "Per I/O: 0.062 doorbell writes, 0.000 register reads, 0.0010 engine clock calls; \
+                 latency clock tsc (2.00 reads per I/O, 7.0 ns per read)"
+            ),
+            "{t}"
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["total"]["per_io"]["doorbell_writes"], 0.0625);
+        assert_eq!(v["total"]["per_io"]["register_reads"], 0.0);
+        assert_eq!(v["total"]["per_io"]["engine_clock_calls"], 0.001);
+        assert_eq!(v["clock"]["reads_per_io"], 2.0);
+        assert_eq!(v["clock"]["ns_per_call"], 7.0);
+        // A run without engine queues (io_uring) still names its clock.
+        let mut u = r.clone();
+        u.total.per_io = None;
+        let t = u.table(false);
+        assert!(
+            t.contains("Per I/O: latency clock tsc (2.00 reads per I/O, 7.0 ns per read)"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -251,6 +251,8 @@ pub struct RunOpts {
     pub io_size: u64,
     /// Queue depth per job.
     pub depth: usize,
+    /// NVMe I/O queue entries (`None`: the engine's choice).
+    pub io_queue_size: Option<u16>,
     /// Number of jobs.
     pub jobs: usize,
     /// Cores to pin jobs to (job i on the i-th entry); empty: do not pin.
@@ -798,7 +800,39 @@ pub fn run_devices(
     } else {
         0.0
     };
+    // Register accesses and clock reads per I/O, over the jobs on the engine.
+    let per_io = {
+        let engine: Vec<_> = results
+            .iter()
+            .filter_map(|r| r.accesses.map(|a| (a, r.ios)))
+            .collect();
+        let ios: u64 = engine.iter().map(|e| e.1).sum();
+        (ios > 0).then(|| {
+            let per = |f: fn(&crate::job::Accesses) -> u64| {
+                engine.iter().map(|e| f(&e.0)).sum::<u64>() as f64 / ios as f64
+            };
+            crate::report::PerIoReport {
+                doorbell_writes: per(|a| a.doorbell_writes),
+                register_reads: per(|a| a.register_reads),
+                engine_clock_calls: per(|a| a.system_clock_reads),
+            }
+        })
+    };
+    let clock_reads_per_io = if tot.ios > 0 {
+        results.iter().map(|r| r.clock_reads).sum::<u64>() as f64 / tot.ios as f64
+    } else {
+        0.0
+    };
+    let clock_ns = clock.cost_ns();
+    if clock.source() == ClockSource::Instant {
+        warnings.push(format!(
+            "the latency clock is the system clock (no usable TSC or CNTVCT counter): each of its \
+             {clock_reads_per_io:.2} reads per I/O is a clock_gettime call of {clock_ns:.0} ns, \
+             part of every figure here"
+        ));
+    }
     let total = TotalReport {
+        per_io,
         stats: tot,
         cpu_ns_per_io,
         process_cpu_pct: if wall > 0.0 {
@@ -874,8 +908,9 @@ pub fn run_devices(
                 ClockSource::Tsc => "tsc".into(),
                 ClockSource::Instant => "instant".into(),
             },
-            ns_per_call: clock.cost_ns(),
+            ns_per_call: clock_ns,
             ticks_per_sec: clock.ticks_per_sec(),
+            reads_per_io: clock_reads_per_io,
         },
         repeat_iops: Vec::new(),
         interrupted,
@@ -947,6 +982,7 @@ fn plan_device(
     let mut plan = OpenPlan {
         jobs: jobs.max(known),
         depth: o.depth,
+        io_queue_size: o.io_queue_size,
         io_size: o.io_size,
         writes: pct < 100 || o.verify,
         // Every job's core, not only this device's: a fake's device thread

@@ -213,6 +213,7 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
                     mix: 70,
                     io_size: 4096,
                     depth: a.depth as usize,
+                    io_queue_size: None,
                     jobs,
                     cpus: if jobs <= ncpu {
                         usable[..jobs].to_vec()

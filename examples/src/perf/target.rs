@@ -134,6 +134,8 @@ pub struct OpenPlan {
     pub jobs: usize,
     /// Queue depth per job.
     pub depth: usize,
+    /// NVMe I/O queue entries (`None`: the engine's choice).
+    pub io_queue_size: Option<u16>,
     /// Bytes per I/O.
     pub io_size: u64,
     /// Whether the workload writes.

@@ -481,6 +481,7 @@ mod tests {
         OpenPlan {
             jobs,
             depth: 8,
+            io_queue_size: None,
             io_size: 4096,
             writes: true,
             job_cores: Vec::new(),

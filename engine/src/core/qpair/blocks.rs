@@ -138,6 +138,10 @@ where
         self.eng_ref().max_xfer
     }
 
+    fn counters(&self) -> super::QueueCounters {
+        self.all_counters()
+    }
+
     fn block_shift(&self, at: Self::Addr) -> Option<u32> {
         self.shift_of(at)
     }

@@ -38,6 +38,17 @@ pub struct QueueCounters {
     pub failed_by_controller: u64,
     /// Controller resets the queue pair recovered from.
     pub recoveries: u64,
+    /// System-clock calls of the queue's coarse clock (most readings on
+    /// a busy queue take the CPU's counter instead: `core::clock`).
+    pub system_clock_reads: u64,
+    /// Doorbell register stores (NVMe SQ tail and CQ head, UFS SQTP and
+    /// CQHP or UTRLDBR).
+    pub doorbell_writes: u64,
+    /// Register loads on the I/O path: the health look every
+    /// `HEALTH_CHECK_INTERVAL` empty polls (NVMe CSTS, UFS IS), and on UFS
+    /// the completion register each busy poll reads (CQTP or UTRLDBR: UFS
+    /// completion entries carry no phase bit).
+    pub register_reads: u64,
 }
 
 /// Counters of the cold recovery paths, the same on every wire.
@@ -82,6 +93,8 @@ pub(crate) struct Engine<B: IoBuf, S> {
     pub bounce: Option<DmaBuf>,
     /// Cold-path counters.
     pub rstats: RecoveryStats,
+    /// Health looks the poll made (each one register read).
+    pub health_checks: u64,
     /// The controller may still access the queue's memory (its rings,
     /// descriptors, in-flight buffers) although the queue gave up on it:
     /// leak it, never free it. Cleared by a new epoch (the controller
@@ -135,6 +148,7 @@ impl<B: IoBuf, S> Engine<B, S> {
             blocking_timeout,
             bounce: None,
             rstats: RecoveryStats::default(),
+            health_checks: 0,
             device_may_access: false,
             queue_absent: false,
             closing: Closing::Open,
@@ -240,6 +254,9 @@ impl<B: IoBuf, S> Engine<B, S> {
             aborted_by_reset: self.rstats.aborted_by_reset,
             failed_by_controller: self.rstats.failed_by_controller,
             recoveries: self.rstats.recoveries,
+            system_clock_reads: self.timeouts.clock.system_reads,
+            doorbell_writes: 0,
+            register_reads: self.health_checks,
         }
     }
 

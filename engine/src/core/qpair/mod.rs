@@ -151,6 +151,19 @@ pub(crate) trait Wire: Sized {
     /// The wire's work after a poll (UFS: the HPB pass).
     #[inline(always)]
     fn after_poll(&mut self) {}
+    /// The wire's own register accesses so far: (doorbell stores, register
+    /// loads besides the health looks the core counts).
+    fn accesses(&self) -> (u64, u64) {
+        (0, 0)
+    }
+    /// The shared counters, with the wire's register accesses.
+    fn all_counters(&self) -> QueueCounters {
+        let mut c = self.eng_ref().counters();
+        let (writes, reads) = self.accesses();
+        c.doorbell_writes += writes;
+        c.register_reads += reads;
+        c
+    }
     /// Recovery step 1: deliver what the controller completed before it
     /// stopped (it can post no more), each entry proven as `reap` proves
     /// it. No doorbell. Returns the completions delivered.
@@ -230,6 +243,7 @@ pub(crate) trait Wire: Sized {
                 e.timeouts.tick();
             }
             if r.suspect || e.idle_polls % Self::HEALTH_CHECK_INTERVAL == 0 {
+                e.health_checks += 1;
                 self.check_controller();
                 if self.state() != self.eng_ref().seen_state {
                     return Ok(n + self.poll_cold(max - n, f)?);

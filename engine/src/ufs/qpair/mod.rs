@@ -459,7 +459,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// The counters every wire keeps, in the type shared with NVMe
     /// ([`crate::QueueCounters`]).
     pub fn counters(&self) -> crate::QueueCounters {
-        self.eng.counters()
+        self.all_counters()
     }
 
     /// Counters.

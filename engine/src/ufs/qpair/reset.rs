@@ -47,6 +47,16 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
 
     crate::core::qpair::wire_parts!(eng, ctrl);
 
+    fn accesses(&self) -> (u64, u64) {
+        match &*self.transport {
+            Transport::Mcq(q) => (
+                q.stats.sq_doorbell_writes + q.stats.cq_doorbell_writes,
+                q.stats.cqtp_reads,
+            ),
+            Transport::Sdb(q) => (q.stats.doorbell_writes, q.stats.doorbell_reads),
+        }
+    }
+
     #[inline(always)]
     fn ring(&mut self) -> bool {
         self.transport.flush()

@@ -58,9 +58,18 @@ const MAX_PRP_LIST_PAGES: u64 = 64;
 /// Options for [`Controller::create_qpair`].
 #[derive(Clone, Debug)]
 pub struct QpairOptions {
-    /// Commands that may be outstanding at once (1..=4096). The rings get
-    /// `depth + 1` entries, so neither the SQ nor the CQ can ever overflow.
+    /// Commands that may be outstanding at once (1..=4096).
     pub depth: u16,
+    /// Entries of the I/O SQ and CQ (`spdk_nvme_perf -i`'s io-queue-size);
+    /// 0 (the default): `depth` plus the CQ head batch. The CQ head doorbell
+    /// is written once `min(32, depth / 4)` (at least 1) consumed entries
+    /// have piled up, or once `entries - depth` have if that is smaller, so
+    /// fewer than that many consumed entries are ever unreleased; with at
+    /// most `depth` commands outstanding the controller then never finds
+    /// the CQ full (a full CQ would make it hold commands back). Must be
+    /// `depth + 1 ..= CAP.MQES + 1`; `depth + 1` writes the head on every
+    /// poll that consumed something.
+    pub queue_entries: u16,
     /// Most completions one [`QueuePair::poll`] delivers (0: `depth`).
     pub max_completions_per_poll: usize,
     /// How long blocking calls wait for their completion before returning
@@ -93,6 +102,7 @@ impl Default for QpairOptions {
     fn default() -> Self {
         QpairOptions {
             depth: 256,
+            queue_entries: 0,
             max_completions_per_poll: 0,
             blocking_timeout: Duration::from_secs(30),
             io_timeout: Some(Duration::from_secs(30)),
@@ -249,24 +259,10 @@ unsafe impl<B: IoBuf> Send for QueuePair<B> {}
 
 impl<B: IoBuf> QueuePair<B> {
     pub(crate) fn create(ctrl: &Arc<Controller>, opts: &QpairOptions) -> Result<Self> {
-        if opts.depth == 0 || opts.depth > MAX_DEPTH {
-            return Err(Error::InvalidOption(format!(
-                "queue depth {} is outside 1..={MAX_DEPTH}",
-                opts.depth
-            )));
-        }
-        let entries = opts.depth as u32 + 1;
         let mqes = ctrl.cap().max_queue_entries();
-        if entries > mqes {
-            return Err(Error::InvalidOption(format!(
-                "queue depth {} needs {entries} ring entries but the controller supports at most {mqes} (CAP.MQES); use depth <= {}",
-                opts.depth,
-                mqes - 1
-            )));
-        }
-        let entries = entries as u16;
+        let (entries, cq_head_batch) = ring_entries(opts.depth, opts.queue_entries, mqes)?;
         let qid = ctrl.alloc_qid()?;
-        match Self::create_with_qid(ctrl, opts, qid, entries) {
+        match Self::create_with_qid(ctrl, opts, qid, entries, cq_head_batch) {
             Ok(qp) => Ok(qp),
             Err((e, queue_left)) => {
                 // A queue the controller may still have keeps its id.
@@ -285,6 +281,7 @@ impl<B: IoBuf> QueuePair<B> {
         opts: &QpairOptions,
         qid: u16,
         entries: u16,
+        cq_head_batch: u16,
     ) -> Result<Self, (Error, bool)> {
         // Errors before the Create commands leave nothing on the controller.
         let none_left = |e: Error| (e, false);
@@ -396,7 +393,7 @@ impl<B: IoBuf> QueuePair<B> {
                 max_xfer,
             },
             ns: ns.into_boxed_slice(),
-            cq_head_batch: (opts.depth / 4).clamp(1, 32),
+            cq_head_batch,
             oncs: ctrl.identify().oncs,
             space,
             qid,
@@ -465,7 +462,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// The counters every wire keeps, in the type shared with UFS
     /// ([`crate::QueueCounters`]).
     pub fn counters(&self) -> crate::QueueCounters {
-        self.eng.counters()
+        self.all_counters()
     }
 
     /// Namespaces numbered 1..=n (the usual case) are found at index
@@ -519,9 +516,84 @@ impl<B: IoBuf> QueuePair<B> {
     }
 }
 
+/// The CQ head batch a queue of `depth` commands wants: fewer CQ head
+/// doorbells on deeper queues, at most 32 consumed entries unreleased.
+fn cq_head_batch(depth: u16) -> u16 {
+    (depth / 4).clamp(1, 32)
+}
+
+/// Ring entries and CQ head batch for `depth` commands, `asked` entries
+/// (0: automatic) and a controller allowing `mqes` entries (CAP.MQES + 1).
+///
+/// The controller finds the CQ full when every entry but one is posted and
+/// not released. Released lags consumed by fewer than `batch` entries after
+/// every poll, and consumed-or-not, at most `depth` commands are
+/// outstanding: `entries >= depth + batch` keeps one entry free for every
+/// command the controller may fetch.
+fn ring_entries(depth: u16, asked: u16, mqes: u32) -> Result<(u16, u16)> {
+    let most = mqes.min(u32::from(u16::MAX)) as u16;
+    if depth == 0 || depth > MAX_DEPTH {
+        return Err(Error::InvalidOption(format!(
+            "queue depth {depth} is outside 1..={MAX_DEPTH}"
+        )));
+    }
+    if u32::from(depth) + 1 > mqes {
+        return Err(Error::InvalidOption(format!(
+            "queue depth {depth} needs {} ring entries but the controller supports at most {mqes} (CAP.MQES); use depth <= {}",
+            u32::from(depth) + 1,
+            mqes - 1
+        )));
+    }
+    let want = cq_head_batch(depth);
+    let entries = match asked {
+        0 => depth.saturating_add(want).min(most),
+        n if n <= depth || n > most => {
+            return Err(Error::InvalidOption(format!(
+                "{n} I/O queue entries for queue depth {depth}: must be {}..={most} (depth + 1 up to CAP.MQES + 1)",
+                u32::from(depth) + 1
+            )))
+        }
+        n => n,
+    };
+    Ok((entries, want.min(entries - depth)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 28: the ring sizes and the CQ head batch, their bounds.
+    #[test]
+    fn ring_entries_leave_room_for_the_cq_head_batch() {
+        // Automatic: depth + batch, the batch min(32, depth / 4), at least 1.
+        assert_eq!(ring_entries(1, 0, 1024).unwrap(), (2, 1));
+        assert_eq!(ring_entries(16, 0, 1024).unwrap(), (20, 4));
+        assert_eq!(ring_entries(128, 0, 1024).unwrap(), (160, 32));
+        // Capped by MQES: the batch shrinks to what fits (at least 1).
+        assert_eq!(ring_entries(1000, 0, 1024).unwrap(), (1024, 24));
+        assert_eq!(ring_entries(1023, 0, 1024).unwrap(), (1024, 1));
+        // Asked for: the batch fits in what is left over the depth.
+        assert_eq!(ring_entries(128, 129, 1024).unwrap(), (129, 1));
+        assert_eq!(ring_entries(128, 140, 1024).unwrap(), (140, 12));
+        assert_eq!(ring_entries(128, 1024, 1024).unwrap(), (1024, 32));
+        // Bounds: more than the depth, at most MQES + 1, a depth that fits.
+        for (depth, asked, mqes) in [
+            (128, 128, 1024),
+            (128, 64, 1024),
+            (128, 1025, 1024),
+            (1024, 0, 1024),
+            (0, 0, 1024),
+            (4097, 0, 65536),
+        ] {
+            assert!(
+                matches!(
+                    ring_entries(depth, asked, mqes),
+                    Err(Error::InvalidOption(_))
+                ),
+                "depth {depth}, {asked} entries, MQES+1 {mqes}"
+            );
+        }
+    }
 
     /// An idle queue pair (nothing outstanding, nothing completed) polled
     /// in a loop must not read the clock on every poll: nothing can time
@@ -549,5 +621,139 @@ mod tests {
             n = qp.poll(32, |c| assert!(c.result.is_ok())).expect("poll");
         }
         assert!(qp.eng.timeouts.ticks > before);
+    }
+
+    /// Issue 28: the CQ head doorbell is written lazily (once
+    /// `cq_head_batch` entries were consumed), so up to `cq_head_batch - 1`
+    /// consumed entries stay unreleased. On rings of `depth + 1` entries a
+    /// controller then found the CQ full whenever the host resubmitted
+    /// what it had just reaped — and held the new commands back until a
+    /// later poll wrote the head. The rings now have room for both.
+    #[test]
+    fn the_controller_never_finds_the_cq_full() {
+        for depth in [1u16, 2, 4, 16, 31, 32, 128] {
+            let fake = mcqio_fixtures::FakeController::new(mcqio_fixtures::FakeConfig::sync())
+                .expect("fake");
+            let backend: Arc<dyn mcqio_vfio::Backend> = fake.clone();
+            let ctrl = Controller::new(backend, Default::default()).expect("bring-up");
+            let opts = QpairOptions {
+                depth,
+                ..QpairOptions::default()
+            };
+            let mut qp = ctrl.create_qpair(opts).expect("qpair");
+            let mut free: Vec<DmaBuf> = (0..depth)
+                .map(|_| ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf"))
+                .collect();
+            // Keep the queue full, reaping one or a few completions per poll
+            // and resubmitting them at once.
+            for i in 0..40 * usize::from(depth) {
+                while let Some(b) = free.pop() {
+                    qp.read(1, (i % 64) as u64 * 8, 8, b, 1).expect("read");
+                }
+                qp.submit();
+                qp.poll(1 + i % 3, |c| free.push(c.buf.expect("buffer back")))
+                    .expect("poll");
+            }
+            while qp.outstanding() > 0 {
+                qp.poll(usize::MAX, |_| {}).expect("poll");
+            }
+            assert_eq!(
+                fake.stats().cq_full,
+                0,
+                "depth {depth}: the CQ was found full"
+            );
+        }
+    }
+
+    /// Issue 28: the shared counters carry the wire's doorbell stores and
+    /// the I/O path's register loads (NVMe: only the CSTS health look every
+    /// `HEALTH_CHECK_INTERVAL` empty polls), so a tool can report them per
+    /// I/O on any wire.
+    #[test]
+    fn the_counters_carry_doorbells_and_register_reads() {
+        let fake =
+            mcqio_fixtures::FakeController::new(mcqio_fixtures::FakeConfig::sync()).expect("fake");
+        let backend: Arc<dyn mcqio_vfio::Backend> = fake.clone();
+        let ctrl = Controller::new(backend, Default::default()).expect("bring-up");
+        let opts = QpairOptions {
+            depth: 1,
+            ..QpairOptions::default()
+        };
+        let mut qp = ctrl.create_qpair(opts).expect("qpair");
+        let mut buf = Some(ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf"));
+        for _ in 0..10 {
+            qp.read(1, 0, 8, buf.take().expect("buf back"), 1)
+                .expect("read");
+            while qp.poll(1, |c| buf = c.buf).expect("poll") == 0 {}
+        }
+        let c = qp.counters();
+        let s = qp.stats();
+        assert_eq!(
+            c.doorbell_writes,
+            s.sq_doorbell_writes + s.cq_doorbell_writes
+        );
+        // QD1: one SQ tail and one CQ head store per I/O.
+        assert_eq!(c.doorbell_writes, 20);
+        assert_eq!(c.register_reads, 0, "no register load on the I/O path");
+        // A command the device holds back: empty polls look at CSTS once
+        // per HEALTH_CHECK_INTERVAL.
+        let mut qp2 = ctrl.create_qpair(QpairOptions::default()).expect("qpair");
+        let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf");
+        fake.faults().inject_next(
+            Some(qp2.qid()),
+            None,
+            mcqio_fixtures::Fault::Delay(Duration::from_secs(3600)),
+        );
+        qp2.read(1, 0, 8, b, 2).expect("read");
+        qp2.submit();
+        for _ in 0..3 * HEALTH_CHECK_INTERVAL + 5 {
+            assert_eq!(qp2.poll(1, |_| {}).expect("poll"), 0);
+        }
+        assert_eq!(qp2.counters().register_reads, 3);
+    }
+
+    /// Issue 28: every poll that completed something read the coarse clock
+    /// with a system-clock call (`Instant`) — at QD1 one per I/O, a real
+    /// system call in a guest without a trusted TSC. Once the CPU counter
+    /// is calibrated, a busy queue calls the system clock at most about
+    /// twice per millisecond however many polls complete something.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[test]
+    fn a_busy_queue_calls_the_system_clock_at_most_twice_a_millisecond() {
+        let fake =
+            mcqio_fixtures::FakeController::new(mcqio_fixtures::FakeConfig::sync()).expect("fake");
+        let backend: Arc<dyn mcqio_vfio::Backend> = fake;
+        let ctrl = Controller::new(backend, Default::default()).expect("bring-up");
+        let mut qp = ctrl.create_qpair(QpairOptions::default()).expect("qpair");
+        let mut buf = Some(ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf"));
+        let mut one = |qp: &mut QueuePair| {
+            qp.read(1, 0, 8, buf.take().expect("buf back"), 1)
+                .expect("read");
+            while qp.poll(1, |c| buf = c.buf).expect("poll") == 0 {}
+        };
+        // Past the calibration (system-clock time, however slow the machine).
+        let t = std::time::Instant::now();
+        while t.elapsed() < crate::core::clock::CALIBRATION + Duration::from_millis(2) {
+            one(&mut qp);
+        }
+        let (reads, ticks, t) = (
+            qp.counters().system_clock_reads,
+            qp.eng.timeouts.ticks,
+            std::time::Instant::now(),
+        );
+        for _ in 0..20_000 {
+            one(&mut qp);
+        }
+        let ms = t.elapsed().as_millis() as u64;
+        let ticks = qp.eng.timeouts.ticks - ticks;
+        let reads = qp.counters().system_clock_reads - reads;
+        assert!(
+            ticks >= 20_000,
+            "each completing poll reads the coarse clock ({ticks})"
+        );
+        assert!(
+            reads <= 2 * ms + 2,
+            "{reads} system-clock calls in {ms} ms of {ticks} clock readings"
+        );
     }
 }
