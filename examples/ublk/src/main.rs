@@ -391,36 +391,16 @@ fn recover(
     io_timeout: Option<Duration>,
     wait: Duration,
 ) -> Result<(), String> {
-    use mcqio_ublk::recover::{check_takeover, poll_until, recoverable};
+    use mcqio_ublk::recover::{
+        check_takeover, poll_until, recoverable, start_takeover, wait_quiesced,
+    };
     let spec: DeviceSpec = device.parse().map_err(|e| format!("{e}"))?;
     recoverable(&spec)?;
     let mut ctl = Control::open().map_err(|e| e.to_string())?;
-    let info = ctl.info(id).map_err(|e| e.to_string())?;
-    if info.flags & sys::F_USER_RECOVERY == 0 {
-        return Err(format!(
-            "device {id} was added without --recovery: nothing to take over"
-        ));
-    }
     // The driver quiesces the device once it has noticed the server's
     // death (its io_uring torn down); until then it is LIVE.
     let every = Duration::from_millis(100);
-    let info = poll_until(wait, every, || {
-        let i = ctl.info(id).map_err(|e| e.to_string())?;
-        match i.state {
-            sys::DEV_QUIESCED => Ok(Some(i)),
-            sys::DEV_DEAD => Err(format!(
-                "device {id} is stopped (DEAD): nothing to recover (`mcqio-ublk del {id}`)"
-            )),
-            _ => Ok(None),
-        }
-    })?
-    .ok_or_else(|| {
-        format!(
-            "device {id} is still {} with server pid {} after {wait:?}: recover takes over only from a dead server",
-            ctrl::state_name(info.state),
-            info.ublksrv_pid
-        )
-    })?;
+    let info = wait_quiesced(&mut ctl, id, wait, every)?;
     let params = ctl.params(id).map_err(|e| e.to_string())?;
 
     // The engine: the dead server's VFIO files were closed by the kernel
@@ -464,16 +444,7 @@ fn recover(
 
     // START_USER_RECOVERY is refused (EBUSY) until the old server's
     // /dev/ublkcN is closed as well.
-    poll_until(wait, every, || match ctl.start_recovery(id) {
-        Ok(()) => Ok(Some(())),
-        Err(ctrl::CtrlError::Command { ref err, .. }) if err.raw_os_error() == Some(libc::EBUSY) => {
-            Ok(None)
-        }
-        Err(e) => Err(e.to_string()),
-    })?
-    .ok_or_else(|| {
-        format!("START_USER_RECOVERY for device {id} still busy after {wait:?}: is /dev/ublkc{id} still open?")
-    })?;
+    start_takeover(&mut ctl, id, wait, every)?;
     eprintln!("mcqio-ublk: device {id}: recovery started (the old server's tags are forgotten)");
     let r = serve_device(
         &mut ctl,
@@ -488,7 +459,7 @@ fn recover(
     );
     if r.is_err() {
         eprintln!(
-            "mcqio-ublk: device {id} could not be taken over; the driver allows one START_USER_RECOVERY per crash, `mcqio-ublk del {id}` removes it"
+            "mcqio-ublk: device {id} could not be taken over, and the driver allows one START_USER_RECOVERY per crash: it is deleted"
         );
     }
     if let Err(e) = ctl.delete(id) {

@@ -40,8 +40,86 @@ use std::time::{Duration, Instant};
 
 use mcqio_open::{DeviceKind, DeviceSpec};
 
+use crate::ctrl::{self, Control, CtrlError};
 use crate::sys::{self, DevInfo, Params};
 use crate::target::Caps;
+
+/// What a takeover asks of `/dev/ublk-control` before its queues start: a
+/// seam, so the waiting and retrying are tested without a driver.
+pub trait RecoveryControl {
+    /// GET_DEV_INFO.
+    fn info(&mut self, dev_id: u32) -> Result<DevInfo, CtrlError>;
+    /// START_USER_RECOVERY.
+    fn start_recovery(&mut self, dev_id: u32) -> Result<(), CtrlError>;
+}
+
+impl RecoveryControl for Control {
+    fn info(&mut self, dev_id: u32) -> Result<DevInfo, CtrlError> {
+        Control::info(self, dev_id)
+    }
+    fn start_recovery(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+        Control::start_recovery(self, dev_id)
+    }
+}
+
+/// Wait (at most `wait`, asking every `every`) until the driver has
+/// noticed the death of device `id`'s server and quiesced it; its info
+/// then. Refused at once for a device added without recovery (the kernel
+/// deletes those with their server) and for a stopped one.
+pub fn wait_quiesced(
+    c: &mut impl RecoveryControl,
+    id: u32,
+    wait: Duration,
+    every: Duration,
+) -> Result<DevInfo, String> {
+    let mut last = c.info(id).map_err(|e| e.to_string())?;
+    if last.flags & sys::F_USER_RECOVERY == 0 {
+        return Err(format!(
+            "device {id} was added without --recovery: nothing to take over"
+        ));
+    }
+    let got = poll_until(wait, every, || {
+        let i = c.info(id).map_err(|e| e.to_string())?;
+        last = i;
+        match i.state {
+            sys::DEV_QUIESCED => Ok(Some(i)),
+            sys::DEV_DEAD => Err(format!(
+                "device {id} is stopped (DEAD): nothing to recover (`mcqio-ublk del {id}` removes it)"
+            )),
+            _ => Ok(None),
+        }
+    })?;
+    got.ok_or_else(|| {
+        format!(
+            "device {id} is still {} with server pid {} after {wait:?}: recover takes over only from a dead server",
+            ctrl::state_name(last.state),
+            last.ublksrv_pid
+        )
+    })
+}
+
+/// START_USER_RECOVERY for device `id`, retried while the driver answers
+/// `EBUSY` (the dead server's `/dev/ublkcN` not yet released), at most
+/// `wait`; any other error ends it at once.
+pub fn start_takeover(
+    c: &mut impl RecoveryControl,
+    id: u32,
+    wait: Duration,
+    every: Duration,
+) -> Result<(), String> {
+    poll_until(wait, every, || match c.start_recovery(id) {
+        Ok(()) => Ok(Some(())),
+        Err(CtrlError::Command { ref err, .. }) if err.raw_os_error() == Some(libc::EBUSY) => {
+            Ok(None)
+        }
+        Err(e) => Err(e.to_string()),
+    })?
+    .ok_or_else(|| {
+        format!(
+            "START_USER_RECOVERY for device {id} still busy after {wait:?}: is /dev/ublkc{id} still open?"
+        )
+    })
+}
 
 /// Why a device cannot be recovered onto this spec, or `Ok` if it can.
 pub fn recoverable(spec: &DeviceSpec) -> Result<(), String> {
@@ -122,6 +200,133 @@ pub fn poll_until<T, E>(
 mod tests {
     use super::*;
     use std::cell::Cell;
+    use std::collections::VecDeque;
+    use std::io;
+
+    /// A control device that answers from a script.
+    #[derive(Default)]
+    struct Scripted {
+        states: VecDeque<u16>,
+        flags: u64,
+        starts: VecDeque<i32>,
+        info_calls: usize,
+        start_calls: usize,
+    }
+
+    impl RecoveryControl for Scripted {
+        fn info(&mut self, dev_id: u32) -> Result<DevInfo, CtrlError> {
+            self.info_calls += 1;
+            let state = if self.states.len() > 1 {
+                self.states.pop_front().unwrap()
+            } else {
+                self.states[0]
+            };
+            Ok(DevInfo {
+                dev_id,
+                state,
+                flags: self.flags,
+                ublksrv_pid: 42,
+                ..DevInfo::default()
+            })
+        }
+        fn start_recovery(&mut self, dev_id: u32) -> Result<(), CtrlError> {
+            self.start_calls += 1;
+            match self.starts.pop_front().unwrap_or(0) {
+                0 => Ok(()),
+                e => Err(CtrlError::Command {
+                    command: "START_USER_RECOVERY",
+                    dev_id,
+                    err: io::Error::from_raw_os_error(e),
+                }),
+            }
+        }
+    }
+
+    const T: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn the_takeover_waits_for_the_quiesce() {
+        let mut c = Scripted {
+            states: [
+                sys::DEV_LIVE,
+                sys::DEV_LIVE,
+                sys::DEV_LIVE,
+                sys::DEV_QUIESCED,
+            ]
+            .into(),
+            flags: REC,
+            ..Scripted::default()
+        };
+        let i = wait_quiesced(&mut c, 0, T, Duration::ZERO).unwrap();
+        assert_eq!(i.state, sys::DEV_QUIESCED);
+        assert_eq!(c.info_calls, 4);
+    }
+
+    #[test]
+    fn a_live_server_a_stopped_device_or_no_recovery_is_refused() {
+        let mut c = Scripted {
+            states: [sys::DEV_LIVE].into(),
+            flags: REC,
+            ..Scripted::default()
+        };
+        let e = wait_quiesced(
+            &mut c,
+            0,
+            Duration::from_millis(20),
+            Duration::from_millis(5),
+        )
+        .unwrap_err();
+        assert!(e.contains("still LIVE with server pid 42"), "{e}");
+
+        let mut c = Scripted {
+            states: [sys::DEV_LIVE, sys::DEV_DEAD].into(),
+            flags: REC,
+            ..Scripted::default()
+        };
+        let e = wait_quiesced(&mut c, 0, T, Duration::ZERO).unwrap_err();
+        assert!(e.contains("DEAD"), "{e}");
+
+        let mut c = Scripted {
+            states: [sys::DEV_QUIESCED].into(),
+            flags: sys::F_URING_CMD_COMP_IN_TASK,
+            ..Scripted::default()
+        };
+        let e = wait_quiesced(&mut c, 0, T, Duration::ZERO).unwrap_err();
+        assert!(e.contains("without --recovery"), "{e}");
+        assert_eq!(c.info_calls, 1);
+    }
+
+    #[test]
+    fn start_recovery_is_retried_while_busy_only() {
+        let mut c = Scripted {
+            starts: [libc::EBUSY, libc::EBUSY, 0].into(),
+            ..Scripted::default()
+        };
+        start_takeover(&mut c, 0, T, Duration::ZERO).unwrap();
+        assert_eq!(c.start_calls, 3);
+
+        // A second START after one that succeeded is EINVAL: not retried.
+        let mut c = Scripted {
+            starts: [libc::EBUSY, libc::EINVAL, 0].into(),
+            ..Scripted::default()
+        };
+        let e = start_takeover(&mut c, 0, T, Duration::ZERO).unwrap_err();
+        assert!(e.contains("Invalid argument"), "{e}");
+        assert_eq!(c.start_calls, 2);
+
+        let mut c = Scripted {
+            starts: std::iter::repeat(libc::EBUSY).take(1000).collect(),
+            ..Scripted::default()
+        };
+        let e = start_takeover(
+            &mut c,
+            0,
+            Duration::from_millis(20),
+            Duration::from_millis(5),
+        )
+        .unwrap_err();
+        assert!(e.contains("still busy"), "{e}");
+    }
 
     fn caps() -> Caps {
         Caps {
