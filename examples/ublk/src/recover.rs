@@ -315,7 +315,7 @@ mod tests {
         assert_eq!(c.start_calls, 2);
 
         let mut c = Scripted {
-            starts: std::iter::repeat(libc::EBUSY).take(1000).collect(),
+            starts: std::iter::repeat_n(libc::EBUSY, 1000).collect(),
             ..Scripted::default()
         };
         let e = start_takeover(
