@@ -22,6 +22,7 @@
 //!   Zeroes), the device's capabilities, errno mapping;
 //! - [`device`]: parameters from what the engine reports, and one pinned
 //!   thread per queue through [`mcqio::run_per_core`];
+//! - [`recover`]: USER_RECOVERY, taking over a device whose server died;
 //! - [`fake`]: the kernel's side of a queue in memory, so `cargo test`
 //!   covers the server without a ublk driver.
 //!
@@ -74,7 +75,14 @@
 //! START_DEV; it serves in the foreground until SIGINT or SIGTERM, then
 //! STOP_DEV (the kernel aborts every fetch), waits for the engine's last
 //! completions, closes the character device and DEL_DEV. `del` removes a
-//! device whose server is gone; `list` shows the devices.
+//! device whose server is gone (or stops a live one: its queues are
+//! aborted and it exits); `list` shows the devices.
+//!
+//! `add --recovery` (VFIO devices only) sets `USER_RECOVERY |
+//! USER_RECOVERY_REISSUE`: if the server dies (`kill -9`, a crash), the
+//! block device stays, its requests wait, and `recover <device-string>
+//! --id N` takes it over with a new server — the sequence, and why a fake
+//! cannot be recovered, are in [`recover`].
 //!
 //! **Do not run the server in a mount namespace that uses its own
 //! device.** If a filesystem on `/dev/ublkbN` is mounted where the server
@@ -93,6 +101,7 @@ pub mod ctrl;
 pub mod device;
 pub mod fake;
 pub mod queue;
+pub mod recover;
 pub mod server;
 pub mod sys;
 pub mod target;

@@ -53,9 +53,33 @@ enum Cmd {
         /// instead of the kernel copying through the buffer address.
         #[arg(long)]
         user_copy: bool,
+        /// Keep the block device if the server dies (USER_RECOVERY with
+        /// reissue): its requests wait for `mcqio-ublk recover`. VFIO
+        /// devices only.
+        #[arg(long)]
+        recovery: bool,
         /// Engine per-command timeout in milliseconds (0: none).
         #[arg(long, default_value_t = 30_000)]
         io_timeout_ms: u64,
+    },
+    /// Take over a device added with --recovery whose server died, and
+    /// serve it in the foreground as `add` does (same device string).
+    Recover {
+        /// The device the dead server served (vfio:<BDF>).
+        device: String,
+        /// The ublk device id.
+        #[arg(long)]
+        id: u32,
+        /// The NVMe namespace id or UFS LUN it served (default: the first).
+        #[arg(long)]
+        unit: Option<u32>,
+        /// Engine per-command timeout in milliseconds (0: none).
+        #[arg(long, default_value_t = 30_000)]
+        io_timeout_ms: u64,
+        /// How long to wait for the dead server's device to be quiesced
+        /// and released by the kernel, in seconds.
+        #[arg(long, default_value_t = 30)]
+        wait_s: u64,
     },
     /// List the ublk devices.
     List,
@@ -84,6 +108,7 @@ fn main() -> ExitCode {
             unit,
             max_io,
             user_copy,
+            recovery,
             io_timeout_ms,
         } => add(AddArgs {
             device,
@@ -93,8 +118,22 @@ fn main() -> ExitCode {
             unit,
             max_io,
             user_copy,
-            io_timeout: (io_timeout_ms > 0).then(|| Duration::from_millis(io_timeout_ms)),
+            recovery,
+            io_timeout: timeout_of(io_timeout_ms),
         }),
+        Cmd::Recover {
+            device,
+            id,
+            unit,
+            io_timeout_ms,
+            wait_s,
+        } => recover(
+            &device,
+            id,
+            unit,
+            timeout_of(io_timeout_ms),
+            Duration::from_secs(wait_s),
+        ),
         Cmd::List => list(),
         Cmd::Del { ids, all } => del(ids, all),
     };
@@ -107,6 +146,10 @@ fn main() -> ExitCode {
     }
 }
 
+fn timeout_of(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
 struct AddArgs {
     device: String,
     queues: u16,
@@ -115,7 +158,17 @@ struct AddArgs {
     unit: Option<u32>,
     max_io: u64,
     user_copy: bool,
+    recovery: bool,
     io_timeout: Option<Duration>,
+}
+
+/// How a served device goes live once every queue has fetched its tags.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Live {
+    /// A new device: START_DEV.
+    Start,
+    /// A device taken over after its server died: END_USER_RECOVERY.
+    EndRecovery,
 }
 
 fn add(a: AddArgs) -> Result<(), String> {
@@ -129,6 +182,9 @@ fn add(a: AddArgs) -> Result<(), String> {
     // behind in the kernel. A PCI function still bound to its kernel
     // driver is refused here (it is not on vfio-pci).
     let spec: DeviceSpec = a.device.parse().map_err(|e| format!("{e}"))?;
+    if a.recovery {
+        mcqio_ublk::recover::recoverable(&spec).map_err(|e| format!("--recovery: {e}"))?;
+    }
     let backing = spec.backing("mcqio-ublk").map_err(|e| e.to_string())?;
     let mut copts = CtrlOptions {
         nvme: ControllerOptions {
@@ -170,6 +226,16 @@ fn add(a: AddArgs) -> Result<(), String> {
         }
         flags |= sys::F_USER_COPY;
     }
+    if a.recovery {
+        let want = sys::F_USER_RECOVERY | sys::F_USER_RECOVERY_REISSUE;
+        if features & want != want {
+            return Err(format!(
+                "the driver has no USER_RECOVERY with reissue (features {})",
+                ctrl::flag_names(features)
+            ));
+        }
+        flags |= want;
+    }
     let info = ctl
         .add(sys::DevInfo {
             nr_hw_queues: a.queues,
@@ -182,7 +248,22 @@ fn add(a: AddArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let id = info.dev_id;
     // From here on the kernel has a device: every way out deletes it.
-    let r = serve_device(&mut ctl, id, &info, &params, &dev, &unit, caps, &a);
+    let r = ctl
+        .set_params(id, &params)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            serve_device(
+                &mut ctl,
+                id,
+                &info,
+                &dev,
+                &unit,
+                caps,
+                &a.device,
+                a.io_timeout,
+                Live::Start,
+            )
+        });
     if let Err(e) = ctl.delete(id) {
         eprintln!("mcqio-ublk: deleting device {id}: {e}");
     } else {
@@ -197,13 +278,13 @@ fn serve_device(
     ctl: &mut Control,
     id: u32,
     info: &sys::DevInfo,
-    params: &sys::Params,
     dev: &mcqio_open::Device,
     unit: &mcqio_open::BlockUnit,
     caps: mcqio_ublk::target::Caps,
-    a: &AddArgs,
+    label: &str,
+    io_timeout: Option<Duration>,
+    live: Live,
 ) -> Result<(), String> {
-    ctl.set_params(id, params).map_err(|e| e.to_string())?;
     let cdev = open_cdev(id)?;
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -218,7 +299,7 @@ fn serve_device(
         depth: info.queue_depth,
         user_copy: info.flags & sys::F_USER_COPY != 0,
         caps,
-        io_timeout: a.io_timeout,
+        io_timeout,
     };
     let (tx, rx) = mpsc::channel();
     let queues = info.nr_hw_queues;
@@ -240,19 +321,20 @@ fn serve_device(
                 }
             }
         }
-        let started = match failed {
-            None => ctl
-                .start(id, std::process::id() as i32)
-                .map_err(|e| e.to_string()),
-            Some(e) => Err(e),
+        let pid = std::process::id() as i32;
+        let started = match (failed, live) {
+            (None, Live::Start) => ctl.start(id, pid).map_err(|e| e.to_string()),
+            (None, Live::EndRecovery) => ctl.end_recovery(id, pid).map_err(|e| e.to_string()),
+            (Some(e), _) => Err(e),
         };
         match &started {
             Ok(()) => eprintln!(
-                "mcqio-ublk: /dev/ublkb{id} ready: {} x {} B blocks ({} MiB) of {} unit {}, {} queue(s) x {} tags, max I/O {} KiB, {}{}{}{}, {} mode",
+                "mcqio-ublk: /dev/ublkb{id} {}: {} x {} B blocks ({} MiB) of {} unit {}, {} queue(s) x {} tags, max I/O {} KiB, {}{}{}{}, {} mode",
+                if live == Live::Start { "ready" } else { "recovered, ready" },
                 caps.blocks,
                 1u64 << caps.block_shift,
                 (caps.blocks << caps.block_shift) >> 20,
-                a.device,
+                label,
                 unit.id,
                 queues,
                 info.queue_depth,
@@ -298,6 +380,95 @@ fn serve_device(
             Err(errs.join("; "))
         }
     })
+}
+
+/// Take over device `id`, whose server died, on `device` (see
+/// [`mcqio_ublk::recover`] for the sequence).
+fn recover(
+    device: &str,
+    id: u32,
+    unit: Option<u32>,
+    io_timeout: Option<Duration>,
+    wait: Duration,
+) -> Result<(), String> {
+    use mcqio_ublk::recover::{
+        check_takeover, poll_until, recoverable, start_takeover, wait_quiesced,
+    };
+    let spec: DeviceSpec = device.parse().map_err(|e| format!("{e}"))?;
+    recoverable(&spec)?;
+    let mut ctl = Control::open().map_err(|e| e.to_string())?;
+    // The driver quiesces the device once it has noticed the server's
+    // death (its io_uring torn down); until then it is LIVE.
+    let every = Duration::from_millis(100);
+    let info = wait_quiesced(&mut ctl, id, wait, every)?;
+    let params = ctl.params(id).map_err(|e| e.to_string())?;
+
+    // The engine: the dead server's VFIO files were closed by the kernel
+    // when it died (which resets the function); the group may stay busy
+    // for a moment while the process is torn down, so the open is retried.
+    let mut copts = CtrlOptions {
+        nvme: ControllerOptions {
+            io_queues: info.nr_hw_queues,
+            max_transfer: u64::from(info.max_io_buf_bytes),
+            ..ControllerOptions::default()
+        },
+        ..CtrlOptions::default()
+    };
+    if let Some(mcq) = spec.opts.mcq {
+        copts.ufs.mcq = mcq;
+    }
+    let mut last = String::new();
+    let opened = poll_until(Duration::from_secs(10), Duration::from_millis(200), || {
+        let backing = spec.backing("mcqio-ublk").map_err(|e| e.to_string())?;
+        match backing.open(&copts) {
+            Ok(o) => Ok::<_, String>(Some(o)),
+            Err(e) => {
+                last = format!("{}: {e}", spec.label());
+                Ok(None)
+            }
+        }
+    })?
+    .ok_or(last)?;
+    let dev = opened.device.clone();
+    if dev.granted_queues() < usize::from(info.nr_hw_queues) {
+        return Err(format!(
+            "{}: the controller granted {} queue pairs, device {id} has {} queues",
+            spec.label(),
+            dev.granted_queues(),
+            info.nr_hw_queues
+        ));
+    }
+    let unit = device::unit(&dev, unit)?;
+    let caps = device::caps_of(&dev, &unit, u64::from(info.max_io_buf_bytes));
+    let caps = check_takeover(&info, &params, &caps)?;
+
+    // START_USER_RECOVERY is refused (EBUSY) until the old server's
+    // /dev/ublkcN is closed as well.
+    start_takeover(&mut ctl, id, wait, every)?;
+    eprintln!("mcqio-ublk: device {id}: recovery started (the old server's tags are forgotten)");
+    let r = serve_device(
+        &mut ctl,
+        id,
+        &info,
+        &dev,
+        &unit,
+        caps,
+        device,
+        io_timeout,
+        Live::EndRecovery,
+    );
+    if r.is_err() {
+        eprintln!(
+            "mcqio-ublk: device {id} could not be taken over, and the driver allows one START_USER_RECOVERY per crash: it is deleted"
+        );
+    }
+    if let Err(e) = ctl.delete(id) {
+        eprintln!("mcqio-ublk: deleting device {id}: {e}");
+    } else {
+        eprintln!("mcqio-ublk: device {id} deleted");
+    }
+    drop(opened);
+    r
 }
 
 /// Open `/dev/ublkcN`, which devtmpfs (or udev) creates after ADD_DEV.
@@ -376,5 +547,66 @@ fn del(mut ids: Vec<u32>, all: bool) -> Result<(), String> {
         Ok(())
     } else {
         Err(errs.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("mcqio-ublk").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn recover_needs_the_device_and_its_id() {
+        assert!(parse(&["recover", "vfio:0000:00:04.0"]).is_err());
+        assert!(parse(&["recover", "--id", "0"]).is_err());
+        let Cmd::Recover { device, id, .. } = parse(&["recover", "vfio:0000:00:04.0", "--id", "2"])
+            .unwrap()
+            .cmd
+        else {
+            panic!("not recover");
+        };
+        assert_eq!((device.as_str(), id), ("vfio:0000:00:04.0", 2));
+    }
+
+    #[test]
+    fn add_takes_recovery() {
+        let Cmd::Add { recovery, .. } = parse(&["add", "vfio:0000:00:04.0", "--recovery"])
+            .unwrap()
+            .cmd
+        else {
+            panic!("not add");
+        };
+        assert!(recovery);
+        let Cmd::Add { recovery, .. } = parse(&["add", "fake"]).unwrap().cmd else {
+            panic!("not add");
+        };
+        assert!(!recovery);
+    }
+
+    // Both are refused before the kernel or the engine is touched, so they
+    // run without ublk_drv.
+    #[test]
+    fn a_fake_is_neither_added_with_recovery_nor_recovered() {
+        let e = add(AddArgs {
+            device: "fake,size=16m".into(),
+            queues: 1,
+            depth: 4,
+            id: None,
+            unit: None,
+            max_io: 1 << 20,
+            user_copy: false,
+            recovery: true,
+            io_timeout: None,
+        })
+        .unwrap_err();
+        assert!(
+            e.starts_with("--recovery: fake") && e.contains("outlives"),
+            "{e}"
+        );
+        let e = recover("fake", 0, None, None, Duration::from_secs(1)).unwrap_err();
+        assert!(e.contains("outlives"), "{e}");
     }
 }
