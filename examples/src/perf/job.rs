@@ -996,11 +996,18 @@ fn run_group<Q: JobQueue, const H: bool, const V: bool>(
         // would wait for a phase change that never comes.
         return Ok(runners.into_iter().map(|r| r.st.res).collect());
     }
+    if runners.len() == 1 {
+        // One job on the thread (the common case): its own tight loop, on
+        // locals the compiler keeps in registers rather than behind the
+        // vector's pointer.
+        let mut r = runners.pop().expect("one runner");
+        let mut p = r.begin(shared, phase);
+        while r.pass(&mut p, shared)? {}
+        let thread_end = (p.t_end, thread_cpu());
+        return Ok(vec![r.end(p, shared, Some(thread_end))?]);
+    }
     let mut passes: Vec<Pass<'_>> = runners.iter_mut().map(|r| r.begin(shared, phase)).collect();
-    if let [r] = &mut runners[..] {
-        // One job on the thread (the common case): its own tight loop.
-        while r.pass(&mut passes[0], shared)? {}
-    } else {
+    {
         let mut live = vec![true; runners.len()];
         let mut left = runners.len();
         while left > 0 {
