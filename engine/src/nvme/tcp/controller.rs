@@ -637,3 +637,18 @@ impl Drop for TcpController {
         a.conn.close();
     }
 }
+
+/// One [`TcpQueuePair`] (its own connection) per thread, at most as many
+/// as Number of Queues granted ([`crate::core::per_core`]).
+impl crate::core::per_core::PerCore for Arc<TcpController> {
+    type Qpair = TcpQueuePair<DmaBuf>;
+    type Options = QpairOptions;
+
+    fn granted_queues(&self) -> usize {
+        self.granted_io_queues()
+    }
+
+    fn create_for_core(&self, opts: &QpairOptions) -> Result<TcpQueuePair<DmaBuf>> {
+        self.create_qpair(opts.clone())
+    }
+}
