@@ -47,6 +47,7 @@ mod setup;
 mod slots;
 mod spec;
 mod target;
+mod tcp;
 mod ufs;
 mod uring;
 mod verify;
@@ -356,7 +357,10 @@ impl RunArgs {
         let polled = self.device.iter().chain(self.compare.as_ref()).any(|d| {
             matches!(
                 d.kind,
-                DeviceKind::Fake { .. } | DeviceKind::FakeUfs { .. } | DeviceKind::Vfio { .. }
+                DeviceKind::Fake { .. }
+                    | DeviceKind::FakeUfs { .. }
+                    | DeviceKind::Vfio { .. }
+                    | DeviceKind::Tcp { .. }
             )
         });
         if polled && jobs > ncpu && !self.force {

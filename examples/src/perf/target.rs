@@ -12,6 +12,7 @@ use crate::queue::JobQueue;
 use crate::run::DmaMode;
 use crate::run::PerfError;
 use crate::spec::{DeviceKind, DeviceSpec};
+use crate::tcp::TcpTarget;
 use crate::ufs::{UfsOpenError, UfsTarget};
 use crate::uring::UringTarget;
 
@@ -156,6 +157,8 @@ pub enum Target {
     Nvme(NvmeTarget),
     /// `fake-ufs`, `fake-ufs:null` or `vfio:<BDF>` on UFS: the mcqio engine.
     Ufs(UfsTarget),
+    /// `tcp:<addr>:<port>/<nqn>`: the mcqio engine over NVMe/TCP.
+    Tcp(TcpTarget),
 }
 
 impl Target {
@@ -170,6 +173,26 @@ impl Target {
                 spec.opts.direct,
                 plan.writes,
             )?))),
+            DeviceKind::Tcp { .. } => {
+                if plan.dma != DmaMode::Premapped {
+                    return Err(PerfError::Usage(format!(
+                        "--dma {} is not available on NVMe/TCP (`{}`): use --dma premapped",
+                        plan.dma.name(),
+                        spec.label()
+                    )));
+                }
+                let jobs = plan.jobs.max(1);
+                let t = TcpTarget::open(spec, plan)
+                    .map_err(|e| PerfError::Device(format!("{}: {e}", spec.label())))?;
+                if t.granted_io_queues() < jobs {
+                    return Err(PerfError::QueueCount {
+                        device: spec.label(),
+                        jobs,
+                        granted: t.granted_io_queues(),
+                    });
+                }
+                Ok(Target::Tcp(t))
+            }
             DeviceKind::FakeUfs { .. } | DeviceKind::Vfio { .. }
                 if spec.is_ufs(&mcqio_vfio::SysRoots::default()) =>
             {
@@ -231,6 +254,7 @@ impl Target {
             Target::Uring(t) => t.lbads(),
             Target::Nvme(t) => t.info().lbads,
             Target::Ufs(t) => t.info().lbads,
+            Target::Tcp(t) => t.info().lbads,
         }
     }
 
@@ -243,6 +267,7 @@ impl Target {
             }],
             Target::Nvme(t) => t.info().namespaces.clone(),
             Target::Ufs(t) => t.info().namespaces.clone(),
+            Target::Tcp(t) => t.info().namespaces.clone(),
         }
     }
 
@@ -252,6 +277,7 @@ impl Target {
             Target::Uring(t) => t.describe(),
             Target::Nvme(t) => t.info().describe.clone(),
             Target::Ufs(t) => t.info().describe.clone(),
+            Target::Tcp(t) => t.info().describe.clone(),
         }
     }
 
@@ -259,7 +285,7 @@ impl Target {
     /// device is a threaded fake pinned to a core.
     pub fn fake_cores(&self) -> Option<(usize, usize)> {
         match self {
-            Target::Uring(_) => None,
+            Target::Uring(_) | Target::Tcp(_) => None,
             Target::Nvme(t) => t.info().cores,
             Target::Ufs(t) => t.info().cores,
         }
@@ -271,13 +297,14 @@ impl Target {
             Target::Uring(t) => t.notes().to_vec(),
             Target::Nvme(t) => t.notes(),
             Target::Ufs(t) => t.notes(),
+            Target::Tcp(t) => t.info().notes.clone(),
         }
     }
 
     /// IOMMU counters, if the device sits behind an IOMMU.
     pub fn iommu_stats(&self) -> Option<mcqio_vfio::IommuStats> {
         match self {
-            Target::Uring(_) => None,
+            Target::Uring(_) | Target::Tcp(_) => None,
             Target::Nvme(t) => Some(t.iommu_stats()),
             Target::Ufs(t) => Some(t.iommu_stats()),
         }
@@ -309,6 +336,13 @@ impl Target {
         match self {
             Target::Uring(t) => start(
                 t.queue(spec.depth, buf_len).map_err(|e| e.to_string()),
+                spec,
+                shared,
+                clock,
+                ready,
+            ),
+            Target::Tcp(t) => start(
+                t.queue(spec.nsid, spec.depth, buf_len),
                 spec,
                 shared,
                 clock,
