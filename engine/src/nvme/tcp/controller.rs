@@ -31,7 +31,7 @@
 //! **Failure.** A socket cannot reach host memory, so no failure here
 //! ever leaves memory the target might still write: when the admin
 //! connection fails (closed, TermReq, malformed PDU, a timeout), the state
-//! word moves to a new epoch marked gone ([`crate::core::state`]) and every
+//! word moves to a new epoch marked gone (`core::state`) and every
 //! queue pair ends its commands, buffers handed back, with
 //! [`crate::IoError::ControllerFailed`]; `poll`, admin calls and new queue
 //! pairs then fail with [`Error::Transport`] holding the [`TcpError`].

@@ -137,7 +137,7 @@ pub struct TcpQpairStats {
 
 /// One NVMe/TCP I/O queue pair (see the module docs). `Send`, not `Sync`:
 /// one per thread. Its I/O API is [`crate::core::block::BlockQueue`] (and
-/// the blocking helpers of [`crate::core::block::Blocking`]), as on every
+/// the blocking helpers `read_blocking`, `write_blocking`, `flush_blocking`), as on every
 /// wire.
 pub struct TcpQueuePair<B: IoBuf = DmaBuf> {
     eng: Engine<B, ()>,
