@@ -35,13 +35,21 @@
 //! queue pair ends its commands, buffers handed back, with
 //! [`crate::IoError::ControllerFailed`]; `poll`, admin calls and new queue
 //! pairs then fail with [`Error::Transport`] holding the [`TcpError`].
-//! A reset (a reconnect of the association) is not implemented yet.
+//! [`TcpController::reset`] brings it back by reconnecting.
+//!
+//! **Reset** ([`TcpController::reset`], also run by the I/O timeout
+//! policies) is a reconnect: the admin connection is closed (the target
+//! drops the association and its I/O connections with it) and a new
+//! association is brought up; its namespaces must be the ones we had. The
+//! state word moves to a new epoch, so every queue pair, at its next poll,
+//! ends what it had in flight once with [`crate::IoError::AbortedByReset`]
+//! and Connects its queue again (same queue id, new controller id).
 //!
 //! **Dropping** the controller (after its queue pairs) sets CC.SHN and
 //! waits for CSTS.SHST complete, bounded, then closes the connection.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -133,7 +141,8 @@ pub(crate) struct AdminLink {
 pub struct TcpController {
     pub(super) addr: SocketAddr,
     pub(super) opts: TcpOptions,
-    pub(super) cntlid: u16,
+    /// Assigned by the target; a new one after every reset.
+    cntlid: AtomicU16,
     cap: Cap,
     version: Version,
     identify: IdentifyController,
@@ -145,8 +154,9 @@ pub struct TcpController {
     dma: Arc<DmaSpace>,
     admin: Mutex<AdminLink>,
     state: StateWord,
-    /// Why the association failed, once it did.
+    /// Why the association failed, once it did (cleared by a reset).
     failure: Mutex<Option<TcpError>>,
+    resets: AtomicU64,
     /// Keep Alive: the interval (KATO/2, 0: off) and when the last one
     /// succeeded, in ms since `epoch`.
     ka_interval_ms: u64,
@@ -160,7 +170,7 @@ impl std::fmt::Debug for TcpController {
         f.debug_struct("TcpController")
             .field("addr", &self.addr)
             .field("subnqn", &self.opts.subnqn)
-            .field("cntlid", &self.cntlid)
+            .field("cntlid", &self.cntlid())
             .field("namespaces", &self.namespaces.len())
             .field("granted_io_queues", &self.granted)
             .finish_non_exhaustive()
@@ -266,6 +276,106 @@ pub(super) fn connect_queue(
     Ok(Connect::cntlid(&cqe))
 }
 
+/// What one bring-up (a new association) found.
+struct Up {
+    link: AdminLink,
+    cntlid: u16,
+    cap: Cap,
+    version: Version,
+    identify: IdentifyController,
+    fabrics: FabricsIdentify,
+    namespaces: Vec<Namespace>,
+    granted: u16,
+    max_transfer: u64,
+}
+
+/// Connect, negotiate, Connect the admin queue, enable, identify, ask for
+/// queues (the module docs' steps 1 to 5).
+fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
+    let t = opts.admin_timeout;
+    let mut conn =
+        Conn::open(addr, opts.digests(), opts.maxr2t, 1 << 16, t).map_err(TcpError::into_error)?;
+    let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
+    let cntlid = connect_queue(&mut conn, opts, 0, 32, fabrics::CNTLID_DYNAMIC, kato_ms)?;
+    let mut a = AdminLink { conn, next_cid: 1 };
+    let cap = Cap(prop_get(&mut a, property::CAP, t)?);
+    let version = Version(prop_get(&mut a, property::VS, t)? as u32);
+    let ready_ms = cap.timeout_ms().max(500);
+    let cc = Cc::new()
+        .css(Cc::CSS_NVM)
+        .mps(0)
+        .iosqes(6)
+        .iocqes(4)
+        .enable();
+    prop_set(&mut a, property::CC, u64::from(cc.0), t)?;
+    let start = Instant::now();
+    loop {
+        let csts = Csts(prop_get(&mut a, property::CSTS, t)? as u32);
+        if csts.cfs() {
+            return Err(Error::ControllerFatal);
+        }
+        if csts.rdy() {
+            break;
+        }
+        if start.elapsed() > Duration::from_millis(ready_ms) {
+            return Err(Error::Timeout {
+                what: "become ready (CSTS.RDY = 1)",
+                timeout_ms: ready_ms,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let page = identify_page(&mut a, Identify::controller(), "Identify Controller", t)?;
+    let identify = IdentifyController::parse(&page)?;
+    let fabrics = FabricsIdentify::parse(&page).ok_or(Error::BadDevice {
+        what: "Identify Controller",
+        detail: "short page".into(),
+    })?;
+    let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
+    let max_transfer = opts.max_transfer.min(mdts).max(4096);
+    let ids = active_namespaces_by(&identify, |cmd, what| identify_page(&mut a, cmd, what, t))?;
+    let mut namespaces = Vec::with_capacity(ids.len());
+    for id in ids {
+        let p = identify_page(&mut a, Identify::namespace(id), "Identify Namespace", t)?;
+        let ns = IdentifyNamespace::parse(&p)?;
+        if ns.nsze == 0 {
+            continue; // allocated but inactive
+        }
+        namespaces.push(Namespace::new(id, ns, max_transfer)?);
+    }
+    let cqe = run_up(
+        &mut a,
+        SetFeatures::number_of_queues(opts.io_queues, opts.io_queues).sqe(),
+        SyncData::None,
+        "Set Features (Number of Queues)",
+        t,
+    )?;
+    let granted = ((cqe.dw0 & 0xFFFF) + 1)
+        .min((cqe.dw0 >> 16) + 1)
+        .min(u32::from(opts.io_queues)) as u16;
+    log::info!(
+        "nvme-tcp {addr} {}: controller {cntlid}, {} {}, {} namespaces, {granted} I/O queues, max transfer {max_transfer} B, in-capsule {} B, digests {:?}, MAXH2CDATA {}",
+        opts.subnqn,
+        identify.model,
+        identify.serial,
+        namespaces.len(),
+        fabrics.in_capsule_bytes(),
+        a.conn.neg.digests,
+        a.conn.maxh2cdata,
+    );
+    Ok(Up {
+        link: a,
+        cntlid,
+        cap,
+        version,
+        identify,
+        fabrics,
+        namespaces,
+        granted,
+        max_transfer,
+    })
+}
+
 impl TcpController {
     /// Connect to the target at `addr` and bring the controller up (see
     /// the module docs).
@@ -273,99 +383,117 @@ impl TcpController {
         if opts.io_queues == 0 {
             return Err(Error::InvalidOption("io_queues must be at least 1".into()));
         }
-        let t = opts.admin_timeout;
-        let mut conn = Conn::open(addr, opts.digests(), opts.maxr2t, 1 << 16, t)
-            .map_err(TcpError::into_error)?;
-        let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
-        let cntlid = connect_queue(&mut conn, &opts, 0, 32, fabrics::CNTLID_DYNAMIC, kato_ms)?;
-        let mut a = AdminLink { conn, next_cid: 1 };
-        let cap = Cap(prop_get(&mut a, property::CAP, t)?);
-        let version = Version(prop_get(&mut a, property::VS, t)? as u32);
-        let ready_ms = cap.timeout_ms().max(500);
-        let cc = Cc::new()
-            .css(Cc::CSS_NVM)
-            .mps(0)
-            .iosqes(6)
-            .iocqes(4)
-            .enable();
-        prop_set(&mut a, property::CC, u64::from(cc.0), t)?;
-        let start = Instant::now();
-        loop {
-            let csts = Csts(prop_get(&mut a, property::CSTS, t)? as u32);
-            if csts.cfs() {
-                return Err(Error::ControllerFatal);
-            }
-            if csts.rdy() {
-                break;
-            }
-            if start.elapsed() > Duration::from_millis(ready_ms) {
-                return Err(Error::Timeout {
-                    what: "become ready (CSTS.RDY = 1)",
-                    timeout_ms: ready_ms,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let page = identify_page(&mut a, Identify::controller(), "Identify Controller", t)?;
-        let identify = IdentifyController::parse(&page)?;
-        let fabrics = FabricsIdentify::parse(&page).ok_or(Error::BadDevice {
-            what: "Identify Controller",
-            detail: "short page".into(),
-        })?;
-        let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
-        let max_transfer = opts.max_transfer.min(mdts).max(4096);
-        let ids = active_namespaces_by(&identify, |cmd, what| identify_page(&mut a, cmd, what, t))?;
-        let mut namespaces = Vec::with_capacity(ids.len());
-        for id in ids {
-            let p = identify_page(&mut a, Identify::namespace(id), "Identify Namespace", t)?;
-            let ns = IdentifyNamespace::parse(&p)?;
-            if ns.nsze == 0 {
-                continue; // allocated but inactive
-            }
-            namespaces.push(Namespace::new(id, ns, max_transfer)?);
-        }
-        let cqe = run_up(
-            &mut a,
-            SetFeatures::number_of_queues(opts.io_queues, opts.io_queues).sqe(),
-            SyncData::None,
-            "Set Features (Number of Queues)",
-            t,
-        )?;
-        let granted = ((cqe.dw0 & 0xFFFF) + 1)
-            .min((cqe.dw0 >> 16) + 1)
-            .min(u32::from(opts.io_queues)) as u16;
-        log::info!(
-            "nvme-tcp {addr} {}: controller {cntlid}, {} {}, {} namespaces, {granted} I/O queues, max transfer {max_transfer} B, in-capsule {} B, digests {:?}, MAXH2CDATA {}",
-            opts.subnqn,
-            identify.model,
-            identify.serial,
-            namespaces.len(),
-            fabrics.in_capsule_bytes(),
-            a.conn.neg.digests,
-            a.conn.maxh2cdata,
-        );
+        let up = bring_up(addr, &opts)?;
         let ka_interval_ms = (opts.kato.as_millis() as u64) / 2;
         Ok(Arc::new(TcpController {
             addr,
-            cntlid,
-            cap,
-            version,
-            identify,
-            fabrics,
-            namespaces,
-            granted,
-            free_qids: Mutex::new((1..=granted).rev().collect()),
-            max_transfer,
+            cntlid: AtomicU16::new(up.cntlid),
+            cap: up.cap,
+            version: up.version,
+            identify: up.identify,
+            fabrics: up.fabrics,
+            namespaces: up.namespaces,
+            granted: up.granted,
+            free_qids: Mutex::new((1..=up.granted).rev().collect()),
+            max_transfer: up.max_transfer,
             dma: host_space(),
-            admin: Mutex::new(a),
+            admin: Mutex::new(up.link),
             state: StateWord::default(),
             failure: Mutex::new(None),
+            resets: AtomicU64::new(0),
             ka_interval_ms,
             ka_last_ms: AtomicU64::new(0),
             keep_alives: AtomicU64::new(0),
             epoch: Instant::now(),
             opts,
         }))
+    }
+
+    /// Reset by reconnecting: close the association's admin connection
+    /// (the target then drops the association and every I/O connection of
+    /// it) and bring a new association up on a new connection. Every
+    /// command outstanding on a queue pair completes — at that queue pair's
+    /// next poll — with [`crate::IoError::AbortedByReset`], and the queue
+    /// pairs Connect their queues again, same queue ids, under the new
+    /// controller id. Also brings back an association that failed (a
+    /// closed admin connection, KATO expired). Fails with
+    /// [`Error::DeviceChanged`] if the target now shows other namespaces or
+    /// grants fewer queues, or with the bring-up's error; the association
+    /// is then failed.
+    pub fn reset(&self) -> Result<()> {
+        let mut a = self.lock_admin();
+        self.reset_locked(&mut a)
+    }
+
+    /// Reset unless the state moved on from `seen` (another queue pair's
+    /// timeout already reset it).
+    pub(super) fn reset_if(&self, seen: u64) -> Result<()> {
+        let mut a = self.lock_admin();
+        if self.state.load() != seen {
+            return Ok(());
+        }
+        self.reset_locked(&mut a)
+    }
+
+    fn reset_locked(&self, a: &mut AdminLink) -> Result<()> {
+        let s = self.state.load();
+        self.state.begin_reset(s);
+        a.conn.close();
+        let r = bring_up(self.addr, &self.opts).and_then(|up| {
+            let same = up.namespaces.len() == self.namespaces.len()
+                && up
+                    .namespaces
+                    .iter()
+                    .zip(&self.namespaces)
+                    .all(|(n, o)| n.id == o.id && n.nsze == o.nsze && n.lba_size == o.lba_size);
+            if !same || up.fabrics.subnqn != self.fabrics.subnqn {
+                return Err(Error::DeviceChanged(
+                    "the subsystem shows other namespaces after the reconnect".into(),
+                ));
+            }
+            if up.granted < self.granted {
+                return Err(Error::DeviceChanged(format!(
+                    "the target now grants {} I/O queues instead of {}",
+                    up.granted, self.granted
+                )));
+            }
+            Ok(up)
+        });
+        match r {
+            Ok(up) => {
+                *a = up.link;
+                self.cntlid.store(up.cntlid, Ordering::Relaxed);
+                *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                self.ka_last_ms
+                    .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+                self.resets.fetch_add(1, Ordering::Relaxed);
+                // The old association is gone with its connection: a new
+                // epoch, healthy.
+                self.state.store(state::next(s, state::OK));
+                log::info!(
+                    "nvme-tcp {}: reconnected as controller {}",
+                    self.addr,
+                    up.cntlid
+                );
+                Ok(())
+            }
+            Err(e) => {
+                let t = match &e {
+                    Error::Transport(b) => b.downcast_ref::<TcpError>().copied(),
+                    _ => None,
+                };
+                *self.failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(t.unwrap_or(TcpError::Closed));
+                self.state.store(state::next(s, state::GONE));
+                log::error!("nvme-tcp {}: reconnect failed: {e}", self.addr);
+                Err(e)
+            }
+        }
+    }
+
+    /// Successful resets (reconnects).
+    pub fn resets(&self) -> u64 {
+        self.resets.load(Ordering::Relaxed)
     }
 
     fn lock_admin(&self) -> MutexGuard<'_, AdminLink> {
@@ -496,7 +624,7 @@ impl TcpController {
 
     /// The controller id the target assigned.
     pub fn cntlid(&self) -> u16 {
-        self.cntlid
+        self.cntlid.load(Ordering::Relaxed)
     }
 
     /// CAP (Property Get).
@@ -599,8 +727,9 @@ impl Controlled for TcpController {
         &self.state
     }
 
-    /// No reset runs (none is implemented), so the word is settled.
+    /// Taken under the admin lock, which a reset holds throughout.
     fn settled_state(&self) -> u64 {
+        let _a = self.lock_admin();
         self.state.load_acquire()
     }
 }

@@ -24,8 +24,12 @@
 //!   reaches no memory once we stop calling it) and `poll` reports the
 //!   error as [`Error::Transport`].
 //! - Timeouts (`QpairOptions::io_timeout`) send Abort on the admin queue
-//!   (`TimeoutPolicy::Abort`); what that does not settle ends the
-//!   connection as above (in place of a controller reset).
+//!   (`TimeoutPolicy::Abort`); what that does not settle resets the
+//!   controller — a reconnect of the association
+//!   ([`TcpController::reset`]) — after which every queue pair ends its
+//!   commands once with [`IoError::AbortedByReset`] and Connects its queue
+//!   again. A reset also brings back a queue pair whose own connection
+//!   ended.
 //!
 //! What a socket cannot promise that a PCIe queue can: every submit batch
 //! costs a `sendmsg` and every poll with commands in flight a `recv` (a
@@ -143,6 +147,8 @@ pub struct TcpQueuePair<B: IoBuf = DmaBuf> {
     eng: Engine<B, ()>,
     ctrl: Arc<TcpController>,
     qid: u16,
+    /// Queue entries asked for in Connect (depth + 1).
+    entries: u16,
     conn: Conn,
     tx: TxQueue,
     cmds: Box<[Cmd]>,
@@ -293,6 +299,23 @@ fn queue_capsule<B: IoBuf>(
     true
 }
 
+/// Open queue `qid`'s connection and Connect it (`entries` deep) under
+/// the controller's current id; non-blocking when it returns.
+fn open_conn(ctrl: &TcpController, qid: u16, entries: u16) -> Result<Conn> {
+    let max_data = u32::try_from(ctrl.max_transfer).unwrap_or(u32::MAX);
+    let mut conn = Conn::open(
+        ctrl.addr,
+        ctrl.opts.digests(),
+        ctrl.opts.maxr2t,
+        max_data,
+        ctrl.opts.admin_timeout,
+    )
+    .map_err(TcpError::into_error)?;
+    connect_queue(&mut conn, &ctrl.opts, qid, entries, ctrl.cntlid(), 0)?;
+    conn.set_blocking(false).map_err(TcpError::into_error)?;
+    Ok(conn)
+}
+
 impl<B: IoBuf> TcpQueuePair<B> {
     /// Open the queue's connection and Connect queue `qid` (see
     /// [`TcpController::create_qpair`]).
@@ -312,21 +335,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
             )));
         }
         let qid = ctrl.alloc_qid()?;
-        let opened = (|| {
-            let max_data = u32::try_from(ctrl.max_transfer).unwrap_or(u32::MAX);
-            let mut conn = Conn::open(
-                ctrl.addr,
-                ctrl.opts.digests(),
-                ctrl.opts.maxr2t,
-                max_data,
-                ctrl.opts.admin_timeout,
-            )
-            .map_err(TcpError::into_error)?;
-            connect_queue(&mut conn, &ctrl.opts, qid, entries as u16, ctrl.cntlid, 0)?;
-            conn.set_blocking(false).map_err(TcpError::into_error)?;
-            Ok::<_, Error>(conn)
-        })();
-        let conn = match opened {
+        let conn = match open_conn(ctrl, qid, entries as u16) {
             Ok(c) => c,
             Err(e) => {
                 ctrl.release_qid(qid);
@@ -358,6 +367,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
             eng,
             ctrl: Arc::clone(ctrl),
             qid,
+            entries: entries as u16,
             conn,
             tx: TxQueue::new(depth * HEADER_ROOM + H2C_ARENA, depth * 8 + 4096),
             in_capsule: ctrl.in_capsule_bytes(),
@@ -897,18 +907,23 @@ impl<B: IoBuf> Wire for TcpQueuePair<B> {
     }
 
     #[cold]
-    fn scan_timeouts(&mut self, _drained: bool, f: &mut dyn FnMut(Completion<B>)) {
+    fn scan_timeouts(&mut self, _drained: bool, _f: &mut dyn FnMut(Completion<B>)) {
         self.eng.timeouts.begin_scan();
         let mut scan = TcpTimeouts {
             qp: self,
             reset: false,
         };
         timeout::scan(&mut scan);
-        if scan.reset && self.failed.is_none() {
+        if scan.reset && self.state() == self.eng.seen_state {
+            // The reset is a reconnect of the association; this poll sees
+            // the new state word and recovers (AbortedByReset, re-Connect).
             self.eng.timeouts.stats.resets_requested += 1;
-            let ms = u64::from(self.eng.timeouts.timeout_ms());
-            let mut g = |c| f(c);
-            self.fail_conn(TcpError::Timeout { ms }, usize::MAX, &mut g);
+            if let Err(e) = self.ctrl.reset_if(self.eng.seen_state) {
+                log::error!(
+                    "nvme-tcp queue {}: reconnect after a timeout failed: {e}",
+                    self.qid
+                );
+            }
         }
     }
 
@@ -931,12 +946,23 @@ impl<B: IoBuf> Wire for TcpQueuePair<B> {
         self.tx.clear();
     }
 
-    /// No reset re-creates an association yet (the controller never starts
-    /// one), so this only runs if one is added without it.
-    fn recreate(&mut self, _settled: u64) -> Recreated {
-        Recreated::Failed {
-            error: "reconnecting an NVMe/TCP queue after a reset is not implemented".into(),
-            left: false,
+    /// After a reset (a new association): a new connection, the same queue
+    /// id Connected under the new controller id.
+    fn recreate(&mut self, settled: u64) -> Recreated {
+        match open_conn(&self.ctrl, self.qid, self.entries) {
+            Ok(c) => {
+                self.conn = c;
+                self.failed = None;
+                self.tx.clear();
+                if self.state() != settled {
+                    return Recreated::Moved;
+                }
+                Recreated::Yes(settled)
+            }
+            Err(e) => Recreated::Failed {
+                error: e.to_string(),
+                left: false,
+            },
         }
     }
 
@@ -1189,8 +1215,7 @@ impl<B: IoBuf> Drop for TcpQueuePair<B> {
 }
 
 /// NVMe/TCP's side of the shared timeout scan: Abort on the admin queue;
-/// a reset, which NVMe/TCP does not have yet, ends the connection instead
-/// (after the scan).
+/// a reset reconnects the association (after the scan).
 struct TcpTimeouts<'a, B: IoBuf> {
     qp: &'a mut TcpQueuePair<B>,
     reset: bool,
