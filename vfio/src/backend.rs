@@ -2,7 +2,8 @@
 //!
 //! The engine drives a controller through three things: its register BAR
 //! ([`Mmio`]), a DMA space ([`DmaSpace`]) and, for emulated devices that
-//! process synchronously, a [`DoorbellHook`]. [`Backend`] bundles them. The
+//! process synchronously, a [`DoorbellHook`]; optionally a fourth, its
+//! interrupts as eventfds ([`Interrupts`]). [`Backend`] bundles them. The
 //! VFIO path (`crate::VfioBackend`) and the fake controller in
 //! `mcqio-fixtures` both implement it, so the same driver code runs on both.
 //!
@@ -14,6 +15,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::dma::DmaSpace;
+use crate::irq::Interrupts;
 
 /// Register access to a memory-mapped BAR.
 ///
@@ -69,4 +71,9 @@ pub trait Backend: Send + Sync {
     }
     /// A short human-readable name (`vfio:0000:00:02.0`, `fake`).
     fn name(&self) -> String;
+    /// Interrupt delivery to eventfds, for waiting instead of polling;
+    /// `None` where the device has none the host can use.
+    fn interrupts(&self) -> Option<&dyn Interrupts> {
+        None
+    }
 }

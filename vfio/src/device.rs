@@ -25,10 +25,11 @@
 //! Disable the controller (CC.EN = 0) before dropping the backend: closing
 //! the device resets the function, but only then.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use vfio_bindings::bindings::vfio::{
-    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
+    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_INTX_IRQ_INDEX,
+    VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_MSI_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
 };
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError as IoctlError, VfioOps, VfioRegionInfoCap};
 
@@ -38,6 +39,7 @@ use crate::container::VfioIommu;
 use crate::dma::{DmaSpace, HugePages};
 use crate::error::{Result, VfioError};
 use crate::iommu::Iommu;
+use crate::irq::{Interrupts, IrqError, IrqKind, Notifier};
 use crate::memlock::{check_memlock, memlock_needed, MemlockStatus};
 use crate::sys;
 use crate::sysfs::{can_read_write, group_blockers, PciAddress, PciDevice, SysRoots};
@@ -188,6 +190,9 @@ pub struct VfioBackend {
     iommu: Arc<VfioIommu>,
     info: DeviceInfo,
     name: String,
+    /// The interrupt index routed to notifiers and the notifiers, kept
+    /// alive while the kernel may signal them.
+    irqs: Mutex<Option<(u32, Vec<Arc<Notifier>>)>>,
 }
 
 impl std::fmt::Debug for VfioBackend {
@@ -247,6 +252,7 @@ impl VfioBackend {
             iommu,
             info,
             name: format!("vfio:{b}"),
+            irqs: Mutex::new(None),
         })
     }
 
@@ -287,6 +293,119 @@ impl Backend for VfioBackend {
 
     fn name(&self) -> String {
         self.name.clone()
+    }
+
+    fn interrupts(&self) -> Option<&dyn Interrupts> {
+        Some(self)
+    }
+}
+
+/// VFIO's interrupt indexes, best first, with the kind each gives.
+fn irq_index(dev: &VfioDevice) -> Option<(u32, IrqKind)> {
+    let count = |i| dev.get_irq_info(i).map_or(0, |q| q.count);
+    [
+        VFIO_PCI_MSIX_IRQ_INDEX,
+        VFIO_PCI_MSI_IRQ_INDEX,
+        VFIO_PCI_INTX_IRQ_INDEX,
+    ]
+    .into_iter()
+    .find(|&i| count(i) > 0)
+    .map(|i| {
+        let vectors = count(i);
+        let kind = match i {
+            VFIO_PCI_MSIX_IRQ_INDEX => IrqKind::MsiX { vectors },
+            VFIO_PCI_MSI_IRQ_INDEX => IrqKind::Msi { vectors },
+            _ => IrqKind::Intx,
+        };
+        (i, kind)
+    })
+}
+
+impl VfioBackend {
+    /// Set or clear the PCI command register's Interrupt Disable bit.
+    fn intx_disable(&self, disable: bool) -> std::result::Result<(), IrqError> {
+        let dev = self.iommu.device();
+        let bdf = &self.info.bdf;
+        let io = |e: VfioError| IrqError::Config(e.to_string());
+        let cmd = config_u16(bdf, dev, PCI_COMMAND).map_err(io)?;
+        let want = if disable {
+            cmd | PCI_COMMAND_INTX_DISABLE
+        } else {
+            cmd & !PCI_COMMAND_INTX_DISABLE
+        };
+        if want != cmd {
+            config_write(bdf, dev, PCI_COMMAND, &want.to_le_bytes()).map_err(io)?;
+        }
+        Ok(())
+    }
+}
+
+impl Interrupts for VfioBackend {
+    fn kind(&self) -> IrqKind {
+        irq_index(self.iommu.device()).map_or(IrqKind::None, |(_, k)| k)
+    }
+
+    fn route(&self, notifiers: &[Arc<Notifier>]) -> std::result::Result<(), IrqError> {
+        let dev = self.iommu.device();
+        let (index, kind) = irq_index(dev).ok_or(IrqError::Unsupported)?;
+        if notifiers.len() > kind.vectors() as usize {
+            return Err(IrqError::TooMany {
+                asked: notifiers.len(),
+                have: kind.vectors(),
+            });
+        }
+        let mut routed = self.irqs.lock().unwrap_or_else(|p| p.into_inner());
+        // vfio-pci sets the vector count when it enables MSI/MSI-X: a new
+        // count needs a disable first.
+        if let Some((old, _)) = routed.take() {
+            dev.disable_irq(old).map_err(|source| IrqError::Vfio {
+                op: "disable interrupts",
+                source,
+            })?;
+            if old == VFIO_PCI_INTX_IRQ_INDEX {
+                // Back to how open left it: INTx disabled.
+                self.intx_disable(true)?;
+            }
+        }
+        if notifiers.is_empty() {
+            return Ok(());
+        }
+        dev.enable_irq(index, notifiers.iter().map(|n| n.event_fd()).collect())
+            .map_err(|source| IrqError::Vfio {
+                op: "route interrupts to eventfds",
+                source,
+            })?;
+        if index == VFIO_PCI_INTX_IRQ_INDEX {
+            // Open set the command register's Interrupt Disable (a polled
+            // driver wants no INTx), and vfio-pci keeps the line masked
+            // while it is set: clear it, or nothing is ever delivered.
+            self.intx_disable(false)?;
+        }
+        *routed = Some((index, notifiers.to_vec()));
+        log::debug!(
+            "{}: {} {kind:?} vector(s) routed to eventfds",
+            self.name,
+            notifiers.len()
+        );
+        Ok(())
+    }
+
+    fn unroute(&self) -> std::result::Result<(), IrqError> {
+        self.route(&[])
+    }
+
+    fn unmask(&self) -> std::result::Result<(), IrqError> {
+        let routed = self.irqs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((VFIO_PCI_INTX_IRQ_INDEX, _)) = *routed {
+            self.iommu
+                .device()
+                .unmask_irq(VFIO_PCI_INTX_IRQ_INDEX)
+                .map_err(|source| IrqError::Vfio {
+                    op: "unmask INTx",
+                    source,
+                })?;
+        }
+        Ok(())
     }
 }
 

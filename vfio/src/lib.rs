@@ -11,6 +11,8 @@
 //!   the right order on drop. **Read the DMA contract in [`dma`]**: the device
 //!   writes DMA memory concurrently, so no `&`/`&mut` reference is ever formed
 //!   over it; access is through raw pointers and volatile copies.
+//! - [`Notifier`] and [`Interrupts`]: a device's interrupt vectors as
+//!   eventfds, for waiting instead of polling.
 //! - [`Backend`] and [`Mmio`]: the hardware seam the engine drives.
 //!   [`VfioBackend`] is the real one; [`Bar`] is BAR0 (and, via
 //!   [`Bar::anonymous`], a memory-backed stand-in).
@@ -77,6 +79,7 @@ pub mod doctor;
 pub mod error;
 pub mod iommu;
 pub mod iova;
+pub mod irq;
 pub mod mapping;
 pub mod memlock;
 pub mod setup;
@@ -95,6 +98,7 @@ pub use doctor::{doctor, Check, CheckStatus, DoctorOptions, DoctorReport};
 pub use error::{GroupBlocker, Result, VfioError};
 pub use iommu::{DmaDir, Iommu, IommuCounters, IommuError, IommuStats};
 pub use iova::{Iova, IovaAllocator, IovaError, IovaRange};
+pub use irq::{Interrupts, IrqError, IrqKind, Notifier};
 pub use mapping::{
     AppBuffer, BufPool, DmaMapper, DmaMode, IoBuffer, LazyConfig, MapError, MapFailed, Mapped,
     MapperConfig, MapperStats, PoolBuf, PoolConfig, QueueMapper, Returned,

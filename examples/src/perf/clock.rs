@@ -92,6 +92,16 @@ impl Clock {
         }
     }
 
+    /// A clock on `Instant` counting from `base` (tests put schedules in
+    /// the past with a base well before now).
+    #[cfg(test)]
+    pub fn instant_since(base: Instant) -> Self {
+        Clock {
+            inner: Inner::Instant(base),
+            ..Self::instant()
+        }
+    }
+
     /// The source in use.
     pub fn source(&self) -> ClockSource {
         self.source

@@ -275,10 +275,15 @@ struct RunArgs {
     /// Size of the region under test in each namespace [default: to the end]
     #[arg(long, visible_alias = "range", value_parser = size_arg)]
     size: Option<u64>,
-    /// Namespaces to run on, e.g. 1,2 [default: all]
+    /// Namespaces to run on, e.g. 1,2 [default: all]. As spdk_nvme_perf:
+    /// max(jobs, namespaces) rows, row r on job r mod jobs and namespace r
+    /// mod namespaces; a job with several drives each on its own queue pair
+    /// at the full -q, a namespace with several jobs is shared by them
     #[arg(short = 'N', long = "nsid", value_parser = nsid_list)]
     nsids: Option<NsidList>,
-    /// Limit the I/O rate: I/Os per second over all jobs
+    /// Limit the I/O rate: I/Os per second over all jobs (a job that fell
+    /// behind, descheduled or stalled, makes up to one second of it; the
+    /// report gives the rate achieved and warns below 98%)
     #[arg(long = "rate-iops", value_parser = rate)]
     rate_iops: Option<u64>,
     /// Move this many bytes in total and stop (size-based run; with -t:

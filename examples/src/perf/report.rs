@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! { "device": "fake:null", "backend": "...", "workload": {...},
-//!   "jobs": [ {job, device, core, nsid, ios, iops, iops_min, iops_max, iops_avg,
+//!   "jobs": [ {job (the row: one per job thread and namespace it drives), device, core, nsid, ios, iops, iops_min, iops_max, iops_avg,
 //!              mib_s, errors, verify_mismatches, cpu_usr_pct, cpu_sys_pct,
 //!              lat_us: {avg, min, max, p50, p90, p99, p99_9, p99_99}, ...}, ... ],
 //!   "total": { the same fields summed/merged, plus cpu_ns_per_io, cycles_per_io },

@@ -353,23 +353,18 @@ pub fn run_devices(
         )));
     }
     let pct = o.pattern.read_pct(o.mix);
-    // Whether the run is count-bound, and (for progress) the largest count
-    // a job has; each job's own count is `job_ios`.
-    let ios_limit = match o.bytes {
-        Some(b) => Some(b.div_ceil(o.io_size).div_ceil(o.jobs as u64)),
-        None => o.ios,
-    };
     let mut notes = Vec::new();
     let mut targets: Vec<Arc<Target>> = Vec::with_capacity(ndev);
+    // One spec per row: a (thread, namespace) pair, as spdk_nvme_perf
+    // associates workers with namespaces.
     let mut specs: Vec<JobSpec> = Vec::with_capacity(o.jobs);
-    // Per job: its device's index.
-    let mut job_dev = vec![0usize; o.jobs];
+    // Per row: its device's index.
+    let mut job_dev = Vec::with_capacity(o.jobs);
     for (d, spec) in devices.iter().enumerate() {
+        // This device's threads (job i runs on device i mod ndev).
         let mine: Vec<usize> = (0..o.jobs).filter(|i| i % ndev == d).collect();
-        for &i in &mine {
-            job_dev[i] = d;
-        }
-        let (target, dev_notes, dev_specs) = plan_device(spec, o, pct, &mine)?;
+        let (target, dev_notes, dev_specs) = plan_device(spec, o, pct, &mine, specs.len())?;
+        job_dev.extend(dev_specs.iter().map(|_| d));
         let label = spec.label();
         notes.extend(dev_notes.into_iter().map(
             |n| {
@@ -383,26 +378,35 @@ pub fn run_devices(
         specs.extend(dev_specs);
         targets.push(target);
     }
-    specs.sort_by_key(|s| s.index);
-    let target_of = |i: usize| Arc::clone(&targets[job_dev[i]]);
-    let shared = Arc::new(Shared::new(o.jobs));
+    let rows = specs.len();
+    // I/O counts and rates are shares of the whole run, per row.
+    for spec in &mut specs {
+        spec.ios_limit = job_ios(o, spec.index, rows);
+        spec.rate_iops = o
+            .rate_iops
+            .map(|r| (r / rows as u64 + u64::from((spec.index as u64) < r % rows as u64)).max(1));
+    }
+    // Whether the run is count-bound, and (for progress) the largest count
+    // a row has.
+    let ios_limit = specs.iter().filter_map(|s| s.ios_limit).max();
+    let thread_of: Vec<usize> = specs.iter().map(|s| s.thread).collect();
+    let shared = Arc::new(Shared::new(rows));
     let (tx, rx) = mpsc::channel::<(usize, Result<(), String>)>();
     let mut handles = Vec::with_capacity(o.jobs);
-    for spec in specs.iter().cloned() {
-        let target = target_of(spec.index);
+    for job in 0..o.jobs {
+        let mine: Vec<JobSpec> = specs.iter().filter(|s| s.thread == job).cloned().collect();
+        let target = Arc::clone(&targets[job % ndev]);
         let shared = Arc::clone(&shared);
         let tx = tx.clone();
         let clock = clock.clone();
-        let core = o.cpus.get(spec.index).copied();
-        let job = spec.index;
+        let core = o.cpus.get(job).copied();
         let h = std::thread::Builder::new()
-            .name(format!("{JOB_THREAD_PREFIX}{}", spec.index))
-            .spawn(move || -> (Result<JobResult, String>, bool) {
+            .name(format!("{JOB_THREAD_PREFIX}{job}"))
+            .spawn(move || -> (Result<Vec<JobResult>, String>, bool) {
                 let pinned = core
                     .is_none_or(|id| core_affinity::set_for_current(core_affinity::CoreId { id }));
-                let idx = spec.index;
-                let r = target.run_job(&spec, &shared, clock, |r| {
-                    let _ = tx.send((idx, r));
+                let r = target.run_jobs(&mine, &shared, clock, |r| {
+                    let _ = tx.send((job, r));
                 });
                 (r, pinned)
             })
@@ -480,7 +484,7 @@ pub fn run_devices(
         "run",
         match (o.time, ios_limit) {
             (Some(t), _) => Goal::Time(t),
-            (None, _) => Goal::Ios(ios_limit.unwrap_or(0).saturating_mul(o.jobs as u64)),
+            (None, _) => Goal::Ios(specs.iter().filter_map(|s| s.ios_limit).sum()),
         },
     );
     let base_sum: u64 = base.iter().sum();
@@ -494,7 +498,7 @@ pub fn run_devices(
             if now >= deadline {
                 break;
             }
-            if ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs {
+            if ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == rows {
                 break;
             }
             if o.interrupt.load(Ordering::Relaxed) {
@@ -514,7 +518,7 @@ pub fn run_devices(
         let dt = (now - last_t).as_secs_f64();
         let done = interrupted
             || shared.failed.load(Ordering::Acquire) > 0
-            || (ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == o.jobs)
+            || (ios_limit.is_some() && shared.finished.load(Ordering::Acquire) as usize == rows)
             || end.is_some_and(|e| now >= e);
         if dt >= 0.9 || done {
             let d: Vec<u64> = c.iter().zip(&last_c).map(|(a, b)| a - b).collect();
@@ -543,7 +547,7 @@ pub fn run_devices(
         }
     }
     let measured_s: f64 = intervals.iter().map(|i| i.dt).sum();
-    let samples: Vec<Vec<f64>> = (0..o.jobs)
+    let samples: Vec<Vec<f64>> = (0..rows)
         .map(|j| {
             intervals
                 .iter()
@@ -554,7 +558,7 @@ pub fn run_devices(
     let total_samples: Vec<f64> = intervals.iter().map(Interval::rate).collect();
     let sample_t: Vec<f64> = intervals.iter().map(|i| i.end_s).collect();
     // Completions per job over the sampled intervals.
-    let sampled: Vec<u64> = (0..o.jobs)
+    let sampled: Vec<u64> = (0..rows)
         .map(|j| intervals.iter().map(|i| i.counts[j]).sum())
         .collect();
     shared.phase.store(PHASE_STOP, Ordering::Release);
@@ -564,7 +568,7 @@ pub fn run_devices(
     let proc_cpu = (proc_after.0 + proc_after.1).saturating_sub(proc_before.0 + proc_before.1);
     let wall = t0.elapsed().as_secs_f64();
     bar.finish();
-    let mut results = Vec::with_capacity(o.jobs);
+    let mut results = Vec::with_capacity(rows);
     let mut job_err = None;
     let joined: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
     // Measured again once the jobs stopped: a run whose cores moved apart
@@ -584,7 +588,7 @@ pub fn run_devices(
                 if !pinned {
                     notes.push(format!("job {i}: could not pin to core {}", o.cpus[i]));
                 }
-                results.push(r);
+                results.extend(r);
             }
             Ok((Err(msg), _)) => {
                 job_err.get_or_insert(PerfError::Job { job: i, msg });
@@ -600,6 +604,7 @@ pub fn run_devices(
     if let Some(e) = job_err {
         return Err(e);
     }
+    results.sort_by_key(|r| r.index);
 
     // Build the report. `uring:null` (NOPs) moves no data and has no
     // namespace: it reports neither bandwidth nor a namespace.
@@ -718,7 +723,10 @@ pub fn run_devices(
         lat_max = lat_max.max(r_max);
         usr += r.cpu_usr.as_secs_f64();
         sys += r.cpu_sys.as_secs_f64();
-        elapsed_sum += el;
+        // A thread's CPU counts once, against its own time.
+        if r.cpu_owner {
+            elapsed_sum += el;
+        }
         if let (Some(m), Some(h)) = (merged.as_mut(), r_hist.as_ref()) {
             let _ = m.add(h);
         }
@@ -730,7 +738,7 @@ pub fn run_devices(
         jobs.push(JobReport {
             job: r.index,
             device: dev.label(),
-            core: o.cpus.get(r.index).copied(),
+            core: o.cpus.get(thread_of[r.index]).copied(),
             nsid: moves(dev).then_some(r.nsid),
             lun: (moves(dev) && targets[job_dev[r.index]].is_ufs())
                 .then(|| r.nsid.saturating_sub(1)),
@@ -763,9 +771,10 @@ pub fn run_devices(
         samples: total_samples.len(),
         jobs: results
             .iter()
+            .filter(|r| r.cpu_owner)
             .map(|r| {
                 let polled = !matches!(*targets[job_dev[r.index]], Target::Uring(_));
-                (r.index, polled, r.cpu_usr + r.cpu_sys, r.elapsed)
+                (thread_of[r.index], polled, r.cpu_usr + r.cpu_sys, r.elapsed)
             })
             .collect(),
         // Only the fakes' device threads: the main thread sleeps between
@@ -875,13 +884,13 @@ pub fn run_devices(
     })
 }
 
-/// The I/O count of job `i`: `-n`, or its share of `--bytes` in whole
-/// I/Os (the first jobs take the remainder, so the total is exact).
-fn job_ios(o: &RunOpts, i: usize) -> Option<u64> {
+/// The I/O count of row `i` of `rows`: `-n`, or its share of `--bytes` in
+/// whole I/Os (the first rows take the remainder, so the total is exact).
+fn job_ios(o: &RunOpts, i: usize, rows: usize) -> Option<u64> {
     match o.bytes {
         Some(b) => {
             let total = b.div_ceil(o.io_size);
-            let jobs = o.jobs as u64;
+            let jobs = rows as u64;
             Some(total / jobs + u64::from((i as u64) < total % jobs))
         }
         None => o.ios,
@@ -894,13 +903,21 @@ type DirTotal = (u64, u64, u64, u64, Option<Histogram<u64>>);
 /// An opened device with its notes and its jobs' specs.
 type PlannedDevice = (Arc<Target>, Vec<String>, Vec<JobSpec>);
 
-/// Open one device for the jobs `mine` (global job numbers) and plan
-/// their namespaces and ranges: (target, notes, job specs).
+/// Open one device for the job threads `mine` (global job numbers) and
+/// plan their rows: which thread drives which namespace, in which range.
+/// Rows are numbered from `first_row`. As spdk_nvme_perf associates
+/// workers with namespaces: max(threads, namespaces) rows, row r on thread
+/// r mod threads and namespace r mod namespaces, so with `-N` left out
+/// every namespace is driven, a thread with several drives each on a queue
+/// pair of its own at the full queue depth, and a namespace with several
+/// threads is shared by them. Returns (target, notes, row specs); their
+/// I/O counts and rates are set by the caller, which knows all rows.
 fn plan_device(
     spec: &DeviceSpec,
     o: &RunOpts,
     pct: u8,
     mine: &[usize],
+    first_row: usize,
 ) -> Result<PlannedDevice, PerfError> {
     if o.verify && !spec.stores_data() {
         return Err(PerfError::Usage(format!(
@@ -918,8 +935,17 @@ fn plan_device(
         )));
     }
     let jobs = mine.len();
-    let plan = OpenPlan {
-        jobs,
+    // Queue pairs: one per row, max(threads, namespaces). A fake says its
+    // namespace count up front; a real device is reopened below with more
+    // queue pairs if it has more namespaces than threads.
+    let known = match (&o.nsids, spec.fake_config(), spec.fake_ufs_config()) {
+        (Some(want), _, _) => want.len(),
+        (None, Some(c), _) => c.namespaces.len(),
+        (None, None, Some(c)) => c.lus.len(),
+        (None, None, None) => 0,
+    };
+    let mut plan = OpenPlan {
+        jobs: jobs.max(known),
         depth: o.depth,
         io_size: o.io_size,
         writes: pct < 100 || o.verify,
@@ -930,7 +956,17 @@ fn plan_device(
         dma: o.dma,
         hpb: o.hpb,
     };
-    let target = Arc::new(Target::open(spec, &plan)?);
+    let mut target = Target::open(spec, &plan)?;
+    let picked = match &o.nsids {
+        Some(want) => want.len(),
+        None => target.namespaces().len(),
+    };
+    if jobs.max(picked) > plan.jobs {
+        drop(target);
+        plan.jobs = jobs.max(picked);
+        target = Target::open(spec, &plan)?;
+    }
+    let target = Arc::new(target);
     let lbads = target.lbads() as u64;
     if o.io_size == 0 || o.io_size % lbads != 0 {
         return Err(PerfError::Usage(format!(
@@ -978,21 +1014,23 @@ fn plan_device(
         ns.blocks = blocks;
     }
     let mut notes = target.notes();
-    if jobs < namespaces.len() {
+    let nns = namespaces.len();
+    let rows = jobs.max(nns);
+    if jobs < nns {
         notes.push(format!(
-            "{} namespaces but {} job(s): jobs take namespaces round-robin, so some stay idle (use -j {})",
-            namespaces.len(),
-            jobs,
-            namespaces.len() * o.jobs / jobs.max(1)
+            "{nns} namespaces on {jobs} job thread(s): a thread drives several, each on its own queue pair at QD {}",
+            o.depth
         ));
     }
-    // Assign jobs to namespaces and ranges (k: the job's number on this device).
-    let mut specs = Vec::with_capacity(jobs);
-    for (k, &i) in mine.iter().enumerate() {
-        let ns = namespaces[k % namespaces.len()];
-        let base = regions[k % namespaces.len()];
-        let peers = (jobs - 1 - k % namespaces.len()) / namespaces.len() + 1;
-        let rank = (k / namespaces.len()) as u64;
+    // Assign rows to threads, namespaces and ranges (k: the row's number
+    // on this device).
+    let mut specs = Vec::with_capacity(rows);
+    for k in 0..rows {
+        let ns = namespaces[k % nns];
+        let base = regions[k % nns];
+        // Rows on this namespace, and this row's rank among them.
+        let peers = (rows - 1 - k % nns) / nns + 1;
+        let rank = (k / nns) as u64;
         if ns.blocks < nlb as u64 {
             return Err(PerfError::Usage(format!(
                 "namespace {} has {} blocks, fewer than one {}-byte I/O",
@@ -1020,7 +1058,8 @@ fn plan_device(
             (base, ns.blocks, rank * positions / peers as u64)
         };
         specs.push(JobSpec {
-            index: i,
+            index: first_row + k,
+            thread: mine[k % jobs],
             nsid: ns.nsid,
             first_lba: first,
             blocks,
@@ -1030,16 +1069,14 @@ fn plan_device(
             pattern: o.pattern,
             read_pct: pct,
             depth: o.depth,
-            ios_limit: job_ios(o, i),
+            ios_limit: None,
             seed: o.seed,
             verify: o.verify,
             histogram: o.histogram,
             dma: o.dma,
             dma_batch: o.dma_batch,
             distribution: o.distribution,
-            rate_iops: o
-                .rate_iops
-                .map(|r| (r / o.jobs as u64 + u64::from((i as u64) < r % o.jobs as u64)).max(1)),
+            rate_iops: None,
         });
     }
     Ok((target, notes, specs))

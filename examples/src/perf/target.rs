@@ -323,80 +323,116 @@ impl Target {
         matches!(self, Target::Ufs(_))
     }
 
-    /// Build this job's queue on the calling thread and run the job loop.
-    /// `ready` is called once set-up (and the verify prefill) is done or failed.
-    pub fn run_job(
+    /// Build the queues of this thread's jobs on the calling thread (one
+    /// per job: a thread that drives several namespaces has a queue pair
+    /// for each) and run their loops. `ready` is called once set-up (and
+    /// the verify prefill) is done or failed.
+    pub fn run_jobs(
         &self,
-        spec: &JobSpec,
+        specs: &[JobSpec],
         shared: &Shared,
         clock: Clock,
         ready: impl FnOnce(Result<(), String>),
-    ) -> Result<JobResult, String> {
-        let buf_len = spec.nlb as usize * spec.lbads as usize;
+    ) -> Result<Vec<JobResult>, String> {
+        let buf_len = |spec: &JobSpec| spec.nlb as usize * spec.lbads as usize;
         match self {
             Target::Uring(t) => start(
-                t.queue(spec.depth, buf_len).map_err(|e| e.to_string()),
-                spec,
+                specs
+                    .iter()
+                    .map(|spec| {
+                        t.queue(spec.depth, buf_len(spec))
+                            .map_err(|e| e.to_string())
+                    })
+                    .collect(),
+                specs,
                 shared,
                 clock,
                 ready,
             ),
             Target::Tcp(t) => start(
-                t.queue(spec.nsid, spec.depth, buf_len),
-                spec,
+                specs
+                    .iter()
+                    .map(|s| t.queue(s.nsid, s.depth, buf_len(s)))
+                    .collect(),
+                specs,
                 shared,
                 clock,
                 ready,
             ),
-            Target::Ufs(t) => match t.shared_queue(spec.nsid, spec.depth, buf_len) {
-                Some(q) => start(q, spec, shared, clock, ready),
-                None => start(
-                    t.queue(spec.nsid, spec.depth, buf_len),
-                    spec,
-                    shared,
-                    clock,
-                    ready,
-                ),
-            },
-            Target::Nvme(t) => match spec.dma {
+            Target::Ufs(t) => {
+                // The legacy single-doorbell list, where the run has one, is
+                // shared by every job; otherwise each job has an MCQ queue.
+                let legacy: Option<Vec<Result<_, String>>> = specs
+                    .iter()
+                    .map(|s| t.shared_queue(s.nsid, s.depth, buf_len(s)))
+                    .collect();
+                match legacy {
+                    Some(qs) => start(qs.into_iter().collect(), specs, shared, clock, ready),
+                    None => start(
+                        specs
+                            .iter()
+                            .map(|s| t.queue(s.nsid, s.depth, buf_len(s)))
+                            .collect(),
+                        specs,
+                        shared,
+                        clock,
+                        ready,
+                    ),
+                }
+            }
+            Target::Nvme(t) => match specs.first().map_or(DmaMode::Premapped, |s| s.dma) {
                 DmaMode::Premapped => start(
-                    t.queue(spec.nsid, spec.depth, buf_len),
-                    spec,
+                    specs
+                        .iter()
+                        .map(|s| t.queue(s.nsid, s.depth, buf_len(s)))
+                        .collect(),
+                    specs,
                     shared,
                     clock,
                     ready,
                 ),
-                DmaMode::Strict | DmaMode::Lazy => {
-                    let mode = if spec.dma == DmaMode::Strict {
+                dma @ (DmaMode::Strict | DmaMode::Lazy) => {
+                    let mode = if dma == DmaMode::Strict {
                         mcqio_vfio::DmaMode::Strict
                     } else {
                         mcqio_vfio::DmaMode::Lazy
                     };
-                    let q = t.mapped_queue(
-                        spec.nsid,
-                        spec.depth,
-                        buf_len,
-                        mode,
-                        spec.dma_batch,
-                        spec.verify,
-                    );
-                    start(q, spec, shared, clock, ready)
+                    start(
+                        specs
+                            .iter()
+                            .map(|s| {
+                                t.mapped_queue(
+                                    s.nsid,
+                                    s.depth,
+                                    buf_len(s),
+                                    mode,
+                                    s.dma_batch,
+                                    s.verify,
+                                )
+                            })
+                            .collect(),
+                        specs,
+                        shared,
+                        clock,
+                        ready,
+                    )
                 }
             },
         }
     }
 }
 
-/// Run the job on a freshly built queue, or report why it could not be built.
+/// Run the jobs on their freshly built queues, or report why one could
+/// not be built.
 fn start<Q: JobQueue>(
-    q: Result<Q, String>,
-    spec: &JobSpec,
+    qs: Result<Vec<Q>, String>,
+    specs: &[JobSpec],
     shared: &Shared,
     clock: Clock,
     ready: impl FnOnce(Result<(), String>),
-) -> Result<JobResult, String> {
-    match q {
-        Ok(q) => job::run(q, spec, shared, clock, ready).map_err(|e| e.to_string()),
+) -> Result<Vec<JobResult>, String> {
+    match qs {
+        Ok(qs) => job::run_many(qs, specs, shared, clock, ready).map_err(|e| e.to_string()),
         Err(m) => {
             ready(Err(m.clone()));
             Err(m)

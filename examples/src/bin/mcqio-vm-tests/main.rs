@@ -39,6 +39,7 @@ mod cross_check;
 mod device;
 mod identify;
 mod iommu;
+mod irq;
 mod lanes;
 mod pattern;
 mod reset;
@@ -52,6 +53,7 @@ use cross_check::*;
 use device::*;
 use identify::*;
 use iommu::*;
+use irq::*;
 use lanes::*;
 use reset::*;
 use rw::*;
@@ -74,6 +76,9 @@ enum Cmd {
     Identify(DevArgs),
     /// Write, read back and verify data at random LBAs and sizes, one queue pair per thread.
     Rw(RwArgs),
+    /// Route the MSI-X vectors to eventfds; each admin completion signals
+    /// vector 0 (and /proc/interrupts counts it).
+    Irq(DevArgs),
     /// Flush, Write Zeroes and Dataset Management (deallocate), each checked by reading back.
     Commands(DevArgs),
     /// Reset the controller with reads in flight; every read completes or is
@@ -92,6 +97,10 @@ enum Cmd {
     /// UFS: bring the host controller and its device up, print what it
     /// reports, and check the transfer mode (MCQ or legacy) it ended in.
     UfsBringup(UfsDevArgs),
+    /// UFS: route the controller's interrupt to an eventfd; each UIC
+    /// command completion (IS.UCCS with IE.UCCE) is delivered, cleared and
+    /// unmasked.
+    UfsIrq(UfsDevArgs),
     /// UFS: write, read back and verify data at random LBAs and sizes of
     /// LU 0, one queue pair (an MCQ SQ/CQ pair) per thread.
     UfsRw(UfsRwArgs),
@@ -135,6 +144,7 @@ fn main() -> ExitCode {
     let res = match &cli.cmd {
         Cmd::Identify(a) => identify(a),
         Cmd::Rw(a) => rw(a),
+        Cmd::Irq(a) => irq(a),
         Cmd::Commands(a) => commands(a),
         Cmd::Reset(a) => reset(a),
         Cmd::DmaAfterUnmap(a) => dma_after_unmap(a),
@@ -143,6 +153,7 @@ fn main() -> ExitCode {
         Cmd::CheckPattern(a) => check_pattern(a),
         Cmd::GenPattern(p) => gen_pattern(p),
         Cmd::UfsBringup(a) => ufs::bringup(a),
+        Cmd::UfsIrq(a) => ufs::irq(a),
         Cmd::UfsRw(a) => ufs::rw(a),
         Cmd::UfsDmaAfterUnmap(a) => ufs::dma_after_unmap(a),
         Cmd::UfsAbort(a) => ufs::abort(a),

@@ -7,12 +7,14 @@ use mcqio::ufs::{UfsController, UfsMode, UfsOptions, UfsQpairOptions, UfsQueuePa
 mod abort;
 mod cross_check;
 mod iommu;
+mod irq;
 mod reset;
 mod rw;
 
 pub(crate) use abort::abort;
 pub(crate) use cross_check::{check_pattern, write_pattern};
 pub(crate) use iommu::dma_after_unmap;
+pub(crate) use irq::irq;
 pub(crate) use reset::reset;
 pub(crate) use rw::rw;
 
