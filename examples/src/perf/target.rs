@@ -1,6 +1,6 @@
 //! A device opened for a run, shared by its jobs.
 //!
-//! [`Target::run_job`] holds the one `match` on the device kind: it builds the
+//! [`Target::run_jobs`] holds the one `match` on the device kind: it builds the
 //! job's queue of the concrete type and calls the generic job loop with it.
 
 use std::sync::Arc;
