@@ -21,6 +21,13 @@
 #define MCQIO_FIO_QUEUED 0
 #define MCQIO_FIO_BUSY 1
 
+/* mcqio_fio_init flags. */
+/* fio checks this job's reads against seeds it replays in the order it
+ * logged the writes (rw=randrw/readwrite with verify, no verify_backlog,
+ * no verify_pattern): a write it requeues after FIO_Q_BUSY is logged
+ * again at the end, so such a job must never be answered busy. */
+#define MCQIO_FIO_INIT_ORDERED_VERIFY 1u
+
 /* The engine options that reach the library (strings may be NULL). */
 struct mcqio_fio_config {
 	const char *dma;          /* "premapped" (default) */
@@ -49,7 +56,7 @@ struct mcqio_fio_file {
 void *mcqio_fio_setup(const struct mcqio_fio_config *cfg, const char *const *names,
 		      uint32_t nfiles, uint64_t max_io, struct mcqio_fio_file *out,
 		      char *err, size_t errlen);
-int mcqio_fio_init(void *job, uint32_t depth, char *err, size_t errlen);
+int mcqio_fio_init(void *job, uint32_t depth, uint32_t flags, char *err, size_t errlen);
 void *mcqio_fio_iomem_alloc(void *job, size_t len, char *err, size_t errlen);
 void mcqio_fio_iomem_free(void *job);
 int mcqio_fio_queue(void *job, uint64_t cookie, int op, uint64_t offset,

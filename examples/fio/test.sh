@@ -44,11 +44,12 @@ if [ "${FIO_TEST_TARGET_DIR:-1}" != 0 ]; then
 fi
 
 # refuse NAME WANT FIO-ARGS...: a job the engine cannot run; fio's log must
-# carry the engine's reason WANT (fio by itself says only err=22).
+# carry the engine's reason WANT (fio by itself says only err=22). The
+# device is $refuse_file (default fake).
 refuse() {
 	local name=$1 want=$2
 	shift 2
-	fio --ioengine=external:"$so" --thread --filename=fake --rw=randread --size=1m \
+	fio --ioengine=external:"$so" --thread --filename="${refuse_file:-fake}" --rw=randread --size=1m \
 		--name="$name" "$@" >"$work/$name.log" 2>&1 || true
 	if ! grep -qF -- "$want" "$work/$name.log"; then
 		echo "FAIL $name: the engine's reason is missing (want: $want)" >&2
@@ -185,9 +186,9 @@ run mixed "$f"
 
 # The same on the fake UFS host controller (4 KiB blocks, LU 0 by default):
 # each job gets its own MCQ SQ/CQ pair. Its fake_size is per LU. The
-# controller bounds queues x depth to the 256 task tags and the engine
-# refuses an iodepth deeper than a queue pair, so these jobs ask for 2
-# queues (32 slots each) rather than fio's default 64 (32 queues of 8).
+# controller bounds queues x depth to the 256 task tags; these jobs ask for
+# 2 queues (32 slots each) rather than fio's default 64 (32 queues of 8),
+# so they are never answered busy (the busy path has its own jobs below).
 UFS_QPAIRS=2
 for qd in 1 32; do
 	for nj in 1 2; do
@@ -200,6 +201,36 @@ for qd in 1 32; do
 		run "ufs-verify-qd$qd-j$nj" "$f"
 	done
 done
+# The busy path: fio's default qpairs (64, so 32 queues of 8 slots) under
+# iodepth 32 makes the engine answer busy and fio requeue; a write job then
+# a verifying read job, and a mixed job verifying with verify_backlog, keep
+# every block's data through it.
+f="$work/ufs-busy-verify.fio"
+{
+	global fake-ufs
+	verify_jobs 32 2
+} >"$f"
+run ufs-busy-verify-qd32-8slots "$f"
+f="$work/ufs-busy-randrw-backlog.fio"
+{
+	global fake-ufs
+	cat <<EOF
+iodepth=32
+numjobs=2
+
+[randrw]
+rw=randrw
+rwmixread=70
+verify=crc32c
+verify_backlog=64
+EOF
+} >"$f"
+run ufs-busy-randrw-backlog-qd32-8slots "$f"
+# A mixed job whose verify replays seeds in log order cannot be answered
+# busy (fio re-logs a requeued write at the end): refused, with the reason.
+refuse_file=fake-ufs refuse ufs-busy-randrw-ordered-verify \
+	"a mixed rw job with verify cannot be answered busy" --rw=randrw --verify=crc32c --iodepth=32
+
 f="$work/ufs-randrw.fio"
 {
 	global fake-ufs,lun=1

@@ -1,7 +1,8 @@
 //! A device opened for a run, shared by its jobs.
 //!
 //! [`Target::run_jobs`] holds the one `match` on the device kind: it builds the
-//! job's queue of the concrete type and calls the generic job loop with it.
+//! queues of a thread's jobs, of the concrete type, and calls the generic job loop
+//! with them.
 
 use std::sync::Arc;
 

@@ -62,6 +62,10 @@ const OP_FLUSH: c_int = 3;
 
 const QUEUED: c_int = 0;
 const BUSY: c_int = 1;
+/// `mcqio_fio_init` flag: fio replays this job's verify seeds in the order
+/// it logged the writes, so it must never be answered busy
+/// (`MCQIO_FIO_INIT_ORDERED_VERIFY`).
+const INIT_ORDERED_VERIFY: u32 = 1;
 
 /// Copy `msg` into the caller's buffer, truncated and NUL-terminated.
 ///
@@ -272,12 +276,13 @@ unsafe fn job_mut<'a>(job: *mut c_void) -> Option<&'a mut Job> {
 pub unsafe extern "C" fn mcqio_fio_init(
     job: *mut c_void,
     depth: u32,
+    flags: u32,
     err: *mut c_char,
     errlen: usize,
 ) -> c_int {
     // SAFETY: caller contract.
     let r = guarded("init", || match unsafe { job_mut(job) } {
-        Some(j) => j.init(depth),
+        Some(j) => j.init_with(depth, flags & INIT_ORDERED_VERIFY != 0),
         None => Err(EngineError::Abi("null job")),
     });
     match r {

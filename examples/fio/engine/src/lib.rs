@@ -110,8 +110,9 @@ pub enum EngineError {
     /// iodepth out of range.
     #[error("iodepth={0}: the engine supports 1 to 4096")]
     Depth(u32),
-    /// iodepth deeper than the UFS queue the controller granted.
-    #[error("iodepth={iodepth} is deeper than the UFS queue pair's {depth} slots (the controller bounds queues x depth to its 256 task tags): lower iodepth, or ask for fewer queues with qpairs")]
+    /// iodepth deeper than the UFS queue the controller granted, for a job
+    /// whose verify cannot take a busy answer.
+    #[error("iodepth={iodepth} is deeper than the UFS queue pair's {depth} slots (the controller bounds queues x depth to its 256 task tags), and a mixed rw job with verify cannot be answered busy: fio re-logs a requeued write at the end of its history and then checks later blocks against the wrong seeds; lower iodepth, ask for fewer queues with qpairs, or add verify_backlog")]
     UfsDepth {
         /// fio's iodepth.
         iodepth: u32,
