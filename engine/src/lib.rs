@@ -4,7 +4,9 @@
 //! MCQ or the legacy single doorbell) from user space through the
 //! [`mcqio_vfio::Backend`] seam (VFIO for real devices, the fake controllers
 //! of `mcqio-fixtures` in tests). It is passive: it spawns no threads, takes
-//! no locks and makes no system calls on the I/O path. The application owns
+//! no locks and makes no system calls on the I/O path (NVMe over TCP,
+//! [`nvme::tcp`], is the exception a socket forces: one `sendmsg` per
+//! submit batch, one `recv` per poll). The application owns
 //! one queue pair per thread ([`QueuePair`] on NVMe, [`UfsQueuePair`] on
 //! UFS; both implement [`BlockQueue`](core::block::BlockQueue)) and polls
 //! it. The rules below are the same on both transports; where a name is
@@ -68,6 +70,7 @@
 //! | [`IoError::AbortedByReset`] | the controller was reset while it was outstanding ([`Controller::reset`], or a timeout policy); it may or may not have executed | back |
 //! | [`IoError::Aborted`] | [`QueuePair::close`] deleted the queue before the controller completed it | back, or leaked (`None`) if deleting the queue failed: the controller still owns it |
 //! | [`IoError::ControllerFailed`] | CSTS.CFS or surprise removal; `poll` returns [`Error::ControllerFatal`] / [`Error::DeviceGone`] | back, or leaked (`None`) if a fatal controller could not even be disabled |
+//! | [`IoError::ConnectionLost`] | NVMe/TCP: the queue pair's connection ended (closed, TermReq, a malformed or hostile PDU); `poll` returns [`Error::Transport`] with the [`nvme::tcp::TcpError`] | back (a socket reaches no memory once unused) |
 //!
 //! Whenever a buffer is leaked, so are the queue's rings and PRP list pages
 //! (when the queue pair is dropped): memory the device may still access is
@@ -158,7 +161,11 @@
 //! - [`nvme`]: the NVMe transport: wire formats ([`nvme::spec`]), the
 //!   [`Controller`] ([`nvme::ctrl`]) and its admin queue ([`nvme::admin`]);
 //!   NVMe over PCIe ([`nvme::pcie`]): bring-up, doorbells, [`QueuePair`]
-//!   with its rings and PRP lists ([`nvme::pcie::queue`]).
+//!   with its rings and PRP lists ([`nvme::pcie::queue`]); NVMe over TCP
+//!   ([`nvme::tcp`]): [`nvme::tcp::TcpController`] (Fabrics bring-up on
+//!   the admin connection) and [`nvme::tcp::TcpQueuePair`] (one connection
+//!   per queue pair, on the same queue-pair engine). A socket makes system
+//!   calls and copies where a PCIe queue makes none (see that module).
 //! - [`ufs`]: the UFS transport (UFSHCI 4.0 MCQ and legacy single doorbell):
 //!   wire formats ([`ufs::spec`]: registers, UTRD, UPIU, PRDT, SCSI CDBs),
 //!   [`UfsController`] bring-up and host controller reset, [`UfsQueuePair`]

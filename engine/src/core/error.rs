@@ -118,6 +118,14 @@ pub enum Error {
     /// cannot reach memory that is reused.
     #[error("DMA unmap failed, buffer leaked: {0}")]
     Mapping(#[source] mcqio_vfio::MapError),
+    /// A wire's own failure that no variant above names: a connection to a
+    /// network-attached controller (NVMe/TCP) closed, timed out, was
+    /// terminated by the peer or carried a malformed or hostile unit.
+    /// The wire's typed error is inside; downcast it to inspect it
+    /// (NVMe/TCP: `mcqio::nvme::tcp::TcpError`). Boxed so the core names
+    /// no wire's type.
+    #[error("transport: {0}")]
+    Transport(Box<dyn std::error::Error + Send + Sync + 'static>),
     /// A worker thread of [`run_per_core`](super::per_core::run_per_core) panicked.
     #[error("worker thread {0} panicked")]
     WorkerPanicked(usize),

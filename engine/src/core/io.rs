@@ -543,6 +543,14 @@ pub enum IoError {
     /// SCSI status with sense data.
     #[error("UFS command failed: {0}")]
     Ufs(UfsError),
+    /// The connection that carried the command (NVMe/TCP: one TCP
+    /// connection per queue pair) ended before its completion arrived:
+    /// the peer closed it, broke the protocol, or did not answer in time.
+    /// No one can touch the buffer any more (a socket moves data only
+    /// while the host sends and receives), so it comes back; the command
+    /// may or may not have executed. The queue pair's `poll` reports why.
+    #[error("the connection carrying the command ended; it may or may not have executed")]
+    ConnectionLost,
     /// The controller failed (NVMe: CSTS.CFS; UFS: a fatal error bit in
     /// IS) or disappeared.
     #[error("the controller failed or was removed; reset the controller (fatal status) or re-attach the device (removal)")]

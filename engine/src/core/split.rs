@@ -128,6 +128,13 @@ impl<B: IoBuf, S> Splits<B, S> {
         }
     }
 
+    /// The buffer of parent `p` while its children are in flight: a wire
+    /// that copies data (a socket) reaches a child's bytes through it.
+    #[inline]
+    pub fn buf_of(&self, p: u16) -> Option<&B> {
+        self.parents.get(usize::from(p))?.buf.as_ref()
+    }
+
     /// Record that the child in `slot` of parent `p` finished with
     /// `result` (its tracker slot is already freed). Returns the parent's
     /// completion (tag, buffer, result) once its last child is finished.

@@ -241,6 +241,16 @@ pub(in crate::nvme) fn active_namespaces(
     id: &IdentifyController,
     t: Duration,
 ) -> Result<Vec<u32>> {
+    active_namespaces_by(id, |cmd, what| identify_page(admin, regs, cmd, what, t))
+}
+
+/// [`active_namespaces`] over any way of running an Identify (`identify`
+/// returns the 4096-byte page): the seam a fabric controller, whose admin
+/// queue is a connection rather than rings, brings up through.
+pub(in crate::nvme) fn active_namespaces_by(
+    id: &IdentifyController,
+    mut identify: impl FnMut(Identify, &'static str) -> Result<Vec<u8>>,
+) -> Result<Vec<u32>> {
     let too_many = || Error::BadDevice {
         what: "active namespace list",
         detail: format!("more than {MAX_NAMESPACES} active namespaces"),
@@ -248,12 +258,9 @@ pub(in crate::nvme) fn active_namespaces(
     let mut out = Vec::new();
     let mut after = 0u32;
     loop {
-        let page = match identify_page(
-            admin,
-            regs,
+        let page = match identify(
             Identify::active_namespaces(after),
             "Identify Active Namespace List",
-            t,
         ) {
             Ok(p) => p,
             Err(Error::Command { status, .. })

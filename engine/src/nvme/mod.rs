@@ -9,6 +9,10 @@
 //!   ([`AsyncEvent`]), Identify, [`Controller::admin_read`].
 //! - [`pcie`]: NVMe over PCIe: [`QueuePair`] (rings, doorbells, PRP lists,
 //!   transfers split at MDTS) in [`pcie::queue`].
+//! - [`tcp`]: NVMe over TCP: [`tcp::TcpController`] and
+//!   [`tcp::TcpQueuePair`] on the same queue-pair engine, reusing [`spec`],
+//!   the namespace checks of [`ctrl`] and the namespace-list walk of
+//!   [`admin`].
 //!
 //! [`queue`] is [`pcie::queue`] under its former path.
 

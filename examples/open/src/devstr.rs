@@ -16,6 +16,7 @@
 //! | `vfio-0000.01.00.0`, `vfio-01.00.0` | the same in the fio engine's spelling (a fio filename cannot hold `:`): dots for colons, as SPDK's `traddr=0000.01.00.0` |
 //! | `uring:/path` | a file or block device through io_uring (`mcqio-perf` only) |
 //! | `uring:null` | io_uring NOPs: the kernel path with no device at all (`mcqio-perf` only) |
+//! | `tcp:127.0.0.1:4420/nqn.2026-01.io.example:sub1` | an NVMe/TCP target: address, port, then the subsystem NQN after the first `/` |
 //!
 //! Options: `lbs` (logical block size in bytes: `512`, `4k`) or `lbads`
 //! (the same as NVMe's LBADS, a power of two: `9` = 512 B, `12` = 4 KiB),
@@ -27,6 +28,10 @@
 //! the fake offers), `core` (CPU the fake's device thread is pinned to),
 //! `sync` (0/1: the fake runs inside the doorbell store, on the job's
 //! thread), `direct` (0/1: O_DIRECT for `uring:<path>`).
+//!
+//! `tcp:` takes `hdgst` and `ddgst` (header and data digests; bare, or
+//! `=0`/`=1`), `qpairs` (I/O queues to ask for) and `kato` (Keep Alive
+//! Timeout with its unit, `0` for none).
 //!
 //! `fake-ufs` takes `mcq` (`on`/`off`: MCQ or the legacy single-doorbell
 //! list), `queues` (MCQ hardware queues the fake offers, 1 to 32), `lus`
@@ -192,6 +197,13 @@ pub enum DeviceKind {
         /// Path to the file or device.
         path: PathBuf,
     },
+    /// An NVMe/TCP target.
+    Tcp {
+        /// `host:port` as given (resolved when opened).
+        addr: String,
+        /// The subsystem NQN.
+        subnqn: String,
+    },
 }
 
 /// Options after the commas of a device spec. `None` means "the default for
@@ -235,6 +247,12 @@ pub struct DeviceOpts {
     /// `fake-ufs`: parallel NAND units, dies × planes (`dies=`; cost
     /// model).
     pub nand_units: Option<u32>,
+    /// `tcp:`: ask for header digests (`hdgst`).
+    pub hdgst: Option<bool>,
+    /// `tcp:`: ask for data digests (`ddgst`).
+    pub ddgst: Option<bool>,
+    /// `tcp:`: Keep Alive Timeout (`kato=`).
+    pub kato: Option<Duration>,
 }
 
 /// A parsed `--device` value.
@@ -265,6 +283,9 @@ const FAKE_UFS_KEYS: &[&str] = &[
 const VFIO_KEYS: &[&str] = &["qpairs", "mcq"];
 const URING_NULL_KEYS: &[&str] = &[];
 const URING_FILE_KEYS: &[&str] = &["lbs", "lbads", "size", "direct"];
+const TCP_KEYS: &[&str] = &["hdgst", "ddgst", "qpairs", "kato"];
+/// Options that may stand alone, meaning `=1`.
+const FLAG_KEYS: &[&str] = &["hdgst", "ddgst"];
 
 impl DeviceSpec {
     /// A short label for table rows: the spec without its options.
@@ -277,6 +298,7 @@ impl DeviceSpec {
             DeviceKind::Vfio { bdf } => format!("vfio:{bdf}"),
             DeviceKind::UringNull => "uring:null".into(),
             DeviceKind::UringFile { path } => format!("uring:{}", path.display()),
+            DeviceKind::Tcp { addr, subnqn } => format!("tcp:{addr}/{subnqn}"),
         }
     }
 
@@ -408,6 +430,29 @@ impl DeviceSpec {
     }
 }
 
+/// `host:port/subnqn` of a `tcp:` spec (IPv6 hosts in brackets:
+/// `[::1]:4420/…`).
+fn parse_tcp(a: &str) -> Result<DeviceKind, SpecError> {
+    let usage = "use tcp:<address>:<port>/<subsystem NQN>, e.g. tcp:127.0.0.1:4420/nqn.2026-01.io.example:sub1";
+    let Some((addr, subnqn)) = a.split_once('/') else {
+        return err(format!("`tcp:{a}` names no subsystem: {usage}"));
+    };
+    let port = addr.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
+    match port {
+        Some((h, Ok(p))) if !h.is_empty() && p != 0 => {}
+        _ => return err(format!("`{addr}` is not <address>:<port>: {usage}")),
+    }
+    if subnqn.is_empty() || subnqn.len() > 255 {
+        return err(format!(
+            "subsystem NQN `{subnqn}` must be 1 to 255 bytes: {usage}"
+        ));
+    }
+    Ok(DeviceKind::Tcp {
+        addr: addr.into(),
+        subnqn: subnqn.into(),
+    })
+}
+
 impl std::str::FromStr for DeviceSpec {
     type Err = SpecError;
 
@@ -438,6 +483,8 @@ impl std::str::FromStr for DeviceSpec {
             ("uring", Some("null")) => (DeviceKind::UringNull, URING_NULL_KEYS),
             ("uring", Some(p)) if !p.is_empty() => (DeviceKind::UringFile { path: p.into() }, URING_FILE_KEYS),
             ("uring", _) => return err("`uring` needs a path or `null`: uring:/dev/nvme0n1, uring:/tmp/file, uring:null"),
+            ("tcp", Some(a)) => (parse_tcp(a)?, TCP_KEYS),
+            ("tcp", None) => return err("`tcp` needs an address and a subsystem: tcp:127.0.0.1:4420/nqn.2026-01.io.example:sub1"),
             ("", _) => return err("empty device spec: use fake, fake:null, fake-ufs, fake-ufs:null, vfio:<BDF>, uring:<path> or uring:null"),
             (k, _) => return err(format!("unknown device kind `{k}`: use fake, fake:null, fake-ufs, fake-ufs:null, vfio:<BDF>, uring:<path> or uring:null")),
         };
@@ -448,9 +495,11 @@ impl std::str::FromStr for DeviceSpec {
             if opt.is_empty() {
                 continue;
             }
-            let (k, v) = opt.split_once('=').ok_or_else(|| {
-                SpecError(format!("device option `{opt}` needs a value: key=value"))
-            })?;
+            let (k, v) = match opt.split_once('=') {
+                Some(kv) => kv,
+                None if FLAG_KEYS.contains(&opt) && keys.contains(&opt) => (opt, "1"),
+                None => return err(format!("device option `{opt}` needs a value: key=value")),
+            };
             keys_given.push(k.to_string());
             if !keys.contains(&k) {
                 let allowed = if keys.is_empty() {
@@ -553,6 +602,19 @@ impl std::str::FromStr for DeviceSpec {
                         opts.lus = Some(n as u8);
                     }
                 }
+                "hdgst" | "ddgst" => {
+                    let b = match v {
+                        "1" | "true" | "yes" | "on" => true,
+                        "0" | "false" | "no" | "off" => false,
+                        _ => return err(format!("{k}={v}: use {k} (on), {k}=0 or {k}=1")),
+                    };
+                    if k == "hdgst" {
+                        opts.hdgst = Some(b);
+                    } else {
+                        opts.ddgst = Some(b);
+                    }
+                }
+                "kato" => opts.kato = Some(parse_device_duration(k, v)?),
                 "direct" | "sync" => {
                     let b = match v {
                         "1" | "true" | "yes" => true,
@@ -931,6 +993,49 @@ mod tests {
 
     fn spec(s: &str) -> DeviceSpec {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn tcp_specs_name_address_subsystem_and_options() {
+        let t =
+            spec("tcp:127.0.0.1:4420/nqn.2026-01.io.example:sub1,hdgst,ddgst=0,qpairs=3,kato=5s");
+        assert_eq!(
+            t.kind,
+            DeviceKind::Tcp {
+                addr: "127.0.0.1:4420".into(),
+                subnqn: "nqn.2026-01.io.example:sub1".into()
+            }
+        );
+        assert_eq!(t.label(), "tcp:127.0.0.1:4420/nqn.2026-01.io.example:sub1");
+        assert_eq!((t.opts.hdgst, t.opts.ddgst), (Some(true), Some(false)));
+        assert_eq!(t.opts.qpairs, Some(3));
+        assert_eq!(t.opts.kato, Some(Duration::from_secs(5)));
+        assert!(t.stores_data());
+        let o = t.tcp_options("nqn.x");
+        assert!(o.header_digest && !o.data_digest);
+        assert_eq!(
+            (o.io_queues, o.kato, o.subnqn.as_str()),
+            (3, Duration::from_secs(5), "nqn.x")
+        );
+        let ipv6 = spec("tcp:[::1]:4420/nqn.x");
+        assert!(matches!(ipv6.kind, DeviceKind::Tcp { ref addr, .. } if addr == "[::1]:4420"));
+        for bad in [
+            "tcp",
+            "tcp:127.0.0.1:4420",
+            "tcp:127.0.0.1/nqn.x",
+            "tcp:127.0.0.1:0/nqn.x",
+            "tcp::4420/nqn.x",
+            "tcp:127.0.0.1:4420/",
+            "tcp:127.0.0.1:4420/nqn.x,lbs=4k",
+            "tcp:127.0.0.1:4420/nqn.x,hdgst=maybe",
+            "tcp:127.0.0.1:4420/nqn.x,kato=5",
+            "fake,hdgst",
+        ] {
+            assert!(
+                bad.parse::<DeviceSpec>().is_err(),
+                "{bad} should be refused"
+            );
+        }
     }
 
     #[test]

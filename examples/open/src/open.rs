@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use mcqio::core::block::BlockQueue;
+use mcqio::nvme::tcp::{TcpController, TcpOptions};
 use mcqio::ufs::UfsMode;
 use mcqio::{Controller, ControllerOptions, DmaBuf, UfsController, UfsOptions};
 use mcqio_fixtures::ufs::{FakeUfs, UfsConfig};
@@ -40,6 +41,13 @@ pub enum Backing {
         /// class code; `roots` is also where the class code is read.
         options: VfioOpenOptions,
     },
+    /// An NVMe/TCP target: no backend, the controller is a connection.
+    Tcp {
+        /// `host:port`.
+        addr: String,
+        /// Subsystem, digests, Keep Alive, queues to ask for.
+        options: TcpOptions,
+    },
 }
 
 /// Controller options for either transport: the one that fits the device
@@ -59,6 +67,8 @@ pub enum Device {
     Nvme(Arc<Controller>),
     /// A UFS host controller.
     Ufs(Arc<UfsController>),
+    /// An NVMe controller over NVMe/TCP.
+    Tcp(Arc<TcpController>),
 }
 
 /// The fake a device runs on, for fault injection and its counters.
@@ -156,11 +166,17 @@ impl Backing {
             Backing::FakeNvme(_) => Ok(Transport::Nvme),
             Backing::FakeUfs(_) => Ok(Transport::Ufs),
             Backing::Vfio { bdf, options } => vfio_transport(&options.roots, bdf),
+            Backing::Tcp { .. } => Ok(Transport::Nvme),
         }
     }
 
-    /// Build the backend and bring its controller up with `opts`.
+    /// Build the backend and bring its controller up with `opts` (an
+    /// NVMe/TCP target: connect and bring the association up; `opts.nvme`
+    /// gives the admin timeout and the per-command cap).
     pub fn open(self, opts: &CtrlOptions) -> Result<Opened, OpenError> {
+        if let Backing::Tcp { addr, options } = self {
+            return open_tcp(&addr, options, opts);
+        }
         self.attach()?.open(opts)
     }
 
@@ -184,6 +200,11 @@ impl Backing {
                 })?;
                 (f.clone(), Some(Fake::Ufs(f)))
             }
+            Backing::Tcp { addr, .. } => {
+                return Err(OpenError::Spec(SpecError(format!(
+                    "tcp:{addr} has no backend to attach: open it (Backing::open)"
+                ))))
+            }
             Backing::Vfio { bdf, options } => {
                 let options = VfioOpenOptions {
                     // The default refuses anything but an NVMe controller.
@@ -204,6 +225,45 @@ impl Backing {
             fake,
             transport,
         })
+    }
+}
+
+/// Resolve `addr` and connect (each address it resolves to, in turn).
+fn open_tcp(addr: &str, mut o: TcpOptions, opts: &CtrlOptions) -> Result<Opened, OpenError> {
+    use std::net::ToSocketAddrs;
+    o.admin_timeout = opts.nvme.admin_timeout;
+    o.max_transfer = opts.nvme.max_transfer;
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| SpecError(format!("tcp:{addr}: {e}")))?
+        .collect();
+    let mut last = None;
+    for a in addrs {
+        match TcpController::connect(a, o.clone()) {
+            Ok(c) => {
+                return Ok(Opened {
+                    device: Device::Tcp(c),
+                    fake: None,
+                })
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(match last {
+        Some(e) => OpenError::Nvme(e),
+        None => SpecError(format!("tcp:{addr} resolves to no address")).into(),
+    })
+}
+
+/// The default queue-pair options, the depth capped to what the target
+/// offers (Linux's nvmet-tcp and the fake offer 128 entries, below the
+/// default depth of 256).
+fn tcp_qpair_options(c: &TcpController) -> mcqio::QpairOptions {
+    let d = mcqio::QpairOptions::default();
+    let most = c.cap().max_queue_entries().saturating_sub(1).clamp(1, 4096) as u16;
+    mcqio::QpairOptions {
+        depth: d.depth.min(most),
+        ..d
     }
 }
 
@@ -279,10 +339,28 @@ impl DeviceSpec {
                     options: VfioOpenOptions::default(),
                 })
             }
+            DeviceKind::Tcp { addr, subnqn } => Ok(Backing::Tcp {
+                addr: addr.clone(),
+                options: self.tcp_options(subnqn),
+            }),
             _ => Err(SpecError(format!(
                 "{who} drives an NVMe or UFS controller: use fake[,options], fake-ufs[,options] or vfio:<BDF>, not `{}`",
                 self.label()
             ))),
+        }
+    }
+
+    /// The NVMe/TCP options a `tcp:` spec gives for `subnqn`: digests,
+    /// `qpairs=` (queues to ask for), `kato=`.
+    pub fn tcp_options(&self, subnqn: &str) -> TcpOptions {
+        let d = TcpOptions::default();
+        TcpOptions {
+            subnqn: subnqn.into(),
+            header_digest: self.opts.hdgst.unwrap_or(false),
+            data_digest: self.opts.ddgst.unwrap_or(false),
+            io_queues: self.opts.qpairs.unwrap_or(d.io_queues),
+            kato: self.opts.kato.unwrap_or(d.kato),
+            ..d
         }
     }
 
@@ -330,7 +408,7 @@ impl Device {
     /// The transport.
     pub fn transport(&self) -> Transport {
         match self {
-            Device::Nvme(_) => Transport::Nvme,
+            Device::Nvme(_) | Device::Tcp(_) => Transport::Nvme,
             Device::Ufs(_) => Transport::Ufs,
         }
     }
@@ -339,6 +417,15 @@ impl Device {
     pub fn units(&self) -> Vec<BlockUnit> {
         match self {
             Device::Nvme(c) => c
+                .namespaces()
+                .iter()
+                .map(|n| BlockUnit {
+                    id: n.id,
+                    blocks: n.nsze,
+                    block_size: n.lba_size as u32,
+                })
+                .collect(),
+            Device::Tcp(c) => c
                 .namespaces()
                 .iter()
                 .map(|n| BlockUnit {
@@ -364,6 +451,7 @@ impl Device {
         match self {
             Device::Nvme(c) => c.dma(),
             Device::Ufs(c) => c.dma(),
+            Device::Tcp(c) => c.dma(),
         }
     }
 
@@ -372,6 +460,7 @@ impl Device {
         match self {
             Device::Nvme(c) => c.max_transfer(),
             Device::Ufs(c) => u64::from(c.options().max_transfer),
+            Device::Tcp(c) => c.max_transfer(),
         }
     }
 
@@ -380,6 +469,7 @@ impl Device {
     pub fn granted_queues(&self) -> usize {
         match self {
             Device::Nvme(c) => c.granted_io_queues(),
+            Device::Tcp(c) => c.granted_io_queues(),
             Device::Ufs(c) => match c.mode() {
                 UfsMode::Mcq { queues } => usize::from(queues),
                 UfsMode::Legacy => 1,
@@ -393,6 +483,11 @@ impl Device {
         match self {
             Device::Nvme(c) => {
                 let mut qp = c.create_qpair(Default::default())?;
+                let units: Vec<u32> = c.namespaces().iter().map(|n| n.id).collect();
+                Ok(f.run(0, &mut qp, &units))
+            }
+            Device::Tcp(c) => {
+                let mut qp = c.create_qpair(tcp_qpair_options(c))?;
                 let units: Vec<u32> = c.namespaces().iter().map(|n| n.id).collect();
                 Ok(f.run(0, &mut qp, &units))
             }
@@ -412,6 +507,12 @@ impl Device {
             Device::Nvme(c) => {
                 let units: Vec<u32> = c.namespaces().iter().map(|n| n.id).collect();
                 mcqio::run_per_core(c, threads, Default::default(), |i, qp| f.run(i, qp, &units))
+            }
+            Device::Tcp(c) => {
+                let units: Vec<u32> = c.namespaces().iter().map(|n| n.id).collect();
+                mcqio::run_per_core(c, threads, tcp_qpair_options(c), |i, qp| {
+                    f.run(i, qp, &units)
+                })
             }
             Device::Ufs(c) => {
                 let units: Vec<u8> = c.logical_units().iter().map(|l| l.lun).collect();
@@ -485,6 +586,31 @@ mod tests {
             }
             assert!(dev.granted_queues() >= 1, "{s}");
         }
+    }
+
+    /// A `tcp:` device runs the same body, one connection per queue pair.
+    #[test]
+    fn one_body_over_nvme_tcp() {
+        let t = mcqio_fixtures::tcp::FakeTcpTarget::start(Default::default()).unwrap();
+        let spec: DeviceSpec = format!("tcp:{}/{},hdgst,ddgst,qpairs=2", t.addr(), t.subnqn())
+            .parse()
+            .unwrap();
+        let o = spec.open("test").unwrap();
+        assert!(o.fake.is_none());
+        let dev = o.device;
+        assert!(matches!(dev, Device::Tcp(_)));
+        assert_eq!(dev.transport(), Transport::Nvme);
+        assert_eq!(dev.units().len(), 2);
+        assert_eq!(dev.granted_queues(), 2);
+        let stamp = Stamp(dev.dma().clone());
+        assert!(dev.with_queue(&stamp).unwrap());
+        for ok in dev.run_per_core(2, &stamp).unwrap() {
+            assert!(ok);
+        }
+        assert_eq!(
+            mcqio_fixtures::tcp::TcpTargetStats::get(&t.stats().io_connects),
+            3
+        );
     }
 
     /// The transport of a `vfio:` device comes from its PCI class code.

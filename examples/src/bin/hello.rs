@@ -104,6 +104,13 @@ fn run(spec: &str) -> Result<(), Box<dyn std::error::Error>> {
     let ctrl = match open(spec)? {
         Device::Nvme(ctrl) => ctrl,
         Device::Ufs(ctrl) => return run_ufs(ctrl),
+        Device::Tcp(_) => {
+            return Err(format!(
+                "{} runs on fake, fake-ufs and vfio: devices; drive an NVMe/TCP target with mcqio-perf -d tcp:…",
+                env!("CARGO_BIN_NAME")
+            )
+            .into())
+        }
     };
     let id = ctrl.identify();
     let ns = ctrl

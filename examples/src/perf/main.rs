@@ -48,6 +48,7 @@ mod setup;
 mod slots;
 mod spec;
 mod target;
+mod tcp;
 mod ufs;
 mod uring;
 mod verify;
@@ -208,7 +209,8 @@ struct RunArgs {
         value_parser = device,
         help = "Device: fake[,lbs=,lbads=,ns=,size=,corrupt=,error=,latency=,qpairs=,core=,sync=], fake:null, \
                 fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,core=,sync=,tr=,tprog=,dies=], fake-ufs:null, \
-                vfio:<BDF>[,qpairs=,mcq=] (NVMe or UFS), uring:<path>[,size=,lbs=,lbads=,direct=], uring:null \
+                vfio:<BDF>[,qpairs=,mcq=] (NVMe or UFS), uring:<path>[,size=,lbs=,lbads=,direct=], uring:null, \
+                tcp:<addr>:<port>/<subsystem NQN>[,hdgst,ddgst,qpairs=,kato=] (NVMe/TCP) \
                 (lbs= in bytes, lbads= as NVMe's log2; default fake: 1 namespace of 64 MiB, 512 B blocks). \
                 Repeat -d to run several devices at once: job i runs on device i mod N"
     )]
@@ -374,7 +376,10 @@ impl RunArgs {
         let polled = self.device.iter().chain(self.compare.as_ref()).any(|d| {
             matches!(
                 d.kind,
-                DeviceKind::Fake { .. } | DeviceKind::FakeUfs { .. } | DeviceKind::Vfio { .. }
+                DeviceKind::Fake { .. }
+                    | DeviceKind::FakeUfs { .. }
+                    | DeviceKind::Vfio { .. }
+                    | DeviceKind::Tcp { .. }
             )
         });
         if polled && jobs > ncpu && !self.force {

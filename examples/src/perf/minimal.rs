@@ -113,6 +113,14 @@ pub fn run(spec: &DeviceSpec, o: &MinimalOpts) -> Result<MinimalReport, PerfErro
                     .into(),
             ))
         }
+        // The loop's slot buffers are device addresses only; a socket
+        // needs host memory (the TCP job queue moves DmaBufs instead).
+        Target::Tcp(_) => {
+            return Err(PerfError::Usage(
+                "--minimal runs on PCIe NVMe and UFS devices (fake…, vfio:…), not yet on tcp:"
+                    .into(),
+            ))
+        }
     };
     r.map_err(PerfError::Device)
 }

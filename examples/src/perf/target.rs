@@ -13,6 +13,7 @@ use crate::queue::JobQueue;
 use crate::run::DmaMode;
 use crate::run::PerfError;
 use crate::spec::{DeviceKind, DeviceSpec};
+use crate::tcp::TcpTarget;
 use crate::ufs::{UfsOpenError, UfsTarget};
 use crate::uring::UringTarget;
 
@@ -159,6 +160,8 @@ pub enum Target {
     Nvme(NvmeTarget),
     /// `fake-ufs`, `fake-ufs:null` or `vfio:<BDF>` on UFS: the mcqio engine.
     Ufs(UfsTarget),
+    /// `tcp:<addr>:<port>/<nqn>`: the mcqio engine over NVMe/TCP.
+    Tcp(TcpTarget),
 }
 
 impl Target {
@@ -173,6 +176,26 @@ impl Target {
                 spec.opts.direct,
                 plan.writes,
             )?))),
+            DeviceKind::Tcp { .. } => {
+                if plan.dma != DmaMode::Premapped {
+                    return Err(PerfError::Usage(format!(
+                        "--dma {} is not available on NVMe/TCP (`{}`): use --dma premapped",
+                        plan.dma.name(),
+                        spec.label()
+                    )));
+                }
+                let jobs = plan.jobs.max(1);
+                let t = TcpTarget::open(spec, plan)
+                    .map_err(|e| PerfError::Device(format!("{}: {e}", spec.label())))?;
+                if t.granted_io_queues() < jobs {
+                    return Err(PerfError::QueueCount {
+                        device: spec.label(),
+                        jobs,
+                        granted: t.granted_io_queues(),
+                    });
+                }
+                Ok(Target::Tcp(t))
+            }
             DeviceKind::FakeUfs { .. } | DeviceKind::Vfio { .. }
                 if spec.is_ufs(&mcqio_vfio::SysRoots::default()) =>
             {
@@ -234,6 +257,7 @@ impl Target {
             Target::Uring(t) => t.lbads(),
             Target::Nvme(t) => t.info().lbads,
             Target::Ufs(t) => t.info().lbads,
+            Target::Tcp(t) => t.info().lbads,
         }
     }
 
@@ -246,6 +270,7 @@ impl Target {
             }],
             Target::Nvme(t) => t.info().namespaces.clone(),
             Target::Ufs(t) => t.info().namespaces.clone(),
+            Target::Tcp(t) => t.info().namespaces.clone(),
         }
     }
 
@@ -255,6 +280,7 @@ impl Target {
             Target::Uring(t) => t.describe(),
             Target::Nvme(t) => t.info().describe.clone(),
             Target::Ufs(t) => t.info().describe.clone(),
+            Target::Tcp(t) => t.info().describe.clone(),
         }
     }
 
@@ -262,7 +288,7 @@ impl Target {
     /// device is a threaded fake pinned to a core.
     pub fn fake_cores(&self) -> Option<(usize, usize)> {
         match self {
-            Target::Uring(_) => None,
+            Target::Uring(_) | Target::Tcp(_) => None,
             Target::Nvme(t) => t.info().cores,
             Target::Ufs(t) => t.info().cores,
         }
@@ -274,13 +300,14 @@ impl Target {
             Target::Uring(t) => t.notes().to_vec(),
             Target::Nvme(t) => t.notes(),
             Target::Ufs(t) => t.notes(),
+            Target::Tcp(t) => t.info().notes.clone(),
         }
     }
 
     /// IOMMU counters, if the device sits behind an IOMMU.
     pub fn iommu_stats(&self) -> Option<mcqio_vfio::IommuStats> {
         match self {
-            Target::Uring(_) => None,
+            Target::Uring(_) | Target::Tcp(_) => None,
             Target::Nvme(t) => Some(t.iommu_stats()),
             Target::Ufs(t) => Some(t.iommu_stats()),
         }
@@ -319,6 +346,16 @@ impl Target {
                         t.queue(spec.depth, buf_len(spec))
                             .map_err(|e| e.to_string())
                     })
+                    .collect(),
+                specs,
+                shared,
+                clock,
+                ready,
+            ),
+            Target::Tcp(t) => start(
+                specs
+                    .iter()
+                    .map(|s| t.queue(s.nsid, s.depth, buf_len(s)))
                     .collect(),
                 specs,
                 shared,

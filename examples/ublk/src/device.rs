@@ -65,6 +65,16 @@ pub fn caps_of(dev: &Device, u: &BlockUnit, max_io: u64) -> Caps {
                 },
             }
         }
+        // Never served (see `serve`); conservative all the same.
+        Device::Tcp(_) => Caps {
+            block_shift,
+            blocks: u.blocks,
+            max_io,
+            volatile_cache: true,
+            fua: false,
+            discard: false,
+            write_zeroes_blocks: 0,
+        },
         Device::Ufs(_) => Caps {
             block_shift,
             blocks: u.blocks,
@@ -198,6 +208,9 @@ pub fn serve(
             })
             .map_err(|e| e.to_string())
         }
+        Device::Tcp(_) => Err(
+            "the ublk server does not serve NVMe/TCP devices yet (no FUA/Write Zeroes target for its queue pairs)".into(),
+        ),
         Device::Ufs(c) => {
             let at = u8::try_from(unit_id).map_err(|_| format!("LUN {unit_id} out of range"))?;
             let opts = UfsQpairOptions {

@@ -27,7 +27,7 @@ fn open(spec: &str) -> Opened {
 fn nvme_ctrl(o: &Opened) -> std::sync::Arc<mcqio::Controller> {
     match &o.device {
         Device::Nvme(c) => c.clone(),
-        Device::Ufs(_) => panic!("not NVMe"),
+        Device::Ufs(_) | Device::Tcp(_) => panic!("not NVMe over PCIe"),
     }
 }
 
@@ -555,6 +555,7 @@ fn random_stream(specs: &[&str]) {
                 let mut qp = ctrl.create_qpair(Default::default()).unwrap();
                 body!(&mut qp, 0u8)
             }
+            Device::Tcp(_) => unreachable!("only fake specs here"),
         }
     }
 }

@@ -1,7 +1,18 @@
-//! # NVMe over TCP: the PDU layer and the Fabrics command set
+//! # NVMe over TCP: the initiator
 //!
-//! Plain data and codecs, no sockets: what an NVMe/TCP queue pair (a future
-//! `Wire` beside [`super::pcie`]) stands on.
+//! A third wire on the shared queue-pair engine, beside [`super::pcie`]:
+//!
+//! - [`TcpController`] ([`controller`]): the association — the admin queue
+//!   on its own connection, Fabrics bring-up (Connect, Property Get/Set in
+//!   place of MMIO), Identify, Number of Queues, Keep Alive from polling.
+//! - [`TcpQueuePair`] ([`qpair`]): one I/O queue per connection, owned by
+//!   one thread; it embeds `core::qpair::Engine` and implements its
+//!   `Wire` and `Addressed`, so it is a [`crate::core::block::BlockQueue`]
+//!   with the blocking helpers, like the PCIe and UFS queue pairs.
+//! - [`TcpError`] ([`error`]): how a connection ends, inside
+//!   [`crate::Error::Transport`].
+//!
+//! Under them, plain data and codecs, no sockets:
 //!
 //! - [`pdu`]: the `#[repr(C)]` wire structs (common header, ICReq/ICResp,
 //!   CapsuleCmd/CapsuleResp, H2CData/C2HData, R2T, TermReq), an in-place
@@ -26,14 +37,22 @@
 //! given: the property tests in [`pdu`] feed it arbitrary bytes and every
 //! split of valid PDUs.
 
+mod conn;
+pub mod controller;
 pub mod digest;
+pub mod error;
 pub mod fabrics;
+mod memory;
 pub mod pdu;
+pub mod qpair;
 pub mod recv;
 
 #[cfg(test)]
 mod tests;
 
+pub use controller::{TcpController, TcpOptions};
 pub use digest::{DataDigest, Digests};
+pub use error::{TcpError, Violation};
 pub use pdu::{BuildError, Direction, Negotiated, Parse, Pdu, PduError};
+pub use qpair::{TcpQpairStats, TcpQueuePair};
 pub use recv::RecvBuf;

@@ -359,6 +359,13 @@ impl Job {
             granted: self.dev.granted_queues(),
         };
         let qp = match self.dev.ctrl() {
+            // `Device::open` refuses `tcp:` devices; kept typed all the same.
+            Ctrl::Tcp(_) => {
+                return Err(EngineError::Qpair {
+                    why: "the fio engine does not drive NVMe/TCP devices yet".into(),
+                    granted: 0,
+                })
+            }
             Ctrl::Nvme(ctrl) => {
                 let qopts = QpairOptions {
                     depth,
@@ -638,6 +645,7 @@ fn file_info(dev: &Device, unit: Unit, name: &str) -> Result<FileInfo, EngineErr
         want,
     };
     match dev.ctrl() {
+        Ctrl::Tcp(_) => Err(wrong("a device the fio engine drives (not NVMe/TCP yet)")),
         Ctrl::Nvme(ctrl) => {
             let nsid = match unit {
                 Unit::Default => 1,

@@ -1,0 +1,783 @@
+//! [`TcpController`]: an NVMe controller reached over NVMe/TCP — the
+//! association's admin queue on its own connection.
+//!
+//! Bring-up ([`TcpController::connect`]), in the order of NVMe over
+//! Fabrics:
+//!
+//! 1. TCP connect, ICReq/ICResp (digests asked for, HPDA 0, MAXR2T;
+//!    CPDA and MAXH2CDATA taken from the target);
+//! 2. Connect on queue 0 with CNTLID 0xFFFF, the host and subsystem NQNs
+//!    and KATO: the target assigns the controller id;
+//! 3. Property Get CAP and VS, Property Set CC (EN, NVM, 64-byte SQEs,
+//!    16-byte CQEs), Property Get CSTS until RDY — bounded by CAP.TO;
+//!    CSTS.CFS is [`Error::ControllerFatal`]; these replace the MMIO of NVMe
+//!    over PCIe;
+//! 4. Identify Controller (its Fabrics fields: IOCCSZ sizes in-capsule
+//!    writes), the active namespace list and each namespace (through the
+//!    same seam as PCIe: `admin::active_namespaces_by`, `Namespace::new`);
+//! 5. Set Features Number of Queues: the grant bounds
+//!    [`TcpController::create_qpair`].
+//!
+//! Each I/O queue pair opens its own connection and Connects its queue id
+//! with the controller id from step 2 ([`super::TcpQueuePair`]).
+//!
+//! **Keep Alive** runs from polling, never from a thread: every queue
+//! pair's poll looks, every few hundred polls, whether KATO/2 passed since
+//! the last Keep Alive, and if so (and no other thread holds the admin
+//! connection) sends one on the admin connection and waits for it. An
+//! application that polls no queue pair for longer than KATO/2 calls
+//! [`TcpController::keep_alive`] itself.
+//!
+//! **Failure.** A socket cannot reach host memory, so no failure here
+//! ever leaves memory the target might still write: when the admin
+//! connection fails (closed, TermReq, malformed PDU, a timeout), the state
+//! word moves to a new epoch marked gone (`core::state`) and every
+//! queue pair ends its commands, buffers handed back, with
+//! [`crate::IoError::ControllerFailed`]; `poll`, admin calls and new queue
+//! pairs then fail with [`Error::Transport`] holding the [`TcpError`].
+//! [`TcpController::reset`] brings it back by reconnecting.
+//!
+//! **Reset** ([`TcpController::reset`], also run by the I/O timeout
+//! policies) is a reconnect: the admin connection is closed (the target
+//! drops the association and its I/O connections with it) and a new
+//! association is brought up; its namespaces must be the ones we had. The
+//! state word moves to a new epoch, so every queue pair, at its next poll,
+//! ends what it had in flight once with [`crate::IoError::AbortedByReset`]
+//! and Connects its queue again (same queue id, new controller id).
+//!
+//! **Dropping** the controller (after its queue pairs) sets CC.SHN and
+//! waits for CSTS.SHST complete, bounded, then closes the connection.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use mcqio_vfio::{DmaDir, DmaSpace};
+
+use super::conn::{Conn, SyncData};
+use super::digest::Digests;
+use super::error::TcpError;
+use super::fabrics::{self, property, Connect, ConnectData, FabricsIdentify, PropertySize};
+use super::memory::host_space;
+use super::qpair::TcpQueuePair;
+use crate::core::block::{BlockDevice, BlockUnit};
+use crate::core::io::IoBuf;
+use crate::core::state::{self, Controlled, StateWord};
+use crate::nvme::admin::active_namespaces_by;
+use crate::nvme::ctrl::Namespace;
+use crate::nvme::pcie::queue::QpairOptions;
+use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace};
+use crate::nvme::spec::regs::{Cap, Cc, Csts, Version};
+use crate::nvme::spec::sqe::{Command, Identify, SetFeatures};
+use crate::nvme::spec::{Cqe, Sqe};
+use crate::{DmaBuf, Error, Result};
+
+/// How to reach and bring up a target.
+#[derive(Clone, Debug)]
+pub struct TcpOptions {
+    /// The subsystem NQN to connect to.
+    pub subnqn: String,
+    /// Our host NQN.
+    pub hostnqn: String,
+    /// Our host identifier.
+    pub hostid: [u8; 16],
+    /// Ask for header digests (CRC32C over every PDU header).
+    pub header_digest: bool,
+    /// Ask for data digests (CRC32C over every PDU's data).
+    pub data_digest: bool,
+    /// Keep Alive Timeout sent in the admin Connect (`ZERO`: none). Keep
+    /// Alive commands go out every KATO/2 (see the module docs).
+    pub kato: Duration,
+    /// I/O queues to ask for in Set Features (Number of Queues).
+    pub io_queues: u16,
+    /// Bound on connecting, negotiating and each admin command.
+    pub admin_timeout: Duration,
+    /// Cap on bytes per I/O command (the effective limit is the smaller of
+    /// this and MDTS); larger transfers are split.
+    pub max_transfer: u64,
+    /// R2Ts per command we accept outstanding, 0's based (ICReq MAXR2T).
+    pub maxr2t: u32,
+    /// Bound on the shutdown handshake at drop.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        TcpOptions {
+            subnqn: String::new(),
+            hostnqn: "nqn.2014-08.org.nvmexpress:uuid:6d637169-6f00-4000-8000-000000000001".into(),
+            hostid: *b"mcqio-host-id-01",
+            header_digest: false,
+            data_digest: false,
+            kato: Duration::from_secs(10),
+            io_queues: 4,
+            admin_timeout: Duration::from_secs(10),
+            max_transfer: 128 << 10,
+            maxr2t: 3,
+            shutdown_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl TcpOptions {
+    /// The digests asked for.
+    pub fn digests(&self) -> Digests {
+        Digests {
+            header: self.header_digest,
+            data: self.data_digest,
+        }
+    }
+}
+
+/// The admin connection and its command ids.
+pub(crate) struct AdminLink {
+    conn: Conn,
+    next_cid: u16,
+}
+
+/// An NVMe controller over NVMe/TCP (see the module docs). Shareable
+/// (`Sync`); one [`TcpQueuePair`] per thread for I/O.
+pub struct TcpController {
+    pub(super) addr: SocketAddr,
+    pub(super) opts: TcpOptions,
+    /// Assigned by the target; a new one after every reset.
+    cntlid: AtomicU16,
+    cap: Cap,
+    version: Version,
+    identify: IdentifyController,
+    fabrics: FabricsIdentify,
+    namespaces: Vec<Namespace>,
+    granted: u16,
+    free_qids: Mutex<Vec<u16>>,
+    pub(super) max_transfer: u64,
+    dma: Arc<DmaSpace>,
+    admin: Mutex<AdminLink>,
+    state: StateWord,
+    /// Why the association failed, once it did (cleared by a reset).
+    failure: Mutex<Option<TcpError>>,
+    resets: AtomicU64,
+    /// Keep Alive: the interval (KATO/2, 0: off) and when the last one
+    /// succeeded, in ms since `epoch`.
+    ka_interval_ms: u64,
+    ka_last_ms: AtomicU64,
+    keep_alives: AtomicU64,
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for TcpController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpController")
+            .field("addr", &self.addr)
+            .field("subnqn", &self.opts.subnqn)
+            .field("cntlid", &self.cntlid())
+            .field("namespaces", &self.namespaces.len())
+            .field("granted_io_queues", &self.granted)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A synchronous command on `a`: a fresh CID, the response's status turned
+/// into [`Error::Command`].
+fn run(
+    a: &mut AdminLink,
+    sqe: Sqe,
+    data: SyncData<'_>,
+    what: &'static str,
+    t: Duration,
+) -> std::result::Result<Result<Cqe>, TcpError> {
+    let cid = a.next_cid;
+    a.next_cid = a.next_cid.wrapping_add(1) & 0x7FFF;
+    let cqe = a.conn.exec(sqe, cid, data, t)?;
+    let st = cqe.nvme_status();
+    Ok(if st.is_success() {
+        Ok(cqe)
+    } else {
+        Err(Error::Command {
+            command: what,
+            status: st,
+        })
+    })
+}
+
+/// [`run`] with a connection failure as an [`Error`] (bring-up).
+fn run_up(
+    a: &mut AdminLink,
+    sqe: Sqe,
+    data: SyncData<'_>,
+    what: &'static str,
+    t: Duration,
+) -> Result<Cqe> {
+    run(a, sqe, data, what, t).map_err(TcpError::into_error)?
+}
+
+fn prop_get(a: &mut AdminLink, offset: u32, t: Duration) -> Result<u64> {
+    let size = PropertySize::of(offset);
+    let cqe = run_up(
+        a,
+        fabrics::property_get(offset, size),
+        SyncData::None,
+        "Property Get",
+        t,
+    )?;
+    Ok(fabrics::property_value(&cqe, size))
+}
+
+fn prop_set(a: &mut AdminLink, offset: u32, value: u64, t: Duration) -> Result<()> {
+    run_up(
+        a,
+        fabrics::property_set(offset, PropertySize::of(offset), value),
+        SyncData::None,
+        "Property Set",
+        t,
+    )
+    .map(|_| ())
+}
+
+fn identify_page(
+    a: &mut AdminLink,
+    cmd: Identify,
+    what: &'static str,
+    t: Duration,
+) -> Result<Vec<u8>> {
+    let mut page = vec![0u8; crate::nvme::spec::identify::IDENTIFY_LEN];
+    run_up(a, cmd.sqe(), SyncData::Out(&mut page), what, t)?;
+    Ok(page)
+}
+
+/// Connect queue `qid` on `conn` (CNTLID 0xFFFF for the admin queue):
+/// the controller id the target answers with.
+pub(super) fn connect_queue(
+    conn: &mut Conn,
+    opts: &TcpOptions,
+    qid: u16,
+    sqsize: u16,
+    cntlid: u16,
+    kato_ms: u32,
+) -> Result<u16> {
+    let data = ConnectData::new(opts.hostid, cntlid, &opts.subnqn, &opts.hostnqn)
+        .map_err(|e| Error::InvalidOption(e.to_string()))?
+        .to_bytes();
+    let c = Connect {
+        qid,
+        sqsize,
+        kato_ms,
+    };
+    let cqe = conn
+        .exec(c.sqe(), 0, SyncData::In(&data), opts.admin_timeout)
+        .map_err(TcpError::into_error)?;
+    let st = cqe.nvme_status();
+    if !st.is_success() {
+        return Err(Error::Command {
+            command: "Connect",
+            status: st,
+        });
+    }
+    Ok(Connect::cntlid(&cqe))
+}
+
+/// What one bring-up (a new association) found.
+struct Up {
+    link: AdminLink,
+    cntlid: u16,
+    cap: Cap,
+    version: Version,
+    identify: IdentifyController,
+    fabrics: FabricsIdentify,
+    namespaces: Vec<Namespace>,
+    granted: u16,
+    max_transfer: u64,
+}
+
+/// Connect, negotiate, Connect the admin queue, enable, identify, ask for
+/// queues (the module docs' steps 1 to 5).
+fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
+    let t = opts.admin_timeout;
+    let mut conn =
+        Conn::open(addr, opts.digests(), opts.maxr2t, 1 << 16, t).map_err(TcpError::into_error)?;
+    let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
+    let cntlid = connect_queue(&mut conn, opts, 0, 32, fabrics::CNTLID_DYNAMIC, kato_ms)?;
+    let mut a = AdminLink { conn, next_cid: 1 };
+    let cap = Cap(prop_get(&mut a, property::CAP, t)?);
+    let version = Version(prop_get(&mut a, property::VS, t)? as u32);
+    let ready_ms = cap.timeout_ms().max(500);
+    let cc = Cc::new()
+        .css(Cc::CSS_NVM)
+        .mps(0)
+        .iosqes(6)
+        .iocqes(4)
+        .enable();
+    prop_set(&mut a, property::CC, u64::from(cc.0), t)?;
+    let start = Instant::now();
+    loop {
+        let csts = Csts(prop_get(&mut a, property::CSTS, t)? as u32);
+        if csts.cfs() {
+            return Err(Error::ControllerFatal);
+        }
+        if csts.rdy() {
+            break;
+        }
+        if start.elapsed() > Duration::from_millis(ready_ms) {
+            return Err(Error::Timeout {
+                what: "become ready (CSTS.RDY = 1)",
+                timeout_ms: ready_ms,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let page = identify_page(&mut a, Identify::controller(), "Identify Controller", t)?;
+    let identify = IdentifyController::parse(&page)?;
+    let fabrics = FabricsIdentify::parse(&page).ok_or(Error::BadDevice {
+        what: "Identify Controller",
+        detail: "short page".into(),
+    })?;
+    let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
+    let max_transfer = opts.max_transfer.min(mdts).max(4096);
+    let ids = active_namespaces_by(&identify, |cmd, what| identify_page(&mut a, cmd, what, t))?;
+    let mut namespaces = Vec::with_capacity(ids.len());
+    for id in ids {
+        let p = identify_page(&mut a, Identify::namespace(id), "Identify Namespace", t)?;
+        let ns = IdentifyNamespace::parse(&p)?;
+        if ns.nsze == 0 {
+            continue; // allocated but inactive
+        }
+        namespaces.push(Namespace::new(id, ns, max_transfer)?);
+    }
+    let cqe = run_up(
+        &mut a,
+        SetFeatures::number_of_queues(opts.io_queues, opts.io_queues).sqe(),
+        SyncData::None,
+        "Set Features (Number of Queues)",
+        t,
+    )?;
+    let granted = ((cqe.dw0 & 0xFFFF) + 1)
+        .min((cqe.dw0 >> 16) + 1)
+        .min(u32::from(opts.io_queues)) as u16;
+    log::info!(
+        "nvme-tcp {addr} {}: controller {cntlid}, {} {}, {} namespaces, {granted} I/O queues, max transfer {max_transfer} B, in-capsule {} B, digests {:?}, MAXH2CDATA {}",
+        opts.subnqn,
+        identify.model,
+        identify.serial,
+        namespaces.len(),
+        fabrics.in_capsule_bytes(),
+        a.conn.neg.digests,
+        a.conn.maxh2cdata,
+    );
+    Ok(Up {
+        link: a,
+        cntlid,
+        cap,
+        version,
+        identify,
+        fabrics,
+        namespaces,
+        granted,
+        max_transfer,
+    })
+}
+
+impl TcpController {
+    /// Connect to the target at `addr` and bring the controller up (see
+    /// the module docs).
+    pub fn connect(addr: SocketAddr, opts: TcpOptions) -> Result<Arc<Self>> {
+        if opts.io_queues == 0 {
+            return Err(Error::InvalidOption("io_queues must be at least 1".into()));
+        }
+        let up = bring_up(addr, &opts)?;
+        let ka_interval_ms = (opts.kato.as_millis() as u64) / 2;
+        Ok(Arc::new(TcpController {
+            addr,
+            cntlid: AtomicU16::new(up.cntlid),
+            cap: up.cap,
+            version: up.version,
+            identify: up.identify,
+            fabrics: up.fabrics,
+            namespaces: up.namespaces,
+            granted: up.granted,
+            free_qids: Mutex::new((1..=up.granted).rev().collect()),
+            max_transfer: up.max_transfer,
+            dma: host_space(),
+            admin: Mutex::new(up.link),
+            state: StateWord::default(),
+            failure: Mutex::new(None),
+            resets: AtomicU64::new(0),
+            ka_interval_ms,
+            ka_last_ms: AtomicU64::new(0),
+            keep_alives: AtomicU64::new(0),
+            epoch: Instant::now(),
+            opts,
+        }))
+    }
+
+    /// Reset by reconnecting: close the association's admin connection
+    /// (the target then drops the association and every I/O connection of
+    /// it) and bring a new association up on a new connection. Every
+    /// command outstanding on a queue pair completes — at that queue pair's
+    /// next poll — with [`crate::IoError::AbortedByReset`], and the queue
+    /// pairs Connect their queues again, same queue ids, under the new
+    /// controller id. Also brings back an association that failed (a
+    /// closed admin connection, KATO expired). Fails with
+    /// [`Error::DeviceChanged`] if the target now shows other namespaces or
+    /// grants fewer queues, or with the bring-up's error; the association
+    /// is then failed.
+    pub fn reset(&self) -> Result<()> {
+        let mut a = self.lock_admin();
+        self.reset_locked(&mut a)
+    }
+
+    /// Reset unless the state moved on from `seen` (another queue pair's
+    /// timeout already reset it).
+    pub(super) fn reset_if(&self, seen: u64) -> Result<()> {
+        let mut a = self.lock_admin();
+        if self.state.load() != seen {
+            return Ok(());
+        }
+        self.reset_locked(&mut a)
+    }
+
+    fn reset_locked(&self, a: &mut AdminLink) -> Result<()> {
+        let s = self.state.load();
+        self.state.begin_reset(s);
+        a.conn.close();
+        let r = bring_up(self.addr, &self.opts).and_then(|up| {
+            let same = up.namespaces.len() == self.namespaces.len()
+                && up
+                    .namespaces
+                    .iter()
+                    .zip(&self.namespaces)
+                    .all(|(n, o)| n.id == o.id && n.nsze == o.nsze && n.lba_size == o.lba_size);
+            if !same || up.fabrics.subnqn != self.fabrics.subnqn {
+                return Err(Error::DeviceChanged(
+                    "the subsystem shows other namespaces after the reconnect".into(),
+                ));
+            }
+            if up.granted < self.granted {
+                return Err(Error::DeviceChanged(format!(
+                    "the target now grants {} I/O queues instead of {}",
+                    up.granted, self.granted
+                )));
+            }
+            Ok(up)
+        });
+        match r {
+            Ok(up) => {
+                *a = up.link;
+                self.cntlid.store(up.cntlid, Ordering::Relaxed);
+                *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                self.ka_last_ms
+                    .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+                self.resets.fetch_add(1, Ordering::Relaxed);
+                // The old association is gone with its connection: a new
+                // epoch, healthy.
+                self.state.store(state::next(s, state::OK));
+                log::info!(
+                    "nvme-tcp {}: reconnected as controller {}",
+                    self.addr,
+                    up.cntlid
+                );
+                Ok(())
+            }
+            Err(e) => {
+                let t = match &e {
+                    Error::Transport(b) => b.downcast_ref::<TcpError>().copied(),
+                    _ => None,
+                };
+                *self.failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(t.unwrap_or(TcpError::Closed));
+                self.state.store(state::next(s, state::GONE));
+                log::error!("nvme-tcp {}: reconnect failed: {e}", self.addr);
+                Err(e)
+            }
+        }
+    }
+
+    /// Successful resets (reconnects).
+    pub fn resets(&self) -> u64 {
+        self.resets.load(Ordering::Relaxed)
+    }
+
+    fn lock_admin(&self) -> MutexGuard<'_, AdminLink> {
+        self.admin.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The error of a failed association, if it failed.
+    pub(super) fn failure(&self) -> Option<TcpError> {
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The admin connection failed with `e` (admin lock held): record it
+    /// once and move the state word to a new, gone epoch.
+    fn fail_locked(&self, a: &AdminLink, e: TcpError) {
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            log::error!("nvme-tcp {}: the admin connection failed: {e}", self.addr);
+            *f = Some(e);
+            a.conn.close();
+            // No memory can be left to the target: a new epoch, gone.
+            self.state
+                .store(state::next(self.state.load(), state::GONE));
+        }
+    }
+
+    /// Run one admin command (no data, or data read back into `out`).
+    fn admin_exec(&self, sqe: Sqe, out: Option<&mut [u8]>, what: &'static str) -> Result<Cqe> {
+        let mut a = self.lock_admin();
+        if let Some(e) = self.failure() {
+            return Err(e.into_error());
+        }
+        let data = match out {
+            Some(b) => SyncData::Out(b),
+            None => SyncData::None,
+        };
+        match run(&mut a, sqe, data, what, self.opts.admin_timeout) {
+            Ok(r) => r,
+            Err(e) => {
+                self.fail_locked(&a, e);
+                Err(e.into_error())
+            }
+        }
+    }
+
+    /// An admin command without data (Abort, Set Features, Keep Alive):
+    /// its response.
+    pub fn admin_cmd(&self, sqe: Sqe, what: &'static str) -> Result<Cqe> {
+        self.admin_exec(sqe, None, what)
+    }
+
+    /// An admin command that reads `len` bytes (Identify, Get Log Page):
+    /// its response and the data.
+    pub fn admin_read(&self, sqe: Sqe, len: usize, what: &'static str) -> Result<(Cqe, Vec<u8>)> {
+        let mut v = vec![0u8; len];
+        let c = self.admin_exec(sqe, Some(&mut v), what)?;
+        Ok((c, v))
+    }
+
+    /// Send a Keep Alive now and wait for it.
+    pub fn keep_alive(&self) -> Result<()> {
+        self.admin_cmd(fabrics::keep_alive(), "Keep Alive")?;
+        self.keep_alives.fetch_add(1, Ordering::Relaxed);
+        self.ka_last_ms
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Send a Keep Alive if KATO/2 passed since the last one and no other
+    /// thread holds the admin connection (it would then be the one to
+    /// look). Called from the queue pairs' polls.
+    pub fn keep_alive_if_due(&self) {
+        if self.ka_interval_ms == 0 {
+            return;
+        }
+        let now = self.epoch.elapsed().as_millis() as u64;
+        if now.saturating_sub(self.ka_last_ms.load(Ordering::Relaxed)) < self.ka_interval_ms {
+            return;
+        }
+        let Ok(mut a) = self.admin.try_lock() else {
+            return;
+        };
+        if self.failure().is_some()
+            || now.saturating_sub(self.ka_last_ms.load(Ordering::Relaxed)) < self.ka_interval_ms
+        {
+            return;
+        }
+        match run(
+            &mut a,
+            fabrics::keep_alive(),
+            SyncData::None,
+            "Keep Alive",
+            self.opts.admin_timeout,
+        ) {
+            Ok(Ok(_)) => {
+                self.keep_alives.fetch_add(1, Ordering::Relaxed);
+                self.ka_last_ms.store(now, Ordering::Relaxed);
+            }
+            Ok(Err(e)) => {
+                log::warn!("nvme-tcp {}: {e}", self.addr);
+                self.ka_last_ms.store(now, Ordering::Relaxed);
+            }
+            Err(e) => self.fail_locked(&a, e),
+        }
+    }
+
+    /// Keep Alive commands that succeeded.
+    pub fn keep_alives(&self) -> u64 {
+        self.keep_alives.load(Ordering::Relaxed)
+    }
+
+    /// `Err` once the association failed.
+    pub fn health(&self) -> Result<()> {
+        match self.failure() {
+            Some(e) => Err(e.into_error()),
+            None => Ok(()),
+        }
+    }
+
+    /// Where the target is.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The options the controller was connected with.
+    pub fn options(&self) -> &TcpOptions {
+        &self.opts
+    }
+
+    /// The controller id the target assigned.
+    pub fn cntlid(&self) -> u16 {
+        self.cntlid.load(Ordering::Relaxed)
+    }
+
+    /// CAP (Property Get).
+    pub fn cap(&self) -> Cap {
+        self.cap
+    }
+
+    /// VS (Property Get).
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// Identify Controller data.
+    pub fn identify(&self) -> &IdentifyController {
+        &self.identify
+    }
+
+    /// The Fabrics fields of Identify Controller (IOCCSZ, SUBNQN, ...).
+    pub fn fabrics_identify(&self) -> &FabricsIdentify {
+        &self.fabrics
+    }
+
+    /// Active namespaces, by ascending id.
+    pub fn namespaces(&self) -> &[Namespace] {
+        &self.namespaces
+    }
+
+    /// Namespace `id`, if active.
+    pub fn namespace(&self, id: u32) -> Option<&Namespace> {
+        self.namespaces.iter().find(|n| n.id == id)
+    }
+
+    /// I/O queues granted.
+    pub fn granted_io_queues(&self) -> usize {
+        usize::from(self.granted)
+    }
+
+    /// Largest transfer per I/O command (MDTS and options).
+    pub fn max_transfer(&self) -> u64 {
+        self.max_transfer
+    }
+
+    /// Where buffers come from: host memory (no device maps it).
+    pub fn dma(&self) -> &Arc<DmaSpace> {
+        &self.dma
+    }
+
+    /// A buffer of `len` bytes for this controller's queue pairs.
+    pub fn alloc_buf(&self, len: usize, dir: DmaDir) -> Result<DmaBuf> {
+        Ok(DmaBuf::alloc(&self.dma, len, dir)?)
+    }
+
+    /// In-capsule data an I/O write may carry (IOCCSZ less the SQE).
+    pub fn in_capsule_bytes(&self) -> usize {
+        self.fabrics.in_capsule_bytes() as usize
+    }
+
+    /// Create an I/O queue pair for [`DmaBuf`]s: its own connection, its
+    /// queue Connected under this controller's id.
+    pub fn create_qpair(self: &Arc<Self>, opts: QpairOptions) -> Result<TcpQueuePair<DmaBuf>> {
+        TcpQueuePair::create(self, &opts)
+    }
+
+    /// [`TcpController::create_qpair`] for any buffer type with host
+    /// addresses ([`IoBuf::segment_host`]).
+    pub fn create_qpair_for<B: IoBuf>(
+        self: &Arc<Self>,
+        opts: QpairOptions,
+    ) -> Result<TcpQueuePair<B>> {
+        TcpQueuePair::create(self, &opts)
+    }
+
+    pub(super) fn alloc_qid(&self) -> Result<u16> {
+        self.health()?;
+        self.free_qids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .ok_or(Error::NoFreeQueue {
+                granted: self.granted as usize,
+            })
+    }
+
+    pub(super) fn release_qid(&self, qid: u16) {
+        self.free_qids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(qid);
+    }
+
+    /// Entries per queue the controller supports (CAP.MQES + 1).
+    pub(super) fn max_entries(&self) -> u32 {
+        self.cap.max_queue_entries()
+    }
+}
+
+impl Controlled for TcpController {
+    #[inline(always)]
+    fn state_word(&self) -> &StateWord {
+        &self.state
+    }
+
+    /// Taken under the admin lock, which a reset holds throughout.
+    fn settled_state(&self) -> u64 {
+        let _a = self.lock_admin();
+        self.state.load_acquire()
+    }
+}
+
+/// Its active namespaces.
+impl BlockDevice for TcpController {
+    fn units(&self) -> Vec<BlockUnit> {
+        self.namespaces.iter().map(Into::into).collect()
+    }
+}
+
+impl Drop for TcpController {
+    fn drop(&mut self) {
+        let t = self.opts.shutdown_timeout;
+        let a = self.admin.get_mut().unwrap_or_else(|p| p.into_inner());
+        if self.failure.get_mut().map_or(true, |f| f.is_none()) {
+            let cc = Cc::new()
+                .css(Cc::CSS_NVM)
+                .iosqes(6)
+                .iocqes(4)
+                .enable()
+                .shn(Cc::SHN_NORMAL);
+            if prop_set(a, property::CC, u64::from(cc.0), t).is_ok() {
+                let start = Instant::now();
+                while start.elapsed() < t {
+                    match prop_get(a, property::CSTS, t) {
+                        Ok(c) if Csts(c as u32).shst() == Csts::SHST_COMPLETE => break,
+                        Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
+        a.conn.close();
+    }
+}
+
+/// One [`TcpQueuePair`] (its own connection) per thread, at most as many
+/// as Number of Queues granted ([`crate::core::per_core`]).
+impl crate::core::per_core::PerCore for Arc<TcpController> {
+    type Qpair = TcpQueuePair<DmaBuf>;
+    type Options = QpairOptions;
+
+    fn granted_queues(&self) -> usize {
+        self.granted_io_queues()
+    }
+
+    fn create_for_core(&self, opts: &QpairOptions) -> Result<TcpQueuePair<DmaBuf>> {
+        self.create_qpair(opts.clone())
+    }
+}
