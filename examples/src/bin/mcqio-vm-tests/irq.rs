@@ -8,14 +8,14 @@
 use super::*;
 use mcqio::vfio::{IrqKind, Notifier};
 
-/// Interrupts the kernel counted for this process's VFIO vectors
-/// (`vfio-msix[N](<BDF>)` lines of /proc/interrupts), summed over CPUs.
-fn vfio_interrupts() -> u64 {
+/// Interrupts the kernel counted for VFIO vectors (the `vfio-msix[N](<BDF>)`,
+/// `vfio-msi` and `vfio-intx` lines of /proc/interrupts), summed over CPUs.
+pub(crate) fn vfio_interrupts() -> u64 {
     let Ok(t) = std::fs::read_to_string("/proc/interrupts") else {
         return 0;
     };
     t.lines()
-        .filter(|l| l.contains("vfio-msix") || l.contains("vfio-msi") || l.contains("vfio-intx"))
+        .filter(|l| l.contains("vfio-"))
         .map(|l| {
             l.split_whitespace()
                 .skip(1)

@@ -24,22 +24,6 @@ const UCRDY: u32 = 1 << 3;
 const DME_GET: u32 = 0x01;
 const PA_CONNECTED_TX_DATA_LANES: u32 = 0x1561;
 
-/// VFIO interrupts the kernel counted (/proc/interrupts, over CPUs).
-fn vfio_interrupts() -> u64 {
-    let Ok(t) = std::fs::read_to_string("/proc/interrupts") else {
-        return 0;
-    };
-    t.lines()
-        .filter(|l| l.contains("vfio-"))
-        .map(|l| {
-            l.split_whitespace()
-                .skip(1)
-                .map_while(|w| w.parse::<u64>().ok())
-                .sum::<u64>()
-        })
-        .sum()
-}
-
 fn wait_bits(regs: &dyn Mmio, off: usize, bits: u32) -> Result<(), Failure> {
     let t = Instant::now();
     while regs.read32(off) & bits != bits {
