@@ -52,20 +52,28 @@ fn check(svg_path: &Path, title_has: &[&str]) -> Vec<String> {
             "tick label {x:?} is a raw number"
         );
     }
-    // Rendered to PNG where librsvg is installed.
+    // Rendered to PNG where librsvg is installed. Looked up on PATH first:
+    // under qemu-user a spawn of a missing program does not fail, the
+    // child exits 127 instead.
     let png = svg_path.with_extension("png");
-    match std::process::Command::new("rsvg-convert")
-        .arg("-o")
-        .arg(&png)
-        .arg(svg_path)
-        .status()
-    {
-        Ok(s) => {
+    let rsvg = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("rsvg-convert"))
+            .find(|f| f.is_file())
+    });
+    match rsvg {
+        Some(rsvg) => {
+            let s = std::process::Command::new(&rsvg)
+                .arg("-o")
+                .arg(&png)
+                .arg(svg_path)
+                .status()
+                .unwrap_or_else(|e| panic!("{}: {e}", rsvg.display()));
             assert!(s.success(), "rsvg-convert failed on {}", svg_path.display());
             let bytes = std::fs::read(&png).unwrap();
             assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
         }
-        Err(_) => eprintln!("rsvg-convert not installed: PNG rendering skipped"),
+        None => eprintln!("rsvg-convert not installed: PNG rendering skipped"),
     }
     t
 }
