@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 const HANG: Duration = Duration::from_secs(120);
 
 fn start(args: &[&str]) -> Child {
-    support::command(env!("CARGO_BIN_EXE_mcqio-perf"))
+    let mut c = support::command(env!("CARGO_BIN_EXE_mcqio-perf"));
+    support::hold_stop_signals(&mut c)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -106,6 +107,12 @@ fn a_second_signal_ends_seed_mcq_at_once() {
     ]);
     std::thread::sleep(Duration::from_millis(1500));
     signal(&c, libc::SIGINT);
+    // The second signal must come after the first reached the handler:
+    // two sent while the program still starts would merge into one.
+    assert!(
+        support::signal_taken(c.id(), libc::SIGINT, HANG),
+        "the first SIGINT was never taken"
+    );
     std::thread::sleep(Duration::from_millis(300));
     signal(&c, libc::SIGINT);
     let (code, out, err) = finish(c, Duration::from_secs(8));

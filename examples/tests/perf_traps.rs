@@ -53,7 +53,8 @@ fn wait(mut child: Child, limit: Duration) -> Out {
 }
 
 fn spawn(bin: &str, args: &[&str]) -> Child {
-    support::command(bin)
+    let mut c = support::command(bin);
+    support::hold_stop_signals(&mut c)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -32,6 +32,7 @@ impl Interrupt {
             signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize).map_err(e)?;
             signal_hook::flag::register(sig, Arc::clone(&flag)).map_err(e)?;
         }
+        unblock_stop_signals()?;
         Ok(Interrupt { flag, signal })
     }
 
@@ -63,5 +64,32 @@ impl Interrupt {
     pub fn exit_code(&self) -> Option<ExitCode> {
         self.signal()
             .map(|s| ExitCode::from((128 + s).clamp(1, 255) as u8))
+    }
+}
+
+/// Unblock SIGINT and SIGTERM in this thread (the main thread, before any
+/// job thread is spawned, so the jobs inherit it). A parent may start us
+/// with them blocked (some launchers do, and the signal tests do on
+/// purpose); a stop signal sent before the handlers were installed is then
+/// pending, and unblocking delivers it to the handler instead of losing it.
+fn unblock_stop_signals() -> Result<(), String> {
+    // SAFETY: sigset_t is plain data for which all-zero is a valid value,
+    // and sigemptyset initialises it before use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, exclusively borrowed sigset_t; the calls
+    // only write it, and pthread_sigmask reads it and changes this thread's
+    // mask (the old mask is not asked for).
+    let rc = unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut())
+    };
+    match rc {
+        0 => Ok(()),
+        e => Err(format!(
+            "cannot unblock SIGINT/SIGTERM: {}",
+            std::io::Error::from_raw_os_error(e)
+        )),
     }
 }

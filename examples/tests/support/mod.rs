@@ -28,3 +28,55 @@ pub fn skip_uring(test: &str) -> bool {
     }
     skip
 }
+
+/// Start the child with SIGINT and SIGTERM blocked, so a stop signal the
+/// test sends before the program has installed its handlers (a slow start
+/// under qemu-user on a loaded machine) stays pending instead of killing
+/// it; `mcqio-perf` unblocks both once its handlers are in place, and the
+/// pending signal then reaches the handler.
+#[allow(dead_code)] // only the signal tests hold signals
+pub fn hold_stop_signals(c: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls sigemptyset/sigaddset/pthread_sigmask, which are
+    // async-signal-safe and touch nothing but the local set.
+    unsafe {
+        c.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            match libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) {
+                0 => Ok(()),
+                e => Err(std::io::Error::from_raw_os_error(e)),
+            }
+        })
+    }
+}
+
+/// Wait until no signal `sig` is pending for process `pid` (it reached a
+/// handler), at most `limit`; false on timeout. A hang guard for tests
+/// that must send a second signal only after the first was taken.
+#[allow(dead_code)]
+pub fn signal_taken(pid: u32, sig: i32, limit: std::time::Duration) -> bool {
+    let t = std::time::Instant::now();
+    let bit = 1u64 << (sig - 1);
+    loop {
+        let status = match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            Ok(s) => s,
+            Err(_) => return true, // gone: nothing is pending any more
+        };
+        let pending = status
+            .lines()
+            .filter(|l| l.starts_with("ShdPnd:") || l.starts_with("SigPnd:"))
+            .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
+            .any(|m| m & bit != 0);
+        if !pending {
+            return true;
+        }
+        if t.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
