@@ -119,6 +119,14 @@ fn a_second_signal_ends_seed_mcq_at_once() {
     assert_eq!(code, Some(130), "{out}\n{err}");
 }
 
+/// Wait for the `--compare` run's fake UFS device thread.
+fn second_run_started(c: &Child) {
+    assert!(
+        support::thread_started(c.id(), "fake-ufs", HANG),
+        "the --compare run never started"
+    );
+}
+
 /// A signal during the `--compare` run: the note sits on that run, and
 /// the ratio line says it compares a partial run.
 #[test]
@@ -129,12 +137,13 @@ fn an_interrupted_compare_marks_the_run_that_was_cut() {
         "-n",
         "2000",
         "--compare",
-        "fake:null,latency=100ms",
+        "fake-ufs,latency=100ms",
         "--json",
     ]);
-    // The first run's 2000 I/Os take milliseconds; the second's, 100 ms
-    // each at QD 32, about 6 s.
-    std::thread::sleep(Duration::from_millis(1500));
+    // The first run's 2000 I/Os take milliseconds natively (seconds under
+    // qemu-user); the second's, 100 ms each at QD 32, about 6 s. Its fake
+    // UFS device thread shows that the second run has begun.
+    second_run_started(&c);
     signal(&c, libc::SIGINT);
     let (code, out, err) = finish(c, HANG);
     assert_eq!(code, Some(130), "{err}");
@@ -160,9 +169,9 @@ fn an_interrupted_compare_says_its_ratio_is_partial() {
         "-n",
         "2000",
         "--compare",
-        "fake:null,latency=100ms",
+        "fake-ufs,latency=100ms",
     ]);
-    std::thread::sleep(Duration::from_millis(1500));
+    second_run_started(&c);
     signal(&c, libc::SIGINT);
     let (code, out, err) = finish(c, HANG);
     assert_eq!(code, Some(130), "{err}");
@@ -171,7 +180,7 @@ fn an_interrupted_compare_says_its_ratio_is_partial() {
         .find(|l| l.contains(" vs ") && l.contains("IOPS"))
         .unwrap_or_else(|| panic!("no ratio line: {out}"));
     assert!(
-        ratio.contains("compares a partial run: fake:null,latency=100ms was interrupted"),
+        ratio.contains("compares a partial run: fake-ufs,latency=100ms was interrupted"),
         "{ratio}"
     );
 }

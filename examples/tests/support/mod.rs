@@ -80,3 +80,25 @@ pub fn signal_taken(pid: u32, sig: i32, limit: std::time::Duration) -> bool {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// Wait until process `pid` has a thread whose name starts with `prefix`
+/// (a fake device's thread shows that its run has begun), at most `limit`;
+/// false on timeout or if the process ended first.
+#[allow(dead_code)]
+pub fn thread_started(pid: u32, prefix: &str, limit: std::time::Duration) -> bool {
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        let found = tasks.flatten().any(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.starts_with(prefix))
+        });
+        if found {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
+}
