@@ -8,14 +8,15 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
+use mcqio::nvme::spec::sqe::{Command, Identify};
 use mcqio::ufs::UfsQpairOptions;
-use mcqio::{QpairOptions, TimeoutPolicy};
+use mcqio::{Controller, QpairOptions, TimeoutPolicy};
 use mcqio_open::{BlockUnit, Device};
 
 use crate::queue::KernelQueue;
 use crate::server::{Server, Stats};
 use crate::sys::{self, Params};
-use crate::target::{Caps, Target};
+use crate::target::{dlfeat_reads_zeroes, Caps, Target};
 
 /// Largest buffer per tag unless asked otherwise (the engine's max
 /// transfer may be smaller).
@@ -23,6 +24,9 @@ pub const DEFAULT_MAX_IO: u64 = 1 << 20;
 
 /// NVMe Write Zeroes covers at most 65536 blocks.
 const NVME_MAX_WRITE_ZEROES: u32 = 1 << 16;
+
+/// Identify Namespace: the byte that says what deallocated blocks read as.
+const DLFEAT: usize = 33;
 
 /// The unit of `dev` numbered `id` (NVMe namespace id, UFS LUN), or its
 /// first one.
@@ -51,6 +55,7 @@ pub fn caps_of(dev: &Device, u: &BlockUnit, max_io: u64) -> Caps {
     match dev {
         Device::Nvme(c) => {
             let id = c.identify();
+            let dlfeat = nvme_dlfeat(c, u.id);
             Caps {
                 block_shift,
                 blocks: u.blocks,
@@ -58,6 +63,7 @@ pub fn caps_of(dev: &Device, u: &BlockUnit, max_io: u64) -> Caps {
                 volatile_cache: id.has_volatile_write_cache(),
                 fua: true,
                 discard: id.supports_dsm(),
+                discard_zeroes: id.supports_dsm() && dlfeat.is_some_and(dlfeat_reads_zeroes),
                 write_zeroes_blocks: if id.supports_write_zeroes() {
                     NVME_MAX_WRITE_ZEROES
                 } else {
@@ -73,6 +79,7 @@ pub fn caps_of(dev: &Device, u: &BlockUnit, max_io: u64) -> Caps {
             volatile_cache: true,
             fua: false,
             discard: false,
+            discard_zeroes: false,
             write_zeroes_blocks: 0,
         },
         Device::Ufs(_) => Caps {
@@ -84,9 +91,19 @@ pub fn caps_of(dev: &Device, u: &BlockUnit, max_io: u64) -> Caps {
             volatile_cache: true,
             fua: false,
             discard: true,
+            discard_zeroes: false,
             write_zeroes_blocks: 0,
         },
     }
+}
+
+/// Namespace `nsid`'s DLFEAT byte (Identify Namespace byte 33), or
+/// `None` when the controller does not answer.
+pub fn nvme_dlfeat(c: &Controller, nsid: u32) -> Option<u8> {
+    let (_, page) = c
+        .admin_read(Identify::namespace(nsid).sqe(), "Identify Namespace")
+        .ok()?;
+    page.get(DLFEAT).copied()
 }
 
 /// The ublk parameters for `caps`.

@@ -341,7 +341,11 @@ fn serve_device(
                 caps.max_io >> 10,
                 if caps.volatile_cache { "volatile cache" } else { "no volatile cache" },
                 if caps.fua { ", FUA" } else { "" },
-                if caps.discard { ", discard" } else { "" },
+                match (caps.discard, caps.discard_zeroes) {
+                    (false, _) => "",
+                    (true, false) => ", discard (contents of discarded blocks unspecified)",
+                    (true, true) => ", discard (discarded blocks read zeroes)",
+                },
                 if caps.write_zeroes_blocks > 0 { ", write zeroes" } else { "" },
                 if o.user_copy { "user-copy" } else { "copy" },
             ),

@@ -343,6 +343,7 @@ mod tests {
             volatile_cache: true,
             fua: true,
             discard: true,
+            discard_zeroes: true,
             write_zeroes_blocks: 0,
         }
     }

@@ -106,9 +106,22 @@ pub struct Caps {
     pub fua: bool,
     /// Deallocate / UNMAP.
     pub discard: bool,
+    /// The device promises that deallocated blocks read back as zeroes
+    /// (NVMe: [`dlfeat_reads_zeroes`]). Linux's block layer has no
+    /// attribute for it, so the server only reports it; it is false
+    /// wherever the engine does not report the promise (UFS: the engine
+    /// does not read LBPRZ).
+    pub discard_zeroes: bool,
     /// Most blocks one Write Zeroes may cover (0: none; the kernel then
     /// writes zeroes itself).
     pub write_zeroes_blocks: u32,
+}
+
+/// Whether an NVMe namespace whose Identify Namespace DLFEAT byte is
+/// `dlfeat` promises zeroes from deallocated blocks: bits 2:0 = 001b.
+/// 000b says nothing, 010b promises ones; the other values are reserved.
+pub fn dlfeat_reads_zeroes(dlfeat: u8) -> bool {
+    dlfeat & 0b111 == 0b001
 }
 
 /// How an I/O error the engine reports becomes the errno the ublk driver
@@ -172,6 +185,19 @@ pub fn refusal_errno(k: &SubmitErrorKind) -> Option<i32> {
 mod tests {
     use super::*;
     use mcqio::NvmeStatus;
+
+    #[test]
+    fn only_dlfeat_001b_promises_zeroes() {
+        // 001b, with and without bit 3 (Write Zeroes may deallocate) and
+        // bit 4 (guard CRC of deallocated blocks): zeroes.
+        for d in [0x01, 0x09, 0x11, 0x19] {
+            assert!(dlfeat_reads_zeroes(d), "DLFEAT {d:#04x}");
+        }
+        // 000b (not reported), 010b (ones), 011b..111b (reserved).
+        for d in [0x00, 0x02, 0x03, 0x05, 0x07, 0x08, 0x0a, 0x10] {
+            assert!(!dlfeat_reads_zeroes(d), "DLFEAT {d:#04x}");
+        }
+    }
 
     #[test]
     fn engine_errors_become_block_errnos() {

@@ -269,6 +269,49 @@ fn nvme_flush_discard_write_zeroes_fua() {
 }
 
 #[test]
+fn nvme_discard_reads_zeroes_where_the_namespace_promises_it() {
+    let o = open("fake,sync=1,size=16m");
+    // The fake's namespace reports DLFEAT 0x09: deallocated blocks read 0.
+    let ctrl = nvme_ctrl(&o);
+    assert_eq!(mcqio_ublk::device::nvme_dlfeat(&ctrl, 1), Some(0x09));
+    let c = caps(&o, 128 << 10);
+    assert!(c.discard && c.discard_zeroes);
+    let mut qp = nvme_qp(&o, 64, None);
+    let mut s = Server::new(
+        FakeQueue::new(0, 8),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
+    s.start().unwrap();
+    let data = pattern(11, 64 * 512);
+    let a = exchange(
+        &mut s,
+        vec![(desc(sys::IO_OP_WRITE, 2000, 64), Some(data.clone()))],
+    );
+    assert_eq!(a[0].result, 64 * 512);
+    // Discard 3 blocks in the middle; the rest keeps the pattern.
+    let a = exchange(&mut s, vec![(desc(sys::IO_OP_DISCARD, 2016, 24), None)]);
+    assert_eq!(a[0].result, 0);
+    let a = exchange(&mut s, vec![(desc(sys::IO_OP_READ, 2000, 64), None)]);
+    let mut want = data;
+    want[16 * 512..40 * 512].fill(0);
+    assert_eq!(a[0].data.as_deref(), Some(&want[..]));
+    shut_down(s);
+}
+
+#[test]
+fn ufs_discard_promises_nothing() {
+    // The engine does not report UFS's LBPRZ: the server must not claim
+    // that unmapped blocks read as zeroes.
+    let o = open("fake-ufs,sync=1,size=16m");
+    let c = caps(&o, 128 << 10);
+    assert!(c.discard && !c.discard_zeroes);
+}
+
+#[test]
 fn bad_requests_get_their_errno() {
     let o = open("fake,sync=1,size=1m");
     let c = caps(&o, 64 << 10);
@@ -569,6 +612,7 @@ fn the_mapping_follows_the_capabilities() {
         volatile_cache: true,
         fua: false,
         discard: false,
+        discard_zeroes: false,
         write_zeroes_blocks: 16,
     };
     let mut w = desc(sys::IO_OP_WRITE, 8, 16);
