@@ -32,8 +32,10 @@
 //!   ended.
 //!
 //! What a socket cannot promise that a PCIe queue can: every submit batch
-//! costs a `sendmsg` and every poll with commands in flight a `recv` (a
-//! PCIe queue needs one doorbell store and no system call), and data is
+//! costs a `sendmsg` and a poll with commands in flight a `recv` (a PCIe
+//! queue needs one doorbell store and no system call; after receives that
+//! found nothing the queue pair skips up to 16 polls before the next, so a
+//! slow target costs about one EAGAIN per 17 polls), and data is
 //! copied twice each way (the kernel's copy into or out of the socket,
 //! ours between the receive buffer and the command's buffer) where a PCIe
 //! device moves it once by DMA. A target that stops answering is only
