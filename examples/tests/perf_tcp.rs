@@ -29,6 +29,9 @@ fn target() -> FakeTcpTarget {
             lba_shift: 9,
             backing: TcpBacking::Ram,
         }],
+        // With data digests commands are capped at MAXH2CDATA: room for
+        // 16 KiB writes, above the 8 KiB in the capsule, so they go by R2T.
+        maxh2cdata: 32 << 10,
         ..Default::default()
     })
     .expect("fake target")

@@ -100,6 +100,13 @@ pub struct TcpOptions {
     pub maxr2t: u32,
     /// Bound on the shutdown handshake at drop.
     pub shutdown_timeout: Duration,
+    /// With data digests, cap each command at MAXH2CDATA so its write data
+    /// goes in one H2CData. Linux's nvmet-tcp checks every H2CData's data
+    /// digest against the digest of the command's whole data, and drops
+    /// the association when a write comes in several (its own initiator
+    /// never sends more than 4 MiB, its MAXH2CDATA). Off: commands up to
+    /// `max_transfer` and MDTS, H2CData as the spec allows.
+    pub one_h2c_with_data_digest: bool,
 }
 
 impl Default for TcpOptions {
@@ -116,6 +123,7 @@ impl Default for TcpOptions {
             max_transfer: 128 << 10,
             maxr2t: 3,
             shutdown_timeout: Duration::from_secs(2),
+            one_h2c_with_data_digest: true,
         }
     }
 }
@@ -151,6 +159,8 @@ pub struct TcpController {
     granted: u16,
     free_qids: Mutex<Vec<u16>>,
     pub(super) max_transfer: u64,
+    /// MAXH2CDATA the target gave the admin connection at bring-up.
+    maxh2cdata: u32,
     dma: Arc<DmaSpace>,
     admin: Mutex<AdminLink>,
     state: StateWord,
@@ -332,7 +342,10 @@ fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
         detail: "short page".into(),
     })?;
     let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
-    let max_transfer = opts.max_transfer.min(mdts).max(4096);
+    let mut max_transfer = opts.max_transfer.min(mdts).max(4096);
+    if a.conn.neg.digests.data && opts.one_h2c_with_data_digest {
+        max_transfer = max_transfer.min(u64::from(a.conn.maxh2cdata)).max(4096);
+    }
     let ids = active_namespaces_by(&identify, |cmd, what| identify_page(&mut a, cmd, what, t))?;
     let mut namespaces = Vec::with_capacity(ids.len());
     for id in ids {
@@ -396,6 +409,7 @@ impl TcpController {
             granted: up.granted,
             free_qids: Mutex::new((1..=up.granted).rev().collect()),
             max_transfer: up.max_transfer,
+            maxh2cdata: up.link.conn.maxh2cdata,
             dma: host_space(),
             admin: Mutex::new(up.link),
             state: StateWord::default(),
@@ -665,6 +679,12 @@ impl TcpController {
     /// Largest transfer per I/O command (MDTS and options).
     pub fn max_transfer(&self) -> u64 {
         self.max_transfer
+    }
+
+    /// The most data one H2CData PDU may carry (MAXH2CDATA of the
+    /// target's ICResp at bring-up): writes above it go out as several.
+    pub fn maxh2cdata(&self) -> u32 {
+        self.maxh2cdata
     }
 
     /// Where buffers come from: host memory (no device maps it).

@@ -32,8 +32,10 @@
 //!   ended.
 //!
 //! What a socket cannot promise that a PCIe queue can: every submit batch
-//! costs a `sendmsg` and every poll with commands in flight a `recv` (a
-//! PCIe queue needs one doorbell store and no system call), and data is
+//! costs a `sendmsg` and a poll with commands in flight a `recv` (a PCIe
+//! queue needs one doorbell store and no system call; after receives that
+//! found nothing the queue pair skips up to 16 polls before the next, so a
+//! slow target costs about one EAGAIN per 17 polls), and data is
 //! copied twice each way (the kernel's copy into or out of the socket,
 //! ours between the receive buffer and the command's buffer) where a PCIe
 //! device moves it once by DMA. A target that stops answering is only
@@ -72,6 +74,13 @@ const HEALTH_CHECK_INTERVAL: u32 = 4096;
 const HEADER_ROOM: usize = 136;
 /// Arena bytes for H2CData headers beyond one capsule per slot.
 const H2C_ARENA: usize = 64 << 10;
+/// The most polls a queue pair skips receiving after receives that found
+/// nothing: each empty receive doubles the skip (1, 2, 4, …, this), any
+/// data resets it. It bounds the `recv` calls that return EAGAIN while a
+/// target works to about one per this many polls, at the price of at most
+/// this many polls' delay in seeing an answer (a poll that skips the
+/// receive costs no system call: well under a microsecond each).
+const RECV_BACKOFF_MAX: u32 = 16;
 /// The CID of the Disconnect at close (never a tracker's: reserved).
 const DISCONNECT_CID: u16 = 0xFFFF;
 
@@ -127,6 +136,8 @@ pub struct TcpQpairStats {
     pub sends: u64,
     /// `recv` calls.
     pub recvs: u64,
+    /// `recv` calls that found nothing (EAGAIN).
+    pub empty_recvs: u64,
     /// PDUs received and parsed.
     pub pdus: u64,
     /// C2HData PDUs received.
@@ -157,6 +168,10 @@ pub struct TcpQueuePair<B: IoBuf = DmaBuf> {
     /// Why the connection ended, once it did.
     failed: Option<TcpError>,
     polls: u32,
+    /// Polls left to skip the receive ([`RECV_BACKOFF_MAX`]).
+    recv_skip: u32,
+    /// The skip the next empty receive sets (doubling).
+    recv_backoff: u32,
     stats: TcpQpairStats,
     /// The qid went back to the controller.
     released: bool,
@@ -374,6 +389,8 @@ impl<B: IoBuf> TcpQueuePair<B> {
             ns,
             failed: None,
             polls: 0,
+            recv_skip: 0,
+            recv_backoff: 0,
             stats: TcpQpairStats::default(),
             released: false,
         })
@@ -730,9 +747,11 @@ impl<B: IoBuf> TcpQueuePair<B> {
         if self.eng.trackers.outstanding() == 0 && self.conn.rx.is_empty() {
             return r;
         }
-        // One receive per pass.
+        // One receive per pass, none for a few passes after empty ones.
         let spare = self.conn.rx.spare();
-        if !spare.is_empty() {
+        if self.recv_skip > 0 {
+            self.recv_skip -= 1;
+        } else if !spare.is_empty() {
             self.stats.recvs += 1;
             match std::io::Read::read(&mut &self.conn.sock, spare) {
                 Ok(0) => {
@@ -740,12 +759,16 @@ impl<B: IoBuf> TcpQueuePair<B> {
                     r.seen = r.delivered;
                     return r;
                 }
-                Ok(n) => self.conn.rx.commit(n),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                    ) => {}
+                Ok(n) => {
+                    self.conn.rx.commit(n);
+                    self.recv_backoff = 0;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.stats.empty_recvs += 1;
+                    self.recv_skip = self.recv_backoff;
+                    self.recv_backoff = (self.recv_backoff * 2).clamp(1, RECV_BACKOFF_MAX);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     r.delivered += self.fail_conn(TcpError::of_io(&e), max, f);
                     r.seen = r.delivered;

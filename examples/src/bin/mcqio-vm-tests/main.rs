@@ -44,6 +44,7 @@ mod lanes;
 mod pattern;
 mod reset;
 mod rw;
+mod tcp;
 mod ufs;
 
 use args::*;
@@ -115,6 +116,17 @@ enum Cmd {
     /// reset with its buffer), the queue pairs re-create their hardware
     /// queues, and every block reads back right afterwards.
     UfsReset(UfsDevArgs),
+    /// NVMe/TCP: write, read back and verify every I/O size class
+    /// (in-capsule, one R2T, several H2CData per command), one queue pair
+    /// (connection) per thread.
+    TcpRw(tcp::TcpRwArgs),
+    /// NVMe/TCP: reconnect (reset) with reads in flight; each ends once and
+    /// the queue pairs carry on.
+    TcpReset(tcp::TcpDevArgs),
+    /// NVMe/TCP: write the cross-check pattern to a byte range of namespace 1.
+    TcpWritePattern(tcp::TcpPatternArgs),
+    /// NVMe/TCP: read a byte range of namespace 1 and compare it with the pattern.
+    TcpCheckPattern(tcp::TcpPatternArgs),
     /// UFS: write the cross-check pattern to a byte range of LU 0.
     UfsWritePattern(UfsPatternArgs),
     /// UFS: read a byte range of LU 0 and compare it with the cross-check pattern.
@@ -158,6 +170,10 @@ fn main() -> ExitCode {
         Cmd::UfsDmaAfterUnmap(a) => ufs::dma_after_unmap(a),
         Cmd::UfsAbort(a) => ufs::abort(a),
         Cmd::UfsReset(a) => ufs::reset(a),
+        Cmd::TcpRw(a) => tcp::rw(a),
+        Cmd::TcpReset(a) => tcp::reset(a),
+        Cmd::TcpWritePattern(a) => tcp::write_pattern(a),
+        Cmd::TcpCheckPattern(a) => tcp::check_pattern(a),
         Cmd::UfsWritePattern(a) => ufs::write_pattern(a),
         Cmd::UfsCheckPattern(a) => ufs::check_pattern(a),
     };
