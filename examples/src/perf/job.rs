@@ -767,7 +767,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         // One clock read per pass that completed something, at its first
         // completion: every completion of the pass was posted by then.
         let mut now = None;
-        let n = self.q.reap(|slot, status| {
+        let n = self.q.reap(#[inline(always)] |slot, status| {
             let t = *now.get_or_insert_with(|| clock.now());
             st.complete(slot, status, t, clock);
         })?;
