@@ -43,7 +43,7 @@ impl<B: IoBuf> QueuePair<B> {
             self.cq.prefetch_next();
             seen += 1;
             self.sq.head = cqe.sq_head;
-            if self.take_cqe(&cqe, f) {
+            if self.take_cqe(cqe, f) {
                 delivered += 1;
             }
         }
@@ -59,7 +59,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// count it as stale when it matches nothing in flight. Returns whether
     /// a completion was delivered.
     #[inline(always)]
-    pub(super) fn take_cqe<F: FnMut(Completion<B>)>(&mut self, cqe: &Cqe, f: &mut F) -> bool {
+    pub(super) fn take_cqe<F: FnMut(Completion<B>)>(&mut self, cqe: Cqe, f: &mut F) -> bool {
         match self.eng.trackers.lookup(cqe.cid) {
             Some(slot) if cqe.sq_id == self.qid => self.eng.complete(
                 slot,
@@ -68,14 +68,14 @@ impl<B: IoBuf> QueuePair<B> {
                     if NvmeStatus::raw_is_success(cqe.status) {
                         Ok(())
                     } else {
-                        Err(error_of(timeouts, trackers, slot, cqe))
+                        Err(error_of(timeouts, trackers, slot, &cqe))
                     }
                 },
                 |_, _| false,
                 f,
             ),
             _ => {
-                self.stale(cqe);
+                self.stale(&cqe);
                 false
             }
         }
