@@ -178,14 +178,25 @@ impl<B: IoBuf, S> Engine<B, S> {
         if internal(slot, &result) {
             return false;
         }
-        match deliver::route(&mut self.splits, slot, tag, buf, result, dw0) {
-            Some(c) => {
-                self.completed += 1;
-                f(c);
-                true
+        // A command of its own built straight into the callback's
+        // argument; a split's child on the cold path (no `Option` of a
+        // completion in memory on the hot one).
+        let c = if self.splits.parent_of(slot).is_none() {
+            Completion {
+                tag,
+                result,
+                buf,
+                dw0,
             }
-            None => false,
-        }
+        } else {
+            match deliver::route(&mut self.splits, slot, tag, buf, result, dw0) {
+                Some(c) => c,
+                None => return false,
+            }
+        };
+        self.completed += 1;
+        f(c);
+        true
     }
 
     /// End every command still outstanding with `err` — with its buffer if
