@@ -163,15 +163,16 @@ impl<B> Trackers<B> {
         &self.slots[slot as usize]
     }
 
-    /// Mark `slot` in flight.
+    /// Mark `slot` in flight; returns its CID.
     #[inline]
-    pub fn arm(&mut self, slot: u16, tag: u64, buf: Option<B>, now_ms: u32) {
+    pub fn arm(&mut self, slot: u16, tag: u64, buf: Option<B>, now_ms: u32) -> u16 {
         let s = &mut self.slots[slot as usize];
         s.tag = tag;
         s.buf = buf;
         s.busy = true;
         s.submitted_ms = now_ms;
         s.tstate = tstate::NONE;
+        s.cid
     }
 
     /// Record a timeout action on busy `slot` at `now_ms`.

@@ -244,11 +244,12 @@ impl<B: IoBuf, S> Engine<B, S> {
 
     /// The application's command in reserved `slot` was posted: arm its
     /// tracker (tag, buffer, submission time on the coarse clock) and count
-    /// it. The wire's own commands are armed on the trackers directly.
+    /// it; returns the command's CID (one look at the slot for both). The
+    /// wire's own commands are armed on the trackers directly.
     #[inline(always)]
-    pub fn arm(&mut self, slot: u16, tag: u64, buf: Option<B>) {
-        self.trackers.arm(slot, tag, buf, self.timeouts.now_ms);
+    pub fn arm(&mut self, slot: u16, tag: u64, buf: Option<B>) -> u16 {
         self.submitted += 1;
+        self.trackers.arm(slot, tag, buf, self.timeouts.now_ms)
     }
 
     /// The shared counters.

@@ -68,14 +68,14 @@ impl<B: IoBuf> QueuePair<B> {
                     if NvmeStatus::raw_is_success(cqe.status) {
                         Ok(())
                     } else {
-                        Err(error_of(timeouts, trackers, slot, &cqe))
+                        Err(error_of(timeouts, trackers, slot, cqe))
                     }
                 },
                 |_, _| false,
                 f,
             ),
             _ => {
-                self.stale(&cqe);
+                self.stale(cqe);
                 false
             }
         }
@@ -84,7 +84,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// Count and log a CQE that matches no command in flight.
     #[cold]
     #[inline(never)]
-    pub(super) fn stale(&mut self, cqe: &Cqe) {
+    pub(super) fn stale(&mut self, cqe: Cqe) {
         self.eng.trackers.stale += 1;
         log::warn!(
             "queue {}: dropped stale/duplicate completion (cid {:#06x}, sq {}, status {:#06x})",
@@ -104,7 +104,7 @@ fn error_of<B: IoBuf>(
     timeouts: &mut Timeouts,
     trackers: &Trackers<B>,
     slot: u16,
-    cqe: &Cqe,
+    cqe: Cqe,
 ) -> IoError {
     let st = cqe.nvme_status();
     if st == ABORT_REQUESTED && timeouts.was_aborted(trackers, slot) {
