@@ -447,6 +447,17 @@ mod tests {
         }
     }
 
+    /// A slot freed twice would be handed to two commands: the free list
+    /// never grows past the depth to take it.
+    #[test]
+    #[should_panic]
+    fn a_slot_freed_twice_panics() {
+        let mut t: Trackers<()> = Trackers::new(1);
+        let s = t.alloc().unwrap();
+        t.unreserve(s);
+        t.unreserve(s);
+    }
+
     #[test]
     fn drain_up_to_stops_at_max_and_resumes() {
         let mut t: Trackers<u8> = Trackers::new(8);

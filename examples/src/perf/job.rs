@@ -767,10 +767,13 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         // One clock read per pass that completed something, at its first
         // completion: every completion of the pass was posted by then.
         let mut now = None;
-        let n = self.q.reap(#[inline(always)] |slot, status| {
-            let t = *now.get_or_insert_with(|| clock.now());
-            st.complete(slot, status, t, clock);
-        })?;
+        let n = self.q.reap(
+            #[inline(always)]
+            |slot, status| {
+                let t = *now.get_or_insert_with(|| clock.now());
+                st.complete(slot, status, t, clock);
+            },
+        )?;
         st.res.clock_reads += u64::from(now.is_some());
         st.flush_hist();
         Ok(n)
