@@ -658,11 +658,9 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         // I/Os whose start time has come (one clock read and one division
         // per batch, only under a rate limit).
         let mut n = *budget;
-        // The batch's start time: its I/Os reach the device with one
-        // doorbell, so one clock read stamps them all.
-        let t = self.clock.now();
-        st.res.clock_reads += 1;
         if self.rate_ticks > 0 {
+            let t = self.clock.now();
+            st.res.clock_reads += 1;
             if t < self.rate_next {
                 return Ok(());
             }
@@ -675,7 +673,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             n = n.min(due + 1);
         }
         let n0 = n;
-        let result = Self::fill_n(&mut self.q, st, gen, &mut n, t, nlb);
+        let result = Self::fill_n(&mut self.q, st, gen, &mut n, &self.clock, nlb);
         let issued = n0 - n;
         *budget -= issued;
         self.rate_next = self
@@ -684,15 +682,14 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         result
     }
 
-    /// Start up to `n` I/Os, each stamped with the batch's start time `t`,
-    /// counting `n` down.
+    /// Start up to `n` I/Os, each stamped as it is pushed, counting `n` down.
     #[inline(always)]
     fn fill_n(
         q: &mut Q,
         st: &mut State<'a, H, V>,
         gen: &mut IoGen,
         n: &mut u64,
-        t: u64,
+        clock: &Clock,
         nlb: u32,
     ) -> Result<(), QueueError> {
         while *n > 0 {
@@ -724,6 +721,8 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                     }
                 }
             }
+            let t = clock.now();
+            st.res.clock_reads += 1;
             match q.push(slot as usize, IoReq { op, slba, nlb }) {
                 Ok(()) => {
                     st.slots[slot as usize] = Slot {
@@ -764,17 +763,14 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         self.q.submit(self.st.inflight)?;
         let st = &mut self.st;
         let clock = &self.clock;
-        // One clock read per pass that completed something, at its first
-        // completion: every completion of the pass was posted by then.
-        let mut now = None;
         let n = self.q.reap(
             #[inline(always)]
             |slot, status| {
-                let t = *now.get_or_insert_with(|| clock.now());
-                st.complete(slot, status, t, clock);
+                st.complete(slot, status, clock.now(), clock);
             },
         )?;
-        st.res.clock_reads += u64::from(now.is_some());
+        // One read per completion.
+        st.res.clock_reads += n as u64;
         st.flush_hist();
         Ok(n)
     }
@@ -1202,22 +1198,11 @@ mod tests {
     /// and one at each completion, none per batch without a rate limit —
     /// and a queue that is not on the engine reports no register accesses.
     #[test]
-    fn the_job_reads_the_clock_once_per_batch() {
-        // Depth 1: every batch is one I/O (a push, a completing pass).
-        let mut s = spec(false, 1000);
-        s.depth = 1;
-        let r = go(MemQueue::new(8, 1024, 512), &s);
+    fn the_job_counts_two_clock_reads_per_io() {
+        let r = go(MemQueue::new(8, 1024, 512), &spec(false, 1000));
         assert_eq!(r.ios, 1000);
         assert_eq!(r.clock_reads, 2000);
         assert_eq!(r.accesses, None);
-        // Depth 8: batches of several I/Os share their reads.
-        let r = go(MemQueue::new(8, 1024, 512), &spec(false, 1000));
-        assert_eq!(r.ios, 1000);
-        assert!(
-            r.clock_reads > 0 && r.clock_reads < 1000,
-            "{} clock reads for 1000 I/Os at depth 8",
-            r.clock_reads
-        );
     }
 
     /// Issue 16 item 8: reads and writes are counted and timed apart, each
