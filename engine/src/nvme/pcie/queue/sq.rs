@@ -98,13 +98,15 @@ impl SubQueue {
             // loading them from the entry kept it in memory, built there
             // first (issue 28).
             let w = |lo: u32, hi: u32| (u64::from(hi) << 32 | u64::from(lo)) as i64;
-            let lanes = [
-                // SAFETY (all four): SSE2 is part of the x86_64 baseline.
-                unsafe { _mm_set_epi64x(w(sqe.cdw2, sqe.cdw3), w(sqe.cdw0, sqe.nsid)) },
-                unsafe { _mm_set_epi64x(sqe.prp1 as i64, sqe.mptr as i64) },
-                unsafe { _mm_set_epi64x(w(sqe.cdw10, sqe.cdw11), sqe.prp2 as i64) },
-                unsafe { _mm_set_epi64x(w(sqe.cdw14, sqe.cdw15), w(sqe.cdw12, sqe.cdw13)) },
-            ];
+            // SAFETY: SSE2 is part of the x86_64 baseline; no memory access.
+            let lanes = unsafe {
+                [
+                    _mm_set_epi64x(w(sqe.cdw2, sqe.cdw3), w(sqe.cdw0, sqe.nsid)),
+                    _mm_set_epi64x(sqe.prp1 as i64, sqe.mptr as i64),
+                    _mm_set_epi64x(w(sqe.cdw10, sqe.cdw11), sqe.prp2 as i64),
+                    _mm_set_epi64x(w(sqe.cdw14, sqe.cdw15), w(sqe.cdw12, sqe.cdw13)),
+                ]
+            };
             let dst = slot.cast::<__m128i>();
             for (i, lane) in lanes.into_iter().enumerate() {
                 // SAFETY: `dst.add(i)` (i < 4) is inside the slot, which is
