@@ -46,9 +46,43 @@ pub(crate) mod tstate {
 /// Reserved CID: the Error Information log uses FFFFh for "no command".
 const CID_RESERVED: u16 = 0xFFFF;
 
+/// The free slots, a stack as deep as the queue: a push never allocates
+/// (as `Vec::push` might, which made the completion path keep its values
+/// on the stack across the call), and a push past the depth — a slot
+/// freed twice — panics instead of growing.
+struct FreeList {
+    ids: Box<[u16]>,
+    len: usize,
+}
+
+impl FreeList {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline(always)]
+    fn pop(&mut self) -> Option<u16> {
+        let n = self.len.checked_sub(1)?;
+        self.len = n;
+        self.ids.get(n).copied()
+    }
+
+    #[inline(always)]
+    fn push(&mut self, slot: u16) {
+        self.ids[self.len] = slot;
+        self.len += 1;
+    }
+}
+
 pub(crate) struct Trackers<B> {
     slots: Box<[Slot<B>]>,
-    free: Vec<u16>,
+    free: FreeList,
     /// Slots in service: all of them, less the retired ones.
     capacity: usize,
     slot_bits: u32,
@@ -75,7 +109,10 @@ impl<B> Trackers<B> {
             })
             .collect();
         // Pop order: slot 0 first.
-        let free = (0..depth).rev().collect();
+        let free = FreeList {
+            ids: (0..depth).rev().collect(),
+            len: usize::from(depth),
+        };
         Trackers {
             capacity: usize::from(depth),
             slots,
@@ -126,15 +163,16 @@ impl<B> Trackers<B> {
         &self.slots[slot as usize]
     }
 
-    /// Mark `slot` in flight.
+    /// Mark `slot` in flight; returns its CID.
     #[inline]
-    pub fn arm(&mut self, slot: u16, tag: u64, buf: Option<B>, now_ms: u32) {
+    pub fn arm(&mut self, slot: u16, tag: u64, buf: Option<B>, now_ms: u32) -> u16 {
         let s = &mut self.slots[slot as usize];
         s.tag = tag;
         s.buf = buf;
         s.busy = true;
         s.submitted_ms = now_ms;
         s.tstate = tstate::NONE;
+        s.cid
     }
 
     /// Record a timeout action on busy `slot` at `now_ms`.
@@ -407,6 +445,17 @@ mod tests {
         ) {
             check_stream(depth, &ops);
         }
+    }
+
+    /// A slot freed twice would be handed to two commands: the free list
+    /// never grows past the depth to take it.
+    #[test]
+    #[should_panic]
+    fn a_slot_freed_twice_panics() {
+        let mut t: Trackers<()> = Trackers::new(1);
+        let s = t.alloc().unwrap();
+        t.unreserve(s);
+        t.unreserve(s);
     }
 
     #[test]

@@ -763,9 +763,12 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         self.q.submit(self.st.inflight)?;
         let st = &mut self.st;
         let clock = &self.clock;
-        let n = self.q.reap(|slot, status| {
-            st.complete(slot, status, clock.now(), clock);
-        })?;
+        let n = self.q.reap(
+            #[inline(always)]
+            |slot, status| {
+                st.complete(slot, status, clock.now(), clock);
+            },
+        )?;
         // One read per completion.
         st.res.clock_reads += n as u64;
         st.flush_hist();

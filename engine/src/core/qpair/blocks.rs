@@ -71,7 +71,10 @@ where
     type Addr = A;
     type Buf = B;
 
-    #[inline]
+    // Always inlined, as the wire's submission is: as a call, the buffer
+    // and the result go through memory and the call saves registers
+    // (issue 28: 16 of ~150 instructions a read took).
+    #[inline(always)]
     fn read(
         &mut self,
         at: Self::Addr,
@@ -83,7 +86,7 @@ where
         self.read_write(at, lba, blocks, buf, tag, true)
     }
 
-    #[inline]
+    #[inline(always)]
     fn write(
         &mut self,
         at: Self::Addr,

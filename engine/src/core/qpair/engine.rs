@@ -178,14 +178,25 @@ impl<B: IoBuf, S> Engine<B, S> {
         if internal(slot, &result) {
             return false;
         }
-        match deliver::route(&mut self.splits, slot, tag, buf, result, dw0) {
-            Some(c) => {
-                self.completed += 1;
-                f(c);
-                true
+        // A command of its own built straight into the callback's
+        // argument; a split's child on the cold path (no `Option` of a
+        // completion in memory on the hot one).
+        let c = if self.splits.parent_of(slot).is_none() {
+            Completion {
+                tag,
+                result,
+                buf,
+                dw0,
             }
-            None => false,
-        }
+        } else {
+            match deliver::route(&mut self.splits, slot, tag, buf, result, dw0) {
+                Some(c) => c,
+                None => return false,
+            }
+        };
+        self.completed += 1;
+        f(c);
+        true
     }
 
     /// End every command still outstanding with `err` — with its buffer if
@@ -233,11 +244,12 @@ impl<B: IoBuf, S> Engine<B, S> {
 
     /// The application's command in reserved `slot` was posted: arm its
     /// tracker (tag, buffer, submission time on the coarse clock) and count
-    /// it. The wire's own commands are armed on the trackers directly.
+    /// it; returns the command's CID (one look at the slot for both). The
+    /// wire's own commands are armed on the trackers directly.
     #[inline(always)]
-    pub fn arm(&mut self, slot: u16, tag: u64, buf: Option<B>) {
-        self.trackers.arm(slot, tag, buf, self.timeouts.now_ms);
+    pub fn arm(&mut self, slot: u16, tag: u64, buf: Option<B>) -> u16 {
         self.submitted += 1;
+        self.trackers.arm(slot, tag, buf, self.timeouts.now_ms)
     }
 
     /// The shared counters.

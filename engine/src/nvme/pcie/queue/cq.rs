@@ -76,9 +76,28 @@ impl CompQueue {
         // command's buffer. (The device writes data, then the CQE with the
         // phase bit last.) aarch64: `dmb oshld`.
         barrier::loads_after_phase();
-        // SAFETY: in bounds; the controller finished writing this entry (phase
-        // matched); volatile copy, no reference.
-        Some(unsafe { slot.read_volatile() })
+        // Two 8-byte loads, the fields cut out in registers: a volatile
+        // read of the struct loads each field apart and goes through the
+        // stack (issue 28).
+        let words = slot.cast::<u64>();
+        // SAFETY: in bounds; the entry is 16 bytes at a 16-byte aligned
+        // slot (page-aligned ring), so both 8-byte loads are aligned and
+        // inside it; the controller finished writing it (phase matched);
+        // volatile, no reference.
+        let (lo, hi) = unsafe {
+            (
+                u64::from_le(words.read_volatile()),
+                u64::from_le(words.add(1).read_volatile()),
+            )
+        };
+        Some(Cqe {
+            dw0: lo as u32,
+            dw1: (lo >> 32) as u32,
+            sq_head: hi as u16,
+            sq_id: (hi >> 16) as u16,
+            cid: (hi >> 32) as u16,
+            status: (hi >> 48) as u16,
+        })
     }
 
     /// Call `f` with the command identifier of every entry the controller

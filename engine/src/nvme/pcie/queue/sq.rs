@@ -93,15 +93,26 @@ impl SubQueue {
         let slot = unsafe { self.ring.as_ptr().add(self.tail as usize) };
         #[cfg(target_arch = "x86_64")]
         if stream {
-            use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-            let src = (&sqe as *const Sqe).cast::<__m128i>();
+            use std::arch::x86_64::{__m128i, _mm_set_epi64x, _mm_stream_si128};
+            // The four 16-byte lanes from the entry's fields, in registers:
+            // loading them from the entry kept it in memory, built there
+            // first (issue 28).
+            let w = |lo: u32, hi: u32| (u64::from(hi) << 32 | u64::from(lo)) as i64;
+            // SAFETY: SSE2 is part of the x86_64 baseline; no memory access.
+            let lanes = unsafe {
+                [
+                    _mm_set_epi64x(w(sqe.cdw2, sqe.cdw3), w(sqe.cdw0, sqe.nsid)),
+                    _mm_set_epi64x(sqe.prp1 as i64, sqe.mptr as i64),
+                    _mm_set_epi64x(w(sqe.cdw10, sqe.cdw11), sqe.prp2 as i64),
+                    _mm_set_epi64x(w(sqe.cdw14, sqe.cdw15), w(sqe.cdw12, sqe.cdw13)),
+                ]
+            };
             let dst = slot.cast::<__m128i>();
-            for i in 0..4 {
-                // SAFETY: `src.add(i)` is inside the local `sqe` (64 bytes,
-                // unaligned load allowed); `dst.add(i)` is inside the slot,
-                // which is 16-byte aligned (ring base page aligned, 64-byte
-                // entries). SSE2 is part of the x86_64 baseline.
-                unsafe { _mm_stream_si128(dst.add(i), _mm_loadu_si128(src.add(i))) };
+            for (i, lane) in lanes.into_iter().enumerate() {
+                // SAFETY: `dst.add(i)` (i < 4) is inside the slot, which is
+                // 16-byte aligned (ring base page aligned, 64-byte
+                // entries); little-endian fields, as the device reads them.
+                unsafe { _mm_stream_si128(dst.add(i), lane) };
             }
             self.streamed = true;
         } else {

@@ -43,7 +43,7 @@ impl<B: IoBuf> QueuePair<B> {
             self.cq.prefetch_next();
             seen += 1;
             self.sq.head = cqe.sq_head;
-            if self.take_cqe(&cqe, f) {
+            if self.take_cqe(cqe, f) {
                 delivered += 1;
             }
         }
@@ -59,7 +59,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// count it as stale when it matches nothing in flight. Returns whether
     /// a completion was delivered.
     #[inline(always)]
-    pub(super) fn take_cqe<F: FnMut(Completion<B>)>(&mut self, cqe: &Cqe, f: &mut F) -> bool {
+    pub(super) fn take_cqe<F: FnMut(Completion<B>)>(&mut self, cqe: Cqe, f: &mut F) -> bool {
         match self.eng.trackers.lookup(cqe.cid) {
             Some(slot) if cqe.sq_id == self.qid => self.eng.complete(
                 slot,
@@ -84,7 +84,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// Count and log a CQE that matches no command in flight.
     #[cold]
     #[inline(never)]
-    pub(super) fn stale(&mut self, cqe: &Cqe) {
+    pub(super) fn stale(&mut self, cqe: Cqe) {
         self.eng.trackers.stale += 1;
         log::warn!(
             "queue {}: dropped stale/duplicate completion (cid {:#06x}, sq {}, status {:#06x})",
@@ -104,7 +104,7 @@ fn error_of<B: IoBuf>(
     timeouts: &mut Timeouts,
     trackers: &Trackers<B>,
     slot: u16,
-    cqe: &Cqe,
+    cqe: Cqe,
 ) -> IoError {
     let st = cqe.nvme_status();
     if st == ABORT_REQUESTED && timeouts.was_aborted(trackers, slot) {

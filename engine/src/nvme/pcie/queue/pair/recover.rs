@@ -49,7 +49,7 @@ impl<B: IoBuf> Wire for QueuePair<B> {
         for _ in 0..self.sq.entries() {
             let Some(cqe) = self.cq.peek() else { break };
             self.cq.advance();
-            if self.take_cqe(&cqe, &mut f) {
+            if self.take_cqe(cqe, &mut f) {
                 n += 1;
             }
         }

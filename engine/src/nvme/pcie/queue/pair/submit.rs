@@ -115,11 +115,12 @@ impl<B: IoBuf> QueuePair<B> {
                 return Err(SubmitError { kind, buf });
             }
         };
-        let cid = self.eng.trackers.slot(slot).cid;
+        // Armed first (the device sees nothing before the doorbell): the
+        // slot is looked up once for its CID and its state.
+        let cid = self.eng.arm(slot, tag, Some(buf));
         let stream = self.eng.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
         self.sq
             .push_with(sqe.with_cid(cid).with_prp(prp1, prp2), stream);
-        self.eng.arm(slot, tag, Some(buf));
         Ok(())
     }
 
