@@ -254,6 +254,9 @@ pub struct Controller {
     /// Bytes of queue memory (rings, PRP pages, in-flight buffers) leaked
     /// because the device might still access them.
     pub(super) leaked_bytes: AtomicU64,
+    /// The notifiers of the MSI-X vectors, routed when the first queue
+    /// pair that waits on an interrupt is created (`pcie::irq`).
+    pub(super) irqs: Mutex<Option<Arc<[Arc<mcqio_vfio::Notifier>]>>>,
 }
 
 impl std::fmt::Debug for Controller {
