@@ -164,8 +164,7 @@ pub trait BlockQueue {
         let start = std::time::Instant::now();
         loop {
             let n = self.poll(max, &mut f)?;
-            if n > 0 || self.outstanding() == 0 || timeout.is_some_and(|t| start.elapsed() >= t)
-            {
+            if n > 0 || self.outstanding() == 0 || timeout.is_some_and(|t| start.elapsed() >= t) {
                 return Ok(n);
             }
             std::hint::spin_loop();

@@ -198,7 +198,6 @@ impl Waiter {
                 .is_none_or(|t| now.saturating_duration_since(t) >= spin),
         }
     }
-
 }
 
 /// Whether a deadline passed.

@@ -65,7 +65,7 @@ impl<B: IoBuf> QueuePair<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mcqio_fixtures::{ExecMode, Fault, FakeConfig, FakeController};
+    use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, Fault};
 
     fn threaded() -> FakeConfig {
         FakeConfig {
@@ -80,7 +80,10 @@ mod tests {
     fn setup(cfg: FakeConfig) -> (Arc<FakeController>, Arc<Controller>) {
         let fake = FakeController::new(cfg).expect("fake");
         let backend: Arc<dyn mcqio_vfio::Backend> = fake.clone();
-        (fake, Controller::new(backend, Default::default()).expect("bring-up"))
+        (
+            fake,
+            Controller::new(backend, Default::default()).expect("bring-up"),
+        )
     }
 
     fn qpair(ctrl: &Arc<Controller>, wait: WaitPolicy) -> QueuePair {
@@ -170,6 +173,11 @@ mod tests {
             let mut buf = None;
             for i in 0..3000 {
                 buf = Some(read_wait(&ctrl, &mut q, i % 64, buf));
+                let c = q.counters();
+                assert_eq!(
+                    c.interrupt_sleeps, c.interrupt_wakeups,
+                    "{wait:?}, I/O {i}: a sleep ran out its 20 s (a lost wake-up)"
+                );
             }
             let c = q.counters();
             assert!(c.interrupt_sleeps > 0, "{wait:?}: the waits slept");
@@ -195,7 +203,11 @@ mod tests {
         for i in 1..200 {
             buf = Some(read_wait(&ctrl, &mut q, i, buf));
         }
-        assert_eq!(q.counters().interrupt_sleeps, first, "inside the spin window");
+        assert_eq!(
+            q.counters().interrupt_sleeps,
+            first,
+            "inside the spin window"
+        );
         // A zero spin sleeps as Interrupt does.
         let mut z = qpair(
             &ctrl,
@@ -216,11 +228,8 @@ mod tests {
         for wait in [WaitPolicy::Poll, WaitPolicy::Interrupt] {
             let mut q = qpair(&ctrl, wait);
             assert_eq!(q.wait(1, None, |_| {}).unwrap(), 0, "nothing outstanding");
-            fake.faults().inject_next(
-                Some(q.qid()),
-                None,
-                Fault::Delay(Duration::from_secs(3600)),
-            );
+            fake.faults()
+                .inject_next(Some(q.qid()), None, Fault::Delay(Duration::from_secs(3600)));
             let buf = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
             q.read(1, 0, 8, buf, 1).unwrap();
             q.submit();
@@ -243,11 +252,8 @@ mod tests {
     fn a_failed_controller_ends_the_wait() {
         let (fake, ctrl) = setup(threaded());
         let mut q = qpair(&ctrl, WaitPolicy::Interrupt);
-        fake.faults().inject_next(
-            Some(q.qid()),
-            None,
-            Fault::Delay(Duration::from_secs(3600)),
-        );
+        fake.faults()
+            .inject_next(Some(q.qid()), None, Fault::Delay(Duration::from_secs(3600)));
         let buf = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
         q.read(1, 0, 8, buf, 1).unwrap();
         q.submit();
