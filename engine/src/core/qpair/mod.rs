@@ -226,11 +226,22 @@ pub(crate) trait Wire: Sized {
         use std::time::Instant;
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
+        // Completions the application's own polls delivered since the
+        // last wait count for the hybrid spin, as of now (at most the
+        // length of one empty poll late, when the caller polls and waits
+        // in turn).
+        let e = self.eng();
+        if e.completed != e.wait.seen_completed {
+            e.wait.seen_completed = e.completed;
+            e.wait.last_completion = Some(start);
+        }
         let mut spins = 0u32;
         loop {
             let n = self.poll(max, f)?;
             if n > 0 {
-                self.eng().wait.last_completion = Some(Instant::now());
+                let e = self.eng();
+                e.wait.last_completion = Some(Instant::now());
+                e.wait.seen_completed = e.completed;
                 return Ok(n);
             }
             let e = self.eng_ref();
@@ -254,7 +265,9 @@ pub(crate) trait Wire: Sized {
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             let n = self.poll(max, f)?;
             if n > 0 {
-                self.eng().wait.last_completion = Some(Instant::now());
+                let e = self.eng();
+                e.wait.last_completion = Some(Instant::now());
+                e.wait.seen_completed = e.completed;
                 return Ok(n);
             }
             let w = &self.eng_ref().wait;

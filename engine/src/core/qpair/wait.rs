@@ -160,8 +160,12 @@ pub(crate) struct Waiter {
     /// The longest one sleep lasts ([`SLICE`], or [`SHARED_SLICE`] on a
     /// shared notifier).
     pub slice: Duration,
-    /// When a wait last delivered something (the hybrid spin runs from it).
+    /// When a wait last delivered something, or first saw that a poll
+    /// had (the hybrid spin runs from it).
     pub last_completion: Option<Instant>,
+    /// The engine's completion count when a wait last looked: a wait that
+    /// finds it moved knows a poll delivered something since.
+    pub seen_completed: u64,
     /// Counters.
     pub stats: WaitStats,
 }
@@ -181,6 +185,7 @@ impl Waiter {
             slice: if shared { SHARED_SLICE } else { SLICE },
             policy,
             last_completion: None,
+            seen_completed: 0,
             stats: WaitStats::default(),
         }
     }

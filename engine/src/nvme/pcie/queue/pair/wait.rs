@@ -222,6 +222,40 @@ mod tests {
         drop(buf);
     }
 
+    /// The hybrid spin runs from the last completion however it was
+    /// delivered: a job that reaps with `poll` and calls `wait` only when a
+    /// poll found nothing (mcqio-perf's loop) spun for nothing and slept
+    /// at once, since only the wait's own completions counted.
+    #[test]
+    fn hybrid_counts_completions_delivered_by_poll() {
+        let (_fake, ctrl) = setup(threaded());
+        let mut q = qpair(
+            &ctrl,
+            WaitPolicy::Hybrid {
+                spin: Duration::from_secs(600),
+            },
+        );
+        let mut buf = Some(ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap());
+        for i in 0..200u64 {
+            q.read(1, i % 64, 8, buf.take().unwrap(), i).unwrap();
+            q.submit();
+            if i % 2 == 0 {
+                // Reaped by polls alone.
+                while q.poll(1, |c| buf = c.buf).unwrap() == 0 {}
+            } else {
+                let n = q
+                    .wait(1, Some(Duration::from_secs(20)), |c| buf = c.buf)
+                    .unwrap();
+                assert_eq!(n, 1);
+            }
+        }
+        assert_eq!(
+            q.counters().interrupt_sleeps,
+            0,
+            "every wait came within the spin window of a completion"
+        );
+    }
+
     #[test]
     fn a_wait_returns_at_its_timeout_and_with_nothing_outstanding() {
         let (fake, ctrl) = setup(threaded());
