@@ -501,6 +501,7 @@ impl Controller {
             }
         );
         self.state.store(next);
+        self.wake_waiters();
     }
 
     /// Reset the controller and bring it up again (see the module docs).
@@ -515,7 +516,9 @@ impl Controller {
     /// [`Error::DeviceChanged`] if a different device answers.
     pub fn reset(&self) -> Result<()> {
         let mut a = self.lock_admin();
-        self.reset_locked(&mut a)
+        let r = self.reset_locked(&mut a);
+        self.wake_waiters();
+        r
     }
 
     /// Reset unless the state moved on from `seen` (another thread already
@@ -526,7 +529,9 @@ impl Controller {
         if self.state() != seen {
             return Ok(());
         }
-        self.reset_locked(&mut a)
+        let r = self.reset_locked(&mut a);
+        self.wake_waiters();
+        r
     }
 
     /// Create an I/O queue pair for [`DmaBuf`] buffers. `opts.mapping`

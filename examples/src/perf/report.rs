@@ -945,6 +945,7 @@ mod tests {
                 offset: 0,
                 size: None,
                 rate_iops: None,
+                wait: "poll".into(),
                 bytes: None,
             },
             jobs: vec![JobReport {

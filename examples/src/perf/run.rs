@@ -1178,6 +1178,18 @@ fn time_series(
     out
 }
 
+/// `--wait` as given: `poll`, `irq`, `hybrid:50us`.
+fn wait_name(w: mcqio::WaitPolicy) -> String {
+    match w {
+        mcqio::WaitPolicy::Poll => "poll".into(),
+        mcqio::WaitPolicy::Interrupt => "irq".into(),
+        mcqio::WaitPolicy::Hybrid { spin } if spin.as_nanos() % 1000 != 0 => {
+            format!("hybrid:{}ns", spin.as_nanos())
+        }
+        mcqio::WaitPolicy::Hybrid { spin } => format!("hybrid:{}us", spin.as_micros()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1210,17 +1222,5 @@ mod tests {
                 other => panic!("{off} {size:?}: {other:?}"),
             }
         }
-    }
-}
-
-/// `--wait` as given: `poll`, `irq`, `hybrid:50us`.
-fn wait_name(w: mcqio::WaitPolicy) -> String {
-    match w {
-        mcqio::WaitPolicy::Poll => "poll".into(),
-        mcqio::WaitPolicy::Interrupt => "irq".into(),
-        mcqio::WaitPolicy::Hybrid { spin } if spin.as_nanos() % 1000 != 0 => {
-            format!("hybrid:{}ns", spin.as_nanos())
-        }
-        mcqio::WaitPolicy::Hybrid { spin } => format!("hybrid:{}us", spin.as_micros()),
     }
 }

@@ -81,6 +81,19 @@ impl Controller {
     }
 }
 
+impl Controller {
+    /// The controller was reset or failed: wake every queue pair asleep on
+    /// a vector, so its wait sees the new state at once (its next poll
+    /// recovers) instead of at the end of its slice.
+    #[cold]
+    pub(crate) fn wake_waiters(&self) {
+        let routed = self.irqs.lock().unwrap_or_else(|p| p.into_inner());
+        for n in routed.iter().flat_map(|n| n.iter()) {
+            n.signal();
+        }
+    }
+}
+
 /// The vector of I/O queue `qid` among `n` routed vectors (vector 0 the
 /// admin queue's) on a controller granting `granted` I/O queues, and
 /// whether it is shared.

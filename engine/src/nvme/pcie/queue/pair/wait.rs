@@ -314,4 +314,54 @@ mod tests {
             Ok(n) => panic!("the wait returned {n}: it hung until its limit"),
         }
     }
+
+    /// A reset while a queue waits ends the wait with the command aborted
+    /// — at once: the reset signals the waiters, and the slice that would
+    /// otherwise end the sleep is longer than the wait's limit here — and
+    /// the re-created queue interrupts on its vector again (IEN and IV in
+    /// the new Create I/O CQ).
+    #[test]
+    fn a_reset_ends_the_wait_and_the_new_queue_interrupts_again() {
+        let (fake, ctrl) = setup(threaded());
+        let mut q = qpair(&ctrl, WaitPolicy::Interrupt);
+        q.eng.wait.slice = Duration::from_secs(60);
+        fake.faults()
+            .inject_next(Some(q.qid()), None, Fault::Delay(Duration::from_secs(3600)));
+        let buf = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+        q.read(1, 0, 8, buf, 1).unwrap();
+        q.submit();
+        let c2 = Arc::clone(&ctrl);
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            c2.reset().expect("reset");
+        });
+        let mut ended = None;
+        let n = q
+            .wait(1, Some(Duration::from_secs(20)), |c| ended = Some(c.result))
+            .expect("wait");
+        t.join().unwrap();
+        assert_eq!(n, 1, "the reset ended the wait");
+        assert!(
+            q.counters().interrupt_wakeups >= 1,
+            "woken by the reset, not the end of the 20 s limit"
+        );
+        assert!(
+            matches!(ended, Some(Err(IoError::AbortedByReset))),
+            "{ended:?}"
+        );
+        // The queue was re-created with its vector: a wait sleeps and is woken.
+        let before = q.counters();
+        let mut buf = None;
+        for i in 0..10 {
+            buf = Some(read_wait(&ctrl, &mut q, i, buf));
+        }
+        let after = q.counters();
+        assert_eq!(after.recoveries, 1);
+        assert!(after.interrupt_wakeups > before.interrupt_wakeups);
+        assert_eq!(
+            after.interrupt_sleeps - before.interrupt_sleeps,
+            after.interrupt_wakeups - before.interrupt_wakeups,
+            "every sleep on the re-created queue ended by its interrupt"
+        );
+    }
 }
