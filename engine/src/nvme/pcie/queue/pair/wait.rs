@@ -32,7 +32,7 @@ impl<B: IoBuf> QueuePair<B> {
     ///
     /// ```
     /// # use std::{sync::Arc, time::Duration};
-    /// # use mcqio::{Controller, DmaDir, QpairOptions, WaitPolicy};
+    /// # use mcqio::{vfio::DmaDir, Controller, QpairOptions, WaitPolicy};
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let fake = mcqio_fixtures::FakeController::new(mcqio_fixtures::FakeConfig::default())?;
     /// # let ctrl = Controller::new(fake, Default::default())?;
