@@ -150,6 +150,27 @@ pub trait BlockQueue {
     /// Deliver up to `max` completions to `f`; returns how many.
     fn poll<F: FnMut(Completion<Self::Buf>)>(&mut self, max: usize, f: F) -> Result<usize>;
 
+    /// Poll until something completes or `timeout` passes (`None`: no
+    /// limit), sleeping on the queue's interrupt where its wait policy
+    /// says so (see [`crate::WaitPolicy`]); completions reach `f` through
+    /// `poll`. Returns how many (0: the timeout passed, or nothing is
+    /// outstanding). This default spins.
+    fn wait<F: FnMut(Completion<Self::Buf>)>(
+        &mut self,
+        max: usize,
+        timeout: Option<std::time::Duration>,
+        mut f: F,
+    ) -> Result<usize> {
+        let start = std::time::Instant::now();
+        loop {
+            let n = self.poll(max, &mut f)?;
+            if n > 0 || self.outstanding() == 0 || timeout.is_some_and(|t| start.elapsed() >= t) {
+                return Ok(n);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
     /// Commands that may be outstanding at once.
     fn depth(&self) -> usize;
 

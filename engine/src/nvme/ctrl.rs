@@ -254,6 +254,9 @@ pub struct Controller {
     /// Bytes of queue memory (rings, PRP pages, in-flight buffers) leaked
     /// because the device might still access them.
     pub(super) leaked_bytes: AtomicU64,
+    /// The notifiers of the MSI-X vectors, routed when the first queue
+    /// pair that waits on an interrupt is created (`pcie::irq`).
+    pub(super) irqs: Mutex<Option<Arc<[Arc<mcqio_vfio::Notifier>]>>>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -498,6 +501,7 @@ impl Controller {
             }
         );
         self.state.store(next);
+        self.wake_waiters();
     }
 
     /// Reset the controller and bring it up again (see the module docs).
@@ -512,7 +516,9 @@ impl Controller {
     /// [`Error::DeviceChanged`] if a different device answers.
     pub fn reset(&self) -> Result<()> {
         let mut a = self.lock_admin();
-        self.reset_locked(&mut a)
+        let r = self.reset_locked(&mut a);
+        self.wake_waiters();
+        r
     }
 
     /// Reset unless the state moved on from `seen` (another thread already
@@ -523,7 +529,9 @@ impl Controller {
         if self.state() != seen {
             return Ok(());
         }
-        self.reset_locked(&mut a)
+        let r = self.reset_locked(&mut a);
+        self.wake_waiters();
+        r
     }
 
     /// Create an I/O queue pair for [`DmaBuf`] buffers. `opts.mapping`

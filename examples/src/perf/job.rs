@@ -42,6 +42,9 @@ pub const PHASE_ABORT: u32 = 4;
 /// How many failures a job describes in detail.
 pub const MAX_FAILURE_DETAILS: usize = 8;
 
+/// The longest one idle wait of `--wait irq|hybrid` lasts.
+const IDLE_WAIT: Duration = Duration::from_millis(10);
+
 /// Highest latency the histogram tracks (60 s, in ns); larger values saturate.
 pub const HIST_MAX_NS: u64 = 60_000_000_000;
 
@@ -123,6 +126,8 @@ pub struct JobSpec {
     pub distribution: Distribution,
     /// I/Os per second this job may start (`--rate-iops` / jobs).
     pub rate_iops: Option<u64>,
+    /// How the job waits when a poll found nothing (`--wait`).
+    pub wait: mcqio::WaitPolicy,
 }
 
 /// CPU time (user, system) of the calling thread.
@@ -757,6 +762,37 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         Ok(())
     }
 
+    /// `--wait irq|hybrid`, after a poll found nothing: with I/O in
+    /// flight, wait on the queue (it sleeps on its interrupt as its policy
+    /// says) until the next rate-limited I/O is due; with none, under a
+    /// rate limit, sleep until then. At most [`IDLE_WAIT`] either way, so
+    /// phase changes and per-second samples are seen.
+    #[cold]
+    #[inline(never)]
+    fn idle_wait(&mut self, budget: u64) -> Result<usize, QueueError> {
+        let now = self.clock.now();
+        let due = if self.rate_ticks > 0 && budget > 0 {
+            Duration::from_nanos(self.clock.ticks_to_ns(self.rate_next.saturating_sub(now)))
+        } else {
+            IDLE_WAIT
+        };
+        let t = due.min(IDLE_WAIT);
+        if self.st.inflight == 0 {
+            if self.rate_ticks > 0 && !t.is_zero() {
+                std::thread::sleep(t);
+            }
+            return Ok(0);
+        }
+        let st = &mut self.st;
+        let clock = &self.clock;
+        let n = self.q.wait(t, |slot, status| {
+            st.complete(slot, status, clock.now(), clock);
+        })?;
+        st.res.clock_reads += n as u64;
+        st.flush_hist();
+        Ok(n)
+    }
+
     /// Submit and reap once.
     #[inline(always)]
     fn turn(&mut self) -> Result<usize, QueueError> {
@@ -895,6 +931,10 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         }
         if self.turn()? > 0 {
             p.counter.store(self.st.completed_total, Ordering::Relaxed);
+        } else if spec.wait != mcqio::WaitPolicy::Poll {
+            if self.idle_wait(p.budget)? > 0 {
+                p.counter.store(self.st.completed_total, Ordering::Relaxed);
+            }
         } else {
             // Nothing completed: pause before polling again. A tight
             // re-poll keeps pulling the completion ring's cache line
@@ -1141,6 +1181,7 @@ mod tests {
             dma_batch: None,
             distribution: Distribution::Uniform,
             rate_iops: None,
+            wait: mcqio::WaitPolicy::Poll,
         }
     }
 

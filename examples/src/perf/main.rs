@@ -132,6 +132,10 @@ fn cpu_list(s: &str) -> Result<CpuList, String> {
     parse_cpus(s).map(CpuList).map_err(|e| e.to_string())
 }
 
+fn wait_policy(s: &str) -> Result<mcqio::WaitPolicy, String> {
+    s.parse()
+}
+
 fn rate(s: &str) -> Result<u64, String> {
     match s.trim().parse::<u64>() {
         Ok(0) => Err("0 I/Os per second runs nothing; leave --rate-iops out for no limit".into()),
@@ -292,6 +296,14 @@ struct RunArgs {
     /// report gives the rate achieved and warns below 98%)
     #[arg(long = "rate-iops", value_parser = rate)]
     rate_iops: Option<u64>,
+    /// How a job waits when a poll found nothing: `poll` spins (the
+    /// default), `irq` sleeps on its queue's interrupt, `hybrid[:SPIN]`
+    /// spins SPIN (default 50us) after the last completion, then sleeps.
+    /// Without a rate limit, a job with nothing in flight spins in every
+    /// mode; under one, `irq` and `hybrid` sleep until the next I/O's
+    /// time. NVMe only (other devices poll)
+    #[arg(long = "wait", value_name = "MODE", default_value = "poll", value_parser = wait_policy)]
+    wait: mcqio::WaitPolicy,
     /// Move this many bytes in total and stop (size-based run; with -t:
     /// whichever comes first)
     #[arg(long, value_parser = nonzero_size, conflicts_with = "ios")]
@@ -418,6 +430,7 @@ impl RunArgs {
             io_size: self.io_size,
             depth: self.depth as usize,
             io_queue_size: self.io_queue_size,
+            wait: self.wait,
             jobs,
             cpus,
             time: match (self.time, self.ios.or(self.bytes)) {

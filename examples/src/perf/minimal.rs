@@ -76,6 +76,7 @@ pub fn run(spec: &DeviceSpec, o: &MinimalOpts) -> Result<MinimalReport, PerfErro
         seed: 1,
         dma: DmaMode::Premapped,
         hpb: None,
+        wait: mcqio::WaitPolicy::Poll,
     };
     let target = Target::open(spec, &plan)?;
     let lbads = u64::from(target.lbads());

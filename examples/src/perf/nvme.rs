@@ -43,6 +43,8 @@ pub struct NvmeTarget {
     info: CtrlInfo,
     /// I/O queue entries per queue pair (0: the engine's choice).
     queue_entries: u16,
+    /// How its queue pairs wait (`--wait`).
+    wait: mcqio::WaitPolicy,
 }
 
 impl std::fmt::Debug for NvmeTarget {
@@ -186,6 +188,7 @@ impl NvmeTarget {
             ctrl,
             fake,
             queue_entries: plan.io_queue_size.unwrap_or(0),
+            wait: plan.wait,
             info: CtrlInfo {
                 namespaces,
                 lbads,
@@ -240,6 +243,7 @@ impl NvmeTarget {
             .create_qpair_for::<SlotBuf>(QpairOptions {
                 depth: self.qpair_depth(depth, buf_len),
                 queue_entries: self.queue_entries,
+                wait: self.wait,
                 ..QpairOptions::default()
             })
             .map_err(|e| e.to_string())?;
@@ -502,6 +506,7 @@ mod tests {
             seed: 1,
             dma: crate::run::DmaMode::Premapped,
             hpb: None,
+            wait: mcqio::WaitPolicy::Poll,
         };
         let t = NvmeTarget::open(&spec, &plan).expect("fake target");
         let fake = t.fake.clone().expect("a fake");

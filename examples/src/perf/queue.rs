@@ -107,6 +107,18 @@ pub trait JobQueue {
     /// The engine's counters of this queue (doorbell stores, register
     /// loads, system-clock calls), for queues on the engine; `None` for
     /// others (io_uring, test queues).
+    /// Wait at most `timeout` for completions, as the queue's wait policy
+    /// says (`--wait`), delivering them as [`JobQueue::reap`] does. This
+    /// default reaps once (queues that cannot wait poll).
+    fn wait<F: FnMut(usize, IoStatus)>(
+        &mut self,
+        timeout: std::time::Duration,
+        done: F,
+    ) -> Result<usize, QueueError> {
+        let _ = timeout;
+        self.reap(done)
+    }
+
     fn counters(&self) -> Option<mcqio::QueueCounters> {
         None
     }

@@ -325,6 +325,9 @@ pub struct TotalReport {
     /// CPU of the whole process during the measured phase, percent of one
     /// core: job threads plus helpers such as the fake's device thread.
     pub process_cpu_pct: f64,
+    /// The same (getrusage of the process, user + system) per I/O, ns.
+    #[serde(default)]
+    pub process_cpu_ns_per_io: f64,
     /// What the engine's queues did per I/O (`null` when no job ran on
     /// the engine, e.g. io_uring).
     #[serde(default)]
@@ -380,6 +383,9 @@ pub struct WorkloadReport {
     /// `--rate-iops` over all jobs.
     #[serde(default)]
     pub rate_iops: Option<u64>,
+    /// `--wait`: `poll`, `irq`, `hybrid:SPIN`.
+    #[serde(default)]
+    pub wait: String,
     /// `--bytes`: total bytes to move.
     #[serde(default)]
     pub bytes: Option<u64>,
@@ -781,8 +787,8 @@ impl RunReport {
         let _ = writeln!(out, " of CPU per I/O");
         let _ = writeln!(
             out,
-            "CPU (whole process, incl. device threads): {:.1}% of one core",
-            self.total.process_cpu_pct
+            "CPU (whole process, incl. device threads): {:.1}% of one core; {:.0} ns per I/O",
+            self.total.process_cpu_pct, self.total.process_cpu_ns_per_io
         );
         let _ = write!(out, "Per I/O:");
         if let Some(p) = &self.total.per_io {
@@ -939,6 +945,7 @@ mod tests {
                 offset: 0,
                 size: None,
                 rate_iops: None,
+                wait: "poll".into(),
                 bytes: None,
             },
             jobs: vec![JobReport {
@@ -954,6 +961,7 @@ mod tests {
                 cpu_ns_per_io: 100.0,
                 cycles_per_io: Some(300.0),
                 process_cpu_pct: 200.0,
+                process_cpu_ns_per_io: 200.0,
                 per_io: Some(PerIoReport {
                     doorbell_writes: 0.0625,
                     register_reads: 0.0,

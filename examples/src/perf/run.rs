@@ -253,6 +253,8 @@ pub struct RunOpts {
     pub depth: usize,
     /// NVMe I/O queue entries (`None`: the engine's choice).
     pub io_queue_size: Option<u16>,
+    /// How the engine's queue pairs wait for completions (`--wait`).
+    pub wait: mcqio::WaitPolicy,
     /// Number of jobs.
     pub jobs: usize,
     /// Cores to pin jobs to (job i on the i-th entry); empty: do not pin.
@@ -775,7 +777,10 @@ pub fn run_devices(
             .iter()
             .filter(|r| r.cpu_owner)
             .map(|r| {
-                let polled = !matches!(*targets[job_dev[r.index]], Target::Uring(_));
+                // A job that sleeps on interrupts (--wait irq|hybrid) is
+                // not starved by taking less than a CPU.
+                let polled = !matches!(*targets[job_dev[r.index]], Target::Uring(_))
+                    && o.wait == mcqio::WaitPolicy::Poll;
                 (thread_of[r.index], polled, r.cpu_usr + r.cpu_sys, r.elapsed)
             })
             .collect(),
@@ -831,10 +836,16 @@ pub fn run_devices(
              part of every figure here"
         ));
     }
+    let process_cpu_ns_per_io = if tot.ios > 0 {
+        proc_cpu.as_secs_f64() * 1e9 / tot.ios as f64
+    } else {
+        0.0
+    };
     let total = TotalReport {
         per_io,
         stats: tot,
         cpu_ns_per_io,
+        process_cpu_ns_per_io,
         process_cpu_pct: if wall > 0.0 {
             proc_cpu.as_secs_f64() / wall * 100.0
         } else {
@@ -895,6 +906,7 @@ pub fn run_devices(
             offset: o.offset,
             size: o.size,
             rate_iops: o.rate_iops,
+            wait: wait_name(o.wait),
             bytes: o.bytes,
         },
         jobs,
@@ -991,6 +1003,7 @@ fn plan_device(
         seed: o.seed,
         dma: o.dma,
         hpb: o.hpb,
+        wait: o.wait,
     };
     let mut target = Target::open(spec, &plan)?;
     let picked = match &o.nsids {
@@ -1113,6 +1126,7 @@ fn plan_device(
             dma_batch: o.dma_batch,
             distribution: o.distribution,
             rate_iops: None,
+            wait: o.wait,
         });
     }
     Ok((target, notes, specs))
@@ -1162,6 +1176,18 @@ fn time_series(
         });
     }
     out
+}
+
+/// `--wait` as given: `poll`, `irq`, `hybrid:50us`.
+fn wait_name(w: mcqio::WaitPolicy) -> String {
+    match w {
+        mcqio::WaitPolicy::Poll => "poll".into(),
+        mcqio::WaitPolicy::Interrupt => "irq".into(),
+        mcqio::WaitPolicy::Hybrid { spin } if spin.as_nanos() % 1000 != 0 => {
+            format!("hybrid:{}ns", spin.as_nanos())
+        }
+        mcqio::WaitPolicy::Hybrid { spin } => format!("hybrid:{}us", spin.as_micros()),
+    }
 }
 
 #[cfg(test)]

@@ -214,6 +214,7 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
                     io_size: 4096,
                     depth: a.depth as usize,
                     io_queue_size: None,
+                    wait: mcqio::WaitPolicy::Poll,
                     jobs,
                     cpus: if jobs <= ncpu {
                         usable[..jobs].to_vec()

@@ -220,6 +220,20 @@ impl<Q: BlockQueue<Buf = SlotBuf>> JobQueue for BlockJobQueue<Q> {
             .map_err(|e| QueueError(e.to_string()))
     }
 
+    fn wait<F: FnMut(usize, IoStatus)>(
+        &mut self,
+        timeout: std::time::Duration,
+        mut done: F,
+    ) -> Result<usize, QueueError> {
+        let lost = &mut self.device_may_access;
+        self.qp
+            .wait(usize::MAX, Some(timeout), |c| {
+                *lost |= c.buf.is_none();
+                done(c.tag as usize, status_of(&c));
+            })
+            .map_err(|e| QueueError(e.to_string()))
+    }
+
     fn counters(&self) -> Option<mcqio::QueueCounters> {
         Some(self.qp.counters())
     }

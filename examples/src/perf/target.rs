@@ -149,6 +149,8 @@ pub struct OpenPlan {
     pub dma: DmaMode,
     /// UFS HPB with this host map budget per LU (`None`: off).
     pub hpb: Option<u64>,
+    /// How the engine's queue pairs wait (`--wait`).
+    pub wait: mcqio::WaitPolicy,
 }
 
 /// An open device.

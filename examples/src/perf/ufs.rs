@@ -488,6 +488,7 @@ mod tests {
             seed: 1,
             dma: crate::run::DmaMode::Premapped,
             hpb: None,
+            wait: mcqio::WaitPolicy::Poll,
         }
     }
 

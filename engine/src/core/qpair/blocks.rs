@@ -122,6 +122,15 @@ where
         Wire::poll(self, max, &mut f)
     }
 
+    fn wait<F: FnMut(Completion<Self::Buf>)>(
+        &mut self,
+        max: usize,
+        timeout: Option<Duration>,
+        mut f: F,
+    ) -> Result<usize> {
+        Wire::wait(self, max, timeout, &mut f)
+    }
+
     #[inline]
     fn depth(&self) -> usize {
         self.eng_ref().depth()

@@ -49,6 +49,11 @@ pub struct QueueCounters {
     /// the completion register each busy poll reads (CQTP or UTRLDBR: UFS
     /// completion entries carry no phase bit).
     pub register_reads: u64,
+    /// Sleeps on the queue's interrupt (`wait` with
+    /// [`WaitPolicy::Interrupt`](crate::WaitPolicy) or `Hybrid`).
+    pub interrupt_sleeps: u64,
+    /// Of those, the sleeps an interrupt ended (the rest ran out a slice).
+    pub interrupt_wakeups: u64,
 }
 
 /// Counters of the cold recovery paths, the same on every wire.
@@ -104,6 +109,9 @@ pub(crate) struct Engine<B: IoBuf, S> {
     pub queue_absent: bool,
     /// How far closing got (see `Wire::shutdown`).
     pub closing: Closing,
+    /// Waiting: the policy and the queue's interrupt (read by
+    /// `Wire::wait` only; `poll` never touches it).
+    pub wait: super::wait::Waiter,
 }
 
 /// How far [`Wire::shutdown`](super::Wire::shutdown) (close or drop) got.
@@ -152,6 +160,7 @@ impl<B: IoBuf, S> Engine<B, S> {
             device_may_access: false,
             queue_absent: false,
             closing: Closing::Open,
+            wait: super::wait::Waiter::default(),
         }
     }
 
@@ -269,6 +278,8 @@ impl<B: IoBuf, S> Engine<B, S> {
             system_clock_reads: self.timeouts.clock.system_reads,
             doorbell_writes: 0,
             register_reads: self.health_checks,
+            interrupt_sleeps: self.wait.stats.sleeps,
+            interrupt_wakeups: self.wait.stats.wakeups,
         }
     }
 

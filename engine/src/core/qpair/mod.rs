@@ -61,11 +61,13 @@ use super::timeout::IDLE_CLOCK_INTERVAL;
 mod blocks;
 mod engine;
 mod split;
+pub(crate) mod wait;
 
 pub(crate) use self::blocks::Addressed;
 pub use self::engine::QueueCounters;
 pub(crate) use self::engine::{Closing, Engine};
 pub(crate) use self::split::{Child, SplitRequest};
+pub use self::wait::WaitPolicy;
 
 /// What one reaping pass found.
 #[derive(Copy, Clone, Debug, Default)]
@@ -195,6 +197,101 @@ pub(crate) trait Wire: Sized {
     /// Closing finished; `gone`: a reset or failure had already removed
     /// the queue (nothing was withdrawn).
     fn closed(&mut self, gone: bool);
+
+    /// Arm the queue's interrupt before the last poll of a sleeping wait
+    /// (see [`wait`]): clear what its notifier counted. A wire with a
+    /// level-triggered line also acknowledges its interrupt status and
+    /// unmasks the line here.
+    #[cold]
+    fn arm_interrupt(&mut self) {
+        if let Some(n) = &self.eng_ref().wait.irq {
+            n.take();
+        }
+    }
+
+    /// Poll until something completes, or `timeout` passes (`None`: no
+    /// limit), spinning or sleeping on the queue's interrupt as its
+    /// [`WaitPolicy`] says (see [`wait`] for the order that loses no
+    /// wake-up). Completions reach `f` through `poll` only; returns how
+    /// many (0: the timeout passed, or nothing is outstanding). A failed
+    /// or reset controller ends the wait as `poll` reports it.
+    #[cold]
+    #[inline(never)]
+    fn wait<F: FnMut(Completion<Self::Buf>)>(
+        &mut self,
+        max: usize,
+        timeout: Option<std::time::Duration>,
+        f: &mut F,
+    ) -> Result<usize> {
+        use std::time::Instant;
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        // Completions the application's own polls delivered since the
+        // last wait count for the hybrid spin, as of now (at most the
+        // length of one empty poll late, when the caller polls and waits
+        // in turn).
+        let e = self.eng();
+        if e.completed != e.wait.seen_completed {
+            e.wait.seen_completed = e.completed;
+            e.wait.last_completion = Some(start);
+        }
+        let mut spins = 0u32;
+        loop {
+            let n = self.poll(max, f)?;
+            if n > 0 {
+                let e = self.eng();
+                e.wait.last_completion = Some(Instant::now());
+                e.wait.seen_completed = e.completed;
+                return Ok(n);
+            }
+            let e = self.eng_ref();
+            if e.trackers.outstanding() == 0 && e.held.is_empty() {
+                return Ok(0);
+            }
+            spins += 1;
+            if spins % wait::SPIN_BATCH != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            if wait::past(deadline, now) {
+                return Ok(0);
+            }
+            if !self.eng_ref().wait.should_sleep(now) {
+                continue;
+            }
+            // Arm, then poll again, then block (see the `wait` module).
+            self.arm_interrupt();
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            let n = self.poll(max, f)?;
+            if n > 0 {
+                let e = self.eng();
+                e.wait.last_completion = Some(Instant::now());
+                e.wait.seen_completed = e.completed;
+                return Ok(n);
+            }
+            let w = &self.eng_ref().wait;
+            let Some(irq) = w.irq.clone() else { continue };
+            let slice = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()).min(w.slice),
+                None => w.slice,
+            };
+            let woken = irq.wait(Some(slice)).unwrap_or(false);
+            let e = self.eng();
+            e.wait.stats.sleeps += 1;
+            if woken {
+                e.wait.stats.wakeups += 1;
+            } else {
+                // Nobody polled meanwhile: keep timeouts due, and notice a
+                // controller that failed without an interrupt.
+                if e.timeouts.enabled() {
+                    e.timeouts.tick();
+                }
+                e.health_checks += 1;
+                self.check_controller();
+            }
+        }
+    }
 
     /// The controller's state word: one relaxed load.
     #[inline(always)]

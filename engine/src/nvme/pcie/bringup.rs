@@ -217,6 +217,7 @@ impl Controller {
             resets: AtomicU64::new(0),
             ready_timeout,
             leaked_bytes: AtomicU64::new(0),
+            irqs: Mutex::new(None),
         }))
     }
 

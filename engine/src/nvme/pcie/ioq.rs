@@ -7,8 +7,9 @@ use crate::nvme::spec::sqe::{Command, CreateIoCq, CreateIoSq, DeleteIoCq, Delete
 use crate::{Error, Result};
 
 impl Controller {
-    /// Create I/O CQ then SQ `qid` on rings at the given IOVAs; returns the
-    /// state word they belong to (the queues die with its epoch).
+    /// Create I/O CQ then SQ `qid` on rings at the given IOVAs, the CQ
+    /// interrupting on MSI-X `vector` (IEN and IV) if one is given; returns
+    /// the state word they belong to (the queues die with its epoch).
     ///
     /// On failure, also says whether a queue may have been left on the
     /// controller (a Create that timed out without a reset may have taken
@@ -20,6 +21,7 @@ impl Controller {
         entries: u16,
         cq_iova: u64,
         sq_iova: u64,
+        vector: Option<u16>,
     ) -> std::result::Result<u64, (Error, bool)> {
         let mut a = self.lock_admin();
         let s = self.state();
@@ -32,9 +34,13 @@ impl Controller {
         };
         // A (re-)created queue starts at index 0 in the shadow slots too.
         let _ = self.shadow_slots(qid);
+        let cq = match vector {
+            Some(v) => CreateIoCq::new(qid, entries).interrupt(v),
+            None => CreateIoCq::new(qid, entries),
+        };
         if let Err(e) = self.admin_locked(
             &mut a,
-            CreateIoCq::new(qid, entries).sqe().with_prp(cq_iova, 0),
+            cq.sqe().with_prp(cq_iova, 0),
             "Create I/O Completion Queue",
         ) {
             let left = left_behind(&e);

@@ -14,11 +14,14 @@
 //!   checks that doorbells lie inside BAR0.
 //! - `shadow`: shadow doorbells (Doorbell Buffer Config).
 //! - `ioq`: Create and Delete I/O SQ/CQ for a queue pair's rings.
+//! - `irq`: an MSI-X vector per I/O queue, for queue pairs that wait on
+//!   interrupts.
 //! - [`queue`]: [`QueuePair`](queue::QueuePair): SQ/CQ rings, doorbells,
 //!   PRP lists, transfers split at MDTS.
 
 pub(super) mod bringup;
 pub(super) mod enable;
 pub(super) mod ioq;
+pub(super) mod irq;
 pub mod queue;
 pub(super) mod shadow;

@@ -154,6 +154,7 @@ impl UfsController {
             layout: QueueLayout { cap, legacy_list },
             leaked: AtomicU64::new(0),
             hpb,
+            irq: Mutex::new(None),
             backend,
         }))
     }

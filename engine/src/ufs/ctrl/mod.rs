@@ -179,6 +179,9 @@ pub struct UfsController {
     leaked: AtomicU64,
     /// HPB maps by LUN (empty without HPB).
     hpb: Vec<Option<Arc<super::hpb::LuMap>>>,
+    /// The notifier of the controller's interrupt line, routed when the
+    /// first queue pair that waits on it is created (`irq.rs`).
+    irq: Mutex<Option<Arc<mcqio_vfio::Notifier>>>,
 }
 
 /// How the queues were set up at bring-up (a reset restores exactly this).
@@ -201,6 +204,8 @@ impl std::fmt::Debug for UfsController {
 }
 mod bringup;
 mod devcmd;
+mod irq;
+pub(crate) use irq::completion_cause;
 
 use bringup::start_list;
 

@@ -238,7 +238,7 @@ pub(in crate::ufs) fn enable_queue(
     r.write(q.reg(qcfg::CQUBA), (c >> 32) as u32);
     // The offsets are the controller's: read them back and use them.
     let blocks = queue_blocks(r, mcap, i, bar_len, &[])?;
-    let (sqdao, cqdao) = (blocks[0].1, blocks[2].1);
+    let (sqdao, cqdao, cqisao) = (blocks[0].1, blocks[2].1, blocks[3].1);
     r.write(q.reg(qcfg::CQATTR), QueueAttr::enabled(entries, 0).0);
     if !QueueAttr(r.read(q.reg(qcfg::CQATTR))?).is_enabled() {
         return Err(UfsCtrlError::QueueRefused {
@@ -301,6 +301,8 @@ pub(in crate::ufs) fn enable_queue(
         sqrts: op(sqdao + sq_op::SQRTS),
         cqhp: op(cqdao + cq_op::CQHP),
         cqtp: op(cqdao + cq_op::CQTP),
+        cqis: op(cqisao + regs::cq_int::CQIS),
+        cqie: op(cqisao + regs::cq_int::CQIE),
     };
     Ok((regs, sq_tail, cq_tail))
 }

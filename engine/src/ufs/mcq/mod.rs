@@ -88,6 +88,10 @@ pub(crate) struct McqRegs {
     pub cqhp: OpReg,
     /// CQ tail (the controller writes it).
     pub cqtp: OpReg,
+    /// CQ interrupt status (write 1 to clear); touched only by a wait.
+    pub cqis: OpReg,
+    /// CQ interrupt enable; touched only by a wait.
+    pub cqie: OpReg,
 }
 
 /// Ring memory and registers of one hardware queue, owned by the controller
@@ -164,6 +168,17 @@ pub(crate) enum Reaped {
 }
 
 impl McqQueue {
+    /// Before a wait sleeps (UFSHCI 4.0 MCQ): enable the CQ's tail entry
+    /// push interrupt (CQIE.TEPS; a host controller reset clears it) and
+    /// acknowledge the status it left (CQIS.TEPS, write 1 to clear). An
+    /// entry pushed after this sets CQIS.TEPS, and IS.CQES, again.
+    #[cold]
+    pub(crate) fn arm_interrupt(&self) {
+        use super::spec::regs::cq_int::TEPS;
+        self.rings.regs.cqie.write(TEPS);
+        self.rings.regs.cqis.write(TEPS);
+    }
+
     pub fn new(rings: McqRings, hook: Option<Arc<dyn DoorbellHook>>) -> Self {
         let entries = u32::from(rings.entries);
         debug_assert!(rings.sq.len() >= entries as usize * ENTRY_SIZE as usize);

@@ -45,7 +45,7 @@ use crate::core::deliver;
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::mapped::{MappedQueuePair, MappingMode};
 use crate::core::qpair::Reaped as CoreReaped;
-use crate::core::qpair::{Closing, Engine, Recreated, SplitRequest, Wire};
+use crate::core::qpair::{Closing, Engine, Recreated, SplitRequest, WaitPolicy, Wire};
 use crate::core::split::Routed;
 use crate::core::state::Stopped;
 use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, TimeoutPolicy, Timeouts};
@@ -59,6 +59,7 @@ mod recover;
 mod reset;
 mod submit;
 mod teardown;
+mod wait;
 
 /// Empty polls (with commands outstanding) between IS health checks.
 const HEALTH_CHECK_INTERVAL: u32 = 1024;
@@ -127,6 +128,13 @@ pub struct UfsQpairOptions {
     /// buffers mapped per I/O in strict or lazy mode
     /// ([`UfsController::create_mapped_qpair`]).
     pub mapping: MappingMode,
+    /// How [`UfsQueuePair::wait`] waits, as NVMe's
+    /// [`crate::QpairOptions::wait`]: spinning ([`WaitPolicy::Poll`], the
+    /// default), or sleeping on the host controller's interrupt
+    /// (`Interrupt`, `Hybrid`; QEMU's UFS has an INTx line, shared by
+    /// every waiting queue pair of the controller). MCQ only: in legacy
+    /// single-doorbell mode a wait polls whatever the policy.
+    pub wait: WaitPolicy,
 }
 
 impl Default for UfsQpairOptions {
@@ -136,6 +144,7 @@ impl Default for UfsQpairOptions {
             io_timeout: Some(Duration::from_secs(30)),
             timeout_policy: TimeoutPolicy::Abort,
             mapping: MappingMode::Premapped,
+            wait: WaitPolicy::Poll,
         }
     }
 }
@@ -256,6 +265,13 @@ impl UfsController {
     }
 
     fn new_qpair<B: IoBuf>(self: &Arc<Self>, opts: &UfsQpairOptions) -> Result<UfsQueuePair<B>> {
+        // The legacy list's UTRDs do not ask for IS.UTRCS (their
+        // Interrupt bit is clear): a legacy queue pair waits by polling.
+        let mcq = matches!(self.mode(), UfsMode::Mcq { .. });
+        let irq = match opts.wait.wants_interrupt() && mcq {
+            true => Some(self.interrupt_line()?),
+            false => None,
+        };
         let depth = self.depth();
         // No reset between taking the queue and noting the state.
         let reset_guard = self.lock_reset();
@@ -353,19 +369,22 @@ impl UfsController {
                 return Err(e);
             }
         };
+        let mut eng = Engine::new(
+            depth,
+            0,
+            max_xfer,
+            opts.io_timeout,
+            opts.timeout_policy,
+            self.options().blocking_timeout,
+            seen_state,
+        );
+        // Every waiting queue pair shares the controller's one line.
+        eng.wait = crate::core::qpair::wait::Waiter::new(opts.wait, irq, true);
         Ok(UfsQueuePair {
             ctrl: Arc::clone(self),
             transport: ManuallyDrop::new(transport),
             ucds: ManuallyDrop::new(ucds),
-            eng: Engine::new(
-                depth,
-                0,
-                max_xfer,
-                opts.io_timeout,
-                opts.timeout_policy,
-                self.options().blocking_timeout,
-                seen_state,
-            ),
+            eng,
             tag_base,
             lus,
             space: Arc::clone(self.dma()),

@@ -72,6 +72,24 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
         self.ctrl.check_health();
     }
 
+    /// Clear the line's notifier, then acknowledge and enable the queue's
+    /// completion interrupt and unmask the line (`ctrl/irq.rs`).
+    #[cold]
+    fn arm_interrupt(&mut self) {
+        if let Some(n) = &self.eng.wait.irq {
+            n.take();
+        }
+        let mcq = match &*self.transport {
+            Transport::Mcq(q) => {
+                q.arm_interrupt();
+                true
+            }
+            Transport::Sdb(_) => false,
+        };
+        self.ctrl
+            .arm_interrupt(crate::ufs::ctrl::completion_cause(mcq));
+    }
+
     #[cold]
     fn scan_timeouts(&mut self, drained: bool, f: &mut dyn FnMut(Completion<B>)) {
         // Only after a poll that reaped everything the controller had

@@ -78,5 +78,63 @@ pub(crate) fn irq(a: &DevArgs) -> Result<(), Failure> {
     if quiet != 0 {
         return Err(format!("vector 1 fired {quiet} time(s) with no CQ on it"));
     }
+    engine_wait(a, &ctrl)
+}
+
+/// The engine's side: an I/O queue pair created with
+/// `WaitPolicy::Interrupt` (its CQ with IEN and its own vector) sleeps in
+/// `wait` and is woken by its MSI-X vector after each read.
+fn engine_wait(a: &DevArgs, ctrl: &Arc<mcqio::Controller>) -> Result<(), Failure> {
+    let mut qp = ctrl
+        .create_qpair(mcqio::QpairOptions {
+            depth: 4,
+            wait: mcqio::WaitPolicy::Interrupt,
+            ..Default::default()
+        })
+        .map_err(ctx("creating a queue pair that waits on interrupts"))?;
+    let vector = qp.interrupt_vector();
+    let kernel_before = vfio_interrupts();
+    const READS: u64 = 16;
+    let mut buf = Some(
+        ctrl.alloc_buf(4096, mcqio::vfio::DmaDir::FromDevice)
+            .map_err(ctx("buffer"))?,
+    );
+    for i in 0..READS {
+        let b = buf.take().ok_or("a read came back without its buffer")?;
+        qp.read(NSID, i * 8, 1, b, i)
+            .map_err(|e| format!("read {i}: {}", e.kind))?;
+        qp.submit();
+        let mut result = None;
+        let n = qp
+            .wait(1, Some(COMMAND_TIMEOUT), |c| {
+                result = Some(c.result);
+                buf = c.buf;
+            })
+            .map_err(ctx("wait"))?;
+        match result {
+            Some(Ok(())) if n == 1 => {}
+            r => return Err(format!("read {i}: waited {n}, ended {r:?}")),
+        }
+    }
+    let c = qp.counters();
+    let kernel = vfio_interrupts().saturating_sub(kernel_before);
+    println!(
+        "engine wait: queue {} on vector {vector:?}: {READS} reads, {} sleeps, {} woken by the vector; /proc/interrupts: +{kernel}",
+        qp.qid(),
+        c.interrupt_sleeps,
+        c.interrupt_wakeups
+    );
+    if vector != Some(qp.qid()) {
+        return Err(format!("queue {} got vector {vector:?}", qp.qid()));
+    }
+    if c.interrupt_wakeups == 0 {
+        return Err("no wait was woken by the queue's vector".into());
+    }
+    if a.device.starts_with("vfio:") && kernel < c.interrupt_wakeups {
+        return Err(format!(
+            "/proc/interrupts counted {kernel} VFIO interrupts for {} wake-ups",
+            c.interrupt_wakeups
+        ));
+    }
     Ok(())
 }

@@ -16,6 +16,7 @@ mod recover;
 mod split;
 mod submit;
 mod teardown;
+mod wait;
 
 use self::prp::{prp_pages_per_slot, prp_region_len, PrpLists};
 use self::split::SplitChild;
@@ -25,7 +26,7 @@ use super::sq::SubQueue;
 use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::core::block;
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::core::qpair::{Engine, Reaped, Recreated, SplitRequest, Wire};
+use crate::core::qpair::{Engine, Reaped, Recreated, SplitRequest, WaitPolicy, Wire};
 use crate::core::state::Stopped;
 use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, Timeouts};
 use crate::core::tracker::Trackers;
@@ -96,6 +97,12 @@ pub struct QpairOptions {
     /// mapped per I/O in strict or lazy mode
     /// ([`Controller::create_mapped_qpair`]); see [`crate::core::mapped`].
     pub mapping: crate::MappingMode,
+    /// How [`QueuePair::wait`] waits: spinning ([`WaitPolicy::Poll`], the
+    /// default: the CQ is created without interrupts), or sleeping on the
+    /// queue's own MSI-X vector (`Interrupt`, `Hybrid`: the CQ is created
+    /// with IEN and IV). Creating the queue pair fails with
+    /// [`Error::InvalidOption`] where the device has no MSI-X or MSI.
+    pub wait: WaitPolicy,
 }
 
 impl Default for QpairOptions {
@@ -108,6 +115,7 @@ impl Default for QpairOptions {
             io_timeout: Some(Duration::from_secs(30)),
             timeout_policy: TimeoutPolicy::Abort,
             mapping: crate::MappingMode::Premapped,
+            wait: WaitPolicy::Poll,
         }
     }
 }
@@ -336,6 +344,10 @@ impl<B: IoBuf> QueuePair<B> {
                 ),
             )
         };
+        let irq = match opts.wait.wants_interrupt() {
+            true => Some(ctrl.queue_irq(qid).map_err(none_left)?),
+            false => None,
+        };
         let cq = CompQueue::new(cq_mem, entries, cq_db);
         let sq = SubQueue::new(sq_mem, entries, sq_db);
 
@@ -344,6 +356,7 @@ impl<B: IoBuf> QueuePair<B> {
             entries,
             cq.region().iova().raw(),
             sq.region().iova().raw(),
+            irq.as_ref().map(|i| i.vector),
         ) {
             Ok(s) => s,
             Err((e, false)) => return Err((e, false)),
@@ -374,18 +387,20 @@ impl<B: IoBuf> QueuePair<B> {
                 )
             })
             .collect();
+        let mut eng = Engine::new(
+            opts.depth,
+            opts.max_completions_per_poll,
+            max_xfer,
+            opts.io_timeout,
+            opts.timeout_policy,
+            opts.blocking_timeout,
+            seen_state,
+        );
+        eng.wait = crate::core::qpair::wait::Waiter::of(opts.wait, irq);
         Ok(QueuePair {
             sq: ManuallyDrop::new(sq),
             cq: ManuallyDrop::new(cq),
-            eng: Engine::new(
-                opts.depth,
-                opts.max_completions_per_poll,
-                max_xfer,
-                opts.io_timeout,
-                opts.timeout_policy,
-                opts.blocking_timeout,
-                seen_state,
-            ),
+            eng,
             prp: PrpLists {
                 ptr: prp_mem.as_ptr().cast(),
                 iova: prp_mem.iova().raw(),

@@ -67,6 +67,7 @@ impl<B: IoBuf> Wire for QueuePair<B> {
             self.sq.entries(),
             self.cq.region().iova().raw(),
             self.sq.region().iova().raw(),
+            self.eng.wait.vector,
         ) {
             Ok(s) => Recreated::Yes(s),
             Err((e, left)) => Recreated::Failed {

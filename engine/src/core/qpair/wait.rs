@@ -1,0 +1,257 @@
+//! Waiting for completions without burning a core: [`WaitPolicy`], the
+//! queue's interrupt ([`Waiter`]), and the wait written once for every
+//! wire ([`Wire::wait`](super::Wire::wait)).
+//!
+//! # The order that loses no wake-up
+//!
+//! A wait that finds nothing to complete goes to sleep in four steps:
+//!
+//! 1. **poll** — deliver what is there;
+//! 2. **arm** — clear the queue's [`Notifier`] (and, on a level-triggered
+//!    line, acknowledge the interrupt status and unmask the line:
+//!    [`Wire::arm_interrupt`](super::Wire::arm_interrupt));
+//! 3. **poll again**;
+//! 4. **block** on the notifier's eventfd.
+//!
+//! A completion the second poll does not see was posted after that poll
+//! read the completion queue, so its interrupt comes later still, and its
+//! signal lands on a counter step 2 already cleared: the block in step 4
+//! returns at once. A completion whose interrupt step 2 swallowed was
+//! posted before that interrupt, so before step 2, and the second poll
+//! sees it. What makes both sides hold:
+//!
+//! - **The device orders the entry before the interrupt.** An NVMe
+//!   controller writes the CQE and then sends the MSI-X message, both
+//!   posted memory writes on PCIe, which keeps posted writes in order; a
+//!   UFS controller sets the interrupt status after the entry (or the
+//!   doorbell bit) it announces. Interrupt handlers everywhere rely on it:
+//!   the entry is visible in memory before the interrupt is taken.
+//! - **The eventfd counter only adds up.** The kernel's handler (VFIO's
+//!   for MSI-X or INTx; a device model thread for a fake) adds to it under
+//!   the eventfd's lock; step 2 reads and zeroes it under the same lock. A
+//!   signal is either before the clear (then its entry is visible to the
+//!   second poll) or after it (then the counter is non-zero at step 4).
+//! - **The second poll's loads are not hoisted above the clear.** On
+//!   x86-64 loads are not reordered with older locked operations (the
+//!   eventfd lock) and the system call serialises besides. On arm64 the
+//!   lock's acquire keeps later loads after it; a `fence(SeqCst)` (a
+//!   `dmb ish`) after the clear makes it explicit rather than an accident of
+//!   the kernel's locking.
+//!
+//! Completions are still delivered only by polling: the eventfd says
+//! "look", never what completed. A spurious wake-up (the signal of an
+//! entry a poll already consumed) costs one empty poll.
+//!
+//! # Shared vectors
+//!
+//! A notifier shared by several queues (a legacy INTx line, or more queues
+//! than MSI-X vectors) is cleared by whichever waiter arms first, which
+//! can swallow another queue's signal. A waiter on a shared notifier
+//! therefore sleeps in short slices ([`SHARED_SLICE`]) and polls between
+//! them: no wake-up is lost for longer than a slice.
+//!
+//! # Health while asleep
+//!
+//! Nothing polls a sleeping queue, so the sleep is cut into slices
+//! ([`SLICE`]): after a slice that no interrupt ended, the wait reads the
+//! queue's coarse clock (timeouts stay due) and looks at the controller's
+//! health, so a failed or reset controller ends the wait with what `poll`
+//! reports (the commands' errors, then the stopped queue's typed error)
+//! within a slice, never a hang.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mcqio_vfio::Notifier;
+
+/// The longest one sleep on an unshared notifier lasts before the wait
+/// looks at the controller's health and the clock.
+pub const SLICE: Duration = Duration::from_millis(10);
+/// The longest one sleep on a shared notifier (INTx, a shared MSI-X
+/// vector) lasts: another queue's waiter may have cleared our signal.
+pub const SHARED_SLICE: Duration = Duration::from_millis(1);
+/// Empty polls between clock readings of a spinning wait.
+const SPINS_PER_CLOCK: u32 = 32;
+
+/// How a queue pair waits for completions ([`QpairOptions::wait`](crate::QpairOptions::wait),
+/// [`UfsQpairOptions::wait`](crate::UfsQpairOptions::wait)).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum WaitPolicy {
+    /// Spin on the completion queue (no interrupt is enabled for the
+    /// queue; a wait burns a core). The default: nothing on the I/O path
+    /// changes.
+    #[default]
+    Poll,
+    /// Sleep on the queue's interrupt as soon as a poll finds nothing.
+    Interrupt,
+    /// Spin for `spin` after the last completion, then sleep on the
+    /// interrupt (Linux's hybrid polling, with a fixed spin).
+    Hybrid {
+        /// How long to keep spinning after the last completion.
+        spin: Duration,
+    },
+}
+
+impl WaitPolicy {
+    /// Whether the queue needs an interrupt.
+    pub fn wants_interrupt(self) -> bool {
+        self != WaitPolicy::Poll
+    }
+}
+
+impl std::str::FromStr for WaitPolicy {
+    type Err = String;
+
+    /// `poll`, `irq` (or `interrupt`), `hybrid` (50 µs spin) or
+    /// `hybrid:SPIN` with SPIN in `ns`, `us`, `ms` or `s` (`hybrid:20us`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let spin = |v: &str| -> Result<Duration, String> {
+            let i = v
+                .find(|c: char| !c.is_ascii_digit())
+                .ok_or_else(|| format!("hybrid spin {v:?} needs a unit (ns, us, ms, s)"))?;
+            let n: u64 = v[..i]
+                .parse()
+                .map_err(|_| format!("hybrid spin {v:?}: not a number"))?;
+            Ok(match &v[i..] {
+                "ns" => Duration::from_nanos(n),
+                "us" => Duration::from_micros(n),
+                "ms" => Duration::from_millis(n),
+                "s" => Duration::from_secs(n),
+                u => return Err(format!("hybrid spin {v:?}: unknown unit {u:?}")),
+            })
+        };
+        match s {
+            "poll" => Ok(WaitPolicy::Poll),
+            "irq" | "interrupt" => Ok(WaitPolicy::Interrupt),
+            "hybrid" => Ok(WaitPolicy::Hybrid {
+                spin: Duration::from_micros(50),
+            }),
+            _ => match s.strip_prefix("hybrid:") {
+                Some(v) => Ok(WaitPolicy::Hybrid { spin: spin(v)? }),
+                None => Err(format!(
+                    "wait policy {s:?}: expected poll, irq, hybrid or hybrid:SPIN"
+                )),
+            },
+        }
+    }
+}
+
+/// What the wait counted (in [`crate::QueueCounters`]).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WaitStats {
+    /// Sleeps on the interrupt.
+    pub sleeps: u64,
+    /// Sleeps an interrupt ended (the rest ran out their slice).
+    pub wakeups: u64,
+}
+
+/// A queue's side of waiting: its policy and its interrupt, if it has one.
+/// Kept at the end of the [`Engine`](super::Engine), and read only by
+/// [`Wire::wait`](super::Wire::wait): `poll` never looks at it.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    /// The notifier the queue's vector is routed to (`None`: polling only).
+    pub irq: Option<Arc<Notifier>>,
+    /// The wire's number for the queue's interrupt (NVMe: the MSI-X
+    /// vector in Create I/O CQ), to enable it again on a re-created queue.
+    pub vector: Option<u16>,
+    /// The policy.
+    pub policy: WaitPolicy,
+    /// The longest one sleep lasts ([`SLICE`], or [`SHARED_SLICE`] on a
+    /// shared notifier).
+    pub slice: Duration,
+    /// When a wait last delivered something, or first saw that a poll
+    /// had (the hybrid spin runs from it).
+    pub last_completion: Option<Instant>,
+    /// The engine's completion count when a wait last looked: a wait that
+    /// finds it moved knows a poll delivered something since.
+    pub seen_completed: u64,
+    /// Counters.
+    pub stats: WaitStats,
+}
+
+impl Default for Waiter {
+    fn default() -> Self {
+        Waiter::new(WaitPolicy::Poll, None, false)
+    }
+}
+
+impl Waiter {
+    /// A waiter with `policy` sleeping on `irq` (`None`: it polls).
+    pub fn new(policy: WaitPolicy, irq: Option<Arc<Notifier>>, shared: bool) -> Self {
+        Waiter {
+            irq,
+            vector: None,
+            slice: if shared { SHARED_SLICE } else { SLICE },
+            policy,
+            last_completion: None,
+            seen_completed: 0,
+            stats: WaitStats::default(),
+        }
+    }
+
+    /// Whether, at `now`, the wait should sleep rather than spin.
+    pub(super) fn should_sleep(&self, now: Instant) -> bool {
+        if self.irq.is_none() {
+            return false;
+        }
+        match self.policy {
+            WaitPolicy::Poll => false,
+            WaitPolicy::Interrupt => true,
+            WaitPolicy::Hybrid { spin } => self
+                .last_completion
+                .is_none_or(|t| now.saturating_duration_since(t) >= spin),
+        }
+    }
+}
+
+/// Whether a deadline passed.
+pub(super) fn past(deadline: Option<Instant>, now: Instant) -> bool {
+    deadline.is_some_and(|d| now >= d)
+}
+
+/// The spin between clock readings.
+pub(super) const SPIN_BATCH: u32 = SPINS_PER_CLOCK;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!("poll".parse(), Ok(WaitPolicy::Poll));
+        assert_eq!("irq".parse(), Ok(WaitPolicy::Interrupt));
+        assert_eq!(
+            "hybrid:20us".parse(),
+            Ok(WaitPolicy::Hybrid {
+                spin: Duration::from_micros(20)
+            })
+        );
+        assert_eq!(
+            "hybrid".parse(),
+            Ok(WaitPolicy::Hybrid {
+                spin: Duration::from_micros(50)
+            })
+        );
+        for bad in ["", "hybrid:", "hybrid:20", "hybrid:20 parsecs", "spin"] {
+            assert!(bad.parse::<WaitPolicy>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn hybrid_spins_only_within_its_window() {
+        let n = Arc::new(Notifier::new().unwrap());
+        let spin = Duration::from_millis(5);
+        let mut w = Waiter::new(WaitPolicy::Hybrid { spin }, Some(n), false);
+        let t = Instant::now();
+        assert!(w.should_sleep(t), "no completion yet: sleep");
+        w.last_completion = Some(t);
+        assert!(!w.should_sleep(t + spin / 2), "inside the spin window");
+        assert!(w.should_sleep(t + spin), "the window is over");
+        // Without an interrupt every policy spins.
+        let w = Waiter::new(WaitPolicy::Interrupt, None, false);
+        assert!(!w.should_sleep(t));
+        let n = Arc::new(Notifier::new().unwrap());
+        assert!(!Waiter::new(WaitPolicy::Poll, Some(n), false).should_sleep(t));
+    }
+}
