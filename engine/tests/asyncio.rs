@@ -11,12 +11,14 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use mcqio::core::block::BlockQueue;
+use mcqio::ufs::UfsQpairOptions;
 use mcqio::vfio::{DmaDir, DmaSpace};
 use mcqio::{
     AsyncQueue, Completion, DmaBuf, IoBuf, IoError, IoSeg, QpairOptions, SubmitError,
     SubmitErrorKind, TimeoutPolicy,
 };
 use mcqio_fixtures::testing::engine::{nvme, ufs};
+use mcqio_fixtures::ufs::UfsFault;
 use mcqio_fixtures::{ExecMode, Fault};
 
 const HANG: Duration = Duration::from_secs(20);
@@ -389,12 +391,13 @@ fn a_reset_resolves_every_pending_future_once_with_aborted_by_reset() {
         let qid = qp.qid();
         let aq = AsyncQueue::new(qp);
         let n = 5;
-        for _ in 0..n {
+        // One more, whose future is dropped while the device holds it.
+        for _ in 0..=n {
             fake.faults()
                 .inject_next(Some(qid), None, Fault::Delay(Duration::from_secs(3600)));
         }
         let resolved = AtomicUsize::new(0);
-        let tasks: Vec<Task<'_, DmaBuf>> = (0..n as u64)
+        let tasks: Vec<Task<'_, DmaBuf>> = (0..=n as u64)
             .map(|i| {
                 let f = aq.write(1u32, i, 1, nvme::buf(&ctrl, 512));
                 let resolved = &resolved;
@@ -422,7 +425,9 @@ fn a_reset_resolves_every_pending_future_once_with_aborted_by_reset() {
             assert!(start.elapsed() < HANG);
             std::thread::yield_now();
         }
-        assert_eq!(aq.in_flight(), n);
+        assert_eq!(aq.in_flight(), n + 1);
+        tasks[n] = None;
+        assert_eq!(aq.in_flight(), n + 1, "the dropped one's buffer stays");
         ctrl.reset().unwrap();
         let mut out = Vec::new();
         while out.len() < n {
@@ -451,6 +456,140 @@ fn a_reset_resolves_every_pending_future_once_with_aborted_by_reset() {
         for o in run_all(tasks).0 {
             ok(o);
         }
+        aq.close().unwrap();
+    }
+}
+
+#[test]
+fn split_transfers_that_fill_the_queue_before_the_slots_do_wait_instead_of_failing() {
+    // MDTS 2^1 pages: a 32 KiB read is split into 4 commands, so the queue
+    // pair refuses with QueueFull while the driver still has free slots.
+    for mode in nvme::modes() {
+        let (_fake, ctrl) = nvme::open(nvme::config(mode.clone(), 1));
+        let qp = ctrl
+            .create_qpair(QpairOptions {
+                depth: 8,
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(
+            qp.max_transfer() < 32 << 10,
+            "{mode:?}: the reads must split"
+        );
+        let aq = AsyncQueue::new(qp);
+        let block = 32 << 10;
+        let data = |i: usize| -> Vec<u8> { (0..block).map(|k| (k / 512 + i * 13) as u8).collect() };
+        let writes: Vec<Task<'_, DmaBuf>> = (0..12)
+            .map(|i| {
+                let mut b = nvme::buf(&ctrl, block);
+                b.write_at(0, &data(i)).unwrap();
+                Box::pin(aq.write(1u32, i as u64 * 64, 64, b)) as Task<'_, DmaBuf>
+            })
+            .collect();
+        for o in run_all(writes).0 {
+            ok(o);
+        }
+        let reads: Vec<Task<'_, DmaBuf>> = (0..12)
+            .map(|i| {
+                Box::pin(aq.read(1u32, i as u64 * 64, 64, nvme::buf(&ctrl, block)))
+                    as Task<'_, DmaBuf>
+            })
+            .collect();
+        for (i, o) in run_all(reads).0.into_iter().enumerate() {
+            let mut back = vec![0u8; block];
+            ok(o).buf.unwrap().read_at(0, &mut back).unwrap();
+            assert!(back == data(i), "{mode:?}: read {i}");
+        }
+        aq.close().unwrap();
+    }
+}
+
+const READ10: u8 = 0x28;
+const WRITE10: u8 = 0x2A;
+
+/// Poll `tasks` (already started) by hand until every one resolved.
+fn finish<B>(tasks: &mut [Option<Task<'_, B>>], cx: &mut Context<'_>) -> Vec<Out<B>> {
+    let start = Instant::now();
+    let mut out = Vec::new();
+    while tasks.iter().any(Option::is_some) {
+        for t in tasks.iter_mut() {
+            if let Some(f) = t {
+                if let Poll::Ready(o) = f.as_mut().poll(cx) {
+                    out.push(o);
+                    *t = None;
+                }
+            }
+        }
+        assert!(start.elapsed() < HANG, "futures did not resolve");
+        std::thread::yield_now();
+    }
+    out
+}
+
+#[test]
+fn ufs_reset_and_timeout_resolve_pending_futures_once() {
+    for mcq in [true, false] {
+        // Reset: the device drops the completions; the host controller
+        // reset ends each future once, with its buffer.
+        let (f, ctrl) = ufs::up(ufs::sync_cfg(mcq), ufs::opts(1));
+        let aq = AsyncQueue::new(ctrl.create_qpair(Default::default()).unwrap());
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let waker = Waker::from(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut tasks: Vec<Option<Task<'_, DmaBuf>>> = Vec::new();
+        for i in 0..4u64 {
+            f.faults()
+                .inject_next(None, Some(WRITE10), UfsFault::DropCompletion);
+            let b = ufs::buf_with(&ctrl, &ufs::pattern(i, 4096));
+            let mut t: Task<'_, DmaBuf> = Box::pin(aq.write(0u8, i, 1, b));
+            assert!(t.as_mut().poll(&mut cx).is_pending());
+            // One doorbell per command, so each fault rule meets its own.
+            aq.drive().unwrap();
+            tasks.push(Some(t));
+        }
+        assert_eq!(aq.in_flight(), 4);
+        ctrl.reset().unwrap();
+        for o in finish(&mut tasks, &mut cx) {
+            let c = o.map_err(|e| e.kind).unwrap();
+            assert_eq!(c.result, Err(IoError::AbortedByReset), "mcq={mcq}");
+            assert!(c.buf.is_some(), "mcq={mcq}");
+        }
+        drop(tasks);
+        assert_eq!(aq.in_flight(), 0);
+        aq.close().unwrap();
+
+        // Timeout: a read the device parks for an hour is aborted.
+        let (f, ctrl) = ufs::up(ufs::sync_cfg(mcq), ufs::opts(1));
+        let qp = ctrl
+            .create_qpair_for::<DmaBuf>(UfsQpairOptions {
+                io_timeout: Some(Duration::from_millis(50)),
+                timeout_policy: TimeoutPolicy::Abort,
+                ..Default::default()
+            })
+            .unwrap();
+        let aq = AsyncQueue::new(qp);
+        f.faults().inject_next(
+            None,
+            Some(READ10),
+            UfsFault::Delay(Duration::from_secs(3600)),
+        );
+        let tasks: Vec<Task<'_, DmaBuf>> = (0..3)
+            .map(|i| {
+                let b = ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap();
+                Box::pin(aq.read(0u8, i, 1, b)) as Task<'_, DmaBuf>
+            })
+            .collect();
+        let out: Vec<_> = run_all(tasks)
+            .0
+            .into_iter()
+            .map(|o| {
+                let c = o.map_err(|e| e.kind).unwrap();
+                assert!(c.buf.is_some(), "mcq={mcq}");
+                c.result
+            })
+            .collect();
+        assert_eq!(out[0], Err(IoError::TimedOut), "mcq={mcq}");
+        assert!(out[1..].iter().all(Result::is_ok), "mcq={mcq}: {out:?}");
         aq.close().unwrap();
     }
 }

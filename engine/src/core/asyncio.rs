@@ -373,7 +373,8 @@ enum State<A, B> {
 /// [`Completion`] (buffer inside; its `tag` is the slot index) or to the
 /// refusal of its submission. Dropping it early leaves the buffer with
 /// the queue pair until the command completes (see the
-/// [module docs](self)).
+/// [module docs](self)). It borrows its driver, so it stays on the
+/// driver's thread (not `Send`): the per-core model.
 #[must_use = "a future does nothing until polled; dropped unpolled, it never submits"]
 pub struct IoFuture<'a, Q: BlockQueue> {
     q: &'a AsyncQueue<Q>,
