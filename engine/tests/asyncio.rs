@@ -593,3 +593,57 @@ fn ufs_reset_and_timeout_resolve_pending_futures_once() {
         aq.close().unwrap();
     }
 }
+
+#[test]
+fn a_controller_failure_resolves_pending_futures_once_and_refuses_new_ones() {
+    for mode in nvme::modes() {
+        let (fake, ctrl) = nvme::open(nvme::config(mode.clone(), 5));
+        let qp = ctrl
+            .create_qpair(QpairOptions {
+                depth: 8,
+                io_timeout: None,
+                ..Default::default()
+            })
+            .unwrap();
+        let qid = qp.qid();
+        let aq = AsyncQueue::new(qp);
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let waker = Waker::from(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut tasks: Vec<Option<Task<'_, DmaBuf>>> = Vec::new();
+        for i in 0..3 {
+            fake.faults()
+                .inject_next(Some(qid), None, Fault::Delay(Duration::from_secs(3600)));
+            let mut t: Task<'_, DmaBuf> = Box::pin(aq.write(1u32, i, 1, nvme::buf(&ctrl, 512)));
+            assert!(t.as_mut().poll(&mut cx).is_pending());
+            tasks.push(Some(t));
+        }
+        let start = Instant::now();
+        while fake.faults().pending() > 0 {
+            aq.drive().unwrap();
+            assert!(start.elapsed() < HANG);
+            std::thread::yield_now();
+        }
+        fake.set_fatal();
+        let out = finish(&mut tasks, &mut cx);
+        assert_eq!(out.len(), 3);
+        for o in out {
+            let c = o.map_err(|e| e.kind).unwrap();
+            assert_eq!(c.result, Err(IoError::ControllerFailed), "{mode:?}");
+            assert!(c.buf.is_some(), "{mode:?}: the controller is disabled");
+        }
+        drop(tasks);
+        assert!(
+            matches!(aq.take_error(), Some(mcqio::Error::ControllerFatal)),
+            "{mode:?}: the poll error is kept"
+        );
+        // A new future is refused at once, with its buffer.
+        let (out, _) = run_all(vec![
+            Box::pin(aq.read(1u32, 0, 1, nvme::buf(&ctrl, 512))) as Task<'_, DmaBuf>
+        ]);
+        let e = out.into_iter().next().unwrap().unwrap_err();
+        assert_eq!(e.kind, SubmitErrorKind::ControllerFailed, "{mode:?}");
+        assert_eq!(aq.in_flight(), 0);
+        drop(aq);
+    }
+}

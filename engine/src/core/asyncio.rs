@@ -84,13 +84,10 @@ use super::io::{Completion, SubmitError, SubmitErrorKind};
 enum Slot<B> {
     /// Unused; on the free stack.
     Free,
-    /// Submitted, not completed. `waker`: the future's task; `None` once
-    /// the future was dropped (abandoned: the driver drops the completion
-    /// and its buffer when it arrives).
-    InFlight {
-        waker: Option<Waker>,
-        abandoned: bool,
-    },
+    /// Submitted, not completed: the future's task, or `None` once the
+    /// future was dropped (abandoned: the driver drops the completion and
+    /// its buffer when it arrives).
+    InFlight(Option<Waker>),
     /// Completed; waiting for its future to take it.
     Done(Completion<B>),
 }
@@ -150,18 +147,11 @@ impl<B> Table<B> {
             return;
         };
         match std::mem::replace(slot, Slot::Free) {
-            Slot::InFlight {
-                waker,
-                abandoned: false,
-            } => {
+            Slot::InFlight(Some(w)) => {
                 *slot = Slot::Done(c);
-                if let Some(w) = waker {
-                    self.wakes.push(w);
-                }
+                self.wakes.push(w);
             }
-            Slot::InFlight {
-                abandoned: true, ..
-            } => {
+            Slot::InFlight(None) => {
                 drop(c);
                 self.free.push(i as u32);
                 self.freed = true;
@@ -196,11 +186,7 @@ impl<B> Table<B> {
             return;
         }
         for s in self.slots.iter() {
-            if let Slot::InFlight {
-                waker: Some(w),
-                abandoned: false,
-            } = s
-            {
+            if let Slot::InFlight(Some(w)) = s {
                 self.wakes.push(w.clone());
                 return;
             }
@@ -421,7 +407,7 @@ impl<Q: BlockQueue> IoFuture<'_, Q> {
             self.state = State::Gone;
             return Poll::Ready(Ok(c));
         }
-        if let Slot::InFlight { waker: Some(w), .. } = &mut t.slots[i_] {
+        if let Slot::InFlight(Some(w)) = &mut t.slots[i_] {
             if !w.will_wake(cx.waker()) {
                 *w = cx.waker().clone();
             }
@@ -465,10 +451,7 @@ impl<Q: BlockQueue> IoFuture<'_, Q> {
         let t = &mut g.t;
         match r {
             Ok(()) => {
-                t.slots[i as usize] = Slot::InFlight {
-                    waker: Some(cx.waker().clone()),
-                    abandoned: false,
-                };
+                t.slots[i as usize] = Slot::InFlight(Some(cx.waker().clone()));
                 t.in_flight += 1;
                 self.state = State::Submitted(i);
                 // Polled again, it rings the doorbell (once for every
@@ -535,11 +518,10 @@ impl<Q: BlockQueue> Drop for IoFuture<'_, Q> {
                 // Completed: the device is done with the buffer.
                 t.free_slot(i);
             }
-            Slot::InFlight { waker, abandoned } => {
+            Slot::InFlight(waker) => {
                 // The device may still write the buffer: it stays with the
                 // queue pair; the driver drops it with the completion.
                 *waker = None;
-                *abandoned = true;
                 if t.keeper == Some(i) {
                     t.keeper = None;
                     t.hand_over_keeper();
