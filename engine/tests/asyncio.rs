@@ -647,3 +647,77 @@ fn a_controller_failure_resolves_pending_futures_once_and_refuses_new_ones() {
         drop(aq);
     }
 }
+
+#[test]
+fn futures_dropped_at_random_points_never_free_a_buffer_the_device_still_holds() {
+    // A threaded device with random delays; a third of the reads are
+    // dropped after one to three polls (before or after their doorbell,
+    // before or after their completion).
+    let (fake, ctrl) = nvme::open(nvme::config(
+        ExecMode::Threaded {
+            workers: 2,
+            pin_core: None,
+        },
+        5,
+    ));
+    fake.faults()
+        .set_probability(Fault::Delay(Duration::from_millis(2)), 0.3);
+    let qp = ctrl
+        .create_qpair_for::<Tracked>(QpairOptions {
+            depth: 16,
+            ..Default::default()
+        })
+        .unwrap();
+    let aq = AsyncQueue::new(qp);
+    let mut rng = nvme::rng(26);
+    let n = 300;
+    let mut drops = Vec::new();
+    let mut tasks: Vec<(Option<Task<'_, Tracked>>, Option<u32>)> = (0..n)
+        .map(|i| {
+            let dropped = Arc::new(AtomicBool::new(false));
+            drops.push(dropped.clone());
+            let buf = Tracked {
+                buf: nvme::buf(&ctrl, 512),
+                dropped,
+            };
+            let t = Box::pin(aq.read(1u32, i as u64 % 128, 1, buf)) as Task<'_, Tracked>;
+            let drop_after = (i % 3 == 0).then(|| rand::Rng::gen_range(&mut rng, 1..=3u32));
+            (Some(t), drop_after)
+        })
+        .collect();
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let waker = Waker::from(flag.clone());
+    let mut cx = Context::from_waker(&waker);
+    let start = Instant::now();
+    let mut resolved = 0;
+    while tasks.iter().any(|(t, _)| t.is_some()) {
+        for (t, drop_after) in tasks.iter_mut() {
+            let Some(f) = t else { continue };
+            if let Poll::Ready(o) = f.as_mut().poll(&mut cx) {
+                ok(o);
+                resolved += 1;
+                *t = None;
+            } else if let Some(k) = drop_after {
+                *k -= 1;
+                if *k == 0 {
+                    *t = None;
+                }
+            }
+        }
+        assert!(start.elapsed() < HANG, "futures did not resolve");
+    }
+    while aq.in_flight() > 0 {
+        aq.drive().unwrap();
+        assert!(start.elapsed() < HANG, "abandoned commands did not end");
+        std::thread::yield_now();
+    }
+    assert!(resolved >= 2 * n / 3, "{resolved}");
+    assert!(
+        drops.iter().all(|d| d.load(Ordering::Acquire)),
+        "every buffer released"
+    );
+    assert_eq!(fake.stats().iommu_faults, 0);
+    assert!(fake.iommu().mapped_but_freed().is_empty());
+    drop(tasks);
+    aq.close().unwrap();
+}

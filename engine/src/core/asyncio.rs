@@ -10,6 +10,47 @@
 //! future. [`AsyncQueue::drive`] and [`AsyncQueue::wait`] do the same for
 //! a loop that polls the queue itself.
 //!
+//! ```
+//! use std::future::Future;
+//! use std::pin::pin;
+//! use std::sync::Arc;
+//! use std::task::{Context, Poll, Wake, Waker};
+//! use mcqio::{vfio::Backend, vfio::DmaDir, AsyncQueue, Controller, ControllerOptions};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let backend: Arc<dyn Backend> = mcqio_fixtures::FakeController::new(Default::default())?;
+//! let ctrl = Controller::new(backend, ControllerOptions::default())?;
+//! let aq = AsyncQueue::new(ctrl.create_qpair(Default::default())?);
+//! let mut buf = ctrl.alloc_buf(512, DmaDir::Bidirectional)?;
+//! buf.fill(7);
+//! // Any executor; here the simplest: poll until ready.
+//! struct Noop;
+//! impl Wake for Noop {
+//!     fn wake(self: Arc<Self>) {}
+//! }
+//! let waker = Waker::from(Arc::new(Noop));
+//! let back = {
+//!     let mut io = pin!(async {
+//!         aq.write(1, 0, 1, buf).await.map_err(|e| e.kind)?.result?;
+//!         let back = ctrl.alloc_buf(512, DmaDir::Bidirectional)?;
+//!         let c = aq.read(1, 0, 1, back).await.map_err(|e| e.kind)?;
+//!         c.result?;
+//!         Ok::<_, Box<dyn std::error::Error>>(c.buf.expect("handed back"))
+//!     });
+//!     loop {
+//!         if let Poll::Ready(r) = io.as_mut().poll(&mut Context::from_waker(&waker)) {
+//!             break r?;
+//!         }
+//!     }
+//! };
+//! let mut bytes = [0u8; 512];
+//! back.read_at(0, &mut bytes)?;
+//! assert!(bytes.iter().all(|&b| b == 7));
+//! aq.close()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # No allocation per I/O
 //!
 //! The slot table is sized by the queue pair's depth and created once, in
@@ -204,6 +245,20 @@ impl<B> Table<B> {
 }
 
 /// A queue pair driven by its futures (see the [module docs](self)).
+///
+/// `Send` when the queue pair is (it may move to its core's thread), never
+/// `Sync`: one core drives it.
+///
+/// ```
+/// fn send<T: Send>() {}
+/// send::<mcqio::AsyncQueue<mcqio::QueuePair>>();
+/// send::<mcqio::AsyncQueue<mcqio::UfsQueuePair>>();
+/// ```
+///
+/// ```compile_fail
+/// fn sync<T: Sync>() {}
+/// sync::<mcqio::AsyncQueue<mcqio::QueuePair>>();
+/// ```
 pub struct AsyncQueue<Q: BlockQueue> {
     inner: RefCell<Inner<Q>>,
 }
