@@ -82,6 +82,8 @@
 //! wire's own commands may hold trackers beyond the slots), does not fail:
 //! it returns `Pending` and is woken when a slot frees (or, if nothing of
 //! this driver is in flight to free one, asks to be polled again at once).
+//! Every waiter is woken when a slot frees; the first polled takes it and
+//! the others register again (no order among waiters is kept).
 //!
 //! # Errors, exactly once
 //!
