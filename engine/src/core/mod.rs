@@ -30,6 +30,7 @@
 //!   clock, and the scan that finds expired commands; `clock`: the coarse
 //!   clock read through the CPU's counter (few system-clock calls).
 
+pub mod asyncio;
 pub mod block;
 pub(crate) mod clock;
 pub(crate) mod deliver;
