@@ -23,6 +23,8 @@
 //! - [`device`]: parameters from what the engine reports, and one pinned
 //!   thread per queue through [`mcqio::run_per_core`];
 //! - [`recover`]: USER_RECOVERY, taking over a device whose server died;
+//! - [`null`]: a diagnostic target answering every request at once
+//!   (`--null`), to split a request's cost into ublk, copy and engine;
 //! - [`fake`]: the kernel's side of a queue in memory, so `cargo test`
 //!   covers the server without a ublk driver.
 //!
@@ -100,6 +102,7 @@
 pub mod ctrl;
 pub mod device;
 pub mod fake;
+pub mod null;
 pub mod queue;
 pub mod recover;
 pub mod server;
