@@ -266,7 +266,11 @@ impl UblkQueue for FakeQueue {
             self.waits_ran_out += 1;
             return Ok(true);
         };
-        let ms = self.long_waits.unwrap_or(time).as_millis().min(i32::MAX as u128) as i32;
+        let ms = self
+            .long_waits
+            .unwrap_or(time)
+            .as_millis()
+            .min(i32::MAX as u128) as i32;
         let mut p = libc::pollfd {
             fd,
             events: libc::POLLIN,

@@ -221,7 +221,9 @@ fn add(a: AddArgs) -> Result<(), String> {
         return Err("--null serves no data: nothing to recover".into());
     }
     if a.null == Some(NullMode::NoCopy) && !a.user_copy {
-        return Err("--null nocopy needs --user-copy (in copy mode the kernel always copies)".into());
+        return Err(
+            "--null nocopy needs --user-copy (in copy mode the kernel always copies)".into(),
+        );
     }
     if a.recovery {
         mcqio_ublk::recover::recoverable(&spec).map_err(|e| format!("--recovery: {e}"))?;

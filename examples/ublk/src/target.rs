@@ -11,9 +11,7 @@ use mcqio::core::block::BlockQueue;
 use mcqio::nvme::spec::sqe::Write;
 use mcqio::nvme::spec::status::{generic, media, sct};
 use mcqio::ufs::UfsQueuePair;
-use mcqio::{
-    Completion, DmaBuf, IoError, QueuePair, SubmitError, SubmitErrorKind, UfsError,
-};
+use mcqio::{Completion, DmaBuf, IoError, QueuePair, SubmitError, SubmitErrorKind, UfsError};
 
 /// A queue pair the server can drive: the block operations plus the two
 /// NVMe-only ones. Statically dispatched, like [`BlockQueue`].

@@ -727,7 +727,12 @@ fn an_idle_server_sleeps_on_the_engine_interrupt_and_loses_no_wake_up() {
         let blocks: Vec<u64> = (0..n).map(|i| i as u64 * 64 + r.gen_range(0..64)).collect();
         let writes: Vec<_> = blocks
             .iter()
-            .map(|&b| (desc(sys::IO_OP_WRITE, b * 8, 8), Some(pattern(round << 8 | b, 4096))))
+            .map(|&b| {
+                (
+                    desc(sys::IO_OP_WRITE, b * 8, 8),
+                    Some(pattern(round << 8 | b, 4096)),
+                )
+            })
             .collect();
         for (tag, (d, data)) in s.queue().ready_tags().into_iter().zip(writes.clone()) {
             s.queue_mut().request(tag, d, data);
@@ -768,8 +773,14 @@ fn a_polled_engine_is_never_slept_on() {
     let o = open("fake,size=16m,latency=50us");
     let c = caps(&o, 64 << 10);
     let mut qp = nvme_qp(&o, 32, None);
-    let mut s = Server::new(FakeQueue::new(0, 8), &mut qp, 1u32, c, o.device.dma().clone())
-        .unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 8),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
     s.set_idle(Idle::of(mcqio::WaitPolicy::Poll));
     s.start().unwrap();
     roundtrip(&mut s, &c);
@@ -785,12 +796,21 @@ fn the_null_target_answers_everything_at_once() {
     let o = open("fake,size=16m");
     let c = caps(&o, 64 << 10);
     let mut t = NullTarget::new(c.block_shift, 4);
-    let mut s = Server::new(FakeQueue::new(0, 16), &mut t, 0u32, c, o.device.dma().clone())
-        .unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 16),
+        &mut t,
+        0u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
     s.start().unwrap();
     let reqs: Vec<_> = (0..16u64)
         .map(|i| match i % 4 {
-            0 => (desc(sys::IO_OP_WRITE, i * 128, 128), Some(pattern(i, 128 * 512))),
+            0 => (
+                desc(sys::IO_OP_WRITE, i * 128, 128),
+                Some(pattern(i, 128 * 512)),
+            ),
             1 => (desc(sys::IO_OP_READ, i * 8, 8), None),
             2 => (desc(sys::IO_OP_FLUSH, 0, 0), None),
             _ => (desc(sys::IO_OP_DISCARD, i * 8, 8), None),
@@ -804,6 +824,9 @@ fn the_null_target_answers_everything_at_once() {
         };
         assert_eq!(a.result, want, "{a:?}");
     }
-    assert!(s.stats().queue_full > 0, "16 requests on a target with room for 4");
+    assert!(
+        s.stats().queue_full > 0,
+        "16 requests on a target with room for 4"
+    );
     shut_down(s);
 }

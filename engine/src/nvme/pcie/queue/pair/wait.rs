@@ -224,7 +224,9 @@ mod tests {
     fn sleeping_elsewhere_after_arm_and_poll_loses_no_wake_up() {
         let (_fake, ctrl) = setup(threaded());
         let mut q = qpair(&ctrl, WaitPolicy::Interrupt);
-        let fd = q.interrupt_fd().expect("an interrupt-waiting queue has an eventfd");
+        let fd = q
+            .interrupt_fd()
+            .expect("an interrupt-waiting queue has an eventfd");
         assert_eq!(qpair(&ctrl, WaitPolicy::Poll).interrupt_fd(), None);
         let mut buf = Some(ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap());
         let mut ran_out = 0;
