@@ -658,6 +658,52 @@ mod tests {
         assert!(!recovery);
     }
 
+    #[test]
+    fn add_takes_wait_and_null() {
+        let Cmd::Add { wait, null, .. } = parse(&["add", "fake"]).unwrap().cmd else {
+            panic!("not add");
+        };
+        assert_eq!((wait, null), (WaitPolicy::Interrupt, None));
+        let Cmd::Add { wait, null, .. } =
+            parse(&["add", "fake", "--wait", "hybrid:20us", "--null", "nocopy"])
+                .unwrap()
+                .cmd
+        else {
+            panic!("not add");
+        };
+        assert_eq!(
+            wait,
+            WaitPolicy::Hybrid {
+                spin: Duration::from_micros(20)
+            }
+        );
+        assert_eq!(null, Some(NullMode::NoCopy));
+        assert!(parse(&["add", "fake", "--null", "zero"]).is_err());
+        assert!(parse(&["add", "fake", "--wait", "sometimes"]).is_err());
+    }
+
+    // Refused before the kernel or the engine is touched.
+    #[test]
+    fn null_refuses_recovery_and_nocopy_needs_user_copy() {
+        let args = |user_copy, recovery, null| AddArgs {
+            device: "fake,size=16m".into(),
+            queues: 1,
+            depth: 4,
+            id: None,
+            unit: None,
+            max_io: 1 << 20,
+            user_copy,
+            recovery,
+            io_timeout: None,
+            wait: WaitPolicy::Interrupt,
+            null: Some(null),
+        };
+        let e = add(args(false, true, NullMode::Copy)).unwrap_err();
+        assert!(e.contains("nothing to recover"), "{e}");
+        let e = add(args(false, false, NullMode::NoCopy)).unwrap_err();
+        assert!(e.contains("needs --user-copy"), "{e}");
+    }
+
     // Both are refused before the kernel or the engine is touched, so they
     // run without ublk_drv.
     #[test]
