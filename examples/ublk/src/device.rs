@@ -10,11 +10,12 @@ use std::sync::Arc;
 
 use mcqio::nvme::spec::sqe::{Command, Identify};
 use mcqio::ufs::UfsQpairOptions;
-use mcqio::{Controller, QpairOptions, TimeoutPolicy};
+use mcqio::{Controller, QpairOptions, TimeoutPolicy, WaitPolicy};
 use mcqio_open::{BlockUnit, Device};
 
+use crate::null::{NullMode, NullTarget};
 use crate::queue::KernelQueue;
-use crate::server::{Server, Stats};
+use crate::server::{Idle, Server, Stats};
 use crate::sys::{self, Params};
 use crate::target::{dlfeat_reads_zeroes, Caps, Target};
 
@@ -168,6 +169,12 @@ pub struct ServeOptions {
     pub caps: Caps,
     /// Per-command timeout of the engine's queue pairs.
     pub io_timeout: Option<std::time::Duration>,
+    /// How the engine's queue pairs wait, and so how an idle queue
+    /// thread does ([`Idle::of`]).
+    pub wait: WaitPolicy,
+    /// Diagnostics: answer every request at once, without the engine
+    /// ([`crate::null`]).
+    pub null: Option<NullMode>,
 }
 
 fn serve_queue<T: Target>(
@@ -183,10 +190,14 @@ fn serve_queue<T: Target>(
         let _ = events.send(QueueEvent::Failed(qid, e.clone()));
         e
     };
-    let q = KernelQueue::new(o.cdev.clone(), qid, o.depth, o.user_copy)
+    let mut q = KernelQueue::new(o.cdev.clone(), qid, o.depth, o.user_copy)
         .map_err(|e| fail(format!("queue {qid}: {e}")))?;
+    if o.null == Some(NullMode::NoCopy) {
+        q.skip_user_copies();
+    }
     let mut s = Server::new(q, qp, at, o.caps, dev.dma().clone())
         .map_err(|e| fail(format!("queue {qid}: {e}")))?;
+    s.set_idle(Idle::of(o.wait));
     s.start()
         .map_err(|e| fail(format!("queue {qid}: FETCH: {e}")))?;
     let _ = events.send(QueueEvent::Fetched(qid));
@@ -209,6 +220,9 @@ pub fn serve(
     stop: &AtomicBool,
 ) -> Result<Vec<Result<Stats, String>>, String> {
     let n = usize::from(queues);
+    if o.null.is_some() {
+        return Ok(serve_null(dev, n, o, &events, stop));
+    }
     match dev {
         Device::Nvme(c) => {
             let opts = QpairOptions {
@@ -216,6 +230,7 @@ pub fn serve(
                 depth: o.depth.saturating_mul(2).clamp(2, 4096),
                 io_timeout: o.io_timeout,
                 timeout_policy: TimeoutPolicy::default(),
+                wait: o.wait,
                 ..QpairOptions::default()
             };
             let events = std::sync::Mutex::new(events);
@@ -232,6 +247,7 @@ pub fn serve(
             let at = u8::try_from(unit_id).map_err(|_| format!("LUN {unit_id} out of range"))?;
             let opts = UfsQpairOptions {
                 io_timeout: o.io_timeout,
+                wait: o.wait,
                 ..UfsQpairOptions::default()
             };
             let events = std::sync::Mutex::new(events);
@@ -242,4 +258,40 @@ pub fn serve(
             .map_err(|e| e.to_string())
         }
     }
+}
+
+/// `--null`: `n` threads, pinned as the engine's would be, each serving
+/// one queue from a [`NullTarget`] (the device only lends its DMA memory
+/// for the tag buffers).
+fn serve_null(
+    dev: &Device,
+    n: usize,
+    o: &ServeOptions,
+    events: &Sender<QueueEvent>,
+    stop: &AtomicBool,
+) -> Vec<Result<Stats, String>> {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
+                let tx = events.clone();
+                s.spawn(move || {
+                    if let Some(c) = core {
+                        core_affinity::set_for_current(c);
+                    }
+                    let depth = usize::from(o.depth) * 2;
+                    let mut t = NullTarget::new(o.caps.block_shift, depth);
+                    serve_queue(i as u16, &mut t, 0, dev, o, &tx, stop)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a queue thread panicked".into()))
+            })
+            .collect()
+    })
 }

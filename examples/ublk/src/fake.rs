@@ -13,6 +13,8 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::os::fd::RawFd;
+use std::time::Duration;
 
 use crate::queue::{UblkQueue, Wait};
 use crate::sys::{self, IoDesc};
@@ -63,6 +65,18 @@ pub struct FakeQueue {
     stopped: bool,
     /// `io_uring_enter`s seen.
     pub enters: u64,
+    /// The fd a [`UblkQueue::watch`] asked about, until it is readable.
+    watched: Option<RawFd>,
+    woken: bool,
+    /// Waits ([`Wait::One`]) that ended because the watched fd became
+    /// readable, and those that ran out.
+    pub watch_wakeups: u64,
+    /// See [`watch_wakeups`](Self::watch_wakeups).
+    pub waits_ran_out: u64,
+    /// When set, a [`Wait::One`] on a watched fd lasts this long whatever
+    /// time it asks for, so only the fd can end it early (a lost wake-up
+    /// then shows as a wait that ran out).
+    pub long_waits: Option<Duration>,
 }
 
 impl FakeQueue {
@@ -80,6 +94,11 @@ impl FakeQueue {
             answers: Vec::new(),
             stopped: false,
             enters: 0,
+            watched: None,
+            woken: false,
+            watch_wakeups: 0,
+            waits_ran_out: 0,
+            long_waits: None,
         }
     }
 
@@ -196,7 +215,7 @@ impl UblkQueue for FakeQueue {
         Ok(())
     }
 
-    fn submit(&mut self, _wait: Wait) -> io::Result<()> {
+    fn submit(&mut self, wait: Wait) -> io::Result<bool> {
         self.enters += 1;
         let stopping = self.stopping();
         for (t, s) in self.state.iter_mut().enumerate() {
@@ -235,7 +254,51 @@ impl UblkQueue for FakeQueue {
                 self.state[t] = KState::Ready;
             }
         }
+        let Wait::One(time) = wait else {
+            return Ok(false);
+        };
+        if !self.cq.is_empty() {
+            return Ok(false);
+        }
+        // Nothing else can hand this queue a request while the test's
+        // thread waits here: only a watched fd can end the wait early.
+        let Some(fd) = self.watched else {
+            self.waits_ran_out += 1;
+            return Ok(true);
+        };
+        let ms = self
+            .long_waits
+            .unwrap_or(time)
+            .as_millis()
+            .min(i32::MAX as u128) as i32;
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `p` is one live pollfd for the duration of the call.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if r == 1 && p.revents & libc::POLLIN != 0 {
+            self.watched = None;
+            self.woken = true;
+            self.watch_wakeups += 1;
+            Ok(false)
+        } else {
+            self.waits_ran_out += 1;
+            Ok(true)
+        }
+    }
+
+    fn watch(&mut self, fd: RawFd) -> io::Result<()> {
+        self.watched = Some(fd);
         Ok(())
+    }
+
+    fn take_woken(&mut self) -> bool {
+        std::mem::take(&mut self.woken)
     }
 
     fn reap(&mut self, f: &mut dyn FnMut(u16, i32)) -> usize {

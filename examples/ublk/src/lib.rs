@@ -23,6 +23,8 @@
 //! - [`device`]: parameters from what the engine reports, and one pinned
 //!   thread per queue through [`mcqio::run_per_core`];
 //! - [`recover`]: USER_RECOVERY, taking over a device whose server died;
+//! - [`null`]: a diagnostic target answering every request at once
+//!   (`--null`), to split a request's cost into ublk, copy and engine;
 //! - [`fake`]: the kernel's side of a queue in memory, so `cargo test`
 //!   covers the server without a ublk driver.
 //!
@@ -33,9 +35,21 @@
 //! completion ring (no system call), sends new requests to the engine,
 //! rings the engine's doorbell once per batch, takes the engine's
 //! completions, and enters the kernel once per batch of
-//! COMMIT_AND_FETCH commands. Idle, it spins, then blocks in
-//! `io_uring_enter` — only when the engine has nothing outstanding, so an
-//! idle device does not burn its core and no completion waits on a sleep.
+//! COMMIT_AND_FETCH commands (none in a pass that queued no commit).
+//!
+//! Idle, it sleeps in **one** `io_uring_enter(min_complete = 1)` that
+//! ends on whichever side has work first: the ublk ring's next request,
+//! or — while the engine owes completions — the engine queue's interrupt,
+//! whose eventfd is watched by a one-shot poll on the same ring. The
+//! order is the engine's (arm the interrupt, poll once more, then
+//! sleep), so no completion is left waiting on a sleep ([`server`] has
+//! the argument). `--wait` picks the policy, the engine queue pair's
+//! [`mcqio::WaitPolicy`]: `irq` (the default) sleeps as soon as a pass
+//! finds nothing, `hybrid:SPIN` spins SPIN first, `poll` spins while the
+//! engine owes completions (and sleeps only when it owes none). Under
+//! emulation (QEMU TCG), where the guest's vCPUs and the emulated
+//! controller share the host's cores, a spinning server slows the device
+//! it waits for; fixtures/vm/README.md ("ublk") has the measurements.
 //!
 //! Data is **copied**: each tag owns a buffer in the engine's DMA-mapped
 //! memory (a [`mcqio::DmaBuf`], allocated once), given to the kernel as
@@ -100,6 +114,7 @@
 pub mod ctrl;
 pub mod device;
 pub mod fake;
+pub mod null;
 pub mod queue;
 pub mod recover;
 pub mod server;

@@ -8,10 +8,11 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use mcqio::ControllerOptions;
+use mcqio::{ControllerOptions, WaitPolicy};
 use mcqio_open::{CtrlOptions, DeviceSpec};
 use mcqio_ublk::ctrl::{self, Control};
 use mcqio_ublk::device::{self, QueueEvent, ServeOptions};
+use mcqio_ublk::null::NullMode;
 use mcqio_ublk::sys;
 
 #[derive(Parser)]
@@ -61,6 +62,18 @@ enum Cmd {
         /// Engine per-command timeout in milliseconds (0: none).
         #[arg(long, default_value_t = 30_000)]
         io_timeout_ms: u64,
+        /// How a queue thread waits when both rings are idle: irq (sleep at
+        /// once, on the ublk ring and the engine queue's interrupt
+        /// together), hybrid[:SPIN] (spin SPIN after the last work, then
+        /// sleep), poll (spin while the engine owes completions).
+        #[arg(long, default_value = "irq")]
+        wait: WaitPolicy,
+        /// Diagnostics, not storage: answer every request at once without
+        /// the engine (the device only lends its DMA memory); `copy`
+        /// keeps the kernel's data copy, `nocopy` (needs --user-copy)
+        /// moves no data. Reads return garbage, writes are dropped.
+        #[arg(long)]
+        null: Option<NullMode>,
     },
     /// Take over a device added with --recovery whose server died, and
     /// serve it in the foreground as `add` does (same device string).
@@ -80,6 +93,12 @@ enum Cmd {
         /// and released by the kernel, in seconds.
         #[arg(long, default_value_t = 30)]
         wait_s: u64,
+        /// How a queue thread waits when both rings are idle: irq (sleep at
+        /// once, on the ublk ring and the engine queue's interrupt
+        /// together), hybrid[:SPIN] (spin SPIN after the last work, then
+        /// sleep), poll (spin while the engine owes completions).
+        #[arg(long, default_value = "irq")]
+        wait: WaitPolicy,
     },
     /// List the ublk devices.
     List,
@@ -110,6 +129,8 @@ fn main() -> ExitCode {
             user_copy,
             recovery,
             io_timeout_ms,
+            wait,
+            null,
         } => add(AddArgs {
             device,
             queues,
@@ -120,6 +141,8 @@ fn main() -> ExitCode {
             user_copy,
             recovery,
             io_timeout: timeout_of(io_timeout_ms),
+            wait,
+            null,
         }),
         Cmd::Recover {
             device,
@@ -127,12 +150,14 @@ fn main() -> ExitCode {
             unit,
             io_timeout_ms,
             wait_s,
+            wait,
         } => recover(
             &device,
             id,
             unit,
             timeout_of(io_timeout_ms),
             Duration::from_secs(wait_s),
+            wait,
         ),
         Cmd::List => list(),
         Cmd::Del { ids, all } => del(ids, all),
@@ -143,6 +168,14 @@ fn main() -> ExitCode {
             eprintln!("mcqio-ublk: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn wait_name(w: WaitPolicy) -> String {
+    match w {
+        WaitPolicy::Poll => "poll".into(),
+        WaitPolicy::Interrupt => "irq".into(),
+        WaitPolicy::Hybrid { spin } => format!("hybrid:{}us", spin.as_micros()),
     }
 }
 
@@ -160,6 +193,8 @@ struct AddArgs {
     user_copy: bool,
     recovery: bool,
     io_timeout: Option<Duration>,
+    wait: WaitPolicy,
+    null: Option<NullMode>,
 }
 
 /// How a served device goes live once every queue has fetched its tags.
@@ -182,6 +217,14 @@ fn add(a: AddArgs) -> Result<(), String> {
     // behind in the kernel. A PCI function still bound to its kernel
     // driver is refused here (it is not on vfio-pci).
     let spec: DeviceSpec = a.device.parse().map_err(|e| format!("{e}"))?;
+    if a.null.is_some() && a.recovery {
+        return Err("--null serves no data: nothing to recover".into());
+    }
+    if a.null == Some(NullMode::NoCopy) && !a.user_copy {
+        return Err(
+            "--null nocopy needs --user-copy (in copy mode the kernel always copies)".into(),
+        );
+    }
     if a.recovery {
         mcqio_ublk::recover::recoverable(&spec).map_err(|e| format!("--recovery: {e}"))?;
     }
@@ -260,7 +303,11 @@ fn add(a: AddArgs) -> Result<(), String> {
                 &unit,
                 caps,
                 &a.device,
-                a.io_timeout,
+                Serving {
+                    io_timeout: a.io_timeout,
+                    wait: a.wait,
+                    null: a.null,
+                },
                 Live::Start,
             )
         });
@@ -273,6 +320,13 @@ fn add(a: AddArgs) -> Result<(), String> {
     r
 }
 
+/// How the queues serve (the options `add` and `recover` share).
+struct Serving {
+    io_timeout: Option<Duration>,
+    wait: WaitPolicy,
+    null: Option<NullMode>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn serve_device(
     ctl: &mut Control,
@@ -282,7 +336,7 @@ fn serve_device(
     unit: &mcqio_open::BlockUnit,
     caps: mcqio_ublk::target::Caps,
     label: &str,
-    io_timeout: Option<Duration>,
+    how: Serving,
     live: Live,
 ) -> Result<(), String> {
     let cdev = open_cdev(id)?;
@@ -299,7 +353,9 @@ fn serve_device(
         depth: info.queue_depth,
         user_copy: info.flags & sys::F_USER_COPY != 0,
         caps,
-        io_timeout,
+        io_timeout: how.io_timeout,
+        wait: how.wait,
+        null: how.null,
     };
     let (tx, rx) = mpsc::channel();
     let queues = info.nr_hw_queues;
@@ -329,7 +385,7 @@ fn serve_device(
         };
         match &started {
             Ok(()) => eprintln!(
-                "mcqio-ublk: /dev/ublkb{id} {}: {} x {} B blocks ({} MiB) of {} unit {}, {} queue(s) x {} tags, max I/O {} KiB, {}{}{}{}, {} mode",
+                "mcqio-ublk: /dev/ublkb{id} {}: {} x {} B blocks ({} MiB) of {} unit {}, {} queue(s) x {} tags, max I/O {} KiB, {}{}{}{}, {} mode, wait {}{}",
                 if live == Live::Start { "ready" } else { "recovered, ready" },
                 caps.blocks,
                 1u64 << caps.block_shift,
@@ -348,6 +404,12 @@ fn serve_device(
                 },
                 if caps.write_zeroes_blocks > 0 { ", write zeroes" } else { "" },
                 if o.user_copy { "user-copy" } else { "copy" },
+                wait_name(how.wait),
+                match how.null {
+                    None => "",
+                    Some(NullMode::Copy) => "; NULL TARGET (diagnostics: nothing is stored; the kernel's copy kept)",
+                    Some(NullMode::NoCopy) => "; NULL TARGET (diagnostics: nothing is stored, no data moves)",
+                },
             ),
             Err(e) => eprintln!("mcqio-ublk: device {id} not started: {e}"),
         }
@@ -371,8 +433,9 @@ fn serve_device(
         for (q, r) in results.into_iter().enumerate() {
             match r {
                 Ok(st) => eprintln!(
-                    "mcqio-ublk: queue {q}: {} requests, {} errors, {} retries, {} queue-full waits, {} kernel entries, {} sleeps, {} protocol errors",
-                    st.requests, st.errors, st.retries, st.queue_full, st.enters, st.sleeps, st.protocol_errors
+                    "mcqio-ublk: queue {q}: {} requests, {} errors, {} retries, {} queue-full waits, {} kernel entries, {} sleeps ({} on the engine: {} woken by its interrupt, {} ran out), {} protocol errors",
+                    st.requests, st.errors, st.retries, st.queue_full, st.enters, st.sleeps,
+                    st.engine_sleeps, st.engine_wakeups, st.engine_ran_out, st.protocol_errors
                 ),
                 Err(e) => errs.push(e),
             }
@@ -394,6 +457,7 @@ fn recover(
     unit: Option<u32>,
     io_timeout: Option<Duration>,
     wait: Duration,
+    policy: WaitPolicy,
 ) -> Result<(), String> {
     use mcqio_ublk::recover::{
         check_takeover, poll_until, recoverable, start_takeover, wait_quiesced,
@@ -458,7 +522,11 @@ fn recover(
         &unit,
         caps,
         device,
-        io_timeout,
+        Serving {
+            io_timeout,
+            wait: policy,
+            null: None,
+        },
         Live::EndRecovery,
     );
     if r.is_err() {
@@ -590,6 +658,52 @@ mod tests {
         assert!(!recovery);
     }
 
+    #[test]
+    fn add_takes_wait_and_null() {
+        let Cmd::Add { wait, null, .. } = parse(&["add", "fake"]).unwrap().cmd else {
+            panic!("not add");
+        };
+        assert_eq!((wait, null), (WaitPolicy::Interrupt, None));
+        let Cmd::Add { wait, null, .. } =
+            parse(&["add", "fake", "--wait", "hybrid:20us", "--null", "nocopy"])
+                .unwrap()
+                .cmd
+        else {
+            panic!("not add");
+        };
+        assert_eq!(
+            wait,
+            WaitPolicy::Hybrid {
+                spin: Duration::from_micros(20)
+            }
+        );
+        assert_eq!(null, Some(NullMode::NoCopy));
+        assert!(parse(&["add", "fake", "--null", "zero"]).is_err());
+        assert!(parse(&["add", "fake", "--wait", "sometimes"]).is_err());
+    }
+
+    // Refused before the kernel or the engine is touched.
+    #[test]
+    fn null_refuses_recovery_and_nocopy_needs_user_copy() {
+        let args = |user_copy, recovery, null| AddArgs {
+            device: "fake,size=16m".into(),
+            queues: 1,
+            depth: 4,
+            id: None,
+            unit: None,
+            max_io: 1 << 20,
+            user_copy,
+            recovery,
+            io_timeout: None,
+            wait: WaitPolicy::Interrupt,
+            null: Some(null),
+        };
+        let e = add(args(false, true, NullMode::Copy)).unwrap_err();
+        assert!(e.contains("nothing to recover"), "{e}");
+        let e = add(args(false, false, NullMode::NoCopy)).unwrap_err();
+        assert!(e.contains("needs --user-copy"), "{e}");
+    }
+
     // Both are refused before the kernel or the engine is touched, so they
     // run without ublk_drv.
     #[test]
@@ -604,13 +718,23 @@ mod tests {
             user_copy: false,
             recovery: true,
             io_timeout: None,
+            wait: WaitPolicy::Interrupt,
+            null: None,
         })
         .unwrap_err();
         assert!(
             e.starts_with("--recovery: fake") && e.contains("outlives"),
             "{e}"
         );
-        let e = recover("fake", 0, None, None, Duration::from_secs(1)).unwrap_err();
+        let e = recover(
+            "fake",
+            0,
+            None,
+            None,
+            Duration::from_secs(1),
+            WaitPolicy::Interrupt,
+        )
+        .unwrap_err();
         assert!(e.contains("outlives"), "{e}");
     }
 }

@@ -53,10 +53,20 @@ pub trait UblkQueue {
     /// errno) and the fetch of its next one into the buffer at `addr`.
     fn commit(&mut self, tag: u16, result: i32, addr: u64) -> io::Result<()>;
     /// Hand everything queued to the kernel: one `io_uring_enter`.
-    fn submit(&mut self, wait: Wait) -> io::Result<()>;
+    /// Returns whether a [`Wait::One`] ran out its time with nothing
+    /// completed.
+    fn submit(&mut self, wait: Wait) -> io::Result<bool>;
     /// Deliver completed commands as `(tag, result)`, without a system
-    /// call; returns how many.
+    /// call; returns how many. The completion of a [`watch`](Self::watch)
+    /// is not delivered: it is kept for [`take_woken`](Self::take_woken).
     fn reap(&mut self, f: &mut dyn FnMut(u16, i32)) -> usize;
+    /// Make the next [`Wait::One`] end also when `fd` (an eventfd) is
+    /// readable: a one-shot poll on the same ring, queued unless one is
+    /// still pending. A signal before this call leaves the eventfd
+    /// readable, so it ends the wait at once.
+    fn watch(&mut self, fd: RawFd) -> io::Result<()>;
+    /// Whether a watched fd became readable since the last call.
+    fn take_woken(&mut self) -> bool;
     /// USER_COPY: read a WRITE request's data into `dst`.
     fn copy_in(&mut self, tag: u16, dst: &mut [u8]) -> io::Result<()>;
     /// USER_COPY: hand a READ request's data from `src` to the kernel.
@@ -127,19 +137,28 @@ pub struct KernelQueue {
     depth: u16,
     user_copy: bool,
     queued: usize,
+    /// A poll of a watched fd is with the kernel.
+    watching: bool,
+    /// It completed since [`UblkQueue::take_woken`] last looked.
+    woken: bool,
+    /// USER_COPY's reads and writes are skipped (`--null nocopy`).
+    skip_copies: bool,
 }
 
 /// user_data of a COMMIT_AND_FETCH (a FETCH's is the bare tag).
 const UD_COMMIT: u64 = 1 << 16;
+/// user_data of the poll of a watched fd (the engine's interrupt).
+const UD_WATCH: u64 = 1 << 17;
 
 impl KernelQueue {
     /// Map queue `qid`'s descriptors from the open character device and
     /// set up its ring (the device file registered as fixed file 0).
     pub fn new(cdev: Arc<OwnedFd>, qid: u16, depth: u16, user_copy: bool) -> io::Result<Self> {
         let descs = DescMap::map(cdev.as_raw_fd(), qid, depth)?;
-        // Each tag has at most one command in the kernel: depth entries
-        // never overflow the SQ, and the CQ (twice as large) never drops.
-        let ring = IoUring::builder().build(u32::from(depth).next_power_of_two())?;
+        // Each tag has at most one command in the kernel, and the watch
+        // one poll: depth + 1 entries never overflow the SQ, and the CQ
+        // (twice as large) never drops.
+        let ring = IoUring::builder().build((u32::from(depth) + 1).next_power_of_two())?;
         ring.submitter().register_files(&[cdev.as_raw_fd()])?;
         Ok(KernelQueue {
             cdev,
@@ -149,7 +168,16 @@ impl KernelQueue {
             depth,
             user_copy,
             queued: 0,
+            watching: false,
+            woken: false,
+            skip_copies: false,
         })
+    }
+
+    /// Diagnostics only (`--null nocopy`): with USER_COPY, move no data
+    /// at all — a READ is answered with whatever its pages held.
+    pub fn skip_user_copies(&mut self) {
+        self.skip_copies = true;
     }
 
     fn push(&mut self, op: u32, cmd: IoCmd, user_data: u64) -> io::Result<()> {
@@ -157,12 +185,18 @@ impl KernelQueue {
             .cmd(cmd.to_bytes())
             .build()
             .user_data(user_data);
+        self.push_sqe(&sqe)
+    }
+
+    fn push_sqe(&mut self, sqe: &io_uring::squeue::Entry) -> io::Result<()> {
         loop {
-            // SAFETY: the command carries no pointer the kernel reads
+            // SAFETY: a ublk command carries no pointer the kernel reads
             // later except `addr`, the tag's buffer, which the server keeps
             // alive and does not hand to the device while the kernel may
-            // copy into or out of it (the tag's state machine).
-            let pushed = unsafe { self.ring.submission().push(&sqe) }.is_ok();
+            // copy into or out of it (the tag's state machine); a poll
+            // carries only a file descriptor, whose file the kernel holds
+            // a reference to while the poll is pending.
+            let pushed = unsafe { self.ring.submission().push(sqe) }.is_ok();
             if pushed {
                 self.queued += 1;
                 return Ok(());
@@ -210,7 +244,7 @@ impl UblkQueue for KernelQueue {
         )
     }
 
-    fn submit(&mut self, wait: Wait) -> io::Result<()> {
+    fn submit(&mut self, wait: Wait) -> io::Result<bool> {
         let r = match wait {
             Wait::No => self.ring.submit(),
             Wait::One(t) => {
@@ -224,16 +258,20 @@ impl UblkQueue for KernelQueue {
         match r {
             Ok(_) => {
                 self.queued = 0;
-                Ok(())
+                Ok(false)
             }
-            // The wait ended (time or a signal): not an error.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => {
+            // The wait ran out (or a signal ended it): not an error.
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) => {
                 self.queued = 0;
-                Ok(())
+                Ok(true)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                self.queued = 0;
+                Ok(false)
             }
             // The kernel could not take everything now: what it took is
             // gone from the SQ, the rest goes with the next call.
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -241,14 +279,35 @@ impl UblkQueue for KernelQueue {
     fn reap(&mut self, f: &mut dyn FnMut(u16, i32)) -> usize {
         let mut n = 0;
         for cqe in self.ring.completion() {
+            if cqe.user_data() == UD_WATCH {
+                self.watching = false;
+                self.woken = true;
+                continue;
+            }
             f((cqe.user_data() & 0xffff) as u16, cqe.result());
             n += 1;
         }
         n
     }
 
+    fn watch(&mut self, fd: RawFd) -> io::Result<()> {
+        if self.watching {
+            return Ok(());
+        }
+        let sqe = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+            .build()
+            .user_data(UD_WATCH);
+        self.push_sqe(&sqe)?;
+        self.watching = true;
+        Ok(())
+    }
+
+    fn take_woken(&mut self) -> bool {
+        std::mem::take(&mut self.woken)
+    }
+
     fn copy_in(&mut self, tag: u16, dst: &mut [u8]) -> io::Result<()> {
-        if !self.user_copy {
+        if !self.user_copy || self.skip_copies {
             return Ok(()); // the driver copied into the buffer before the fetch completed
         }
         let pos = sys::user_copy_pos(self.qid, tag, 0);
@@ -265,7 +324,7 @@ impl UblkQueue for KernelQueue {
     }
 
     fn copy_out(&mut self, tag: u16, src: &[u8]) -> io::Result<()> {
-        if !self.user_copy {
+        if !self.user_copy || self.skip_copies {
             return Ok(()); // the driver copies out of the buffer on commit
         }
         let pos = sys::user_copy_pos(self.qid, tag, 0);

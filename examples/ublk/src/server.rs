@@ -21,15 +21,37 @@
 //!
 //! The loop ([`Server::run`]) peeks both completion rings without a
 //! system call, rings the engine's doorbell once per batch and enters the
-//! kernel once per batch of commits. Idle, it spins a while, then blocks
-//! in `io_uring_enter` (no engine command is then outstanding, so nothing
-//! is lost by sleeping until the kernel has a request).
+//! kernel once per batch of commits (none when a pass queued no commit:
+//! new requests arrive as task work the kernel runs on this thread's
+//! next return to user space, no system call needed).
+//!
+//! ## Idle: one sleep for both sides
+//!
+//! A pass that found nothing on either ring is idle. After spinning for
+//! [`Idle::spin`] since the last work, the thread sleeps in one
+//! `io_uring_enter(min_complete = 1)` on the ublk ring:
+//!
+//! - the engine owes nothing: until the kernel hands over a request;
+//! - the engine owes completions and its queue pair has an interrupt
+//!   (its wait policy is `irq` or `hybrid`): the server **arms** the
+//!   interrupt (clears its eventfd), **polls** the engine once more, and
+//!   only if that finds nothing queues a one-shot poll of the eventfd on
+//!   the same ring and **sleeps** — until a request or the interrupt,
+//!   whichever comes first, at most the engine's slice (10 ms; after a
+//!   slice that ran out the engine checks its timeouts and the
+//!   controller's health). No wake-up is lost: a completion the second
+//!   poll missed raises its interrupt after the arm, so the eventfd is
+//!   readable when the poll is queued or becomes so later, and either way
+//!   the poll completes (the engine's `core::qpair::wait` explains why
+//!   the arm cannot swallow it).
+//! - the engine owes completions and polls only: no sleep; the thread
+//!   spins on both rings, yielding the CPU now and then.
 
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mcqio::vfio::{DmaDir, DmaSpace};
 use mcqio::{Completion, DmaBuf};
@@ -42,10 +64,53 @@ use crate::target::{errno_of, refusal_errno, retriable, Caps, Target};
 /// its error goes to the kernel.
 pub const MAX_RETRIES: u8 = 3;
 
-/// Empty loop passes before the idle thread blocks in the kernel.
-const SPINS_BEFORE_SLEEP: u32 = 2048;
-/// How long one idle sleep lasts at most (the stop flag is checked after).
+/// Empty passes between two readings of the clock while spinning.
+const SPINS_PER_CLOCK: u32 = 32;
+/// Empty passes between two yields of a thread that cannot sleep (the
+/// engine owes completions and has no interrupt).
+const SPINS_PER_YIELD: u32 = 64;
+/// How long one idle sleep lasts at most when the engine owes nothing
+/// (the stop flag is checked after).
 const SLEEP: Duration = Duration::from_millis(200);
+
+/// How an idle server thread waits.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Idle {
+    /// Spin this long after the last work before sleeping.
+    pub spin: Duration,
+    /// Whether to sleep while the engine owes completions (on its
+    /// interrupt, when it has one); `false` spins until they come.
+    pub sleep_on_engine: bool,
+}
+
+impl Idle {
+    /// The server's idle behaviour for the engine's wait policy: `poll`
+    /// spins while the engine owes completions (and sleeps after a short
+    /// spin when it owes none), `irq` sleeps at once, `hybrid:SPIN` spins
+    /// SPIN after the last work, then sleeps.
+    pub fn of(policy: mcqio::WaitPolicy) -> Idle {
+        match policy {
+            mcqio::WaitPolicy::Poll => Idle {
+                spin: Duration::from_micros(100),
+                sleep_on_engine: false,
+            },
+            mcqio::WaitPolicy::Interrupt => Idle {
+                spin: Duration::ZERO,
+                sleep_on_engine: true,
+            },
+            mcqio::WaitPolicy::Hybrid { spin } => Idle {
+                spin,
+                sleep_on_engine: true,
+            },
+        }
+    }
+}
+
+impl Default for Idle {
+    fn default() -> Self {
+        Idle::of(mcqio::WaitPolicy::Poll)
+    }
+}
 /// How long [`Server::finish`] waits for the engine's last completions.
 const FINISH_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -186,6 +251,13 @@ pub struct Stats {
     pub enters: u64,
     /// Times the idle thread slept in the kernel.
     pub sleeps: u64,
+    /// Of those, sleeps while the engine owed completions (on its
+    /// interrupt and the ublk ring at once).
+    pub engine_sleeps: u64,
+    /// Engine sleeps its interrupt ended.
+    pub engine_wakeups: u64,
+    /// Engine sleeps that ran out their slice.
+    pub engine_ran_out: u64,
     /// Engine completions collected by [`Server::finish`] after the
     /// kernel had aborted their tags.
     pub late_completions: u64,
@@ -203,6 +275,10 @@ pub struct Server<'a, Q: UblkQueue, T: Target> {
     commits_queued: usize,
     live: usize,
     stats: Stats,
+    idle: Idle,
+    /// Scratch for one pass (kept: nothing is allocated per I/O).
+    arrived: Vec<(u16, i32)>,
+    done: Vec<Completion<DmaBuf>>,
 }
 
 impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
@@ -247,7 +323,15 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
             commits_queued: 0,
             live: depth,
             stats: Stats::default(),
+            idle: Idle::default(),
+            arrived: Vec::with_capacity(depth),
+            done: Vec::with_capacity(depth),
         })
+    }
+
+    /// Set how the thread waits when idle (default: [`Idle::default`]).
+    pub fn set_idle(&mut self, idle: Idle) {
+        self.idle = idle;
     }
 
     /// The counters so far.
@@ -308,7 +392,7 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
             self.tags[usize::from(tag)].state = State::Fetching;
         }
         self.stats.enters += 1;
-        self.q.submit(Wait::No)
+        self.q.submit(Wait::No).map(drop)
     }
 
     /// One pass: take the kernel's new requests, send them on, ring the
@@ -316,36 +400,46 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
     /// kernel once if anything is queued. Returns how much happened
     /// (requests + engine completions).
     pub fn step(&mut self) -> io::Result<usize> {
-        let mut arrived: Vec<(u16, i32)> = Vec::new();
+        let mut arrived = std::mem::take(&mut self.arrived);
         self.q.reap(&mut |tag, res| arrived.push((tag, res)));
         let mut work = arrived.len();
-        for (tag, res) in arrived {
-            self.on_kernel(tag, res)?;
-        }
+        let r = arrived
+            .drain(..)
+            .try_for_each(|(tag, res)| self.on_kernel(tag, res));
+        self.arrived = arrived;
+        r?;
         self.retry_waiting()?;
         self.t.submit();
-        let mut done: Vec<Completion<DmaBuf>> = Vec::new();
+        let mut done = std::mem::take(&mut self.done);
         let max = self.tags.len();
-        match self.t.poll(max, |c| done.push(c)) {
-            Ok(_) => {}
-            Err(e) => {
-                // The queue pair cannot go on (controller gone): answer
-                // everything with the engine with a transport error.
-                eprintln!(
-                    "mcqio-ublk: queue {}: engine poll failed: {e}",
-                    self.q.qid()
-                );
-                return Err(io::Error::other(e.to_string()));
-            }
-        }
+        let polled = self.t.poll(max, |c| done.push(c));
         work += done.len();
-        for c in done {
-            self.on_engine(c)?;
-        }
-        self.retry_waiting()?;
-        self.t.submit();
+        let r = self.engine_done(&mut done, polled);
+        self.done = done;
+        r?;
         self.flush_commits()?;
         Ok(work)
+    }
+
+    /// Take what a poll of the engine delivered into `done`.
+    fn engine_done(
+        &mut self,
+        done: &mut Vec<Completion<DmaBuf>>,
+        polled: mcqio::Result<usize>,
+    ) -> io::Result<()> {
+        let r = done.drain(..).try_for_each(|c| self.on_engine(c));
+        if let Err(e) = polled {
+            // The queue pair cannot go on (controller gone).
+            eprintln!(
+                "mcqio-ublk: queue {}: engine poll failed: {e}",
+                self.q.qid()
+            );
+            return Err(io::Error::other(e.to_string()));
+        }
+        r?;
+        self.retry_waiting()?;
+        self.t.submit();
+        Ok(())
     }
 
     fn on_kernel(&mut self, tag: u16, res: i32) -> io::Result<()> {
@@ -601,7 +695,7 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
         }
         self.commits_queued = 0;
         self.stats.enters += 1;
-        self.q.submit(Wait::No)
+        self.q.submit(Wait::No).map(drop)
     }
 
     /// Serve until every tag is aborted (the device was stopped or
@@ -609,6 +703,7 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
     /// is set and the queue is idle.
     pub fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
         let mut empty = 0u32;
+        let mut last_work = Instant::now();
         loop {
             let work = self.step()?;
             if self.live == 0 && self.t.outstanding() == 0 && self.waiting.is_empty() {
@@ -618,35 +713,80 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
                 empty = 0;
                 continue;
             }
-            empty += 1;
-            if self.t.outstanding() > 0 || !self.waiting.is_empty() {
-                // The engine owes completions: keep polling it, and let
-                // the kernel run its task work now and then.
-                if empty % 64 == 0 {
-                    self.stats.enters += 1;
-                    self.q.submit(Wait::No)?;
+            if empty == 0 {
+                last_work = Instant::now();
+            }
+            empty = empty.wrapping_add(1);
+            let owed = self.t.outstanding() > 0 || !self.waiting.is_empty();
+            if !owed && stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            if empty % SPINS_PER_CLOCK != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if last_work.elapsed() < self.idle.spin {
+                continue;
+            }
+            if owed && (!self.idle.sleep_on_engine || self.t.interrupt_fd().is_none()) {
+                // Nothing to sleep on: the engine is polled only.
+                if empty % SPINS_PER_YIELD == 0 {
                     std::thread::yield_now();
                 }
                 continue;
             }
-            if stop.load(Ordering::Relaxed) {
-                return Ok(());
+            if self.idle_sleep()? {
+                empty = 0;
             }
-            if empty < SPINS_BEFORE_SLEEP {
-                if empty % 16 == 0 {
-                    // New requests arrive as task work, which runs when
-                    // this thread enters the kernel.
-                    self.stats.enters += 1;
-                    self.q.submit(Wait::No)?;
-                }
-                std::hint::spin_loop();
-                continue;
-            }
+        }
+    }
+
+    /// One idle sleep (see the module docs): on the ublk ring alone when
+    /// the engine owes nothing, on the ring and the engine's interrupt
+    /// when it does. Returns whether work arrived (or may have).
+    pub fn idle_sleep(&mut self) -> io::Result<bool> {
+        let owed = self.t.outstanding() > 0 || !self.waiting.is_empty();
+        let fd = if owed { self.t.interrupt_fd() } else { None };
+        let Some(fd) = fd else {
             self.stats.sleeps += 1;
             self.stats.enters += 1;
-            self.q.submit(Wait::One(SLEEP))?;
-            empty = SPINS_BEFORE_SLEEP / 2;
+            let ran_out = self.q.submit(Wait::One(SLEEP))?;
+            return Ok(!ran_out);
+        };
+        // Arm, poll again, and only then sleep.
+        let mut done = std::mem::take(&mut self.done);
+        let polled = self.t.arm_and_poll(self.tags.len(), &mut |c| done.push(c));
+        let n = done.len();
+        let r = self.engine_done(&mut done, polled);
+        self.done = done;
+        r?;
+        if n > 0 {
+            self.flush_commits()?;
+            return Ok(true);
         }
+        self.q.watch(fd)?;
+        self.stats.sleeps += 1;
+        self.stats.engine_sleeps += 1;
+        self.stats.enters += 1;
+        let ran_out = self.q.submit(Wait::One(self.t.sleep_slice()))?;
+        // Take what ended the sleep now: the watch's completion (for the
+        // engine's count) and any requests, sent on with the next pass.
+        let mut arrived = std::mem::take(&mut self.arrived);
+        self.q.reap(&mut |tag, res| arrived.push((tag, res)));
+        let r = arrived
+            .drain(..)
+            .try_for_each(|(tag, res)| self.on_kernel(tag, res));
+        self.arrived = arrived;
+        r?;
+        let woken = self.q.take_woken();
+        if woken {
+            self.stats.engine_wakeups += 1;
+        }
+        if ran_out {
+            self.stats.engine_ran_out += 1;
+        }
+        self.t.slept(woken, ran_out);
+        Ok(true)
     }
 
     /// Wait (polling, at most `FINISH_TIMEOUT`) until the engine has

@@ -12,7 +12,8 @@ use mcqio_fixtures::{FakeController, Fault};
 use mcqio_open::{Device, DeviceSpec, Fake, Opened};
 use mcqio_ublk::device::{caps_of, params_of, unit};
 use mcqio_ublk::fake::{Answer, FakeQueue};
-use mcqio_ublk::server::{map_request, Request, Server};
+use mcqio_ublk::null::NullTarget;
+use mcqio_ublk::server::{map_request, Idle, Request, Server};
 use mcqio_ublk::sys::{self, IoDesc};
 use mcqio_ublk::target::{Caps, Target};
 use rand::{Rng, SeedableRng};
@@ -679,4 +680,153 @@ fn nvme_parameters_from_what_the_engine_reports() {
     );
     assert_eq!(p.discard.max_discard_segments, 1);
     assert!(p.discard.max_write_zeroes_sectors > 0);
+}
+
+/// Step, and sleep as the idle server does whenever a pass found nothing,
+/// until the fake has no request in flight.
+fn settle_sleeping<T: Target>(s: &mut Server<'_, FakeQueue, T>) {
+    for _ in 0..1_000_000 {
+        if s.step().unwrap() > 0 {
+            continue;
+        }
+        if s.queue().in_flight() == 0 && s.outstanding() == 0 {
+            return;
+        }
+        s.idle_sleep().unwrap();
+    }
+    panic!("requests never answered: {:?}", s.stats());
+}
+
+/// The idle server sleeps on the ublk ring and the engine queue's
+/// interrupt together (arm, poll again, then sleep), and no wake-up is
+/// lost: every wait is made to last 20 s unless the watched eventfd ends
+/// it, so a completion whose interrupt the arm swallowed without the
+/// second poll seeing it would show as a wait that ran out. Writes then
+/// reads of random blocks through a device thread that takes 100 us per
+/// command.
+#[test]
+fn an_idle_server_sleeps_on_the_engine_interrupt_and_loses_no_wake_up() {
+    let o = open("fake,size=16m,latency=100us");
+    let c = caps(&o, 64 << 10);
+    let mut qp = nvme_ctrl(&o)
+        .create_qpair(QpairOptions {
+            depth: 32,
+            wait: mcqio::WaitPolicy::Interrupt,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    let mut q = FakeQueue::new(0, 8);
+    q.long_waits = Some(Duration::from_secs(20));
+    let mut s = Server::new(q, &mut qp, 1u32, c, o.device.dma().clone()).unwrap();
+    s.set_idle(Idle::of(mcqio::WaitPolicy::Interrupt));
+    s.start().unwrap();
+    let mut r = rand::rngs::SmallRng::seed_from_u64(7);
+    let t0 = std::time::Instant::now();
+    for round in 0..40u64 {
+        let n = r.gen_range(1..=8usize);
+        let blocks: Vec<u64> = (0..n).map(|i| i as u64 * 64 + r.gen_range(0..64)).collect();
+        let writes: Vec<_> = blocks
+            .iter()
+            .map(|&b| {
+                (
+                    desc(sys::IO_OP_WRITE, b * 8, 8),
+                    Some(pattern(round << 8 | b, 4096)),
+                )
+            })
+            .collect();
+        for (tag, (d, data)) in s.queue().ready_tags().into_iter().zip(writes.clone()) {
+            s.queue_mut().request(tag, d, data);
+        }
+        settle_sleeping(&mut s);
+        let answers = s.queue_mut().take_answers();
+        assert!(answers.iter().all(|a| a.result == 4096), "{answers:?}");
+        for (tag, (d, _)) in s.queue().ready_tags().into_iter().zip(&writes) {
+            s.queue_mut()
+                .request(tag, desc(sys::IO_OP_READ, d.start_sector, 8), None);
+        }
+        settle_sleeping(&mut s);
+        for a in s.queue_mut().take_answers() {
+            let (_, data) = writes
+                .iter()
+                .find(|(d, _)| d.start_sector == a.desc.start_sector)
+                .unwrap();
+            assert_eq!(a.data.as_ref(), data.as_ref(), "read back what was written");
+        }
+    }
+    let st = s.stats();
+    let q = s.queue();
+    assert!(st.engine_sleeps > 0, "it slept on the engine: {st:?}");
+    assert_eq!(
+        q.waits_ran_out, 0,
+        "a sleep ran out its 20 s: a lost wake-up ({st:?})"
+    );
+    assert_eq!(st.engine_ran_out, 0, "{st:?}");
+    assert_eq!(st.engine_wakeups, st.engine_sleeps, "{st:?}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    shut_down(s);
+}
+
+/// A queue pair that polls only gives the server nothing to sleep on
+/// while it owes completions: the server never sleeps then.
+#[test]
+fn a_polled_engine_is_never_slept_on() {
+    let o = open("fake,size=16m,latency=50us");
+    let c = caps(&o, 64 << 10);
+    let mut qp = nvme_qp(&o, 32, None);
+    let mut s = Server::new(
+        FakeQueue::new(0, 8),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
+    s.set_idle(Idle::of(mcqio::WaitPolicy::Poll));
+    s.start().unwrap();
+    roundtrip(&mut s, &c);
+    assert_eq!(s.stats().engine_sleeps, 0);
+    shut_down(s);
+}
+
+/// `--null`: every request is answered at once with its full length,
+/// nothing reaches the engine, requests beyond the target's room wait
+/// rather than fail, and nothing is answered twice.
+#[test]
+fn the_null_target_answers_everything_at_once() {
+    let o = open("fake,size=16m");
+    let c = caps(&o, 64 << 10);
+    let mut t = NullTarget::new(c.block_shift, 4);
+    let mut s = Server::new(
+        FakeQueue::new(0, 16),
+        &mut t,
+        0u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
+    s.start().unwrap();
+    let reqs: Vec<_> = (0..16u64)
+        .map(|i| match i % 4 {
+            0 => (
+                desc(sys::IO_OP_WRITE, i * 128, 128),
+                Some(pattern(i, 128 * 512)),
+            ),
+            1 => (desc(sys::IO_OP_READ, i * 8, 8), None),
+            2 => (desc(sys::IO_OP_FLUSH, 0, 0), None),
+            _ => (desc(sys::IO_OP_DISCARD, i * 8, 8), None),
+        })
+        .collect();
+    let answers = exchange(&mut s, reqs.clone());
+    for (a, (d, _)) in answers.iter().zip(&reqs) {
+        let want = match d.op() {
+            sys::IO_OP_READ | sys::IO_OP_WRITE => (d.nr_sectors * 512) as i32,
+            _ => 0,
+        };
+        assert_eq!(a.result, want, "{a:?}");
+    }
+    assert!(
+        s.stats().queue_full > 0,
+        "16 requests on a target with room for 4"
+    );
+    shut_down(s);
 }

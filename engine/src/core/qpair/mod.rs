@@ -293,6 +293,61 @@ pub(crate) trait Wire: Sized {
         }
     }
 
+    /// Sleeping elsewhere — in an io_uring or `epoll` that also watches
+    /// other work — steps 2 and 3 of [`wait`]'s order: arm the queue's
+    /// interrupt, then poll once more. Only when this returns 0 may the
+    /// caller block until [`interrupt_fd`](Self::interrupt_fd) is readable
+    /// (or its other work arrives), at most [`sleep_slice`](Self::sleep_slice),
+    /// and then report the sleep with [`slept`](Self::slept).
+    #[cold]
+    fn arm_and_poll<F: FnMut(Completion<Self::Buf>)>(
+        &mut self,
+        max: usize,
+        f: &mut F,
+    ) -> Result<usize> {
+        self.arm_interrupt();
+        // The clear (a locked read-and-zero of the eventfd) before the
+        // poll's loads of the completion queue (see the `wait` module).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.poll(max, f)
+    }
+
+    /// The eventfd the queue's interrupt signals, when its policy sleeps
+    /// on one (`None`: the queue polls; nothing to wait on).
+    fn interrupt_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let w = &self.eng_ref().wait;
+        w.irq
+            .as_ref()
+            .filter(|_| w.policy.wants_interrupt())
+            .map(|n| n.as_raw_fd())
+    }
+
+    /// The longest a sleep on [`interrupt_fd`](Self::interrupt_fd) may last
+    /// before [`slept`](Self::slept) looks at the controller's health.
+    fn sleep_slice(&self) -> std::time::Duration {
+        self.eng_ref().wait.slice
+    }
+
+    /// A sleep outside [`wait`](Self::wait) ended: count it (`woken`: the
+    /// interrupt ended it). One that ran out its slice with nothing
+    /// polled meanwhile (`ran_out`) keeps timeouts due and checks the
+    /// controller's health, as `wait` does.
+    #[cold]
+    fn slept(&mut self, woken: bool, ran_out: bool) {
+        let e = self.eng();
+        e.wait.stats.sleeps += 1;
+        if woken {
+            e.wait.stats.wakeups += 1;
+        } else if ran_out {
+            if e.timeouts.enabled() {
+                e.timeouts.tick();
+            }
+            e.health_checks += 1;
+            self.check_controller();
+        }
+    }
+
     /// The controller's state word: one relaxed load.
     #[inline(always)]
     fn state(&self) -> u64 {

@@ -48,6 +48,23 @@ pub(crate) fn identify(a: &DevArgs) -> Result<(), Failure> {
             ns.size_bytes() >> 20
         );
     }
+    // DLFEAT (Identify Namespace byte 33) bits 2:0, read here on its own
+    // so the ublk plan can check what mcqio-ublk claims for discarded
+    // blocks against the device rather than against its own setup.
+    if let Ok((_, page)) = ctrl.admin_read(
+        mcqio::nvme::spec::sqe::Identify::namespace(NSID).sqe(),
+        "Identify Namespace",
+    ) {
+        if let Some(&d) = page.get(33) {
+            let reads = match d & 0x7 {
+                0 => "not reported",
+                1 => "zeroes",
+                2 => "ones",
+                _ => "reserved",
+            };
+            println!("namespace {NSID} DLFEAT: {d:#04x} (deallocated blocks read: {reads})");
+        }
+    }
     if id.model.trim().is_empty() {
         return Err("Identify Controller returned an empty model number".into());
     }
