@@ -304,7 +304,7 @@ struct Up {
 fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
     let t = opts.admin_timeout;
     let mut conn =
-        Conn::open(addr, opts.digests(), opts.maxr2t, 1 << 16, t).map_err(TcpError::into_error)?;
+        Conn::open(addr, opts.digests(), opts.maxr2t, 1 << 16, 0, t).map_err(TcpError::into_error)?;
     let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
     let cntlid = connect_queue(&mut conn, opts, 0, 32, fabrics::CNTLID_DYNAMIC, kato_ms)?;
     let mut a = AdminLink { conn, next_cid: 1 };

@@ -43,6 +43,7 @@ pub mod digest;
 pub mod error;
 pub mod fabrics;
 mod memory;
+mod pace;
 pub mod pdu;
 pub mod qpair;
 pub mod recv;
