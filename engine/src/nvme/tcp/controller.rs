@@ -107,6 +107,15 @@ pub struct TcpOptions {
     /// never sends more than 4 MiB, its MAXH2CDATA). Off: commands up to
     /// `max_transfer` and MDTS, H2CData as the spec allows.
     pub one_h2c_with_data_digest: bool,
+    /// Cap each command's transfer at the target's MAXH2CDATA (larger
+    /// transfers are split, as above `max_transfer`). Linux's nvmet-tcp,
+    /// once it bounds the buffer it allocates per command (Debian's
+    /// 6.12.117 has it, 6.12.95 not), answers any command whose data SGL is
+    /// longer than its MAXH2CDATA (4 MiB) with Data SGL Length Invalid,
+    /// reads too. Its own initiator never sends more, nor does SPDK's
+    /// (whose MAXH2CDATA is its I/O unit). Off: commands up to
+    /// `max_transfer` and MDTS, as the spec allows.
+    pub within_maxh2cdata: bool,
 }
 
 impl Default for TcpOptions {
@@ -124,6 +133,7 @@ impl Default for TcpOptions {
             maxr2t: 3,
             shutdown_timeout: Duration::from_secs(2),
             one_h2c_with_data_digest: true,
+            within_maxh2cdata: true,
         }
     }
 }
@@ -303,8 +313,8 @@ struct Up {
 /// queues (the module docs' steps 1 to 5).
 fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
     let t = opts.admin_timeout;
-    let mut conn =
-        Conn::open(addr, opts.digests(), opts.maxr2t, 1 << 16, 0, t).map_err(TcpError::into_error)?;
+    let mut conn = Conn::open(addr, opts.digests(), opts.maxr2t, 1 << 16, 0, t)
+        .map_err(TcpError::into_error)?;
     let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
     let cntlid = connect_queue(&mut conn, opts, 0, 32, fabrics::CNTLID_DYNAMIC, kato_ms)?;
     let mut a = AdminLink { conn, next_cid: 1 };
@@ -343,7 +353,7 @@ fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
     })?;
     let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
     let mut max_transfer = opts.max_transfer.min(mdts).max(4096);
-    if a.conn.neg.digests.data && opts.one_h2c_with_data_digest {
+    if opts.within_maxh2cdata || (a.conn.neg.digests.data && opts.one_h2c_with_data_digest) {
         max_transfer = max_transfer.min(u64::from(a.conn.maxh2cdata)).max(4096);
     }
     let ids = active_namespaces_by(&identify, |cmd, what| identify_page(&mut a, cmd, what, t))?;

@@ -102,10 +102,7 @@ impl RecvPacer {
     pub fn got(&mut self, events: u32, in_flight: u32) {
         self.backoff = 0;
         if events < wants(in_flight) {
-            self.hold = self
-                .hold
-                .saturating_add(self.hold / 2 + 1)
-                .min(HOLD_MAX);
+            self.hold = self.hold.saturating_add(self.hold / 2 + 1).min(HOLD_MAX);
         } else {
             self.hold -= self.hold / 4 + u32::from(self.hold > 0 && self.hold < 4);
         }

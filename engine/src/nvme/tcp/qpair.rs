@@ -770,7 +770,8 @@ impl<B: IoBuf> TcpQueuePair<B> {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     self.stats.empty_recvs += 1;
-                    self.pacer.empty(u32::try_from(in_flight).unwrap_or(u32::MAX));
+                    self.pacer
+                        .empty(u32::try_from(in_flight).unwrap_or(u32::MAX));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {

@@ -279,7 +279,9 @@ pub(crate) fn rw(a: &TcpRwArgs) -> Result<(), Failure> {
         println!(
             "tcp-rw: no many-h2cdata class: commands are capped at {} B{}",
             c.max_transfer(),
-            if c.options().data_digest && c.options().one_h2c_with_data_digest {
+            if c.options().within_maxh2cdata {
+                " (MAXH2CDATA: a target may refuse a longer command, as Linux's nvmet-tcp does since it bounds its per-command buffer; see TcpOptions::within_maxh2cdata)"
+            } else if c.options().data_digest && c.options().one_h2c_with_data_digest {
                 " (MAXH2CDATA: with data digests every write goes in one H2CData, see TcpOptions::one_h2c_with_data_digest)"
             } else {
                 ""
