@@ -150,8 +150,8 @@ impl TcpOptions {
 
 /// The admin connection and its command ids.
 pub(crate) struct AdminLink {
-    conn: Conn,
-    next_cid: u16,
+    pub(super) conn: Conn,
+    pub(super) next_cid: u16,
 }
 
 /// An NVMe controller over NVMe/TCP (see the module docs). Shareable
@@ -221,7 +221,7 @@ fn run(
 }
 
 /// [`run`] with a connection failure as an [`Error`] (bring-up).
-fn run_up(
+pub(super) fn run_up(
     a: &mut AdminLink,
     sqe: Sqe,
     data: SyncData<'_>,
@@ -309,17 +309,11 @@ struct Up {
     max_transfer: u64,
 }
 
-/// Connect, negotiate, Connect the admin queue, enable, identify, ask for
-/// queues (the module docs' steps 1 to 5).
-fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
-    let t = opts.admin_timeout;
-    let mut conn = Conn::open(addr, opts.digests(), opts.maxr2t, 1 << 16, 0, t)
-        .map_err(TcpError::into_error)?;
-    let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
-    let cntlid = connect_queue(&mut conn, opts, 0, 32, fabrics::CNTLID_DYNAMIC, kato_ms)?;
-    let mut a = AdminLink { conn, next_cid: 1 };
-    let cap = Cap(prop_get(&mut a, property::CAP, t)?);
-    let version = Version(prop_get(&mut a, property::VS, t)? as u32);
+/// Property Get CAP and VS, Property Set CC.EN, then Property Get CSTS
+/// until RDY, bounded by CAP.TO (step 3 of the module docs).
+pub(super) fn enable(a: &mut AdminLink, t: Duration) -> Result<(Cap, Version)> {
+    let cap = Cap(prop_get(a, property::CAP, t)?);
+    let version = Version(prop_get(a, property::VS, t)? as u32);
     let ready_ms = cap.timeout_ms().max(500);
     let cc = Cc::new()
         .css(Cc::CSS_NVM)
@@ -327,10 +321,10 @@ fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
         .iosqes(6)
         .iocqes(4)
         .enable();
-    prop_set(&mut a, property::CC, u64::from(cc.0), t)?;
+    prop_set(a, property::CC, u64::from(cc.0), t)?;
     let start = Instant::now();
     loop {
-        let csts = Csts(prop_get(&mut a, property::CSTS, t)? as u32);
+        let csts = Csts(prop_get(a, property::CSTS, t)? as u32);
         if csts.cfs() {
             return Err(Error::ControllerFatal);
         }
@@ -345,6 +339,19 @@ fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+    Ok((cap, version))
+}
+
+/// Connect, negotiate, Connect the admin queue, enable, identify, ask for
+/// queues (the module docs' steps 1 to 5).
+fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
+    let t = opts.admin_timeout;
+    let mut conn = Conn::open(addr, opts.digests(), opts.maxr2t, 1 << 16, 0, t)
+        .map_err(TcpError::into_error)?;
+    let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
+    let cntlid = connect_queue(&mut conn, opts, 0, 32, fabrics::CNTLID_DYNAMIC, kato_ms)?;
+    let mut a = AdminLink { conn, next_cid: 1 };
+    let (cap, version) = enable(&mut a, t)?;
     let page = identify_page(&mut a, Identify::controller(), "Identify Controller", t)?;
     let identify = IdentifyController::parse(&page)?;
     let fabrics = FabricsIdentify::parse(&page).ok_or(Error::BadDevice {
