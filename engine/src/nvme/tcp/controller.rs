@@ -116,6 +116,13 @@ pub struct TcpOptions {
     /// (whose MAXH2CDATA is its I/O unit). Off: commands up to
     /// `max_transfer` and MDTS, as the spec allows.
     pub within_maxh2cdata: bool,
+    /// Coalesce receives on I/O queue pairs (`tcp::pace`): after a receive
+    /// that brought answers, hold the next for a learnt number of polls so
+    /// one `recv` takes about three quarters of what is in flight (fewer
+    /// system calls per I/O, at the price of up to that hold of delay; a
+    /// lone command is never held). Off: receive on every poll with
+    /// commands in flight, backing off only after empty receives.
+    pub recv_pacing: bool,
 }
 
 impl Default for TcpOptions {
@@ -134,6 +141,7 @@ impl Default for TcpOptions {
             shutdown_timeout: Duration::from_secs(2),
             one_h2c_with_data_digest: true,
             within_maxh2cdata: true,
+            recv_pacing: true,
         }
     }
 }

@@ -28,6 +28,8 @@
 //! - Nothing in flight (and nothing buffered) ends any skip, so the first
 //!   poll after an idle spell receives.
 //!
+//! `TcpOptions::recv_pacing` off keeps only the backoff (at any depth).
+//!
 //! The pacer only decides; it reads no clock and makes no call, so its
 //! behaviour is a function of the counts it is given (the tests below).
 
@@ -63,9 +65,20 @@ pub(crate) struct RecvPacer {
     backoff: u32,
     /// The learnt hold after a receive that brought data.
     hold: u32,
+    /// Hold at all (off: receive on every poll, backing off only after
+    /// empty receives at any depth — `TcpOptions::recv_pacing`).
+    off: bool,
 }
 
 impl RecvPacer {
+    /// A pacer that holds (`on`), or only backs off after empty receives.
+    pub fn new(on: bool) -> Self {
+        RecvPacer {
+            off: !on,
+            ..RecvPacer::default()
+        }
+    }
+
     /// One poll with work outstanding: whether it receives.
     #[inline]
     pub fn due(&mut self) -> bool {
@@ -88,7 +101,7 @@ impl RecvPacer {
     /// that brought fewer than it wanted (the hold grows).
     #[inline]
     pub fn empty(&mut self, in_flight: u32) {
-        if wants(in_flight) > 1 {
+        if wants(in_flight) > 1 && !self.off {
             self.got(0, in_flight);
             return;
         }
@@ -101,6 +114,10 @@ impl RecvPacer {
     #[inline]
     pub fn got(&mut self, events: u32, in_flight: u32) {
         self.backoff = 0;
+        if self.off {
+            self.skip = 0;
+            return;
+        }
         if events < wants(in_flight) {
             self.hold = self.hold.saturating_add(self.hold / 2 + 1).min(HOLD_MAX);
         } else {
@@ -117,7 +134,7 @@ impl RecvPacer {
 
     /// Forget what was learnt (a new connection).
     pub fn reset(&mut self) {
-        *self = RecvPacer::default();
+        *self = RecvPacer::new(!self.off);
     }
 }
 
@@ -255,6 +272,26 @@ mod tests {
             p.empty(32);
         }
         assert_eq!(p.hold(), HOLD_MAX);
+    }
+
+    /// Switched off, the pacer never holds: at depth 32 against the same
+    /// steady target it receives on nearly every poll that has an answer,
+    /// and only backs off after empty receives.
+    #[test]
+    fn switched_off_it_only_backs_off() {
+        let mut p = RecvPacer::new(false);
+        for _ in 0..10 {
+            p.got(1, 32);
+            assert!(p.due());
+        }
+        p.empty(32);
+        assert!(p.due(), "the first empty receive skips nothing");
+        p.empty(32);
+        assert!(!p.due());
+        assert!(p.due());
+        p.reset();
+        p.got(1, 32);
+        assert!(p.due(), "still off after a reset");
     }
 
     #[test]

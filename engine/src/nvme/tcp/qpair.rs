@@ -393,7 +393,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
             ns,
             failed: None,
             polls: 0,
-            pacer: RecvPacer::default(),
+            pacer: RecvPacer::new(ctrl.opts.recv_pacing),
             stats: TcpQpairStats::default(),
             released: false,
         })
