@@ -11,7 +11,7 @@
 //! without a trusted TSC is one itself):
 //!
 //! - **Hold after data.** After a receive that brought data, the next
-//!   [`RecvPacer::hold`] polls do not receive. The hold is learnt: it grows
+//!   polls of the hold do not receive. The hold is learnt: it grows
 //!   by half (plus one) when a receive yielded fewer events (completions
 //!   and R2Ts) than it [`wants`] — three quarters of what was in flight
 //!   when it was made, at most [`WANT_MAX`] — and shrinks by a quarter when

@@ -34,12 +34,12 @@
 //! What a socket cannot promise that a PCIe queue can: every submit batch
 //! costs a `sendmsg` and seeing answers a `recv` (a PCIe queue needs one
 //! doorbell store and no system call). The queue pair does not receive on
-//! every poll: [`pace`](super::pace) holds receives after one that brought
-//! data, for a number of polls learnt so that a receive brings about three
-//! quarters of what is in flight (none at depth 1; at most
-//! [`pace::HOLD_MAX`](super::pace::HOLD_MAX) polls), and backs off after
-//! receives that found nothing. The price is that an answer may wait in the
-//! socket for up to that hold. And data is
+//! every poll: its receive pacer (`tcp::pace`) holds receives after one
+//! that brought data, for a number of polls learnt so that a receive
+//! brings about three quarters of what is in flight (no hold at depth 1,
+//! at most `HOLD_MAX` polls; [`super::TcpOptions::recv_pacing`] switches
+//! it off), and backs off after receives that found nothing. The price is
+//! that an answer may wait in the socket for up to that hold. And data is
 //! copied twice each way (the kernel's copy into or out of the socket,
 //! ours between the receive buffer and the command's buffer) where a PCIe
 //! device moves it once by DMA. A target that stops answering is only
@@ -172,7 +172,7 @@ pub struct TcpQueuePair<B: IoBuf = DmaBuf> {
     /// Why the connection ended, once it did.
     failed: Option<TcpError>,
     polls: u32,
-    /// Which polls receive ([`pace`](super::pace)).
+    /// Which polls receive (`tcp::pace`).
     pacer: RecvPacer,
     stats: TcpQpairStats,
     /// The qid went back to the controller.
