@@ -428,7 +428,9 @@ pub(crate) fn reset(a: &TcpDevArgs) -> Result<(), Failure> {
     let mut q2 = qpair(&c)?;
     // Data to check after the reset, written before it.
     let seed = 0x7463_7072_6573_6574;
-    let len = 256u64 << 10;
+    // One command per read (at most 256 KiB): 16 in flight fit the queue
+    // whatever the transfer limit (MAXH2CDATA may cap it).
+    let len = (256u64 << 10).min(c.max_transfer()) >> shift << shift;
     let base = 0u64;
     let ext: Vec<(u64, u64)> = (0..16).map(|i| (base + i * len, len)).collect();
     pump(&mut q1, &c, shift, seed, &ext, 16, true)?;
