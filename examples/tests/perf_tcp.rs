@@ -57,6 +57,52 @@ fn perf_runs_and_verifies_over_nvme_tcp() {
     );
     assert!(TcpTargetStats::get(&s.r2ts) > 0, "16 KiB writes go by R2T");
     assert!(TcpTargetStats::get(&s.c2h_data) > 0);
+    // The engine's own count of its sendmsg and recv calls is reported.
+    let calls = v["total"]["per_io"]["wire_syscalls"]
+        .as_f64()
+        .expect("per_io.wire_syscalls");
+    assert!(
+        calls > 0.0 && calls < 4.0,
+        "{calls} wire system calls per I/O"
+    );
+}
+
+/// `mcqio-perf devices tcp:<address>:<port>` lists what the port's
+/// discovery controller offers: the fake's subsystem with its transport,
+/// address and port, and the extra subsystems of its log.
+#[test]
+fn devices_lists_the_subsystems_of_a_tcp_port() {
+    let t = FakeTcpTarget::start(TcpTargetConfig {
+        discovery_extra: 2,
+        ..Default::default()
+    })
+    .expect("fake target");
+    let (code, out, err) = perf(&["devices", &format!("tcp:{}", t.addr())]);
+    assert_eq!(code, 0, "stderr: {err}");
+    assert!(out.contains("3 entries"), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.ends_with(t.subnqn()))
+        .unwrap_or_else(|| panic!("no row for {}:\n{out}", t.subnqn()));
+    let f: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        f,
+        [
+            "nvme",
+            "tcp",
+            &t.addr().ip().to_string(),
+            &t.addr().port().to_string(),
+            t.subnqn()
+        ]
+    );
+    assert!(out.contains(&format!("{}.extra2", t.subnqn())), "{out}");
+
+    // A subsystem or a missing port is refused, typed.
+    for bad in [format!("tcp:{}/nqn.x", t.addr()), "tcp:127.0.0.1".into()] {
+        let (code, _, err) = perf(&["devices", &bad]);
+        assert_ne!(code, 0, "{bad}");
+        assert!(err.contains("<address>:<port>"), "{bad}: {err}");
+    }
 }
 
 #[test]

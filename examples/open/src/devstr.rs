@@ -30,8 +30,9 @@
 //! thread), `direct` (0/1: O_DIRECT for `uring:<path>`).
 //!
 //! `tcp:` takes `hdgst` and `ddgst` (header and data digests; bare, or
-//! `=0`/`=1`), `qpairs` (I/O queues to ask for) and `kato` (Keep Alive
-//! Timeout with its unit, `0` for none).
+//! `=0`/`=1`), `qpairs` (I/O queues to ask for), `kato` (Keep Alive
+//! Timeout with its unit, `0` for none) and `pace` (`=0`: receive on every
+//! poll instead of coalescing receives; default on).
 //!
 //! `fake-ufs` takes `mcq` (`on`/`off`: MCQ or the legacy single-doorbell
 //! list), `queues` (MCQ hardware queues the fake offers, 1 to 32), `lus`
@@ -253,6 +254,8 @@ pub struct DeviceOpts {
     pub ddgst: Option<bool>,
     /// `tcp:`: Keep Alive Timeout (`kato=`).
     pub kato: Option<Duration>,
+    /// `tcp:`: coalesce receives (`pace`, `pace=0`).
+    pub pace: Option<bool>,
 }
 
 /// A parsed `--device` value.
@@ -283,9 +286,9 @@ const FAKE_UFS_KEYS: &[&str] = &[
 const VFIO_KEYS: &[&str] = &["qpairs", "mcq"];
 const URING_NULL_KEYS: &[&str] = &[];
 const URING_FILE_KEYS: &[&str] = &["lbs", "lbads", "size", "direct"];
-const TCP_KEYS: &[&str] = &["hdgst", "ddgst", "qpairs", "kato"];
+const TCP_KEYS: &[&str] = &["hdgst", "ddgst", "qpairs", "kato", "pace"];
 /// Options that may stand alone, meaning `=1`.
-const FLAG_KEYS: &[&str] = &["hdgst", "ddgst"];
+const FLAG_KEYS: &[&str] = &["hdgst", "ddgst", "pace"];
 
 impl DeviceSpec {
     /// A short label for table rows: the spec without its options.
@@ -602,16 +605,16 @@ impl std::str::FromStr for DeviceSpec {
                         opts.lus = Some(n as u8);
                     }
                 }
-                "hdgst" | "ddgst" => {
+                "hdgst" | "ddgst" | "pace" => {
                     let b = match v {
                         "1" | "true" | "yes" | "on" => true,
                         "0" | "false" | "no" | "off" => false,
                         _ => return err(format!("{k}={v}: use {k} (on), {k}=0 or {k}=1")),
                     };
-                    if k == "hdgst" {
-                        opts.hdgst = Some(b);
-                    } else {
-                        opts.ddgst = Some(b);
+                    match k {
+                        "hdgst" => opts.hdgst = Some(b),
+                        "ddgst" => opts.ddgst = Some(b),
+                        _ => opts.pace = Some(b),
                     }
                 }
                 "kato" => opts.kato = Some(parse_device_duration(k, v)?),
@@ -997,8 +1000,9 @@ mod tests {
 
     #[test]
     fn tcp_specs_name_address_subsystem_and_options() {
-        let t =
-            spec("tcp:127.0.0.1:4420/nqn.2026-01.io.example:sub1,hdgst,ddgst=0,qpairs=3,kato=5s");
+        let t = spec(
+            "tcp:127.0.0.1:4420/nqn.2026-01.io.example:sub1,hdgst,ddgst=0,qpairs=3,kato=5s,pace=0",
+        );
         assert_eq!(
             t.kind,
             DeviceKind::Tcp {
@@ -1013,6 +1017,12 @@ mod tests {
         assert!(t.stores_data());
         let o = t.tcp_options("nqn.x");
         assert!(o.header_digest && !o.data_digest);
+        assert!(!o.recv_pacing, "pace=0");
+        assert!(
+            spec("tcp:127.0.0.1:4420/nqn.x")
+                .tcp_options("nqn.x")
+                .recv_pacing
+        );
         assert_eq!(
             (o.io_queues, o.kato, o.subnqn.as_str()),
             (3, Duration::from_secs(5), "nqn.x")

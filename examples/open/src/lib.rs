@@ -23,5 +23,6 @@ pub mod open;
 
 pub use devstr::{DeviceKind, DeviceSpec, Filename, FilenameError, SpecError, Unit};
 pub use open::{
-    Attached, Backing, BlockUnit, CtrlOptions, Device, Fake, OnQueue, OpenError, Opened,
+    discover_tcp, Attached, Backing, BlockUnit, CtrlOptions, Device, Fake, OnQueue, OpenError,
+    Opened,
 };

@@ -228,6 +228,44 @@ impl Backing {
     }
 }
 
+/// What the discovery controller at `target` — `tcp:<address>:<port>`,
+/// no subsystem (IPv6 hosts in brackets) — lists: its Discovery Log Page
+/// read whole ([`mcqio::nvme::tcp::discover`]), from the first address it
+/// resolves to that answers. `timeout` bounds each step.
+pub fn discover_tcp(
+    target: &str,
+    timeout: std::time::Duration,
+) -> Result<mcqio::nvme::tcp::DiscoveryLog, OpenError> {
+    use std::net::ToSocketAddrs;
+    let usage = "use tcp:<address>:<port>, e.g. tcp:127.0.0.1:4420";
+    let Some(addr) = target.trim().strip_prefix("tcp:") else {
+        return Err(SpecError(format!("`{target}` is not a tcp: target: {usage}")).into());
+    };
+    match addr.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>())) {
+        Some((h, Ok(p))) if !h.is_empty() && p != 0 && !addr.contains('/') => {}
+        _ => return Err(SpecError(format!("`{addr}` is not <address>:<port>: {usage}")).into()),
+    }
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| SpecError(format!("tcp:{addr}: {e}")))?
+        .collect();
+    let o = TcpOptions {
+        admin_timeout: timeout,
+        ..TcpOptions::default()
+    };
+    let mut last = None;
+    for a in addrs {
+        match mcqio::nvme::tcp::discover(a, &o) {
+            Ok(log) => return Ok(log),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(match last {
+        Some(e) => OpenError::Nvme(e),
+        None => SpecError(format!("tcp:{addr} resolves to no address")).into(),
+    })
+}
+
 /// Resolve `addr` and connect (each address it resolves to, in turn).
 fn open_tcp(addr: &str, mut o: TcpOptions, opts: &CtrlOptions) -> Result<Opened, OpenError> {
     use std::net::ToSocketAddrs;
@@ -360,6 +398,7 @@ impl DeviceSpec {
             data_digest: self.opts.ddgst.unwrap_or(false),
             io_queues: self.opts.qpairs.unwrap_or(d.io_queues),
             kato: self.opts.kato.unwrap_or(d.kato),
+            recv_pacing: self.opts.pace.unwrap_or(d.recv_pacing),
             ..d
         }
     }

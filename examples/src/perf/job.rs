@@ -209,16 +209,26 @@ pub struct Accesses {
     pub register_reads: u64,
     /// The engine's system-clock calls (its coarse timeout clock).
     pub system_clock_reads: u64,
+    /// System calls the wire made on the I/O path (NVMe/TCP: `sendmsg`
+    /// and `recv`; 0 on wires that make none).
+    pub wire_syscalls: u64,
 }
 
 impl Accesses {
-    fn between(a: &mcqio::QueueCounters, b: &mcqio::QueueCounters) -> Self {
+    fn between(a: &(mcqio::QueueCounters, u64), b: &(mcqio::QueueCounters, u64)) -> Self {
+        let ((a, wa), (b, wb)) = (a, b);
         Accesses {
             doorbell_writes: b.doorbell_writes - a.doorbell_writes,
             register_reads: b.register_reads - a.register_reads,
             system_clock_reads: b.system_clock_reads - a.system_clock_reads,
+            wire_syscalls: wb.saturating_sub(*wa),
         }
     }
+}
+
+/// A queue's engine counters with its wire's system calls.
+fn counters_of<Q: JobQueue>(q: &Q) -> Option<(mcqio::QueueCounters, u64)> {
+    q.counters().map(|c| (c, q.wire_syscalls()))
 }
 
 /// What one direction (reads or writes) of a job measured.
@@ -879,7 +889,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             self.st.counting = true;
             p.budget = spec.ios_limit.unwrap_or(u64::MAX);
             self.st.res.clock_reads = 0;
-            p.counters_start = self.q.counters();
+            p.counters_start = counters_of(&self.q);
         }
         p
     }
@@ -902,7 +912,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 p.t_start = self.clock.now();
                 p.cpu_start = thread_cpu();
                 self.st.res.clock_reads = 0;
-                p.counters_start = self.q.counters();
+                p.counters_start = counters_of(&self.q);
             } else if p.phase >= PHASE_STOP {
                 if H && p.measuring {
                     // Pairs with the controller's Release store of STOP,
@@ -960,7 +970,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         let spec = self.st.spec;
         let clock_reads = self.st.res.clock_reads;
         if p.measuring {
-            if let (Some(a), Some(b)) = (p.counters_start, self.q.counters()) {
+            if let (Some(a), Some(b)) = (p.counters_start, counters_of(&self.q)) {
                 self.st.res.accesses = Some(Accesses::between(&a, &b));
             }
             if let Some((t, _)) = thread_end {
@@ -1011,7 +1021,7 @@ struct Pass<'s> {
     /// The sampler's tick it last snapshotted at.
     tick: u32,
     /// The queue's counters when its measured phase began.
-    counters_start: Option<mcqio::QueueCounters>,
+    counters_start: Option<(mcqio::QueueCounters, u64)>,
 }
 
 /// Run `runners` (the jobs of one thread) to the end, taking turns.

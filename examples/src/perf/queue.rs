@@ -122,4 +122,10 @@ pub trait JobQueue {
     fn counters(&self) -> Option<mcqio::QueueCounters> {
         None
     }
+
+    /// System calls the queue's wire made so far on the I/O path (NVMe/TCP:
+    /// `sendmsg` and `recv`); 0 for wires that make none (PCIe, UFS).
+    fn wire_syscalls(&self) -> u64 {
+        0
+    }
 }

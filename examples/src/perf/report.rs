@@ -344,6 +344,10 @@ pub struct PerIoReport {
     pub register_reads: f64,
     /// The engine's system-clock calls (its timeout clock) per I/O.
     pub engine_clock_calls: f64,
+    /// System calls the wire made per I/O (NVMe/TCP: `sendmsg` and
+    /// `recv`; 0 on the PCIe and UFS wires).
+    #[serde(default)]
+    pub wire_syscalls: f64,
 }
 
 /// The workload as run.
@@ -797,6 +801,13 @@ impl RunReport {
                 " {:.3} doorbell writes, {:.3} register reads, {:.4} engine clock calls;",
                 p.doorbell_writes, p.register_reads, p.engine_clock_calls
             );
+            if p.wire_syscalls > 0.0 {
+                let _ = write!(
+                    out,
+                    " {:.4} wire system calls (sendmsg + recv);",
+                    p.wire_syscalls
+                );
+            }
         }
         let c = &self.clock;
         let _ = writeln!(
@@ -966,6 +977,7 @@ mod tests {
                     doorbell_writes: 0.0625,
                     register_reads: 0.0,
                     engine_clock_calls: 0.001,
+                    wire_syscalls: 0.0,
                 }),
             },
             dma: None,

@@ -820,6 +820,7 @@ pub fn run_devices(
                 doorbell_writes: per(|a| a.doorbell_writes),
                 register_reads: per(|a| a.register_reads),
                 engine_clock_calls: per(|a| a.system_clock_reads),
+                wire_syscalls: per(|a| a.wire_syscalls),
             }
         })
     };

@@ -14,7 +14,8 @@ use crate::spec::parse_size;
 /// Set-up and diagnosis commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List NVMe and UFS controllers: address, kind, ids, driver, IOMMU group, viability, use
+    /// List NVMe and UFS controllers: address, kind, ids, driver, IOMMU group, viability, use;
+    /// with `tcp:<address>:<port>`, the subsystems that NVMe/TCP port's discovery controller lists
     Devices(DevicesArgs),
     /// Hand an NVMe or UFS controller to vfio-pci (refuses while the kernel uses it)
     Bind(BindArgs),
@@ -47,8 +48,43 @@ impl Roots {
 /// `devices`.
 #[derive(Debug, Args)]
 pub struct DevicesArgs {
+    /// An NVMe/TCP port, `tcp:<address>:<port>`: list the subsystems its
+    /// discovery controller offers instead of the local controllers
+    target: Option<String>,
     #[command(flatten)]
     roots: Roots,
+}
+
+/// `devices tcp:<address>:<port>`: the port's Discovery Log Page.
+fn discovery(target: &str) -> ExitCode {
+    match mcqio_open::discover_tcp(target, std::time::Duration::from_secs(5)) {
+        Ok(log) => {
+            println!(
+                "{target}: discovery log generation {}, {} entries",
+                log.genctr,
+                log.entries.len()
+            );
+            if log.entries.is_empty() {
+                return ExitCode::SUCCESS;
+            }
+            println!(
+                "{:<10} {:<6} {:<40} {:<8} Subsystem NQN",
+                "Type", "trtype", "traddr", "trsvcid"
+            );
+            for e in &log.entries {
+                println!(
+                    "{:<10} {:<6} {:<40} {:<8} {}",
+                    e.subtype_name(),
+                    e.trtype_name(),
+                    e.traddr,
+                    e.trsvcid,
+                    e.subnqn
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
 }
 
 /// `bind`.
@@ -125,6 +161,9 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
 /// Run a set-up command.
 pub fn run(cmd: &Command) -> ExitCode {
     match cmd {
+        Command::Devices(DevicesArgs {
+            target: Some(t), ..
+        }) => discovery(t),
         Command::Devices(a) => {
             match mcqio_vfio::devices(&a.roots.get()) {
                 Ok(list) if list.is_empty() => {

@@ -62,8 +62,9 @@ impl TcpTarget {
         };
         let lbads = first.lba_size as u32;
         let mut notes = vec![
-            "NVMe/TCP: one connection per job; a sendmsg per submit batch and a recv per poll, \
-             data copied between the socket buffer and the I/O buffer"
+            "NVMe/TCP: one connection per job; a sendmsg per submit batch and a recv per \
+             receive batch (paced: see wire system calls per I/O), data copied between the \
+             socket buffer and the I/O buffer"
                 .to_string(),
         ];
         if ctrl
@@ -206,6 +207,15 @@ impl JobQueue for TcpJobQueue {
     fn submit(&mut self, _inflight: usize) -> Result<(), QueueError> {
         self.qp.submit();
         Ok(())
+    }
+
+    fn counters(&self) -> Option<mcqio::QueueCounters> {
+        Some(self.qp.counters())
+    }
+
+    fn wire_syscalls(&self) -> u64 {
+        let s = self.qp.stats();
+        s.sends + s.recvs
     }
 
     #[inline]

@@ -54,13 +54,15 @@ fn left(deadline: Instant, ms: u64) -> Result<Duration, TcpError> {
 
 impl Conn {
     /// Connect to `addr` and negotiate: ask for `digests`, HPDA 0 and
-    /// `maxr2t` (0's based); accept data PDUs of up to `max_data` bytes.
-    /// Blocking when it returns.
+    /// `maxr2t` (0's based); accept data PDUs of up to `max_data` bytes,
+    /// with a receive buffer `rx_extra` bytes larger than one of those
+    /// needs. Blocking when it returns.
     pub fn open(
         addr: SocketAddr,
         digests: Digests,
         maxr2t: u32,
         max_data: u32,
+        rx_extra: usize,
         timeout: Duration,
     ) -> Result<Conn, TcpError> {
         let ms = timeout.as_millis() as u64;
@@ -75,7 +77,7 @@ impl Conn {
         sock.set_nodelay(true).map_err(|e| TcpError::of_io(&e))?;
         let mut c = Conn {
             sock,
-            rx: RecvBuf::with_capacity(max_data as usize + RX_SLACK),
+            rx: RecvBuf::with_capacity(max_data as usize + RX_SLACK + rx_extra),
             neg: Negotiated::INITIAL,
             maxh2cdata: 0,
             max_r2ts: maxr2t.saturating_add(1),

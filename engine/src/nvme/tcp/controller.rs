@@ -107,6 +107,22 @@ pub struct TcpOptions {
     /// never sends more than 4 MiB, its MAXH2CDATA). Off: commands up to
     /// `max_transfer` and MDTS, H2CData as the spec allows.
     pub one_h2c_with_data_digest: bool,
+    /// Cap each command's transfer at the target's MAXH2CDATA (larger
+    /// transfers are split, as above `max_transfer`). Linux's nvmet-tcp,
+    /// once it bounds the buffer it allocates per command (Debian's
+    /// 6.12.117 has it, 6.12.95 not), answers any command whose data SGL is
+    /// longer than its MAXH2CDATA (4 MiB) with Data SGL Length Invalid,
+    /// reads too. Its own initiator never sends more, nor does SPDK's
+    /// (whose MAXH2CDATA is its I/O unit). Off: commands up to
+    /// `max_transfer` and MDTS, as the spec allows.
+    pub within_maxh2cdata: bool,
+    /// Coalesce receives on I/O queue pairs (`tcp::pace`): after a receive
+    /// that brought answers, hold the next for a learnt number of polls so
+    /// one `recv` takes about three quarters of what is in flight (fewer
+    /// system calls per I/O, at the price of up to that hold of delay; a
+    /// lone command is never held). Off: receive on every poll with
+    /// commands in flight, backing off only after empty receives.
+    pub recv_pacing: bool,
 }
 
 impl Default for TcpOptions {
@@ -124,6 +140,8 @@ impl Default for TcpOptions {
             maxr2t: 3,
             shutdown_timeout: Duration::from_secs(2),
             one_h2c_with_data_digest: true,
+            within_maxh2cdata: true,
+            recv_pacing: true,
         }
     }
 }
@@ -140,8 +158,8 @@ impl TcpOptions {
 
 /// The admin connection and its command ids.
 pub(crate) struct AdminLink {
-    conn: Conn,
-    next_cid: u16,
+    pub(super) conn: Conn,
+    pub(super) next_cid: u16,
 }
 
 /// An NVMe controller over NVMe/TCP (see the module docs). Shareable
@@ -211,7 +229,7 @@ fn run(
 }
 
 /// [`run`] with a connection failure as an [`Error`] (bring-up).
-fn run_up(
+pub(super) fn run_up(
     a: &mut AdminLink,
     sqe: Sqe,
     data: SyncData<'_>,
@@ -299,17 +317,11 @@ struct Up {
     max_transfer: u64,
 }
 
-/// Connect, negotiate, Connect the admin queue, enable, identify, ask for
-/// queues (the module docs' steps 1 to 5).
-fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
-    let t = opts.admin_timeout;
-    let mut conn =
-        Conn::open(addr, opts.digests(), opts.maxr2t, 1 << 16, t).map_err(TcpError::into_error)?;
-    let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
-    let cntlid = connect_queue(&mut conn, opts, 0, 32, fabrics::CNTLID_DYNAMIC, kato_ms)?;
-    let mut a = AdminLink { conn, next_cid: 1 };
-    let cap = Cap(prop_get(&mut a, property::CAP, t)?);
-    let version = Version(prop_get(&mut a, property::VS, t)? as u32);
+/// Property Get CAP and VS, Property Set CC.EN, then Property Get CSTS
+/// until RDY, bounded by CAP.TO (step 3 of the module docs).
+pub(super) fn enable(a: &mut AdminLink, t: Duration) -> Result<(Cap, Version)> {
+    let cap = Cap(prop_get(a, property::CAP, t)?);
+    let version = Version(prop_get(a, property::VS, t)? as u32);
     let ready_ms = cap.timeout_ms().max(500);
     let cc = Cc::new()
         .css(Cc::CSS_NVM)
@@ -317,10 +329,10 @@ fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
         .iosqes(6)
         .iocqes(4)
         .enable();
-    prop_set(&mut a, property::CC, u64::from(cc.0), t)?;
+    prop_set(a, property::CC, u64::from(cc.0), t)?;
     let start = Instant::now();
     loop {
-        let csts = Csts(prop_get(&mut a, property::CSTS, t)? as u32);
+        let csts = Csts(prop_get(a, property::CSTS, t)? as u32);
         if csts.cfs() {
             return Err(Error::ControllerFatal);
         }
@@ -335,6 +347,19 @@ fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+    Ok((cap, version))
+}
+
+/// Connect, negotiate, Connect the admin queue, enable, identify, ask for
+/// queues (the module docs' steps 1 to 5).
+fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
+    let t = opts.admin_timeout;
+    let mut conn = Conn::open(addr, opts.digests(), opts.maxr2t, 1 << 16, 0, t)
+        .map_err(TcpError::into_error)?;
+    let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
+    let cntlid = connect_queue(&mut conn, opts, 0, 32, fabrics::CNTLID_DYNAMIC, kato_ms)?;
+    let mut a = AdminLink { conn, next_cid: 1 };
+    let (cap, version) = enable(&mut a, t)?;
     let page = identify_page(&mut a, Identify::controller(), "Identify Controller", t)?;
     let identify = IdentifyController::parse(&page)?;
     let fabrics = FabricsIdentify::parse(&page).ok_or(Error::BadDevice {
@@ -343,7 +368,7 @@ fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
     })?;
     let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
     let mut max_transfer = opts.max_transfer.min(mdts).max(4096);
-    if a.conn.neg.digests.data && opts.one_h2c_with_data_digest {
+    if opts.within_maxh2cdata || (a.conn.neg.digests.data && opts.one_h2c_with_data_digest) {
         max_transfer = max_transfer.min(u64::from(a.conn.maxh2cdata)).max(4096);
     }
     let ids = active_namespaces_by(&identify, |cmd, what| identify_page(&mut a, cmd, what, t))?;

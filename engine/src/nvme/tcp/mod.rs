@@ -11,6 +11,8 @@
 //!   with the blocking helpers, like the PCIe and UFS queue pairs.
 //! - [`TcpError`] ([`error`]): how a connection ends, inside
 //!   [`crate::Error::Transport`].
+//! - [`discover`] ([`discovery`]): the subsystems a port offers, from its
+//!   discovery controller's Discovery Log Page.
 //!
 //! Under them, plain data and codecs, no sockets:
 //!
@@ -40,9 +42,11 @@
 mod conn;
 pub mod controller;
 pub mod digest;
+pub mod discovery;
 pub mod error;
 pub mod fabrics;
 mod memory;
+mod pace;
 pub mod pdu;
 pub mod qpair;
 pub mod recv;
@@ -52,6 +56,7 @@ mod tests;
 
 pub use controller::{TcpController, TcpOptions};
 pub use digest::{DataDigest, Digests};
+pub use discovery::{discover, DiscoveryEntry, DiscoveryLog, DISCOVERY_NQN};
 pub use error::{TcpError, Violation};
 pub use pdu::{BuildError, Direction, Negotiated, Parse, Pdu, PduError};
 pub use qpair::{TcpQpairStats, TcpQueuePair};

@@ -32,10 +32,14 @@
 //!   ended.
 //!
 //! What a socket cannot promise that a PCIe queue can: every submit batch
-//! costs a `sendmsg` and a poll with commands in flight a `recv` (a PCIe
-//! queue needs one doorbell store and no system call; after receives that
-//! found nothing the queue pair skips up to 16 polls before the next, so a
-//! slow target costs about one EAGAIN per 17 polls), and data is
+//! costs a `sendmsg` and seeing answers a `recv` (a PCIe queue needs one
+//! doorbell store and no system call). The queue pair does not receive on
+//! every poll: its receive pacer (`tcp::pace`) holds receives after one
+//! that brought data, for a number of polls learnt so that a receive
+//! brings about three quarters of what is in flight (no hold at depth 1,
+//! at most `HOLD_MAX` polls; [`super::TcpOptions::recv_pacing`] switches
+//! it off), and backs off after receives that found nothing. The price is
+//! that an answer may wait in the socket for up to that hold. And data is
 //! copied twice each way (the kernel's copy into or out of the socket,
 //! ours between the receive buffer and the command's buffer) where a PCIe
 //! device moves it once by DMA. A target that stops answering is only
@@ -51,6 +55,7 @@ use super::controller::{connect_queue, TcpController};
 use super::digest::DataDigest;
 use super::error::{TcpError, Violation};
 use super::fabrics::{self, FabricsSqe, SglDescriptor};
+use super::pace::RecvPacer;
 use super::pdu::{self, pdu_type, DataPdu, Direction, Parse, Pdu};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::qpair::{Addressed, Engine, QueueCounters, Reaped, Recreated, SplitRequest, Wire};
@@ -74,13 +79,12 @@ const HEALTH_CHECK_INTERVAL: u32 = 4096;
 const HEADER_ROOM: usize = 136;
 /// Arena bytes for H2CData headers beyond one capsule per slot.
 const H2C_ARENA: usize = 64 << 10;
-/// The most polls a queue pair skips receiving after receives that found
-/// nothing: each empty receive doubles the skip (1, 2, 4, …, this), any
-/// data resets it. It bounds the `recv` calls that return EAGAIN while a
-/// target works to about one per this many polls, at the price of at most
-/// this many polls' delay in seeing an answer (a poll that skips the
-/// receive costs no system call: well under a microsecond each).
-const RECV_BACKOFF_MAX: u32 = 16;
+/// Receive-buffer bytes per queue entry beyond the largest data PDU, so
+/// one `recv` can take the answers to a whole batch of small reads (a 4 KiB
+/// read's C2HData and CapsuleResp with digests and padding).
+const RX_PER_ENTRY: usize = 4096 + 128;
+/// Entries the receive buffer is sized for at most.
+const RX_ENTRIES_MAX: usize = 256;
 /// The CID of the Disconnect at close (never a tracker's: reserved).
 const DISCONNECT_CID: u16 = 0xFFFF;
 
@@ -168,10 +172,8 @@ pub struct TcpQueuePair<B: IoBuf = DmaBuf> {
     /// Why the connection ended, once it did.
     failed: Option<TcpError>,
     polls: u32,
-    /// Polls left to skip the receive ([`RECV_BACKOFF_MAX`]).
-    recv_skip: u32,
-    /// The skip the next empty receive sets (doubling).
-    recv_backoff: u32,
+    /// Which polls receive (`tcp::pace`).
+    pacer: RecvPacer,
     stats: TcpQpairStats,
     /// The qid went back to the controller.
     released: bool,
@@ -318,11 +320,13 @@ fn queue_capsule<B: IoBuf>(
 /// the controller's current id; non-blocking when it returns.
 fn open_conn(ctrl: &TcpController, qid: u16, entries: u16) -> Result<Conn> {
     let max_data = u32::try_from(ctrl.max_transfer).unwrap_or(u32::MAX);
+    let rx_extra = usize::from(entries).min(RX_ENTRIES_MAX) * RX_PER_ENTRY;
     let mut conn = Conn::open(
         ctrl.addr,
         ctrl.opts.digests(),
         ctrl.opts.maxr2t,
         max_data,
+        rx_extra,
         ctrl.opts.admin_timeout,
     )
     .map_err(TcpError::into_error)?;
@@ -389,8 +393,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
             ns,
             failed: None,
             polls: 0,
-            recv_skip: 0,
-            recv_backoff: 0,
+            pacer: RecvPacer::new(ctrl.opts.recv_pacing),
             stats: TcpQpairStats::default(),
             released: false,
         })
@@ -744,14 +747,16 @@ impl<B: IoBuf> TcpQueuePair<B> {
         if self.failed.is_some() {
             return r;
         }
-        if self.eng.trackers.outstanding() == 0 && self.conn.rx.is_empty() {
+        let in_flight = self.eng.trackers.outstanding();
+        if in_flight == 0 && self.conn.rx.is_empty() {
+            self.pacer.idle();
             return r;
         }
-        // One receive per pass, none for a few passes after empty ones.
+        // At most one receive per pass, on the polls the pacer lets.
+        let r2ts = self.stats.r2ts;
+        let mut received = false;
         let spare = self.conn.rx.spare();
-        if self.recv_skip > 0 {
-            self.recv_skip -= 1;
-        } else if !spare.is_empty() {
+        if !spare.is_empty() && self.pacer.due() {
             self.stats.recvs += 1;
             match std::io::Read::read(&mut &self.conn.sock, spare) {
                 Ok(0) => {
@@ -761,12 +766,12 @@ impl<B: IoBuf> TcpQueuePair<B> {
                 }
                 Ok(n) => {
                     self.conn.rx.commit(n);
-                    self.recv_backoff = 0;
+                    received = true;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     self.stats.empty_recvs += 1;
-                    self.recv_skip = self.recv_backoff;
-                    self.recv_backoff = (self.recv_backoff * 2).clamp(1, RECV_BACKOFF_MAX);
+                    self.pacer
+                        .empty(u32::try_from(in_flight).unwrap_or(u32::MAX));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -808,6 +813,13 @@ impl<B: IoBuf> TcpQueuePair<B> {
                     break;
                 }
             }
+        }
+        if received {
+            let events = r.seen + (self.stats.r2ts - r2ts) as usize;
+            self.pacer.got(
+                u32::try_from(events).unwrap_or(u32::MAX),
+                u32::try_from(in_flight).unwrap_or(u32::MAX),
+            );
         }
         if err.is_none() {
             // H2CData queued for R2Ts goes out now.
@@ -977,6 +989,7 @@ impl<B: IoBuf> Wire for TcpQueuePair<B> {
                 self.conn = c;
                 self.failed = None;
                 self.tx.clear();
+                self.pacer.reset();
                 if self.state() != settled {
                     return Recreated::Moved;
                 }

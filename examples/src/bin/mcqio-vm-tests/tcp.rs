@@ -279,7 +279,9 @@ pub(crate) fn rw(a: &TcpRwArgs) -> Result<(), Failure> {
         println!(
             "tcp-rw: no many-h2cdata class: commands are capped at {} B{}",
             c.max_transfer(),
-            if c.options().data_digest && c.options().one_h2c_with_data_digest {
+            if c.options().within_maxh2cdata {
+                " (MAXH2CDATA: a target may refuse a longer command, as Linux's nvmet-tcp does since it bounds its per-command buffer; see TcpOptions::within_maxh2cdata)"
+            } else if c.options().data_digest && c.options().one_h2c_with_data_digest {
                 " (MAXH2CDATA: with data digests every write goes in one H2CData, see TcpOptions::one_h2c_with_data_digest)"
             } else {
                 ""
@@ -426,7 +428,9 @@ pub(crate) fn reset(a: &TcpDevArgs) -> Result<(), Failure> {
     let mut q2 = qpair(&c)?;
     // Data to check after the reset, written before it.
     let seed = 0x7463_7072_6573_6574;
-    let len = 256u64 << 10;
+    // One command per read (at most 256 KiB): 16 in flight fit the queue
+    // whatever the transfer limit (MAXH2CDATA may cap it).
+    let len = (256u64 << 10).min(c.max_transfer()) >> shift << shift;
     let base = 0u64;
     let ext: Vec<(u64, u64)> = (0..16).map(|i| (base + i * len, len)).collect();
     pump(&mut q1, &c, shift, seed, &ext, 16, true)?;
