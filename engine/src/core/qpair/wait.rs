@@ -136,6 +136,19 @@ impl std::str::FromStr for WaitPolicy {
     }
 }
 
+/// What a queue pair armed for a sleep ([`BlockQueue::arm_sleep`](crate::core::block::BlockQueue::arm_sleep)):
+/// the notifier its interrupt signals, and the longest the sleep may last
+/// before the queue must be polled again.
+#[derive(Clone, Debug)]
+pub struct SleepOn {
+    /// The queue's interrupt (other queues may share it: then `slice` is
+    /// short, since another queue's waiter may clear our signal).
+    pub notifier: Arc<Notifier>,
+    /// 10 ms, or 1 ms on a shared notifier (an INTx line, a shared MSI-X
+    /// vector).
+    pub slice: Duration,
+}
+
 /// What the wait counted (in [`crate::QueueCounters`]).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct WaitStats {
