@@ -112,6 +112,11 @@
 //! [`AsyncQueue::caller_driven`] no future wakes itself: the application
 //! calls [`drive`](AsyncQueue::drive) or [`wait`](AsyncQueue::wait)
 //! (which may sleep on the queue's interrupt) between executor rounds.
+//! With the `tokio` feature, `AsyncQueue::tokio` makes a driver whose
+//! keeper sleeps on the queue's interrupt in tokio's reactor instead of
+//! waking itself (module `on_tokio`, issue 26 item 3 b): the thread sleeps
+//! in epoll while futures are pending, with the same slots, futures and
+//! buffer rule.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -122,6 +127,13 @@ use std::time::Duration;
 use super::block::BlockQueue;
 use super::error::{Error, Result};
 use super::io::{Completion, SubmitError, SubmitErrorKind};
+
+#[cfg(feature = "tokio")]
+mod on_tokio;
+
+/// Most rounds of the keeper's wait in one poll of its future.
+#[cfg(feature = "tokio")]
+const MAX_ROUNDS: u32 = 8;
 
 /// What a slot of the table holds.
 enum Slot<B> {
@@ -139,6 +151,10 @@ enum Slot<B> {
 struct Inner<Q: BlockQueue> {
     qp: Q,
     t: Table<Q::Buf>,
+    /// Where the keeper sleeps when its poll found nothing (`None`: it
+    /// wakes its own task, or nobody keeps the queue polled).
+    #[cfg(feature = "tokio")]
+    reactor: Option<on_tokio::Reactor>,
 }
 
 /// Everything but the queue pair (so its callback can borrow it).
@@ -165,10 +181,30 @@ impl<Q: BlockQueue> Inner<Q> {
     /// Poll the queue pair once: record completions, queue their wakers.
     fn drive(&mut self) -> Result<usize> {
         self.qp.submit();
-        let Inner { qp, t } = self;
+        let Inner { qp, t, .. } = self;
         let r = qp.poll(t.slots.len(), |c| t.record(c));
         t.settle();
         r
+    }
+
+    /// The keeper's poll found nothing of its own, in its `rounds`th
+    /// round of this poll: sleep on the queue's interrupt where a reactor
+    /// watches it, else have the executor poll it again. `true`: poll the
+    /// queue again now; `false`: return `Pending` (the wake-up arranged).
+    fn keep(&mut self, cx: &mut Context<'_>, rounds: u32) -> bool {
+        #[cfg(feature = "tokio")]
+        if let Some(r) = &mut self.reactor {
+            if rounds <= MAX_ROUNDS {
+                match r.park(&mut self.qp, cx) {
+                    on_tokio::Park::Sleeping => return false,
+                    on_tokio::Park::PollAgain => return true,
+                    on_tokio::Park::Spin => {}
+                }
+            }
+        }
+        let _ = rounds;
+        cx.waker().wake_by_ref();
+        false
     }
 
     /// `drive` for a future: the error is kept for `take_error`.
@@ -283,6 +319,8 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
         let depth = qp.depth().clamp(1, u32::MAX as usize);
         AsyncQueue {
             inner: RefCell::new(Inner {
+                #[cfg(feature = "tokio")]
+                reactor: None,
                 qp,
                 t: Table {
                     slots: (0..depth).map(|_| Slot::Free).collect(),
@@ -343,7 +381,7 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
         let r = {
             let mut g = self.inner.borrow_mut();
             g.qp.submit();
-            let Inner { qp, t } = &mut *g;
+            let Inner { qp, t, .. } = &mut *g;
             let r = qp.wait(t.slots.len(), timeout, |c| t.record(c));
             t.settle();
             r
@@ -451,33 +489,44 @@ impl<Q: BlockQueue> IoFuture<'_, Q> {
             panic!("IoFuture polled after it resolved");
         };
         let i_ = i as usize;
-        if !matches!(g.t.slots[i_], Slot::Done(_)) {
-            g.drive_kept();
-        }
-        let t = &mut g.t;
-        if let Slot::Done(_) = t.slots[i_] {
-            let Slot::Done(c) = std::mem::replace(&mut t.slots[i_], Slot::Free) else {
-                unreachable!()
-            };
-            t.free_slot(i);
-            t.settle();
-            self.state = State::Gone;
-            return Poll::Ready(Ok(c));
-        }
-        if let Slot::InFlight(Some(w)) = &mut t.slots[i_] {
-            if !w.will_wake(cx.waker()) {
-                *w = cx.waker().clone();
+        // Rounds of the keeper's wait in this poll: bounded, so a stream
+        // of interrupts (another queue's, on a shared line) cannot keep
+        // the executor from its other tasks.
+        let mut rounds = 0u32;
+        loop {
+            rounds += 1;
+            if !matches!(g.t.slots[i_], Slot::Done(_)) {
+                g.drive_kept();
             }
-        }
-        if t.self_driving {
+            let t = &mut g.t;
+            if let Slot::Done(_) = t.slots[i_] {
+                let Slot::Done(c) = std::mem::replace(&mut t.slots[i_], Slot::Free) else {
+                    unreachable!()
+                };
+                t.free_slot(i);
+                t.settle();
+                self.state = State::Gone;
+                return Poll::Ready(Ok(c));
+            }
+            if let Slot::InFlight(Some(w)) = &mut t.slots[i_] {
+                if !w.will_wake(cx.waker()) {
+                    *w = cx.waker().clone();
+                }
+            }
+            if !t.self_driving {
+                return Poll::Pending;
+            }
             if t.keeper.is_none() {
                 t.keeper = Some(i);
             }
-            if t.keeper == Some(i) {
-                cx.waker().wake_by_ref();
+            if t.keeper != Some(i) {
+                return Poll::Pending;
             }
+            if g.keep(cx, rounds) {
+                continue;
+            }
+            return Poll::Pending;
         }
-        Poll::Pending
     }
 
     /// First poll: take a slot and queue the command (the doorbell rings
