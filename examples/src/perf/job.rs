@@ -209,6 +209,10 @@ pub struct Accesses {
     pub register_reads: u64,
     /// The engine's system-clock calls (its coarse timeout clock).
     pub system_clock_reads: u64,
+    /// Sleeps on the queue's interrupt (`--wait irq|hybrid`).
+    pub interrupt_sleeps: u64,
+    /// Of those, the sleeps the interrupt ended.
+    pub interrupt_wakeups: u64,
 }
 
 impl Accesses {
@@ -217,6 +221,8 @@ impl Accesses {
             doorbell_writes: b.doorbell_writes - a.doorbell_writes,
             register_reads: b.register_reads - a.register_reads,
             system_clock_reads: b.system_clock_reads - a.system_clock_reads,
+            interrupt_sleeps: b.interrupt_sleeps - a.interrupt_sleeps,
+            interrupt_wakeups: b.interrupt_wakeups - a.interrupt_wakeups,
         }
     }
 }

@@ -344,6 +344,12 @@ pub struct PerIoReport {
     pub register_reads: f64,
     /// The engine's system-clock calls (its timeout clock) per I/O.
     pub engine_clock_calls: f64,
+    /// Sleeps on the queue's interrupt per I/O (`--wait irq|hybrid`).
+    #[serde(default)]
+    pub interrupt_sleeps: f64,
+    /// Of those, the sleeps the interrupt ended, per I/O.
+    #[serde(default)]
+    pub interrupt_wakeups: f64,
 }
 
 /// The workload as run.
@@ -797,6 +803,13 @@ impl RunReport {
                 " {:.3} doorbell writes, {:.3} register reads, {:.4} engine clock calls;",
                 p.doorbell_writes, p.register_reads, p.engine_clock_calls
             );
+            if p.interrupt_sleeps > 0.0 {
+                let _ = write!(
+                    out,
+                    " {:.3} interrupt sleeps ({:.3} ended by the interrupt);",
+                    p.interrupt_sleeps, p.interrupt_wakeups
+                );
+            }
         }
         let c = &self.clock;
         let _ = writeln!(
@@ -966,6 +979,8 @@ mod tests {
                     doorbell_writes: 0.0625,
                     register_reads: 0.0,
                     engine_clock_calls: 0.001,
+                    interrupt_sleeps: 0.0,
+                    interrupt_wakeups: 0.0,
                 }),
             },
             dma: None,

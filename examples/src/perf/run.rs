@@ -820,6 +820,8 @@ pub fn run_devices(
                 doorbell_writes: per(|a| a.doorbell_writes),
                 register_reads: per(|a| a.register_reads),
                 engine_clock_calls: per(|a| a.system_clock_reads),
+                interrupt_sleeps: per(|a| a.interrupt_sleeps),
+                interrupt_wakeups: per(|a| a.interrupt_wakeups),
             }
         })
     };
