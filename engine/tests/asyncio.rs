@@ -721,3 +721,70 @@ fn futures_dropped_at_random_points_never_free_a_buffer_the_device_still_holds()
     drop(tasks);
     aq.close().unwrap();
 }
+
+/// Flush and deallocate futures (issue 26 item 5), mixed with writes in
+/// one executor round on NVMe (sync and threaded) and UFS MCQ: each
+/// resolves once to its completion (no buffer); a refused one resolves to
+/// `SubmitError<()>`.
+#[test]
+fn flush_and_deallocate_futures_resolve_beside_reads_and_writes() {
+    fn mixed<Q: BlockQueue<Buf = DmaBuf>>(aq: &AsyncQueue<Q>, at: Q::Addr, bufs: Vec<DmaBuf>) {
+        let mut tasks: Vec<Task<'_, DmaBuf>> = Vec::new();
+        for (i, b) in bufs.into_iter().enumerate() {
+            tasks.push(Box::pin(aq.write(at, i as u64, 1, b)));
+        }
+        tasks.push(Box::pin(async move {
+            let c = aq
+                .flush(at)
+                .await
+                .map_err(|e| e.kind)
+                .expect("flush submitted");
+            assert!(c.buf.is_none());
+            Ok(c)
+        }));
+        tasks.push(Box::pin(async move {
+            let c = aq
+                .deallocate(at, 64, 8)
+                .await
+                .map_err(|e| e.kind)
+                .expect("deallocate submitted");
+            assert!(c.buf.is_none());
+            Ok(c)
+        }));
+        let n = tasks.len();
+        let out = run_all(tasks).0;
+        assert_eq!(out.len(), n);
+        for o in out {
+            ok(o);
+        }
+        assert_eq!(aq.in_flight(), 0);
+    }
+    for mode in nvme::modes() {
+        let (_fake, ctrl) = nvme::open(nvme::config(mode.clone(), 5));
+        let aq = AsyncQueue::new(ctrl.create_qpair(QpairOptions::default()).unwrap());
+        mixed(&aq, 1u32, (0..6).map(|_| nvme::buf(&ctrl, 512)).collect());
+        // Refused: no such namespace; the refusal carries no buffer.
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let waker = Waker::from(flag);
+        let mut f = aq.flush(99u32);
+        match Pin::new(&mut f).poll(&mut Context::from_waker(&waker)) {
+            Poll::Ready(Err(SubmitError { kind, buf: () })) => assert!(
+                matches!(kind, SubmitErrorKind::UnknownNamespace { nsid: 99 }),
+                "{kind:?}"
+            ),
+            r => panic!("{mode:?}: {:?}", r.map(|o| o.map(|c| c.result))),
+        }
+        drop(f);
+        aq.close().unwrap();
+    }
+    let (_f, ctrl) = ufs::up(ufs::threaded_cfg(true, 1), ufs::opts(1));
+    let aq = AsyncQueue::new(ctrl.create_qpair(Default::default()).unwrap());
+    mixed(
+        &aq,
+        0u8,
+        (0..6)
+            .map(|i| ufs::buf_with(&ctrl, &ufs::pattern(i, 4096)))
+            .collect(),
+    );
+    aq.close().unwrap();
+}

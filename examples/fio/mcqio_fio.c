@@ -52,6 +52,8 @@ struct mcqio_fio_options {
 	char *fake_latency;
 	int fake_core;
 	unsigned int mcq;
+	char *wait;
+	unsigned int hipri;
 };
 
 #define MCQIO_OPT(n, t, field, h, d)                                        \
@@ -81,6 +83,15 @@ static struct fio_option options[] = {
 	MCQIO_OPT("mcq", FIO_OPT_BOOL, mcq,
 		  "UFS: use MCQ (one SQ/CQ pair per job) when the host controller has it; 0: the legacy single-doorbell list (one job); fake-ufs advertises MCQ only when 1",
 		  "1"),
+	/* fio's polling convention: hipri asks for polled completions (as
+	 * io_uring's does); the engine polls by default. wait= may instead
+	 * sleep on the queue's interrupt. */
+	MCQIO_OPT("wait", FIO_OPT_STR_STORE, wait,
+		  "How getevents waits: poll (spin, the default), irq (sleep on the queue's interrupt: NVMe MSI-X, UFS MCQ INTx) or hybrid[:SPIN] (spin SPIN after a completion, then sleep)",
+		  "poll"),
+	MCQIO_OPT("hipri", FIO_OPT_STR_SET, hipri,
+		  "Polled completions (fio's hipri; the default here; contradicts wait=irq|hybrid)",
+		  NULL),
 	/* Durations are strings the library parses, as mcqio-perf's device
 	 * strings are: each needs its unit (fio would read a bare number as
 	 * microseconds, mcqio-perf as seconds). */
@@ -125,6 +136,8 @@ static void mcqio_config(const struct mcqio_fio_options *o, struct mcqio_fio_con
 	c->fake_latency = o->fake_latency;
 	c->fake_core = o->fake_core;
 	c->mcq = o->mcq;
+	c->wait = o->wait;
+	c->hipri = o->hipri;
 }
 
 /* Runs once per job, from fio's main thread before the job threads start. */

@@ -44,6 +44,8 @@ struct mcqio_fio_config {
 	int64_t fake_core;        /* core for the fake's device thread; -1: none */
 	uint32_t mcq;             /* UFS: 1 MCQ when the controller has it, 0 legacy list */
 	uint64_t min_bs;          /* the job's smallest block size (td_min_bs); 0: not checked */
+	const char *wait;         /* "poll" (default), "irq", "hybrid" or "hybrid:SPIN" */
+	uint32_t hipri;           /* fio's hipri: 1 polled completions (refused with wait=irq|hybrid) */
 };
 
 /* What setup learnt about each file. */

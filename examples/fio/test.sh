@@ -62,6 +62,8 @@ refuse bsrange-unaligned "bs 6144 is not a multiple of the device's 4096-byte lo
 # Issue 29 item 4: a duration needs its unit, as in mcqio-perf's device strings.
 refuse latency-unit 'option `fake_latency=10` needs a unit' --fake_latency=10
 refuse timeout-unit 'option `io_timeout=30` needs a unit' --io_timeout=30
+# Issue 26: fio's hipri asks for polling; it cannot come with wait=irq.
+refuse hipri-irq 'it contradicts wait=irq|hybrid' --hipri --wait=irq
 
 # fio's JSON output file, minus any warning fio printed into it first
 # (e.g. "multiple writers may overwrite blocks", which ignores offset_increment).
@@ -183,6 +185,21 @@ f="$work/mixed.fio"
 	mixed_jobs
 } >"$f"
 run mixed "$f"
+
+# Issue 26: the same verify jobs with getevents sleeping on the queue's
+# interrupt (wait=irq, hybrid), and with fio's hipri (polling), NVMe and UFS.
+for w in wait=irq wait=hybrid:20us hipri; do
+	for dev in fake fake-ufs; do
+		f="$work/wait-$dev-${w%%=*}.fio"
+		{
+			global "$dev"
+			[ "$dev" = fake-ufs ] && echo "qpairs=2"
+			echo "$w"
+			verify_jobs 8 1
+		} >"$f"
+		run "$dev-${w//[=:]/-}" "$f"
+	done
+done
 
 # The same on the fake UFS host controller (4 KiB blocks, LU 0 by default):
 # each job gets its own MCQ SQ/CQ pair. Its fake_size is per LU. The

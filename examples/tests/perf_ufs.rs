@@ -407,3 +407,36 @@ fn the_cores_distance_is_noted_for_threaded_fakes_only() {
         }
     }
 }
+
+/// Issue 26: `--wait irq` reaches UFS MCQ queue pairs (they sleep on the
+/// fake's INTx line, the report counts the sleeps), `--wait poll` never
+/// sleeps, and legacy mode polls whatever `--wait` says, with a note.
+#[test]
+fn wait_irq_sleeps_on_mcq_and_legacy_polls_with_a_note() {
+    let sleeps = |mcq: &str, wait: &str| -> (f64, Value) {
+        let dev = format!("fake-ufs,mcq={mcq},size=4M");
+        let (code, out, err) = perf(&[
+            "-d", &dev, "-q", "4", "-n", "2000", "--wait", wait, "--json",
+        ]);
+        assert_eq!(code, 0, "{err}\n{out}");
+        let v = json(&out);
+        assert_eq!(v["total"]["ios"], 2000, "{v}");
+        assert_eq!(v["workload"]["wait"], wait, "{v}");
+        let s = v["total"]["per_io"]["interrupt_sleeps"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no interrupt_sleeps: {v}"));
+        (s, v)
+    };
+    let (s, _) = sleeps("on", "irq");
+    assert!(s > 0.0, "an MCQ job with --wait irq never slept");
+    let (s, _) = sleeps("on", "poll");
+    assert_eq!(s, 0.0);
+    let (s, v) = sleeps("off", "irq");
+    assert_eq!(s, 0.0, "legacy mode polls");
+    assert!(
+        v["notes"]
+            .to_string()
+            .contains("legacy single-doorbell mode polls"),
+        "{v}"
+    );
+}

@@ -16,7 +16,7 @@
 //! queue always raises vector 0).
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,6 +85,16 @@ impl Notifier {
 impl AsRawFd for Notifier {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+}
+
+impl AsFd for Notifier {
+    /// The eventfd, borrowed (`try_clone_to_owned` gives a duplicate, e.g.
+    /// to register with a second reactor).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: `self.fd` owns this descriptor and closes it only when
+        // dropped, so it stays open for the borrow's lifetime (`&self`).
+        unsafe { BorrowedFd::borrow_raw(self.fd.as_raw_fd()) }
     }
 }
 

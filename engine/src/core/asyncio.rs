@@ -112,6 +112,11 @@
 //! [`AsyncQueue::caller_driven`] no future wakes itself: the application
 //! calls [`drive`](AsyncQueue::drive) or [`wait`](AsyncQueue::wait)
 //! (which may sleep on the queue's interrupt) between executor rounds.
+//! With the `tokio` feature, `AsyncQueue::tokio` makes a driver whose
+//! keeper sleeps on the queue's interrupt in tokio's reactor instead of
+//! waking itself (module `on_tokio`, issue 26 item 3 b): the thread sleeps
+//! in epoll while futures are pending, with the same slots, futures and
+//! buffer rule.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -122,6 +127,13 @@ use std::time::Duration;
 use super::block::BlockQueue;
 use super::error::{Error, Result};
 use super::io::{Completion, SubmitError, SubmitErrorKind};
+
+#[cfg(feature = "tokio")]
+mod on_tokio;
+
+/// Most rounds of the keeper's wait in one poll of its future.
+#[cfg(feature = "tokio")]
+const MAX_ROUNDS: u32 = 8;
 
 /// What a slot of the table holds.
 enum Slot<B> {
@@ -139,6 +151,10 @@ enum Slot<B> {
 struct Inner<Q: BlockQueue> {
     qp: Q,
     t: Table<Q::Buf>,
+    /// Where the keeper sleeps when its poll found nothing (`None`: it
+    /// wakes its own task, or nobody keeps the queue polled).
+    #[cfg(feature = "tokio")]
+    reactor: Option<on_tokio::Reactor>,
 }
 
 /// Everything but the queue pair (so its callback can borrow it).
@@ -165,10 +181,30 @@ impl<Q: BlockQueue> Inner<Q> {
     /// Poll the queue pair once: record completions, queue their wakers.
     fn drive(&mut self) -> Result<usize> {
         self.qp.submit();
-        let Inner { qp, t } = self;
+        let Inner { qp, t, .. } = self;
         let r = qp.poll(t.slots.len(), |c| t.record(c));
         t.settle();
         r
+    }
+
+    /// The keeper's poll found nothing of its own, in its `rounds`th
+    /// round of this poll: sleep on the queue's interrupt where a reactor
+    /// watches it, else have the executor poll it again. `true`: poll the
+    /// queue again now; `false`: return `Pending` (the wake-up arranged).
+    fn keep(&mut self, cx: &mut Context<'_>, rounds: u32) -> bool {
+        #[cfg(feature = "tokio")]
+        if let Some(r) = &mut self.reactor {
+            if rounds <= MAX_ROUNDS {
+                match r.park(&mut self.qp, cx) {
+                    on_tokio::Park::Sleeping => return false,
+                    on_tokio::Park::PollAgain => return true,
+                    on_tokio::Park::Spin => {}
+                }
+            }
+        }
+        let _ = rounds;
+        cx.waker().wake_by_ref();
+        false
     }
 
     /// `drive` for a future: the error is kept for `take_error`.
@@ -283,6 +319,8 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
         let depth = qp.depth().clamp(1, u32::MAX as usize);
         AsyncQueue {
             inner: RefCell::new(Inner {
+                #[cfg(feature = "tokio")]
+                reactor: None,
                 qp,
                 t: Table {
                     slots: (0..depth).map(|_| Slot::Free).collect(),
@@ -303,25 +341,50 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
     /// A future reading `blocks` blocks at `lba` of `at` into `buf`. It
     /// submits on its first poll.
     pub fn read(&self, at: Q::Addr, lba: u64, blocks: u32, buf: Q::Buf) -> IoFuture<'_, Q> {
-        self.io(at, lba, blocks, buf, true)
+        self.future(Data {
+            at,
+            lba,
+            blocks,
+            buf,
+            read: true,
+        })
     }
 
     /// A future writing `blocks` blocks at `lba` of `at` from `buf`. It
     /// submits on its first poll.
     pub fn write(&self, at: Q::Addr, lba: u64, blocks: u32, buf: Q::Buf) -> IoFuture<'_, Q> {
-        self.io(at, lba, blocks, buf, false)
+        self.future(Data {
+            at,
+            lba,
+            blocks,
+            buf,
+            read: false,
+        })
     }
 
-    fn io(&self, at: Q::Addr, lba: u64, blocks: u32, buf: Q::Buf, read: bool) -> IoFuture<'_, Q> {
+    /// A future flushing the volatile write cache of `at` (NVMe Flush,
+    /// SCSI SYNCHRONIZE CACHE). It submits on its first poll; a refusal
+    /// comes back as `SubmitError<()>`.
+    pub fn flush(&self, at: Q::Addr) -> IoFuture<'_, Q, NoData<Q::Addr>> {
+        self.future(NoData::Flush { at })
+    }
+
+    /// A future deallocating `blocks` blocks at `lba` of `at` (NVMe
+    /// Dataset Management deallocate, SCSI UNMAP). It submits on its
+    /// first poll; a refusal comes back as `SubmitError<()>`.
+    pub fn deallocate(
+        &self,
+        at: Q::Addr,
+        lba: u64,
+        blocks: u32,
+    ) -> IoFuture<'_, Q, NoData<Q::Addr>> {
+        self.future(NoData::Deallocate { at, lba, blocks })
+    }
+
+    fn future<C: Command<Q>>(&self, cmd: C) -> IoFuture<'_, Q, C> {
         IoFuture {
             q: self,
-            state: State::New {
-                at,
-                lba,
-                blocks,
-                buf,
-                read,
-            },
+            state: State::New(cmd),
             round: None,
         }
     }
@@ -343,7 +406,7 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
         let r = {
             let mut g = self.inner.borrow_mut();
             g.qp.submit();
-            let Inner { qp, t } = &mut *g;
+            let Inner { qp, t, .. } = &mut *g;
             let r = qp.wait(t.slots.len(), timeout, |c| t.record(c));
             t.settle();
             r
@@ -397,41 +460,143 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
     }
 }
 
-enum State<A, B> {
-    /// Not submitted yet: the future owns the buffer.
-    New {
+/// What an [`IoFuture`] submits: a read or write with its buffer
+/// ([`Data`]), or a command without data ([`NoData`]). Sealed: the
+/// driver's own commands only.
+pub trait Command<Q: BlockQueue>: sealed::Sealed + Sized {
+    /// What a refused submission hands back: the buffer, or `()`.
+    type Refused;
+    /// Submit with `tag` (no doorbell); a refusal gives the command back
+    /// (to retry after `QueueFull`).
+    #[doc(hidden)]
+    fn submit_on(self, qp: &mut Q, tag: u64) -> std::result::Result<(), (SubmitErrorKind, Self)>;
+    /// The refusal the future resolves to.
+    #[doc(hidden)]
+    fn refusal(self, kind: SubmitErrorKind) -> SubmitError<Self::Refused>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<A, B> Sealed for super::Data<A, B> {}
+    impl<A> Sealed for super::NoData<A> {}
+}
+
+/// A read or write and its buffer, before submission.
+pub struct Data<A, B> {
+    at: A,
+    lba: u64,
+    blocks: u32,
+    buf: B,
+    read: bool,
+}
+
+impl<Q: BlockQueue> Command<Q> for Data<Q::Addr, Q::Buf> {
+    type Refused = Q::Buf;
+
+    fn submit_on(self, qp: &mut Q, tag: u64) -> std::result::Result<(), (SubmitErrorKind, Self)> {
+        let Data {
+            at,
+            lba,
+            blocks,
+            buf,
+            read,
+        } = self;
+        let r = if read {
+            qp.read(at, lba, blocks, buf, tag)
+        } else {
+            qp.write(at, lba, blocks, buf, tag)
+        };
+        r.map_err(|e| {
+            (
+                e.kind,
+                Data {
+                    at,
+                    lba,
+                    blocks,
+                    buf: e.buf,
+                    read,
+                },
+            )
+        })
+    }
+
+    fn refusal(self, kind: SubmitErrorKind) -> SubmitError<Q::Buf> {
+        SubmitError {
+            kind,
+            buf: self.buf,
+        }
+    }
+}
+
+/// A command without data (flush, deallocate), before submission.
+#[derive(Clone, Copy, Debug)]
+pub enum NoData<A> {
+    /// Flush the volatile write cache of `at`.
+    Flush {
+        /// The namespace or logical unit.
         at: A,
-        lba: u64,
-        blocks: u32,
-        buf: B,
-        read: bool,
     },
+    /// Deallocate `blocks` blocks at `lba` of `at`.
+    Deallocate {
+        /// The namespace or logical unit.
+        at: A,
+        /// First block.
+        lba: u64,
+        /// Blocks.
+        blocks: u32,
+    },
+}
+
+impl<Q: BlockQueue> Command<Q> for NoData<Q::Addr> {
+    type Refused = ();
+
+    fn submit_on(self, qp: &mut Q, tag: u64) -> std::result::Result<(), (SubmitErrorKind, Self)> {
+        let r = match self {
+            NoData::Flush { at } => qp.flush(at, tag),
+            NoData::Deallocate { at, lba, blocks } => qp.deallocate(at, lba, blocks, tag),
+        };
+        r.map_err(|e| (e.kind, self))
+    }
+
+    fn refusal(self, kind: SubmitErrorKind) -> SubmitError<()> {
+        SubmitError { kind, buf: () }
+    }
+}
+
+enum State<C> {
+    /// Not submitted yet: the future owns the command (and its buffer).
+    New(C),
     /// Submitted in this slot: the queue pair owns the buffer.
     Submitted(u32),
     /// Resolved.
     Gone,
 }
 
-/// One read or write on an [`AsyncQueue`]: resolves to its
-/// [`Completion`] (buffer inside; its `tag` is the slot index) or to the
-/// refusal of its submission. Dropping it early leaves the buffer with
-/// the queue pair until the command completes (see the
-/// [module docs](self)). It borrows its driver, so it stays on the
-/// driver's thread (not `Send`): the per-core model.
+/// One command on an [`AsyncQueue`] (a read or write by default; flush
+/// and deallocate with [`NoData`]): resolves to its [`Completion`]
+/// (buffer inside; its `tag` is the slot index) or to the refusal of its
+/// submission. Dropping it early leaves the buffer with the queue pair
+/// until the command completes (see the [module docs](self)). It borrows
+/// its driver, so it stays on the driver's thread (not `Send`): the
+/// per-core model.
 #[must_use = "a future does nothing until polled; dropped unpolled, it never submits"]
-pub struct IoFuture<'a, Q: BlockQueue> {
+pub struct IoFuture<
+    'a,
+    Q: BlockQueue,
+    C: Command<Q> = Data<<Q as BlockQueue>::Addr, <Q as BlockQueue>::Buf>,
+> {
     q: &'a AsyncQueue<Q>,
-    state: State<Q::Addr, Q::Buf>,
+    state: State<C>,
     /// The full-waiters round this future registered in.
     round: Option<u64>,
 }
 
 // Nothing is pinned structurally: the future only moves its fields by
 // value through `&mut self`, and the slot table refers to it by index.
-impl<Q: BlockQueue> Unpin for IoFuture<'_, Q> {}
+impl<Q: BlockQueue, C: Command<Q>> Unpin for IoFuture<'_, Q, C> {}
 
-impl<Q: BlockQueue> Future for IoFuture<'_, Q> {
-    type Output = std::result::Result<Completion<Q::Buf>, SubmitError<Q::Buf>>;
+impl<Q: BlockQueue, C: Command<Q>> Future for IoFuture<'_, Q, C> {
+    type Output = std::result::Result<Completion<Q::Buf>, SubmitError<C::Refused>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
@@ -441,43 +606,54 @@ impl<Q: BlockQueue> Future for IoFuture<'_, Q> {
     }
 }
 
-impl<Q: BlockQueue> IoFuture<'_, Q> {
+impl<Q: BlockQueue, C: Command<Q>> IoFuture<'_, Q, C> {
     fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
         let mut g = self.q.inner.borrow_mut();
-        if let State::New { .. } = self.state {
+        if let State::New(_) = self.state {
             return self.submit(&mut g, cx);
         }
         let State::Submitted(i) = self.state else {
             panic!("IoFuture polled after it resolved");
         };
         let i_ = i as usize;
-        if !matches!(g.t.slots[i_], Slot::Done(_)) {
-            g.drive_kept();
-        }
-        let t = &mut g.t;
-        if let Slot::Done(_) = t.slots[i_] {
-            let Slot::Done(c) = std::mem::replace(&mut t.slots[i_], Slot::Free) else {
-                unreachable!()
-            };
-            t.free_slot(i);
-            t.settle();
-            self.state = State::Gone;
-            return Poll::Ready(Ok(c));
-        }
-        if let Slot::InFlight(Some(w)) = &mut t.slots[i_] {
-            if !w.will_wake(cx.waker()) {
-                *w = cx.waker().clone();
+        // Rounds of the keeper's wait in this poll: bounded, so a stream
+        // of interrupts (another queue's, on a shared line) cannot keep
+        // the executor from its other tasks.
+        let mut rounds = 0u32;
+        loop {
+            rounds += 1;
+            if !matches!(g.t.slots[i_], Slot::Done(_)) {
+                g.drive_kept();
             }
-        }
-        if t.self_driving {
+            let t = &mut g.t;
+            if let Slot::Done(_) = t.slots[i_] {
+                let Slot::Done(c) = std::mem::replace(&mut t.slots[i_], Slot::Free) else {
+                    unreachable!()
+                };
+                t.free_slot(i);
+                t.settle();
+                self.state = State::Gone;
+                return Poll::Ready(Ok(c));
+            }
+            if let Slot::InFlight(Some(w)) = &mut t.slots[i_] {
+                if !w.will_wake(cx.waker()) {
+                    *w = cx.waker().clone();
+                }
+            }
+            if !t.self_driving {
+                return Poll::Pending;
+            }
             if t.keeper.is_none() {
                 t.keeper = Some(i);
             }
-            if t.keeper == Some(i) {
-                cx.waker().wake_by_ref();
+            if t.keeper != Some(i) {
+                return Poll::Pending;
             }
+            if g.keep(cx, rounds) {
+                continue;
+            }
+            return Poll::Pending;
         }
-        Poll::Pending
     }
 
     /// First poll: take a slot and queue the command (the doorbell rings
@@ -490,21 +666,10 @@ impl<Q: BlockQueue> IoFuture<'_, Q> {
             self.wait_for_slot(&mut g.t, cx);
             return Poll::Pending;
         };
-        let State::New {
-            at,
-            lba,
-            blocks,
-            buf,
-            read,
-        } = std::mem::replace(&mut self.state, State::Gone)
-        else {
+        let State::New(cmd) = std::mem::replace(&mut self.state, State::Gone) else {
             unreachable!("submit is called on a new future")
         };
-        let r = if read {
-            g.qp.read(at, lba, blocks, buf, u64::from(i))
-        } else {
-            g.qp.write(at, lba, blocks, buf, u64::from(i))
-        };
+        let r = cmd.submit_on(&mut g.qp, u64::from(i));
         let t = &mut g.t;
         match r {
             Ok(()) => {
@@ -521,24 +686,15 @@ impl<Q: BlockQueue> IoFuture<'_, Q> {
                 }
                 Poll::Pending
             }
-            Err(SubmitError {
-                kind: SubmitErrorKind::QueueFull,
-                buf,
-            }) => {
+            Err((SubmitErrorKind::QueueFull, cmd)) => {
                 t.free.push(i);
-                self.state = State::New {
-                    at,
-                    lba,
-                    blocks,
-                    buf,
-                    read,
-                };
+                self.state = State::New(cmd);
                 self.wait_for_slot(t, cx);
                 Poll::Pending
             }
-            Err(e) => {
+            Err((kind, cmd)) => {
                 t.free.push(i);
-                Poll::Ready(Err(e))
+                Poll::Ready(Err(cmd.refusal(kind)))
             }
         }
     }
@@ -558,7 +714,7 @@ impl<Q: BlockQueue> IoFuture<'_, Q> {
     }
 }
 
-impl<Q: BlockQueue> Drop for IoFuture<'_, Q> {
+impl<Q: BlockQueue, C: Command<Q>> Drop for IoFuture<'_, Q, C> {
     fn drop(&mut self) {
         let State::Submitted(i) = self.state else {
             return;

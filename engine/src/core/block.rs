@@ -58,6 +58,7 @@ use mcqio_vfio::{DmaDir, DmaSpace};
 
 use super::error::{Error, Result};
 use super::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
+pub use super::qpair::SleepOn;
 
 /// A namespace (NVMe) or logical unit (UFS), as every wire describes it:
 /// what a frontend (the fio engine, a ublk server) needs to expose it.
@@ -169,6 +170,37 @@ pub trait BlockQueue {
             }
             std::hint::spin_loop();
         }
+    }
+
+    /// The notifier the queue's interrupt signals (`None`: the queue is
+    /// polled only, policy [`Poll`](crate::WaitPolicy::Poll)), for a driver
+    /// that watches its eventfd (epoll, an async reactor) and sleeps through
+    /// [`arm_sleep`](Self::arm_sleep). It may be shared with other queues.
+    fn interrupt(&self) -> Option<Arc<mcqio_vfio::Notifier>> {
+        None
+    }
+
+    /// For a driver that sleeps somewhere else than [`wait`](Self::wait)
+    /// (an async reactor: `AsyncQueue::tokio`): steps 2 and 3 of a
+    /// sleeping wait. When the wait policy says sleep now, arm the queue's
+    /// interrupt (clear its notifier; a level-triggered line is also
+    /// acknowledged and unmasked) and return what to sleep on; the caller
+    /// then polls once more (or it may miss a completion posted before the
+    /// arm), and only if that poll found nothing sleeps on the notifier's
+    /// eventfd for at most [`SleepOn::slice`], then calls
+    /// [`slept`](Self::slept). `None`: poll again instead — the queue has no
+    /// interrupt (policy [`Poll`](crate::WaitPolicy::Poll)), or a hybrid
+    /// spin is still running. This default never sleeps.
+    fn arm_sleep(&mut self) -> Option<SleepOn> {
+        None
+    }
+
+    /// After a sleep [`arm_sleep`](Self::arm_sleep) prepared; `woken`:
+    /// the interrupt ended it. A sleep that ran out its slice keeps the
+    /// queue's timeouts due and looks at the controller's health, as
+    /// [`wait`](Self::wait) does (nobody polled meanwhile).
+    fn slept(&mut self, woken: bool) {
+        let _ = woken;
     }
 
     /// Commands that may be outstanding at once.

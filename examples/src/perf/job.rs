@@ -212,6 +212,10 @@ pub struct Accesses {
     /// System calls the wire made on the I/O path (NVMe/TCP: `sendmsg`
     /// and `recv`; 0 on wires that make none).
     pub wire_syscalls: u64,
+    /// Sleeps on the queue's interrupt (`--wait irq|hybrid`).
+    pub interrupt_sleeps: u64,
+    /// Of those, the sleeps the interrupt ended.
+    pub interrupt_wakeups: u64,
 }
 
 impl Accesses {
@@ -222,6 +226,8 @@ impl Accesses {
             register_reads: b.register_reads - a.register_reads,
             system_clock_reads: b.system_clock_reads - a.system_clock_reads,
             wire_syscalls: wb.saturating_sub(*wa),
+            interrupt_sleeps: b.interrupt_sleeps - a.interrupt_sleeps,
+            interrupt_wakeups: b.interrupt_wakeups - a.interrupt_wakeups,
         }
     }
 }

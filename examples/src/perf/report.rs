@@ -348,6 +348,12 @@ pub struct PerIoReport {
     /// `recv`; 0 on the PCIe and UFS wires).
     #[serde(default)]
     pub wire_syscalls: f64,
+    /// Sleeps on the queue's interrupt per I/O (`--wait irq|hybrid`).
+    #[serde(default)]
+    pub interrupt_sleeps: f64,
+    /// Of those, the sleeps the interrupt ended, per I/O.
+    #[serde(default)]
+    pub interrupt_wakeups: f64,
 }
 
 /// The workload as run.
@@ -808,6 +814,13 @@ impl RunReport {
                     p.wire_syscalls
                 );
             }
+            if p.interrupt_sleeps > 0.0 {
+                let _ = write!(
+                    out,
+                    " {:.3} interrupt sleeps ({:.3} ended by the interrupt);",
+                    p.interrupt_sleeps, p.interrupt_wakeups
+                );
+            }
         }
         let c = &self.clock;
         let _ = writeln!(
@@ -978,6 +991,8 @@ mod tests {
                     register_reads: 0.0,
                     engine_clock_calls: 0.001,
                     wire_syscalls: 0.0,
+                    interrupt_sleeps: 0.0,
+                    interrupt_wakeups: 0.0,
                 }),
             },
             dma: None,

@@ -821,6 +821,8 @@ pub fn run_devices(
                 register_reads: per(|a| a.register_reads),
                 engine_clock_calls: per(|a| a.system_clock_reads),
                 wire_syscalls: per(|a| a.wire_syscalls),
+                interrupt_sleeps: per(|a| a.interrupt_sleeps),
+                interrupt_wakeups: per(|a| a.interrupt_wakeups),
             }
         })
     };

@@ -46,6 +46,9 @@ pub struct UfsTarget {
     info: CtrlInfo,
     /// Legacy mode with more than one job: the one list, shared.
     shared: Option<Arc<Mutex<LegacyList>>>,
+    /// How the jobs' queue pairs wait (`--wait`; MCQ sleeps on the
+    /// controller's INTx line, legacy polls).
+    wait: mcqio::WaitPolicy,
 }
 
 impl std::fmt::Debug for UfsTarget {
@@ -210,6 +213,12 @@ impl UfsTarget {
                 ),
             }
         );
+        if plan.wait != mcqio::WaitPolicy::Poll && mode == UfsMode::Legacy {
+            notes.push(
+                "--wait: legacy single-doorbell mode polls (only MCQ queue pairs sleep on the interrupt)"
+                    .into(),
+            );
+        }
         let lus = ctrl.logical_units();
         let Some(first) = lus.first() else {
             return Err(UfsOpenError::Other("the device has no logical unit".into()));
@@ -236,6 +245,7 @@ impl UfsTarget {
                 cores,
             },
             shared,
+            wait: plan.wait,
         })
     }
 
@@ -271,7 +281,10 @@ impl UfsTarget {
         let lun = lun_of(nsid)?;
         let qp = self
             .ctrl
-            .create_qpair_for::<SlotBuf>(Default::default())
+            .create_qpair_for::<SlotBuf>(mcqio::UfsQpairOptions {
+                wait: self.wait,
+                ..Default::default()
+            })
             .map_err(|e| e.to_string())?;
         let depth = depth.min(qp.depth()).max(1);
         let mem = self.buffers(depth, buf_len)?;

@@ -49,6 +49,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -728,7 +729,7 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
             if last_work.elapsed() < self.idle.spin {
                 continue;
             }
-            if owed && (!self.idle.sleep_on_engine || self.t.interrupt_fd().is_none()) {
+            if owed && (!self.idle.sleep_on_engine || self.t.interrupt().is_none()) {
                 // Nothing to sleep on: the engine is polled only.
                 if empty % SPINS_PER_YIELD == 0 {
                     std::thread::yield_now();
@@ -746,16 +747,19 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
     /// when it does. Returns whether work arrived (or may have).
     pub fn idle_sleep(&mut self) -> io::Result<bool> {
         let owed = self.t.outstanding() > 0 || !self.waiting.is_empty();
-        let fd = if owed { self.t.interrupt_fd() } else { None };
-        let Some(fd) = fd else {
+        if !owed {
             self.stats.sleeps += 1;
             self.stats.enters += 1;
             let ran_out = self.q.submit(Wait::One(SLEEP))?;
             return Ok(!ran_out);
+        }
+        // Arm (the engine's wait policy decides: `None` while a hybrid spin
+        // runs, or on a polled queue), poll again, and only then sleep.
+        let Some(sleep) = self.t.arm_sleep() else {
+            return Ok(false);
         };
-        // Arm, poll again, and only then sleep.
         let mut done = std::mem::take(&mut self.done);
-        let polled = self.t.arm_and_poll(self.tags.len(), &mut |c| done.push(c));
+        let polled = self.t.poll(self.tags.len(), &mut |c| done.push(c));
         let n = done.len();
         let r = self.engine_done(&mut done, polled);
         self.done = done;
@@ -764,11 +768,11 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
             self.flush_commits()?;
             return Ok(true);
         }
-        self.q.watch(fd)?;
+        self.q.watch(sleep.notifier.as_fd().as_raw_fd())?;
         self.stats.sleeps += 1;
         self.stats.engine_sleeps += 1;
         self.stats.enters += 1;
-        let ran_out = self.q.submit(Wait::One(self.t.sleep_slice()))?;
+        let ran_out = self.q.submit(Wait::One(sleep.slice))?;
         // Take what ended the sleep now: the watch's completion (for the
         // engine's count) and any requests, sent on with the next pass.
         let mut arrived = std::mem::take(&mut self.arrived);
@@ -785,7 +789,7 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
         if ran_out {
             self.stats.engine_ran_out += 1;
         }
-        self.t.slept(woken, ran_out);
+        self.t.slept(woken);
         Ok(true)
     }
 

@@ -4,14 +4,11 @@
 //! engine error becomes a block-layer errno ([`errno_of`],
 //! [`refusal_errno`]).
 
-use std::os::fd::RawFd;
-use std::time::Duration;
-
 use mcqio::core::block::BlockQueue;
 use mcqio::nvme::spec::sqe::Write;
 use mcqio::nvme::spec::status::{generic, media, sct};
 use mcqio::ufs::UfsQueuePair;
-use mcqio::{Completion, DmaBuf, IoError, QueuePair, SubmitError, SubmitErrorKind, UfsError};
+use mcqio::{DmaBuf, IoError, QueuePair, SubmitError, SubmitErrorKind, UfsError};
 
 /// A queue pair the server can drive: the block operations plus the two
 /// NVMe-only ones. Statically dispatched, like [`BlockQueue`].
@@ -34,58 +31,6 @@ pub trait Target: BlockQueue<Buf = DmaBuf> {
         blocks: u32,
         tag: u64,
     ) -> Result<(), SubmitError<()>>;
-
-    /// The eventfd the queue's interrupt signals when its wait policy
-    /// sleeps (`None`: it only polls, and the server never sleeps while
-    /// it owes completions).
-    fn interrupt_fd(&self) -> Option<RawFd> {
-        None
-    }
-
-    /// Arm the interrupt, then poll once more (the engine's
-    /// `arm_and_poll`): only a 0 allows sleeping on [`interrupt_fd`](Self::interrupt_fd).
-    fn arm_and_poll(
-        &mut self,
-        max: usize,
-        f: &mut dyn FnMut(Completion<DmaBuf>),
-    ) -> mcqio::Result<usize> {
-        self.poll(max, f)
-    }
-
-    /// The longest one sleep on the interrupt may last.
-    fn sleep_slice(&self) -> Duration {
-        Duration::from_millis(10)
-    }
-
-    /// A sleep on the interrupt ended (`woken`: by it; `ran_out`: it
-    /// lasted its whole slice).
-    fn slept(&mut self, woken: bool, ran_out: bool) {
-        let _ = (woken, ran_out);
-    }
-}
-
-/// The waiting half of [`Target`], the same for both transports' queue
-/// pairs (each has the engine's `interrupt_fd` / `arm_and_poll` /
-/// `sleep_slice` / `slept`).
-macro_rules! engine_waits {
-    () => {
-        fn interrupt_fd(&self) -> Option<RawFd> {
-            Self::interrupt_fd(self)
-        }
-        fn arm_and_poll(
-            &mut self,
-            max: usize,
-            f: &mut dyn FnMut(Completion<DmaBuf>),
-        ) -> mcqio::Result<usize> {
-            Self::arm_and_poll(self, max, f)
-        }
-        fn sleep_slice(&self) -> Duration {
-            Self::sleep_slice(self)
-        }
-        fn slept(&mut self, woken: bool, ran_out: bool) {
-            Self::slept(self, woken, ran_out)
-        }
-    };
 }
 
 impl Target for QueuePair<DmaBuf> {
@@ -109,8 +54,6 @@ impl Target for QueuePair<DmaBuf> {
     ) -> Result<(), SubmitError<()>> {
         QueuePair::write_zeroes(self, at, lba, blocks, tag)
     }
-
-    engine_waits!();
 }
 
 /// UFS: the engine has neither (the server never advertises them, so the
@@ -142,8 +85,6 @@ impl Target for UfsQueuePair<DmaBuf> {
             buf: (),
         })
     }
-
-    engine_waits!();
 }
 
 /// What the device behind a ublk device can do, from what the engine

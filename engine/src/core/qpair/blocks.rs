@@ -131,6 +131,18 @@ where
         Wire::wait(self, max, timeout, &mut f)
     }
 
+    fn interrupt(&self) -> Option<std::sync::Arc<mcqio_vfio::Notifier>> {
+        self.eng_ref().wait.irq.clone()
+    }
+
+    fn arm_sleep(&mut self) -> Option<super::SleepOn> {
+        Wire::arm_sleep(self)
+    }
+
+    fn slept(&mut self, woken: bool) {
+        Wire::slept(self, woken)
+    }
+
     #[inline]
     fn depth(&self) -> usize {
         self.eng_ref().depth()

@@ -67,7 +67,7 @@ pub(crate) use self::blocks::Addressed;
 pub use self::engine::QueueCounters;
 pub(crate) use self::engine::{Closing, Engine};
 pub(crate) use self::split::{Child, SplitRequest};
-pub use self::wait::WaitPolicy;
+pub use self::wait::{SleepOn, WaitPolicy};
 
 /// What one reaping pass found.
 #[derive(Copy, Clone, Debug, Default)]
@@ -257,12 +257,11 @@ pub(crate) trait Wire: Sized {
             if wait::past(deadline, now) {
                 return Ok(0);
             }
-            if !self.eng_ref().wait.should_sleep(now) {
+            // Arm (when the policy says sleep now), then poll again, then
+            // block (see the `wait` module).
+            let Some(sleep) = self.arm_sleep() else {
                 continue;
-            }
-            // Arm, then poll again, then block (see the `wait` module).
-            self.arm_interrupt();
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            };
             let n = self.poll(max, f)?;
             if n > 0 {
                 let e = self.eng();
@@ -270,76 +269,51 @@ pub(crate) trait Wire: Sized {
                 e.wait.seen_completed = e.completed;
                 return Ok(n);
             }
-            let w = &self.eng_ref().wait;
-            let Some(irq) = w.irq.clone() else { continue };
             let slice = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()).min(w.slice),
-                None => w.slice,
+                Some(d) => d.saturating_duration_since(Instant::now()).min(sleep.slice),
+                None => sleep.slice,
             };
-            let woken = irq.wait(Some(slice)).unwrap_or(false);
-            let e = self.eng();
-            e.wait.stats.sleeps += 1;
-            if woken {
-                e.wait.stats.wakeups += 1;
-            } else {
-                // Nobody polled meanwhile: keep timeouts due, and notice a
-                // controller that failed without an interrupt.
-                if e.timeouts.enabled() {
-                    e.timeouts.tick();
-                }
-                e.health_checks += 1;
-                self.check_controller();
-            }
+            let woken = sleep.notifier.wait(Some(slice)).unwrap_or(false);
+            self.slept(woken);
         }
     }
 
-    /// Sleeping elsewhere — in an io_uring or `epoll` that also watches
-    /// other work — steps 2 and 3 of [`wait`]'s order: arm the queue's
-    /// interrupt, then poll once more. Only when this returns 0 may the
-    /// caller block until [`interrupt_fd`](Self::interrupt_fd) is readable
-    /// (or its other work arrives), at most [`sleep_slice`](Self::sleep_slice),
-    /// and then report the sleep with [`slept`](Self::slept).
+    /// Steps 2 and 3 of a sleeping wait, for [`wait`](Self::wait) and for a
+    /// driver that sleeps elsewhere ([`BlockQueue::arm_sleep`](crate::core::block::BlockQueue::arm_sleep)):
+    /// if the policy says sleep now, arm the interrupt and fence, and say
+    /// what to sleep on; the caller polls once more before it sleeps.
     #[cold]
-    fn arm_and_poll<F: FnMut(Completion<Self::Buf>)>(
-        &mut self,
-        max: usize,
-        f: &mut F,
-    ) -> Result<usize> {
+    fn arm_sleep(&mut self) -> Option<wait::SleepOn> {
+        let now = std::time::Instant::now();
+        let e = self.eng();
+        // Completions delivered by polls since the last look count for the
+        // hybrid spin.
+        if e.completed != e.wait.seen_completed {
+            e.wait.seen_completed = e.completed;
+            e.wait.last_completion = Some(now);
+        }
+        if !e.wait.should_sleep(now) {
+            return None;
+        }
+        let notifier = e.wait.irq.clone()?;
+        let slice = e.wait.slice;
         self.arm_interrupt();
-        // The clear (a locked read-and-zero of the eventfd) before the
-        // poll's loads of the completion queue (see the `wait` module).
+        // Orders the clear of the notifier (and the wire's acknowledgement)
+        // before the loads of the poll that follows (see the `wait` module).
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        self.poll(max, f)
+        Some(wait::SleepOn { notifier, slice })
     }
 
-    /// The eventfd the queue's interrupt signals, when its policy sleeps
-    /// on one (`None`: the queue polls; nothing to wait on).
-    fn interrupt_fd(&self) -> Option<std::os::fd::RawFd> {
-        use std::os::fd::AsRawFd;
-        let w = &self.eng_ref().wait;
-        w.irq
-            .as_ref()
-            .filter(|_| w.policy.wants_interrupt())
-            .map(|n| n.as_raw_fd())
-    }
-
-    /// The longest a sleep on [`interrupt_fd`](Self::interrupt_fd) may last
-    /// before [`slept`](Self::slept) looks at the controller's health.
-    fn sleep_slice(&self) -> std::time::Duration {
-        self.eng_ref().wait.slice
-    }
-
-    /// A sleep outside [`wait`](Self::wait) ended: count it (`woken`: the
-    /// interrupt ended it). One that ran out its slice with nothing
-    /// polled meanwhile (`ran_out`) keeps timeouts due and checks the
-    /// controller's health, as `wait` does.
+    /// After a sleep [`arm_sleep`](Self::arm_sleep) prepared; `woken`:
+    /// the interrupt ended it. One that ran out its slice keeps timeouts
+    /// due and looks at the controller's health (nobody polled meanwhile).
     #[cold]
-    fn slept(&mut self, woken: bool, ran_out: bool) {
+    fn slept(&mut self, woken: bool) {
         let e = self.eng();
         e.wait.stats.sleeps += 1;
         if woken {
             e.wait.stats.wakeups += 1;
-        } else if ran_out {
+        } else {
             if e.timeouts.enabled() {
                 e.timeouts.tick();
             }

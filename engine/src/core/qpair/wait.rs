@@ -50,6 +50,17 @@
 //! therefore sleeps in short slices ([`SHARED_SLICE`]) and polls between
 //! them: no wake-up is lost for longer than a slice.
 //!
+//! # Nothing outstanding
+//!
+//! A wait on a queue pair with no command in flight returns 0 at once,
+//! whatever its timeout and policy: no completion can come, so nothing but
+//! the timeout could end a sleep, and a caller blocked there could not
+//! notice new work arriving elsewhere. A thread idle between requests (a
+//! ublk server, a network front end) sleeps on its own source of work
+//! and waits on the queue only once it has submitted something. Tested:
+//! `a_wait_returns_at_its_timeout_and_with_nothing_outstanding` (NVMe;
+//! a wait with no limit would hang there otherwise).
+//!
 //! # Health while asleep
 //!
 //! Nothing polls a sleeping queue, so the sleep is cut into slices
@@ -134,6 +145,19 @@ impl std::str::FromStr for WaitPolicy {
             },
         }
     }
+}
+
+/// What a queue pair armed for a sleep ([`BlockQueue::arm_sleep`](crate::core::block::BlockQueue::arm_sleep)):
+/// the notifier its interrupt signals, and the longest the sleep may last
+/// before the queue must be polled again.
+#[derive(Clone, Debug)]
+pub struct SleepOn {
+    /// The queue's interrupt (other queues may share it: then `slice` is
+    /// short, since another queue's waiter may clear our signal).
+    pub notifier: Arc<Notifier>,
+    /// 10 ms, or 1 ms on a shared notifier (an INTx line, a shared MSI-X
+    /// vector).
+    pub slice: Duration,
 }
 
 /// What the wait counted (in [`crate::QueueCounters`]).

@@ -21,33 +21,6 @@ impl<B: IoBuf> UfsQueuePair<B> {
     ) -> Result<usize> {
         Wire::wait(self, max, timeout, &mut f)
     }
-
-    /// For a caller that sleeps elsewhere (an io_uring or `epoll` also
-    /// watching other work): arm the interrupt, then poll once more. Only
-    /// a 0 from this allows blocking on [`interrupt_fd`](Self::interrupt_fd)
-    /// — at most [`sleep_slice`](Self::sleep_slice) — after which
-    /// [`slept`](Self::slept) is called. A signal after the arm is never
-    /// lost: it leaves the eventfd readable.
-    pub fn arm_and_poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
-        Wire::arm_and_poll(self, max, &mut f)
-    }
-
-    /// The eventfd the queue's interrupt signals (`None`: the queue polls).
-    pub fn interrupt_fd(&self) -> Option<std::os::fd::RawFd> {
-        Wire::interrupt_fd(self)
-    }
-
-    /// The longest one sleep on [`interrupt_fd`](Self::interrupt_fd) may last.
-    pub fn sleep_slice(&self) -> Duration {
-        Wire::sleep_slice(self)
-    }
-
-    /// Report a sleep on [`interrupt_fd`](Self::interrupt_fd): `woken` if the
-    /// interrupt ended it; `ran_out` if it lasted its whole slice (the
-    /// queue then checks its timeouts and the controller's health).
-    pub fn slept(&mut self, woken: bool, ran_out: bool) {
-        Wire::slept(self, woken, ran_out)
-    }
 }
 
 #[cfg(test)]

@@ -353,6 +353,7 @@ mod tests {
             fake_exec: FakeExec::Sync,
             fake_latency: Duration::ZERO,
             fake_core: None,
+            wait: mcqio::WaitPolicy::Poll,
         }
     }
 

@@ -42,6 +42,10 @@ pub struct Config {
     pub mcq: u32,
     /// The job's smallest block size (fio's `td_min_bs`; 0: not checked).
     pub min_bs: u64,
+    /// `wait`: `poll` (default), `irq`, `hybrid` or `hybrid:SPIN`.
+    pub wait: *const c_char,
+    /// fio's `hipri` (1: polled completions, as io_uring's hipri asks).
+    pub hipri: u32,
 }
 
 /// Per-file answer of [`mcqio_fio_setup`] (`struct mcqio_fio_file`).
@@ -132,13 +136,14 @@ fn highest_allowed_cpu() -> Option<usize> {
 /// The strings in `c` are null or NUL-terminated.
 unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
     // SAFETY: forwarded caller contract on each string.
-    let (dma, huge, exec, timeout, latency) = unsafe {
+    let (dma, huge, exec, timeout, latency, wait) = unsafe {
         (
             opt_str(c.dma)?,
             opt_str(c.hugepages)?,
             opt_str(c.fake_exec)?,
             opt_str(c.io_timeout)?,
             opt_str(c.fake_latency)?,
+            opt_str(c.wait)?,
         )
     };
     // The same rule as a device string's `latency=`: a unit on every
@@ -180,6 +185,27 @@ unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
         )
         .into());
     }
+    // fio's polling convention: `hipri` asks for polled completions
+    // (io_uring's IORING_SETUP_IOPOLL); `wait=` says it in mcqio's words.
+    let wait_str = wait.trim();
+    let wait = match wait_str {
+        "" => mcqio::WaitPolicy::Poll,
+        w => w.parse::<mcqio::WaitPolicy>().map_err(|_| {
+            bad(
+                "wait",
+                w.to_string(),
+                "use poll, irq, hybrid or hybrid:SPIN (hybrid:20us)",
+            )
+        })?,
+    };
+    if c.hipri != 0 && wait != mcqio::WaitPolicy::Poll {
+        return Err(bad(
+            "hipri",
+            format!("1 with wait={wait_str}"),
+            "hipri asks for polled completions; it contradicts wait=irq|hybrid",
+        )
+        .into());
+    }
     let fake_core = match c.fake_core {
         -1 => None,
         FAKE_CORE_AUTO => highest_allowed_cpu(),
@@ -204,6 +230,7 @@ unsafe fn device_options(c: &Config) -> Result<DeviceOptions, EngineError> {
         fake_exec: spec::parse_fake_exec(exec)?,
         fake_latency,
         fake_core,
+        wait,
     })
 }
 
@@ -484,12 +511,47 @@ mod tests {
             fake_core: FAKE_CORE_AUTO,
             mcq: 1,
             min_bs: 4096,
+            wait: std::ptr::null(),
+            hipri: 0,
         }
     }
 
     fn options(io_timeout: &CStr, fake_latency: &CStr) -> Result<DeviceOptions, EngineError> {
         // SAFETY: the config's strings are NUL-terminated literals or null.
         unsafe { device_options(&config(io_timeout, fake_latency)) }
+    }
+
+    /// fio's polling convention (issue 26): `hipri` is polling, `wait=`
+    /// names the policy, and the two cannot contradict each other.
+    #[test]
+    fn wait_and_hipri_options() {
+        let with = |wait: Option<&CStr>, hipri: u32| {
+            let mut c = config(c"30s", c"0");
+            c.wait = wait.map_or(std::ptr::null(), CStr::as_ptr);
+            c.hipri = hipri;
+            // SAFETY: the config's strings are NUL-terminated literals or null.
+            unsafe { device_options(&c) }
+        };
+        assert_eq!(with(None, 0).unwrap().wait, mcqio::WaitPolicy::Poll);
+        assert_eq!(with(None, 1).unwrap().wait, mcqio::WaitPolicy::Poll);
+        assert_eq!(
+            with(Some(c"poll"), 1).unwrap().wait,
+            mcqio::WaitPolicy::Poll
+        );
+        assert_eq!(
+            with(Some(c"irq"), 0).unwrap().wait,
+            mcqio::WaitPolicy::Interrupt
+        );
+        assert_eq!(
+            with(Some(c"hybrid:20us"), 0).unwrap().wait,
+            mcqio::WaitPolicy::Hybrid {
+                spin: Duration::from_micros(20)
+            }
+        );
+        let e = with(Some(c"irq"), 1).unwrap_err().to_string();
+        assert!(e.contains("hipri"), "{e}");
+        let e = with(Some(c"sleepy"), 0).unwrap_err().to_string();
+        assert!(e.contains("wait"), "{e}");
     }
 
     /// Issue 29 item 4: `fake_latency=10` was 10 µs here (fio's rule for a

@@ -218,11 +218,7 @@ fn reap<Q: BlockQueue<Buf = FioBuf>>(
     loop {
         let r = qp.poll(max - n, |c| {
             bufs.returned(c.buf.is_some());
-            let errno = match c.result {
-                Ok(()) => 0,
-                Err(IoError::TimedOut) => libc::ETIMEDOUT,
-                Err(_) => libc::EIO,
-            };
+            let errno = errno_of(&c.result);
             // poll delivers at most `max - n` completions.
             if let Some(e) = events.get_mut(n) {
                 *e = Event { tag: c.tag, errno };
@@ -253,6 +249,62 @@ fn reap<Q: BlockQueue<Buf = FioBuf>>(
     }
 }
 
+/// fio's errno for a command's result.
+#[inline(always)]
+fn errno_of(r: &Result<(), IoError>) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(IoError::TimedOut) => libc::ETIMEDOUT,
+        Err(_) => libc::EIO,
+    }
+}
+
+/// [`reap`] for a queue pair that waits on its interrupt (`wait=irq` or
+/// `hybrid`): each round sleeps in the queue pair's `wait`, as its policy
+/// says, instead of spinning. A queue with nothing in flight returns from
+/// `wait` at once, so `min` beyond what is in flight runs to `timeout` as
+/// in `reap`.
+#[cold]
+#[inline(never)]
+fn reap_waiting<Q: BlockQueue<Buf = FioBuf>>(
+    qp: &mut Q,
+    bufs: &mut BufsOut,
+    events: &mut [Event],
+    min: usize,
+    max: usize,
+    timeout: Option<Duration>,
+) -> Result<usize, EngineError> {
+    let max = max.min(events.len());
+    let min = min.min(max);
+    let mut n = 0;
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let r = qp.wait(max - n, left, |c| {
+            bufs.returned(c.buf.is_some());
+            let errno = errno_of(&c.result);
+            // wait delivers at most `max - n` completions.
+            if let Some(e) = events.get_mut(n) {
+                *e = Event { tag: c.tag, errno };
+                n += 1;
+            }
+        });
+        bufs.check(qp.outstanding());
+        if let Err(e) = r {
+            if n > 0 {
+                return Ok(n);
+            }
+            return Err(EngineError::Controller(e.to_string()));
+        }
+        if n >= min || deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(n);
+        }
+        if qp.outstanding() == 0 {
+            std::hint::spin_loop();
+        }
+    }
+}
+
 /// One job's engine state.
 pub struct Job {
     // `Drop` closes the queue pair (which may hold FioBufs) before it frees
@@ -264,6 +316,8 @@ pub struct Job {
     events: Vec<Event>,
     files: Vec<FileInfo>,
     dev: Arc<Device>,
+    /// `wait=irq|hybrid`: `getevents` sleeps in the queue pair's `wait`.
+    waits: bool,
 }
 
 impl std::fmt::Debug for Job {
@@ -326,6 +380,7 @@ impl Job {
             out: BufsOut::default(),
             events: Vec::new(),
             files: files.clone(),
+            waits: dev.options().wait != mcqio::WaitPolicy::Poll,
             dev,
         };
         Ok((job, files))
@@ -371,6 +426,7 @@ impl Job {
                     depth,
                     io_timeout: o.io_timeout,
                     timeout_policy: TimeoutPolicy::Abort,
+                    wait: o.wait,
                     ..QpairOptions::default()
                 };
                 Qp::Nvme(ctrl.create_qpair_for::<FioBuf>(qopts).map_err(qerr)?)
@@ -381,6 +437,7 @@ impl Job {
                 let qopts = UfsQpairOptions {
                     io_timeout: o.io_timeout,
                     timeout_policy: TimeoutPolicy::Abort,
+                    wait: o.wait,
                     ..Default::default()
                 };
                 let q = ctrl.create_qpair_for::<FioBuf>(qopts).map_err(qerr)?;
@@ -567,6 +624,17 @@ impl Job {
         max: usize,
         timeout: Option<Duration>,
     ) -> Result<usize, EngineError> {
+        if self.waits {
+            return match self.qp.as_mut() {
+                Some(Qp::Nvme(q)) => {
+                    reap_waiting(q, &mut self.out, &mut self.events, min, max, timeout)
+                }
+                Some(Qp::Ufs(q)) => {
+                    reap_waiting(q, &mut self.out, &mut self.events, min, max, timeout)
+                }
+                None => Err(EngineError::NotInitialised),
+            };
+        }
         match self.qp.as_mut() {
             Some(Qp::Nvme(q)) => reap(q, &mut self.out, &mut self.events, min, max, timeout),
             Some(Qp::Ufs(q)) => reap(q, &mut self.out, &mut self.events, min, max, timeout),
@@ -748,6 +816,7 @@ mod tests {
             fake_exec: FakeExec::Sync,
             fake_latency: Duration::ZERO,
             fake_core: None,
+            wait: mcqio::WaitPolicy::Poll,
         }
     }
 
@@ -1059,6 +1128,57 @@ mod tests {
         (job, files[0].cookie(), fake)
     }
 
+    /// `wait=irq` (issue 26): getevents sleeps on the queue's interrupt
+    /// (the fake's device thread raises it) instead of spinning; every
+    /// block's data still comes back.
+    #[test]
+    fn wait_irq_getevents_sleeps_on_the_interrupt_and_keeps_the_data() {
+        let o = DeviceOptions {
+            wait: mcqio::WaitPolicy::Interrupt,
+            fake_exec: FakeExec::Thread,
+            ..ufs_opts()
+        };
+        let (mut job, c, _fake) = private_ufs_job(&o, 8);
+        assert!(job.waits);
+        const BS: usize = 4096;
+        let base = job.alloc_buffers(16 * BS).unwrap();
+        // SAFETY: pointer arithmetic inside the job's 64 KiB region.
+        let at = |i: usize| unsafe { base.add(i * BS) };
+        for round in 0..2u8 {
+            for i in 0..8 {
+                fill(at(i), round * 16 + i as u8, BS);
+                let off = (i * BS) as u64;
+                assert_eq!(
+                    job.queue(c, Op::Write, off, at(i), BS as u64, i as u64),
+                    Queued::Queued
+                );
+            }
+            job.commit();
+            assert_eq!(wait(&mut job, 8).len(), 8);
+            for i in 0..8 {
+                let off = (i * BS) as u64;
+                let back = at(8 + i);
+                assert_eq!(
+                    job.queue(c, Op::Read, off, back, BS as u64, 100 + i as u64),
+                    Queued::Queued
+                );
+            }
+            job.commit();
+            let ev = wait(&mut job, 8);
+            assert!(ev.iter().all(|e| e.errno == 0), "{ev:?}");
+            for i in 0..8 {
+                // SAFETY: the reads completed; each 4 KiB is ours.
+                let got = unsafe { std::slice::from_raw_parts(at(8 + i), BS) };
+                assert!(got.iter().all(|&b| b == round * 16 + i as u8), "block {i}");
+            }
+        }
+        let Some(Qp::Ufs(q)) = job.qp.as_ref() else {
+            panic!("a UFS queue pair")
+        };
+        assert!(q.counters().interrupt_sleeps > 0, "{:?}", q.counters());
+        job.close().unwrap();
+    }
+
     #[test]
     fn ufs_device_errors_and_timeouts_reach_fio_as_errnos() {
         let o = DeviceOptions {
@@ -1230,6 +1350,7 @@ mod tests {
             events: Vec::new(),
             files: Vec::new(),
             dev: job.dev.clone(),
+            waits: false,
         };
         assert!(matches!(
             second.init(1),

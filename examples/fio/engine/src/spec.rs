@@ -101,6 +101,9 @@ pub struct DeviceOptions {
     pub fake_latency: Duration,
     /// Core the fake's device thread is pinned to (`None`: not pinned).
     pub fake_core: Option<usize>,
+    /// How `getevents` waits for completions (`wait`, or fio's `hipri`):
+    /// polling (the default), or sleeping on the queue's interrupt.
+    pub wait: mcqio::WaitPolicy,
 }
 
 /// The DMA mode: how fio's buffers reach the device.

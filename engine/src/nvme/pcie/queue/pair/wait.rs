@@ -56,33 +56,6 @@ impl<B: IoBuf> QueuePair<B> {
         Wire::wait(self, max, timeout, &mut f)
     }
 
-    /// For a caller that sleeps elsewhere (an io_uring or `epoll` also
-    /// watching other work): arm the interrupt, then poll once more. Only
-    /// a 0 from this allows blocking on [`interrupt_fd`](Self::interrupt_fd)
-    /// — at most [`sleep_slice`](Self::sleep_slice) — after which
-    /// [`slept`](Self::slept) is called. A signal after the arm is never
-    /// lost: it leaves the eventfd readable.
-    pub fn arm_and_poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
-        Wire::arm_and_poll(self, max, &mut f)
-    }
-
-    /// The eventfd the queue's interrupt signals (`None`: the queue polls).
-    pub fn interrupt_fd(&self) -> Option<std::os::fd::RawFd> {
-        Wire::interrupt_fd(self)
-    }
-
-    /// The longest one sleep on [`interrupt_fd`](Self::interrupt_fd) may last.
-    pub fn sleep_slice(&self) -> Duration {
-        Wire::sleep_slice(self)
-    }
-
-    /// Report a sleep on [`interrupt_fd`](Self::interrupt_fd): `woken` if the
-    /// interrupt ended it; `ran_out` if it lasted its whole slice (the
-    /// queue then checks its timeouts and the controller's health).
-    pub fn slept(&mut self, woken: bool, ran_out: bool) {
-        Wire::slept(self, woken, ran_out)
-    }
-
     /// The MSI-X vector the queue interrupts on (`None`: polled, IEN clear).
     pub fn interrupt_vector(&self) -> Option<u16> {
         self.eng.wait.vector
@@ -216,18 +189,19 @@ mod tests {
     }
 
     /// Sleeping elsewhere (here `poll(2)` on the queue's eventfd, as an
-    /// io_uring or epoll would): arm_and_poll, then a sleep of up to 20 s
-    /// that only the interrupt can end. Without the poll after the arm,
-    /// a completion posted between the caller's last poll and the arm
-    /// would leave the sleep to run out.
+    /// io_uring or epoll would) through `BlockQueue::arm_sleep`, a second
+    /// poll, then a sleep of up to 20 s that only the interrupt can end.
+    /// Without the poll after the arm, a completion posted between the
+    /// caller's last poll and the arm would leave the sleep to run out.
     #[test]
-    fn sleeping_elsewhere_after_arm_and_poll_loses_no_wake_up() {
+    fn sleeping_elsewhere_after_arm_sleep_loses_no_wake_up() {
+        use crate::core::block::BlockQueue;
+        use std::os::fd::{AsFd, AsRawFd};
         let (_fake, ctrl) = setup(threaded());
         let mut q = qpair(&ctrl, WaitPolicy::Interrupt);
-        let fd = q
-            .interrupt_fd()
-            .expect("an interrupt-waiting queue has an eventfd");
-        assert_eq!(qpair(&ctrl, WaitPolicy::Poll).interrupt_fd(), None);
+        let irq = BlockQueue::interrupt(&q).expect("an interrupt-waiting queue has a notifier");
+        let fd = irq.as_fd().as_raw_fd();
+        assert!(BlockQueue::interrupt(&qpair(&ctrl, WaitPolicy::Poll)).is_none());
         let mut buf = Some(ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap());
         let mut ran_out = 0;
         for i in 0..2000u64 {
@@ -237,7 +211,11 @@ mod tests {
                 if q.poll(1, |c| buf = c.buf).unwrap() > 0 {
                     break;
                 }
-                if q.arm_and_poll(1, |c| buf = c.buf).unwrap() > 0 {
+                let Some(sleep) = BlockQueue::arm_sleep(&mut q) else {
+                    continue;
+                };
+                assert!(sleep.slice > Duration::ZERO);
+                if q.poll(1, |c| buf = c.buf).unwrap() > 0 {
                     break;
                 }
                 let mut p = libc::pollfd {
@@ -248,7 +226,7 @@ mod tests {
                 // SAFETY: one live pollfd for the duration of the call.
                 let r = unsafe { libc::poll(&mut p, 1, 20_000) };
                 assert!(r >= 0);
-                q.slept(r == 1, r == 0);
+                BlockQueue::slept(&mut q, r == 1);
                 ran_out += usize::from(r == 0);
             }
         }
@@ -256,7 +234,6 @@ mod tests {
         let c = q.counters();
         assert!(c.interrupt_sleeps > 0, "it slept");
         assert_eq!(c.interrupt_sleeps, c.interrupt_wakeups);
-        assert!(q.sleep_slice() > Duration::ZERO);
     }
 
     #[test]
