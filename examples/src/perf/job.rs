@@ -339,6 +339,26 @@ struct State<'a, const H: bool, const V: bool> {
     /// resolution neighbouring I/Os often take the same time.
     hist_ns: [u64; 2],
     hist_n: [u64; 2],
+    /// Per direction, the measured phase's latency sum, min and max in
+    /// clock ticks: converted to ns once, at the end (`lat_into_ns`), not
+    /// per I/O (issue 28).
+    lat_ticks: [LatTicks; 2],
+}
+
+/// A direction's latency sum, min and max, in clock ticks.
+#[derive(Clone, Copy)]
+struct LatTicks {
+    sum: u64,
+    min: u64,
+    max: u64,
+}
+
+impl LatTicks {
+    const EMPTY: LatTicks = LatTicks {
+        sum: 0,
+        min: u64::MAX,
+        max: 0,
+    };
 }
 
 impl<const H: bool, const V: bool> State<'_, H, V> {
@@ -354,6 +374,19 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
                     self.hist_n[d] = 0;
                 }
             }
+        }
+    }
+
+    /// Put the measured latency sums, minima and maxima into the result,
+    /// in ns (one conversion per run instead of one per I/O).
+    fn lat_into_ns(&mut self, clock: &Clock) {
+        for (dir, lat) in self.res.dir.iter_mut().zip(&self.lat_ticks) {
+            dir.lat_sum_ns = clock.ticks_to_ns(lat.sum);
+            dir.lat_min_ns = match lat.min {
+                u64::MAX => u64::MAX,
+                t => clock.ticks_to_ns(t),
+            };
+            dir.lat_max_ns = clock.ticks_to_ns(lat.max);
         }
     }
 
@@ -422,16 +455,17 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
             }
         }
         if self.counting {
-            let ns = clock.ticks_to_ns(now.wrapping_sub(s.t_submit));
+            let ticks = now.wrapping_sub(s.t_submit);
             let d = s.op as usize;
             let r = &mut self.res;
             r.ios += 1;
-            let dir = &mut r.dir[d];
-            dir.ios += 1;
-            dir.lat_sum_ns += ns;
-            dir.lat_min_ns = dir.lat_min_ns.min(ns);
-            dir.lat_max_ns = dir.lat_max_ns.max(ns);
+            r.dir[d].ios += 1;
+            let lat = &mut self.lat_ticks[d];
+            lat.sum = lat.sum.wrapping_add(ticks);
+            lat.min = lat.min.min(ticks);
+            lat.max = lat.max.max(ticks);
             if H {
+                let ns = clock.ticks_to_ns(ticks);
                 if ns == self.hist_ns[d] {
                     self.hist_n[d] += 1;
                 } else {
@@ -628,6 +662,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 completed_total: 0,
                 hist_ns: [0; 2],
                 hist_n: [0; 2],
+                lat_ticks: [LatTicks::EMPTY; 2],
             },
             q,
             clock,
@@ -897,6 +932,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 p.measuring = true;
                 self.st.hist_n = [0; 2];
                 self.st.res.reset_counts();
+                self.st.lat_ticks = [LatTicks::EMPTY; 2];
                 self.st.counting = true;
                 p.budget = spec.ios_limit.unwrap_or(u64::MAX);
                 p.t_start = self.clock.now();
@@ -980,6 +1016,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         // Drain: these completions are not counted, but errors and
         // verification still are.
         self.st.flush_hist();
+        self.st.lat_into_ns(&self.clock);
         self.st.counting = false;
         while self.st.inflight > 0 {
             self.turn()?;
