@@ -69,6 +69,37 @@ impl<B: IoBuf> QueuePair<B> {
         tag: u64,
         device_writes: bool,
     ) -> Result<(), SubmitError<B>> {
+        let Some(g) = self.check_unsplit(nsid, slba, nlb) else {
+            return self.submit_data_cold(sqe, nsid, slba, nlb, buf, tag, device_writes);
+        };
+        if let Err(mapped) = buf.check_dir(device_writes) {
+            return Err(wrong_direction(mapped, device_writes, buf));
+        }
+        if !buf.is_mapped_in(&self.space) {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::NotDmaMapped,
+                buf,
+            });
+        }
+        self.submit_one(sqe, (nlb as u64) << g.lba_shift, buf, tag)
+    }
+
+    /// `submit_data` for a command its one compare did not pass: every
+    /// check in turn (stopped, namespace, count, range, metadata,
+    /// direction, mapping), then a split or a single command.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn submit_data_cold(
+        &mut self,
+        sqe: Sqe,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: B,
+        tag: u64,
+        device_writes: bool,
+    ) -> Result<(), SubmitError<B>> {
         let g = match self.check_range(nsid, slba, nlb) {
             Ok(g) => g,
             Err(kind) => return Err(SubmitError { kind, buf }),
@@ -82,15 +113,7 @@ impl<B: IoBuf> QueuePair<B> {
             });
         }
         if let Err(mapped) = buf.check_dir(device_writes) {
-            let needs = if device_writes {
-                "write into it (read command)"
-            } else {
-                "read from it (write command)"
-            };
-            return Err(SubmitError {
-                kind: SubmitErrorKind::WrongDirection { mapped, needs },
-                buf,
-            });
+            return Err(wrong_direction(mapped, device_writes, buf));
         }
         if !buf.is_mapped_in(&self.space) {
             return Err(SubmitError {
@@ -102,6 +125,13 @@ impl<B: IoBuf> QueuePair<B> {
         if nlb > MAX_NLB || bytes > self.eng.max_xfer {
             return self.submit_split(sqe, g.lba_shift, slba, nlb, buf, tag);
         }
+        self.submit_one(sqe, bytes, buf, tag)
+    }
+
+    /// Post one checked command of `bytes` bytes: a slot, its PRPs, its
+    /// tracker, its SQE.
+    #[inline(always)]
+    fn submit_one(&mut self, sqe: Sqe, bytes: u64, buf: B, tag: u64) -> Result<(), SubmitError<B>> {
         let Some(slot) = self.eng.trackers.alloc() else {
             return Err(SubmitError {
                 kind: SubmitErrorKind::QueueFull,
@@ -250,5 +280,20 @@ impl<B: IoBuf> QueuePair<B> {
     #[inline]
     pub fn submit(&mut self) -> bool {
         Wire::submit(self)
+    }
+}
+
+/// The refusal of a buffer mapped `mapped` for a command that needs the
+/// device to write into it (`device_writes`, a read) or read from it.
+#[cold]
+fn wrong_direction<B>(mapped: DmaDir, device_writes: bool, buf: B) -> SubmitError<B> {
+    let needs = if device_writes {
+        "write into it (read command)"
+    } else {
+        "read from it (write command)"
+    };
+    SubmitError {
+        kind: SubmitErrorKind::WrongDirection { mapped, needs },
+        buf,
     }
 }
