@@ -424,25 +424,29 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
 
     #[inline(always)]
     fn complete(&mut self, slot: usize, status: IoStatus, now: u64, clock: &Clock) {
-        let s = self.slots[slot];
-        let nlb = self.spec.nlb;
+        // Only the fields a successful I/O needs are loaded here; the
+        // failure paths read the whole record (issue 28).
+        let (t_submit, op) = {
+            let s = &self.slots[slot];
+            (s.t_submit, s.op)
+        };
         self.inflight -= 1;
         self.completed_total += 1;
         match status {
             IoStatus::Ok => self.free.push(slot as u32),
             IoStatus::Failed(why) => {
                 self.free.push(slot as u32);
-                self.res.errors += 1;
-                let op = s.op;
-                self.fail(|| format!("{op:?} of {nlb} blocks at LBA {} failed: {why}", s.slba));
+                self.failed(slot, why);
             }
             IoStatus::Lost(why) => {
                 // Not freed: the device may still access the slot's memory.
-                self.lose(slot, s, why);
+                self.lose(slot, self.slots[slot], why);
                 return;
             }
         }
         if V {
+            let s = self.slots[slot];
+            let nlb = self.spec.nlb;
             let ok = status == IoStatus::Ok;
             if let Some(vmap) = self.vmap.as_mut() {
                 match s.op {
@@ -455,8 +459,8 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
             }
         }
         if self.counting {
-            let ticks = now.wrapping_sub(s.t_submit);
-            let d = s.op as usize;
+            let ticks = now.wrapping_sub(t_submit);
+            let d = op as usize;
             let r = &mut self.res;
             r.ios += 1;
             r.dir[d].ios += 1;
@@ -479,6 +483,16 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
                 }
             }
         }
+    }
+
+    /// The I/O in `slot` failed (its buffer came back).
+    #[cold]
+    fn failed(&mut self, slot: usize, why: Failure) {
+        let s = self.slots[slot];
+        let nlb = self.spec.nlb;
+        self.res.errors += 1;
+        let op = s.op;
+        self.fail(|| format!("{op:?} of {nlb} blocks at LBA {} failed: {why}", s.slba));
     }
 
     /// Every slot is retired (see [`State::lose`]): nothing can be issued.
