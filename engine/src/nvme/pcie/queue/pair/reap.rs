@@ -64,10 +64,9 @@ impl<B: IoBuf> QueuePair<B> {
             // A success built as a constant into the callback's argument:
             // a result decided inside `complete` went through memory with
             // its error's bytes (issue 28).
-            Some(slot) if cqe.sq_id == self.qid && NvmeStatus::raw_is_success(cqe.status) => {
-                self.eng
-                    .complete(slot, cqe.dw0, |_, _| Ok(()), |_, _| false, f)
-            }
+            Some(slot) if cqe.sq_id == self.qid && NvmeStatus::raw_is_success(cqe.status) => self
+                .eng
+                .complete(slot, cqe.dw0, |_, _| Ok(()), |_, _| false, f),
             Some(slot) if cqe.sq_id == self.qid => self.take_failed(slot, cqe, f),
             _ => {
                 self.stale(cqe);

@@ -43,15 +43,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// Submit a [`Write`] built with options (FUA, limited retry).
     #[inline]
     pub fn submit_write(&mut self, cmd: Write, buf: B, tag: u64) -> Result<(), SubmitError<B>> {
-        self.submit_data(
-            cmd,
-            cmd.nsid(),
-            cmd.slba(),
-            cmd.nlb(),
-            buf,
-            tag,
-            false,
-        )
+        self.submit_data(cmd, cmd.nsid(), cmd.slba(), cmd.nlb(), buf, tag, false)
     }
 
     // Always inlined into `read`/`write`: the call's register saves are
