@@ -355,6 +355,26 @@ struct State<'a, const H: bool, const V: bool> {
     /// resolution neighbouring I/Os often take the same time.
     hist_ns: [u64; 2],
     hist_n: [u64; 2],
+    /// Per direction, the measured phase's latency sum, min and max in
+    /// clock ticks: converted to ns once, at the end (`lat_into_ns`), not
+    /// per I/O (issue 28).
+    lat_ticks: [LatTicks; 2],
+}
+
+/// A direction's latency sum, min and max, in clock ticks.
+#[derive(Clone, Copy)]
+struct LatTicks {
+    sum: u64,
+    min: u64,
+    max: u64,
+}
+
+impl LatTicks {
+    const EMPTY: LatTicks = LatTicks {
+        sum: 0,
+        min: u64::MAX,
+        max: 0,
+    };
 }
 
 impl<const H: bool, const V: bool> State<'_, H, V> {
@@ -370,6 +390,19 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
                     self.hist_n[d] = 0;
                 }
             }
+        }
+    }
+
+    /// Put the measured latency sums, minima and maxima into the result,
+    /// in ns (one conversion per run instead of one per I/O).
+    fn lat_into_ns(&mut self, clock: &Clock) {
+        for (dir, lat) in self.res.dir.iter_mut().zip(&self.lat_ticks) {
+            dir.lat_sum_ns = clock.ticks_to_ns(lat.sum);
+            dir.lat_min_ns = match lat.min {
+                u64::MAX => u64::MAX,
+                t => clock.ticks_to_ns(t),
+            };
+            dir.lat_max_ns = clock.ticks_to_ns(lat.max);
         }
     }
 
@@ -407,25 +440,29 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
 
     #[inline(always)]
     fn complete(&mut self, slot: usize, status: IoStatus, now: u64, clock: &Clock) {
-        let s = self.slots[slot];
-        let nlb = self.spec.nlb;
+        // Only the fields a successful I/O needs are loaded here; the
+        // failure paths read the whole record (issue 28).
+        let (t_submit, op) = {
+            let s = &self.slots[slot];
+            (s.t_submit, s.op)
+        };
         self.inflight -= 1;
         self.completed_total += 1;
         match status {
             IoStatus::Ok => self.free.push(slot as u32),
             IoStatus::Failed(why) => {
                 self.free.push(slot as u32);
-                self.res.errors += 1;
-                let op = s.op;
-                self.fail(|| format!("{op:?} of {nlb} blocks at LBA {} failed: {why}", s.slba));
+                self.failed(slot, why);
             }
             IoStatus::Lost(why) => {
                 // Not freed: the device may still access the slot's memory.
-                self.lose(slot, s, why);
+                self.lose(slot, self.slots[slot], why);
                 return;
             }
         }
         if V {
+            let s = self.slots[slot];
+            let nlb = self.spec.nlb;
             let ok = status == IoStatus::Ok;
             if let Some(vmap) = self.vmap.as_mut() {
                 match s.op {
@@ -438,16 +475,17 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
             }
         }
         if self.counting {
-            let ns = clock.ticks_to_ns(now.wrapping_sub(s.t_submit));
-            let d = s.op as usize;
+            let ticks = now.wrapping_sub(t_submit);
+            let d = op as usize;
             let r = &mut self.res;
             r.ios += 1;
-            let dir = &mut r.dir[d];
-            dir.ios += 1;
-            dir.lat_sum_ns += ns;
-            dir.lat_min_ns = dir.lat_min_ns.min(ns);
-            dir.lat_max_ns = dir.lat_max_ns.max(ns);
+            r.dir[d].ios += 1;
+            let lat = &mut self.lat_ticks[d];
+            lat.sum = lat.sum.wrapping_add(ticks);
+            lat.min = lat.min.min(ticks);
+            lat.max = lat.max.max(ticks);
             if H {
+                let ns = clock.ticks_to_ns(ticks);
                 if ns == self.hist_ns[d] {
                     self.hist_n[d] += 1;
                 } else {
@@ -461,6 +499,16 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
                 }
             }
         }
+    }
+
+    /// The I/O in `slot` failed (its buffer came back).
+    #[cold]
+    fn failed(&mut self, slot: usize, why: Failure) {
+        let s = self.slots[slot];
+        let nlb = self.spec.nlb;
+        self.res.errors += 1;
+        let op = s.op;
+        self.fail(|| format!("{op:?} of {nlb} blocks at LBA {} failed: {why}", s.slba));
     }
 
     /// Every slot is retired (see [`State::lose`]): nothing can be issued.
@@ -644,6 +692,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 completed_total: 0,
                 hist_ns: [0; 2],
                 hist_n: [0; 2],
+                lat_ticks: [LatTicks::EMPTY; 2],
             },
             q,
             clock,
@@ -913,6 +962,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 p.measuring = true;
                 self.st.hist_n = [0; 2];
                 self.st.res.reset_counts();
+                self.st.lat_ticks = [LatTicks::EMPTY; 2];
                 self.st.counting = true;
                 p.budget = spec.ios_limit.unwrap_or(u64::MAX);
                 p.t_start = self.clock.now();
@@ -996,6 +1046,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         // Drain: these completions are not counted, but errors and
         // verification still are.
         self.st.flush_hist();
+        self.st.lat_into_ns(&self.clock);
         self.st.counting = false;
         while self.st.inflight > 0 {
             self.turn()?;

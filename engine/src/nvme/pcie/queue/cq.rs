@@ -8,6 +8,10 @@ use super::doorbell::Doorbell;
 use crate::nvme::spec::cqe::STATUS_OFFSET;
 use crate::nvme::spec::Cqe;
 
+/// Completion entries per 64-byte cache line.
+#[cfg(target_arch = "x86_64")]
+const CQES_PER_LINE: usize = 64 / std::mem::size_of::<Cqe>();
+
 /// A completion queue: ring memory, local head and phase, head doorbell.
 pub(crate) struct CompQueue {
     ring: NonNull<Cqe>,
@@ -146,21 +150,25 @@ impl CompQueue {
         }
     }
 
-    /// Hint the CPU to fetch the next entry.
-    #[inline]
+    /// Hint the CPU to fetch the next cache line of entries, once per line:
+    /// when the head (just advanced) enters a new 64-byte line, the line
+    /// after it. The ring is page aligned and an entry is 16 bytes, so a
+    /// line starts at every fourth entry. One test per entry instead of a
+    /// wrapped index and a prefetch per entry, for the same lines (issue
+    /// 28).
+    #[inline(always)]
     pub fn prefetch_next(&self) {
         #[cfg(target_arch = "x86_64")]
-        {
-            let next = if self.head + 1 == self.entries {
-                0
-            } else {
-                self.head + 1
-            };
+        if self.head as usize % CQES_PER_LINE == 0 {
+            let mut next = self.head as usize + CQES_PER_LINE;
+            if next >= self.entries as usize {
+                next = 0;
+            }
             // SAFETY: `next < entries`, inside the ring; prefetch has no
             // architectural effect and forms no reference.
             unsafe {
                 std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    self.ring.as_ptr().add(next as usize).cast(),
+                    self.ring.as_ptr().add(next).cast(),
                 )
             };
         }

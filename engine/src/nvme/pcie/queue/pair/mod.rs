@@ -161,6 +161,12 @@ struct NsGeom {
     /// Formatted with per-block metadata: data transfers would need
     /// metadata buffers (or larger blocks), which mcqio does not build.
     metadata: bool,
+    /// The most blocks one data command moves without a split (at most
+    /// `MAX_NLB` and the queue's transfer limit), or 0 with `metadata`:
+    /// precomputed once per queue pair, so a submission's one compare of
+    /// `nlb - 1` against it stands for the zero-count, metadata and split
+    /// checks, which the cold path then makes one by one (issue 28).
+    unsplit: u32,
 }
 
 /// One I/O submission queue and its completion queue.
@@ -377,12 +383,18 @@ impl<B: IoBuf> QueuePair<B> {
             .namespaces()
             .iter()
             .map(|n| {
+                let metadata = n.identify.metadata_size() > 0;
                 (
                     n.id,
                     NsGeom {
                         nsze: n.nsze,
                         lba_shift: n.lba_shift,
-                        metadata: n.identify.metadata_size() > 0,
+                        metadata,
+                        unsplit: if metadata {
+                            0
+                        } else {
+                            unsplit_blocks(max_xfer, n.lba_shift)
+                        },
                     },
                 )
             })
@@ -523,12 +535,41 @@ impl<B: IoBuf> QueuePair<B> {
         }
     }
 
+    /// The hot submission's check of a read or write: the namespace, a
+    /// count of 1 to `unsplit` blocks (no split, no metadata) and the LBA
+    /// range. `None` sends the command to the cold path
+    /// (`submit_data_cold`), which checks everything one by one and gives
+    /// the refusal its reason.
+    #[inline(always)]
+    fn check_unsplit(&mut self, nsid: u32, slba: u64, nlb: u32) -> Option<NsGeom> {
+        self.stamp_if_idle();
+        if self.eng.stopped.is_some() {
+            return None;
+        }
+        let g = self.geom(nsid)?;
+        if nlb.wrapping_sub(1) >= g.unsplit {
+            return None;
+        }
+        match slba.checked_add(u64::from(nlb)) {
+            Some(end) if end <= g.nsze => Some(g),
+            _ => None,
+        }
+    }
+
     /// A command about to be armed: on an idle queue, read the clock (see
     /// `Timeouts::stamp_if_idle`).
     #[inline(always)]
     fn stamp_if_idle(&mut self) {
         self.eng.stamp_if_idle(0);
     }
+}
+
+/// The most blocks of `1 << lba_shift` bytes one command carries without
+/// a split under a `max_xfer`-byte limit: the largest `nlb` with
+/// `nlb <= MAX_NLB` and `nlb << lba_shift <= max_xfer`.
+fn unsplit_blocks(max_xfer: u64, lba_shift: u32) -> u32 {
+    let by_bytes = max_xfer.checked_shr(lba_shift).unwrap_or(0);
+    by_bytes.min(u64::from(MAX_NLB)) as u32
 }
 
 /// The CQ head batch a queue of `depth` commands wants: fewer CQ head

@@ -61,24 +61,31 @@ impl<B: IoBuf> QueuePair<B> {
     #[inline(always)]
     pub(super) fn take_cqe<F: FnMut(Completion<B>)>(&mut self, cqe: Cqe, f: &mut F) -> bool {
         match self.eng.trackers.lookup(cqe.cid) {
-            Some(slot) if cqe.sq_id == self.qid => self.eng.complete(
-                slot,
-                cqe.dw0,
-                |timeouts, trackers| {
-                    if NvmeStatus::raw_is_success(cqe.status) {
-                        Ok(())
-                    } else {
-                        Err(error_of(timeouts, trackers, slot, cqe))
-                    }
-                },
-                |_, _| false,
-                f,
-            ),
+            // A success built as a constant into the callback's argument:
+            // a result decided inside `complete` went through memory with
+            // its error's bytes (issue 28).
+            Some(slot) if cqe.sq_id == self.qid && NvmeStatus::raw_is_success(cqe.status) => self
+                .eng
+                .complete(slot, cqe.dw0, |_, _| Ok(()), |_, _| false, f),
+            Some(slot) if cqe.sq_id == self.qid => self.take_failed(slot, cqe, f),
             _ => {
                 self.stale(cqe);
                 false
             }
         }
+    }
+
+    /// End the command in `slot` whose CQE reports an error.
+    #[cold]
+    #[inline(never)]
+    fn take_failed<F: FnMut(Completion<B>)>(&mut self, slot: u16, cqe: Cqe, f: &mut F) -> bool {
+        self.eng.complete(
+            slot,
+            cqe.dw0,
+            |timeouts, trackers| Err(error_of(timeouts, trackers, slot, cqe)),
+            |_, _| false,
+            f,
+        )
     }
 
     /// Count and log a CQE that matches no command in flight.

@@ -37,31 +37,57 @@ impl<B: IoBuf> QueuePair<B> {
     /// Submit a [`Read`] built with options (FUA, limited retry).
     #[inline]
     pub fn submit_read(&mut self, cmd: Read, buf: B, tag: u64) -> Result<(), SubmitError<B>> {
-        self.submit_data(cmd.sqe(), cmd.nsid(), cmd.slba(), cmd.nlb(), buf, tag, true)
+        self.submit_data(cmd, cmd.nsid(), cmd.slba(), cmd.nlb(), buf, tag, true)
     }
 
     /// Submit a [`Write`] built with options (FUA, limited retry).
     #[inline]
     pub fn submit_write(&mut self, cmd: Write, buf: B, tag: u64) -> Result<(), SubmitError<B>> {
-        self.submit_data(
-            cmd.sqe(),
-            cmd.nsid(),
-            cmd.slba(),
-            cmd.nlb(),
-            buf,
-            tag,
-            false,
-        )
+        self.submit_data(cmd, cmd.nsid(), cmd.slba(), cmd.nlb(), buf, tag, false)
     }
 
     // Always inlined into `read`/`write`: the call's register saves are
     // stores, and on a busy queue the submitting core waits on its store
-    // buffer (SQE and doorbell lines shared with the device).
+    // buffer (SQE and doorbell lines shared with the device). The command
+    // is encoded only where its SQE is written: an `Sqe` argument was
+    // built in memory before the checks, for the cold path's sake, and
+    // then written again from registers (issue 28).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    pub(super) fn submit_data(
+    pub(super) fn submit_data<C: Command>(
         &mut self,
-        sqe: Sqe,
+        cmd: C,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        buf: B,
+        tag: u64,
+        device_writes: bool,
+    ) -> Result<(), SubmitError<B>> {
+        let Some(g) = self.check_unsplit(nsid, slba, nlb) else {
+            return self.submit_data_cold(cmd, nsid, slba, nlb, buf, tag, device_writes);
+        };
+        if let Err(mapped) = buf.check_dir(device_writes) {
+            return Err(wrong_direction(mapped, device_writes, buf));
+        }
+        if !buf.is_mapped_in(&self.space) {
+            return Err(SubmitError {
+                kind: SubmitErrorKind::NotDmaMapped,
+                buf,
+            });
+        }
+        self.submit_one(cmd, (nlb as u64) << g.lba_shift, buf, tag)
+    }
+
+    /// `submit_data` for a command its one compare did not pass: every
+    /// check in turn (stopped, namespace, count, range, metadata,
+    /// direction, mapping), then a split or a single command.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn submit_data_cold<C: Command>(
+        &mut self,
+        cmd: C,
         nsid: u32,
         slba: u64,
         nlb: u32,
@@ -82,15 +108,7 @@ impl<B: IoBuf> QueuePair<B> {
             });
         }
         if let Err(mapped) = buf.check_dir(device_writes) {
-            let needs = if device_writes {
-                "write into it (read command)"
-            } else {
-                "read from it (write command)"
-            };
-            return Err(SubmitError {
-                kind: SubmitErrorKind::WrongDirection { mapped, needs },
-                buf,
-            });
+            return Err(wrong_direction(mapped, device_writes, buf));
         }
         if !buf.is_mapped_in(&self.space) {
             return Err(SubmitError {
@@ -100,8 +118,21 @@ impl<B: IoBuf> QueuePair<B> {
         }
         let bytes = (nlb as u64) << g.lba_shift;
         if nlb > MAX_NLB || bytes > self.eng.max_xfer {
-            return self.submit_split(sqe, g.lba_shift, slba, nlb, buf, tag);
+            return self.submit_split(cmd.sqe(), g.lba_shift, slba, nlb, buf, tag);
         }
+        self.submit_one(cmd, bytes, buf, tag)
+    }
+
+    /// Post one checked command of `bytes` bytes: a slot, its PRPs, its
+    /// tracker, its SQE.
+    #[inline(always)]
+    fn submit_one<C: Command>(
+        &mut self,
+        cmd: C,
+        bytes: u64,
+        buf: B,
+        tag: u64,
+    ) -> Result<(), SubmitError<B>> {
         let Some(slot) = self.eng.trackers.alloc() else {
             return Err(SubmitError {
                 kind: SubmitErrorKind::QueueFull,
@@ -120,7 +151,7 @@ impl<B: IoBuf> QueuePair<B> {
         let cid = self.eng.arm(slot, tag, Some(buf));
         let stream = self.eng.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
         self.sq
-            .push_with(sqe.with_cid(cid).with_prp(prp1, prp2), stream);
+            .push_with(cmd.sqe().with_cid(cid).with_prp(prp1, prp2), stream);
         Ok(())
     }
 
@@ -250,5 +281,20 @@ impl<B: IoBuf> QueuePair<B> {
     #[inline]
     pub fn submit(&mut self) -> bool {
         Wire::submit(self)
+    }
+}
+
+/// The refusal of a buffer mapped `mapped` for a command that needs the
+/// device to write into it (`device_writes`, a read) or read from it.
+#[cold]
+fn wrong_direction<B>(mapped: DmaDir, device_writes: bool, buf: B) -> SubmitError<B> {
+    let needs = if device_writes {
+        "write into it (read command)"
+    } else {
+        "read from it (write command)"
+    };
+    SubmitError {
+        kind: SubmitErrorKind::WrongDirection { mapped, needs },
+        buf,
     }
 }
