@@ -42,8 +42,16 @@ pub const PHASE_ABORT: u32 = 4;
 /// How many failures a job describes in detail.
 pub const MAX_FAILURE_DETAILS: usize = 8;
 
-/// The longest one idle wait of `--wait irq|hybrid` lasts.
+/// The longest one idle wait of `--wait irq|hybrid` lasts with I/O in
+/// flight.
 const IDLE_WAIT: Duration = Duration::from_millis(10);
+
+/// The longest a rate-limited job with nothing in flight sleeps before
+/// its next I/O is due. The controller unparks the job threads at each
+/// phase change and per-second tick, so this bound only limits a sleep
+/// nobody ends: each wake-up of an idle job costs CPU (issue 26's "an
+/// idle queue pair uses under 1 % of a CPU" at 1 IOPS).
+const IDLE_SLEEP: Duration = Duration::from_millis(250);
 
 /// Highest latency the histogram tracks (60 s, in ns); larger values saturate.
 pub const HIST_MAX_NS: u64 = 60_000_000_000;
@@ -830,8 +838,9 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
     /// `--wait irq|hybrid`, after a poll found nothing: with I/O in
     /// flight, wait on the queue (it sleeps on its interrupt as its policy
     /// says) until the next rate-limited I/O is due; with none, under a
-    /// rate limit, sleep until then. At most [`IDLE_WAIT`] either way, so
-    /// phase changes and per-second samples are seen.
+    /// rate limit, sleep until then. At most [`IDLE_WAIT`] with I/O in
+    /// flight; with none, at most [`IDLE_SLEEP`], since the controller
+    /// unparks the job threads at phase changes and per-second samples.
     #[cold]
     #[inline(never)]
     fn idle_wait(&mut self, budget: u64) -> Result<usize, QueueError> {
@@ -841,13 +850,16 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         } else {
             IDLE_WAIT
         };
-        let t = due.min(IDLE_WAIT);
         if self.st.inflight == 0 {
+            let t = due.min(IDLE_SLEEP);
             if self.rate_ticks > 0 && !t.is_zero() {
-                std::thread::sleep(t);
+                // Ended early by the controller's unpark (phase change,
+                // per-second tick); a spurious return only costs a turn.
+                std::thread::park_timeout(t);
             }
             return Ok(0);
         }
+        let t = due.min(IDLE_WAIT);
         let st = &mut self.st;
         let clock = &self.clock;
         let n = self.q.wait(t, |slot, status| {

@@ -421,6 +421,11 @@ pub fn run_devices(
         handles.push(h);
     }
     drop(tx);
+    // Idle rate-limited jobs park until their next I/O: a phase change or
+    // a per-second tick unparks them (`wake`), so they see it at once.
+    let job_threads: Vec<std::thread::Thread> =
+        handles.iter().map(|h| h.thread().clone()).collect();
+    let wake = || job_threads.iter().for_each(std::thread::Thread::unpark);
     let mut setup_err = None;
     for _ in 0..o.jobs {
         match rx.recv() {
@@ -439,6 +444,7 @@ pub fn run_devices(
     }
     if let Some(e) = setup_err {
         shared.phase.store(PHASE_ABORT, Ordering::Release);
+        wake();
         for h in handles {
             let _ = h.join();
         }
@@ -454,6 +460,7 @@ pub fn run_devices(
     };
     if !o.warmup.is_zero() {
         shared.phase.store(PHASE_WARMUP, Ordering::Release);
+        wake();
         let t0 = Instant::now();
         let first = counts(&shared).iter().sum::<u64>();
         let mut last = (t0, first);
@@ -476,6 +483,7 @@ pub fn run_devices(
     let t0 = Instant::now();
     let base = counts(&shared);
     shared.phase.store(PHASE_MEASURE, Ordering::Release);
+    wake();
     // The measured phase cut into intervals, each a per-second sample; the
     // intervals cover the phase from t0 to the last count, so the IOPS
     // figures come from the same completions as the samples.
@@ -541,6 +549,7 @@ pub fn run_devices(
                     });
                     // Jobs snapshot their histograms when they see the new tick.
                     shared.tick.fetch_add(1, Ordering::Relaxed);
+                    wake();
                 }
             }
             last_t = now;
@@ -566,6 +575,7 @@ pub fn run_devices(
         .map(|j| intervals.iter().map(|i| i.counts[j]).sum())
         .collect();
     shared.phase.store(PHASE_STOP, Ordering::Release);
+    wake();
     let sched_after = crate::sched::snapshot();
     let iommu_after: Vec<_> = targets.iter().map(|t| t.iommu_stats()).collect();
     let proc_after = job::process_cpu();
