@@ -128,11 +128,12 @@ pub fn dlfeat_reads_zeroes(dlfeat: u8) -> bool {
 /// turns into a block status (`errno_to_blk_status`): medium errors are
 /// `-ENODATA` (BLK_STS_MEDIUM), capacity `-ENOSPC`, protection errors
 /// `-EILSEQ`, a timeout `-ETIMEDOUT`, a dead link or controller
-/// `-ENOLINK` (BLK_STS_TRANSPORT), everything else `-EIO`.
+/// (NVMe/TCP: the queue pair's connection ended) `-ENOLINK`
+/// (BLK_STS_TRANSPORT), everything else `-EIO`.
 pub fn errno_of(e: &IoError) -> i32 {
     let n = match e {
         IoError::TimedOut => libc::ETIMEDOUT,
-        IoError::ControllerFailed => libc::ENOLINK,
+        IoError::ControllerFailed | IoError::ConnectionLost => libc::ENOLINK,
         IoError::Aborted | IoError::AbortedByReset => libc::EIO,
         IoError::Nvme(s) => match (s.sct, s.sc) {
             (sct::GENERIC, generic::CAPACITY_EXCEEDED) => libc::ENOSPC,
@@ -217,6 +218,10 @@ mod tests {
         assert_eq!(errno_of(&IoError::TimedOut), -libc::ETIMEDOUT);
         assert_eq!(errno_of(&IoError::ControllerFailed), -libc::ENOLINK);
         assert_eq!(errno_of(&IoError::AbortedByReset), -libc::EIO);
+        // NVMe/TCP: the queue pair's connection ended — a dead link, as
+        // BLK_STS_TRANSPORT says, not a plain I/O error.
+        assert_eq!(errno_of(&IoError::ConnectionLost), -libc::ENOLINK);
+        assert!(!retriable(&IoError::ConnectionLost));
         assert!(retriable(&IoError::AbortedByReset));
         assert!(!retriable(&IoError::ControllerFailed));
         assert_eq!(refusal_errno(&SubmitErrorKind::QueueFull), None);
