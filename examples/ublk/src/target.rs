@@ -7,6 +7,7 @@
 use mcqio::core::block::BlockQueue;
 use mcqio::nvme::spec::sqe::Write;
 use mcqio::nvme::spec::status::{generic, media, sct};
+use mcqio::nvme::tcp::TcpQueuePair;
 use mcqio::ufs::UfsQueuePair;
 use mcqio::{DmaBuf, IoError, QueuePair, SubmitError, SubmitErrorKind, UfsError};
 
@@ -53,6 +54,37 @@ impl Target for QueuePair<DmaBuf> {
         tag: u64,
     ) -> Result<(), SubmitError<()>> {
         QueuePair::write_zeroes(self, at, lba, blocks, tag)
+    }
+}
+
+/// NVMe/TCP: the engine's queue pair has neither (the server never
+/// advertises them for it: see `device::caps_of`).
+impl Target for TcpQueuePair<DmaBuf> {
+    fn write_fua(
+        &mut self,
+        _at: u32,
+        _lba: u64,
+        _blocks: u32,
+        buf: DmaBuf,
+        _tag: u64,
+    ) -> Result<(), SubmitError<DmaBuf>> {
+        Err(SubmitError {
+            kind: SubmitErrorKind::Unsupported("FUA writes over NVMe/TCP"),
+            buf,
+        })
+    }
+
+    fn write_zeroes(
+        &mut self,
+        _at: u32,
+        _lba: u64,
+        _blocks: u32,
+        _tag: u64,
+    ) -> Result<(), SubmitError<()>> {
+        Err(SubmitError {
+            kind: SubmitErrorKind::Unsupported("Write Zeroes over NVMe/TCP"),
+            buf: (),
+        })
     }
 }
 
