@@ -4,7 +4,8 @@
 # verify, each at iodepth 1 and 32 with 1 and 2 jobs; plus bsrange, trim,
 # flush and batched submit/complete. The same verify, randrw and mixed runs
 # on the fake UFS host controller (fake-ufs: MCQ, and the legacy
-# single-doorbell list with mcq=0). Every run must exit 0 and report no job
+# single-doorbell list with mcq=0), and on an NVMe/TCP target (the
+# fixtures' mcqio-fake-tcp on loopback). Every run must exit 0 and report no job
 # error in its JSON. Prints an IOPS table, then the same randread workload
 # through fio+engine and through mcqio-perf on the same fake device, NVMe and
 # UFS.
@@ -290,6 +291,71 @@ rw=randread
 EOF
 } >"$f"
 run ufs-legacy-qd16 "$f"
+
+# Issue 24: an NVMe/TCP target, the fixtures' fake as a process
+# (mcqio-fake-tcp ram: 64 MiB in 4 KiB blocks on a loopback port; filename
+# tcp\:127.0.0.1\:PORT/NQN, colons escaped for fio), each job on its own
+# connection: verify at QD 1 and 32 with 2 jobs, with and without digests,
+# randrw, and bsrange and the batched job with flushes (the fake has no
+# Dataset Management, so no trim); never-written blocks must fail
+# verification.
+(cd "$root" && cargo build --release -q -p mcqio-fixtures --bin mcqio-fake-tcp)
+"$target/release/mcqio-fake-tcp" ram 600 >"$work/fake-tcp.out" 2>"$work/fake-tcp.log" &
+tcp_pid=$!
+for _ in $(seq 100); do
+	[ -s "$work/fake-tcp.out" ] && break
+	sleep 0.1
+done
+tcp_dev=$(head -n1 "$work/fake-tcp.out" 2>/dev/null || true)
+if [ "${tcp_dev#tcp:}" = "$tcp_dev" ]; then
+	echo "FAIL mcqio-fake-tcp printed no device string: '$tcp_dev'" >&2
+	sed 's/^/    /' "$work/fake-tcp.log" >&2
+	failed=1
+else
+	tcp_file=${tcp_dev//:/\\:}
+	for digests in "" ",hdgst,ddgst"; do
+		for qd in 1 32; do
+			f="$work/tcp-verify-qd$qd$digests.fio"
+			{
+				global "$tcp_file$digests"
+				verify_jobs "$qd" 2
+			} >"$f"
+			run "tcp-verify-qd$qd-j2${digests:+-digests}" "$f"
+		done
+	done
+	f="$work/tcp-randrw.fio"
+	{
+		global "$tcp_file,ddgst"
+		cat <<EOF
+iodepth=32
+numjobs=2
+
+[randrw]
+rw=randrw
+rwmixread=70
+verify=crc32c
+EOF
+	} >"$f"
+	run tcp-randrw-qd32-j2 "$f"
+	# bsrange within the fake's 8 KiB per command (its MAXH2CDATA bounds
+	# the engine's transfers), then batched with flushes.
+	f="$work/tcp-mixed.fio"
+	{
+		global "$tcp_file"
+		mixed_jobs | sed -e 's/^bsrange=.*/bsrange=4k-8k/' -e '/^\[trim\]/,$d'
+	} >"$f"
+	run tcp-mixed-no-trim "$f"
+	if fio --name=w --ioengine=external:"$so" --thread --filename="$tcp_file" --rw=randwrite --bs=4k --size=1m \
+		--verify=crc32c --do_verify=0 --name=r --stonewall --ioengine=external:"$so" --thread \
+		--filename="$tcp_file" --rw=randread --bs=4k --size=1m --offset=48m --verify=crc32c >"$work/neg-tcp.log" 2>&1 ||
+		! grep -q 'verify: bad magic header' "$work/neg-tcp.log"; then
+		echo "FAIL: verify of never-written NVMe/TCP blocks did not fail" >&2
+		sed 's/^/    /' "$work/neg-tcp.log" >&2
+		failed=1
+	fi
+fi
+kill "$tcp_pid" 2>/dev/null || true
+wait "$tcp_pid" 2>/dev/null || true
 
 # The verify runs above can fail: reading back a range that was never
 # written must fail verification (the fake shares its data across the jobs).

@@ -9,6 +9,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use mcqio::nvme::spec::sqe::{Command, Identify};
+use mcqio::nvme::tcp::TcpController;
 use mcqio::ufs::UfsQpairOptions;
 use mcqio::{Controller, QpairOptions, TimeoutPolicy, WaitPolicy};
 use mcqio_open::{BlockUnit, Device};
@@ -72,17 +73,25 @@ pub fn caps_of(dev: &Device, u: &BlockUnit, max_io: u64) -> Caps {
                 },
             }
         }
-        // Never served (see `serve`); conservative all the same.
-        Device::Tcp(_) => Caps {
-            block_shift,
-            blocks: u.blocks,
-            max_io,
-            volatile_cache: true,
-            fua: false,
-            discard: false,
-            discard_zeroes: false,
-            write_zeroes_blocks: 0,
-        },
+        // The same Identify fields as over PCIe; `max_io` is already
+        // within the controller's per-command bound (MDTS, and MAXH2CDATA:
+        // `TcpController::max_transfer`). The engine's NVMe/TCP queue pair
+        // has no FUA write and no Write Zeroes, so neither is offered: the
+        // block layer emulates FUA with a flush and writes zeroes itself.
+        Device::Tcp(c) => {
+            let id = c.identify();
+            let dsm = id.supports_dsm();
+            Caps {
+                block_shift,
+                blocks: u.blocks,
+                max_io,
+                volatile_cache: id.has_volatile_write_cache(),
+                fua: false,
+                discard: dsm,
+                discard_zeroes: dsm && tcp_dlfeat(c, u.id).is_some_and(dlfeat_reads_zeroes),
+                write_zeroes_blocks: 0,
+            }
+        }
         Device::Ufs(_) => Caps {
             block_shift,
             blocks: u.blocks,
@@ -103,6 +112,14 @@ pub fn caps_of(dev: &Device, u: &BlockUnit, max_io: u64) -> Caps {
 pub fn nvme_dlfeat(c: &Controller, nsid: u32) -> Option<u8> {
     let (_, page) = c
         .admin_read(Identify::namespace(nsid).sqe(), "Identify Namespace")
+        .ok()?;
+    page.get(DLFEAT).copied()
+}
+
+/// [`nvme_dlfeat`] over NVMe/TCP.
+pub fn tcp_dlfeat(c: &TcpController, nsid: u32) -> Option<u8> {
+    let (_, page) = c
+        .admin_read(Identify::namespace(nsid).sqe(), 4096, "Identify Namespace")
         .ok()?;
     page.get(DLFEAT).copied()
 }
@@ -240,9 +257,26 @@ pub fn serve(
             })
             .map_err(|e| e.to_string())
         }
-        Device::Tcp(_) => Err(
-            "the ublk server does not serve NVMe/TCP devices yet (no FUA/Write Zeroes target for its queue pairs)".into(),
-        ),
+        // One connection per queue thread, as per core over PCIe.
+        Device::Tcp(c) => {
+            // The target's queues hold CAP.MQES entries (Linux's nvmet-tcp
+            // and the fake: 128); beyond them a request waits for a
+            // completion instead of failing.
+            let most = c.cap().max_queue_entries().saturating_sub(1).clamp(2, 4096) as u16;
+            let opts = QpairOptions {
+                depth: o.depth.saturating_mul(2).clamp(2, most),
+                io_timeout: o.io_timeout,
+                timeout_policy: TimeoutPolicy::default(),
+                wait: o.wait,
+                ..QpairOptions::default()
+            };
+            let events = std::sync::Mutex::new(events);
+            mcqio::run_per_core(c, n, opts, |i, qp| {
+                let tx = events.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                serve_queue(i as u16, qp, unit_id, dev, o, &tx, stop)
+            })
+            .map_err(|e| e.to_string())
+        }
         Device::Ufs(c) => {
             let at = u8::try_from(unit_id).map_err(|_| format!("LUN {unit_id} out of range"))?;
             let opts = UfsQpairOptions {

@@ -3,7 +3,8 @@
 //! Linux's ublk driver (`ublk_drv`, 6.12 and later here) exposes
 //! `/dev/ublkbN`, whose requests a user-space server answers over
 //! io_uring. `mcqio-ublk add <device-string>` is such a server for every
-//! device the engine opens (`vfio:<BDF>` NVMe or UFS, `fake`, `fake-ufs`),
+//! device the engine opens (`vfio:<BDF>` NVMe or UFS, `fake`, `fake-ufs`,
+//! `tcp:<addr>:<port>/<nqn>` NVMe/TCP targets, one connection per queue),
 //! so unmodified programs — `mkfs.ext4`, `mount`, fio's kernel engines,
 //! databases — run on the user-space driver.
 //!

@@ -31,7 +31,8 @@ enum Cmd {
     /// SIGINT or SIGTERM, then delete it.
     Add {
         /// The device: vfio:<BDF> (NVMe or UFS bound to vfio-pci), fake[,size=..,lbs=..],
-        /// fake-ufs[,...] (mcqio's device-string language).
+        /// fake-ufs[,...], tcp:<addr>:<port>/<nqn>[,hdgst,ddgst,...] (an NVMe/TCP target)
+        /// (mcqio's device-string language).
         device: String,
         /// ublk queues, each served by one pinned thread with its own
         /// engine queue pair.
@@ -228,7 +229,14 @@ fn add(a: AddArgs) -> Result<(), String> {
     if a.recovery {
         mcqio_ublk::recover::recoverable(&spec).map_err(|e| format!("--recovery: {e}"))?;
     }
-    let backing = spec.backing("mcqio-ublk").map_err(|e| e.to_string())?;
+    let mut backing = spec.backing("mcqio-ublk").map_err(|e| e.to_string())?;
+    // NVMe/TCP: one connection per ublk queue; ask for as many I/O queues
+    // unless the device string gives `qpairs=`.
+    if let mcqio_open::Backing::Tcp { options, .. } = &mut backing {
+        if spec.opts.qpairs.is_none() {
+            options.io_queues = a.queues;
+        }
+    }
     let mut copts = CtrlOptions {
         nvme: ControllerOptions {
             io_queues: a.queues,

@@ -7,6 +7,7 @@
 use mcqio::core::block::BlockQueue;
 use mcqio::nvme::spec::sqe::Write;
 use mcqio::nvme::spec::status::{generic, media, sct};
+use mcqio::nvme::tcp::TcpQueuePair;
 use mcqio::ufs::UfsQueuePair;
 use mcqio::{DmaBuf, IoError, QueuePair, SubmitError, SubmitErrorKind, UfsError};
 
@@ -53,6 +54,37 @@ impl Target for QueuePair<DmaBuf> {
         tag: u64,
     ) -> Result<(), SubmitError<()>> {
         QueuePair::write_zeroes(self, at, lba, blocks, tag)
+    }
+}
+
+/// NVMe/TCP: the engine's queue pair has neither (the server never
+/// advertises them for it: see `device::caps_of`).
+impl Target for TcpQueuePair<DmaBuf> {
+    fn write_fua(
+        &mut self,
+        _at: u32,
+        _lba: u64,
+        _blocks: u32,
+        buf: DmaBuf,
+        _tag: u64,
+    ) -> Result<(), SubmitError<DmaBuf>> {
+        Err(SubmitError {
+            kind: SubmitErrorKind::Unsupported("FUA writes over NVMe/TCP"),
+            buf,
+        })
+    }
+
+    fn write_zeroes(
+        &mut self,
+        _at: u32,
+        _lba: u64,
+        _blocks: u32,
+        _tag: u64,
+    ) -> Result<(), SubmitError<()>> {
+        Err(SubmitError {
+            kind: SubmitErrorKind::Unsupported("Write Zeroes over NVMe/TCP"),
+            buf: (),
+        })
     }
 }
 
@@ -128,11 +160,12 @@ pub fn dlfeat_reads_zeroes(dlfeat: u8) -> bool {
 /// turns into a block status (`errno_to_blk_status`): medium errors are
 /// `-ENODATA` (BLK_STS_MEDIUM), capacity `-ENOSPC`, protection errors
 /// `-EILSEQ`, a timeout `-ETIMEDOUT`, a dead link or controller
-/// `-ENOLINK` (BLK_STS_TRANSPORT), everything else `-EIO`.
+/// (NVMe/TCP: the queue pair's connection ended) `-ENOLINK`
+/// (BLK_STS_TRANSPORT), everything else `-EIO`.
 pub fn errno_of(e: &IoError) -> i32 {
     let n = match e {
         IoError::TimedOut => libc::ETIMEDOUT,
-        IoError::ControllerFailed => libc::ENOLINK,
+        IoError::ControllerFailed | IoError::ConnectionLost => libc::ENOLINK,
         IoError::Aborted | IoError::AbortedByReset => libc::EIO,
         IoError::Nvme(s) => match (s.sct, s.sc) {
             (sct::GENERIC, generic::CAPACITY_EXCEEDED) => libc::ENOSPC,
@@ -217,6 +250,10 @@ mod tests {
         assert_eq!(errno_of(&IoError::TimedOut), -libc::ETIMEDOUT);
         assert_eq!(errno_of(&IoError::ControllerFailed), -libc::ENOLINK);
         assert_eq!(errno_of(&IoError::AbortedByReset), -libc::EIO);
+        // NVMe/TCP: the queue pair's connection ended — a dead link, as
+        // BLK_STS_TRANSPORT says, not a plain I/O error.
+        assert_eq!(errno_of(&IoError::ConnectionLost), -libc::ENOLINK);
+        assert!(!retriable(&IoError::ConnectionLost));
         assert!(retriable(&IoError::AbortedByReset));
         assert!(!retriable(&IoError::ControllerFailed));
         assert_eq!(refusal_errno(&SubmitErrorKind::QueueFull), None);

@@ -1,5 +1,6 @@
 //! The server's request mapping and per-tag state machine, on the
-//! engine's fakes (`fake`, `fake-ufs`) with the kernel's side of the ublk
+//! engine's fakes (`fake`, `fake-ufs`, and the fake NVMe/TCP target on
+//! loopback) with the kernel's side of the ublk
 //! queue played by [`FakeQueue`], which panics on any protocol breach
 //! (an answer to a request never made, a second answer, a FETCH twice,
 //! a READ answered with the wrong number of bytes).
@@ -828,5 +829,221 @@ fn the_null_target_answers_everything_at_once() {
         s.stats().queue_full > 0,
         "16 requests on a target with room for 4"
     );
+    shut_down(s);
+}
+
+/// A fake NVMe/TCP target on loopback: namespace 1 RAM in 512-byte
+/// blocks (4 MiB), namespace 2 RAM in 4 KiB blocks (4 MiB); MAXH2CDATA
+/// 32 KiB, so a 32 KiB request goes by R2T and a read in many C2HData.
+fn tcp_target() -> mcqio_fixtures::tcp::FakeTcpTarget {
+    use mcqio_fixtures::tcp::{FakeTcpTarget, TcpBacking, TcpNamespace, TcpTargetConfig};
+    FakeTcpTarget::start(TcpTargetConfig {
+        namespaces: vec![
+            TcpNamespace {
+                blocks: 8192,
+                lba_shift: 9,
+                backing: TcpBacking::Ram,
+            },
+            TcpNamespace {
+                blocks: 1024,
+                lba_shift: 12,
+                backing: TcpBacking::Ram,
+            },
+        ],
+        maxh2cdata: 32 << 10,
+        ..TcpTargetConfig::default()
+    })
+    .expect("fake target")
+}
+
+fn tcp_ctrl(o: &Opened) -> std::sync::Arc<mcqio::nvme::tcp::TcpController> {
+    match &o.device {
+        Device::Tcp(c) => c.clone(),
+        Device::Nvme(_) | Device::Ufs(_) => panic!("not NVMe/TCP"),
+    }
+}
+
+/// The capabilities of a `tcp:` unit come from what the target reports:
+/// its block size and capacity, the controller's per-command bound
+/// (MDTS, MAXH2CDATA), and ONCS/VWC — the fake has no volatile cache and
+/// no Dataset Management, so neither flush nor discard is offered; the
+/// engine's NVMe/TCP queue pair has no FUA write or Write Zeroes.
+#[test]
+fn tcp_capabilities_from_what_the_target_reports() {
+    let t = tcp_target();
+    for (unit_id, shift, blocks) in [(1u32, 9u32, 8192u64), (2, 12, 1024)] {
+        let o = open(&format!("tcp:{}/{},hdgst,ddgst", t.addr(), t.subnqn()));
+        let ctrl = tcp_ctrl(&o);
+        let u = unit(&o.device, Some(unit_id)).unwrap();
+        let c = caps_of(&o.device, &u, 1 << 30);
+        assert_eq!((c.block_shift, c.blocks), (shift, blocks));
+        assert_eq!(u64::from(c.max_io), ctrl.max_transfer());
+        assert!(
+            c.max_io <= ctrl.maxh2cdata(),
+            "within MAXH2CDATA: {c:?} {}",
+            ctrl.maxh2cdata()
+        );
+        assert!(!ctrl.identify().has_volatile_write_cache());
+        assert!(!ctrl.identify().supports_dsm());
+        assert!(!c.volatile_cache && !c.fua && !c.discard && !c.discard_zeroes);
+        assert_eq!(c.write_zeroes_blocks, 0);
+        // A smaller request size asked for is kept, in whole blocks.
+        let small = caps_of(&o.device, &u, 5000);
+        assert_eq!(small.max_io, 5000 >> shift << shift);
+        let p = params_of(&c);
+        assert_eq!(p.basic.logical_bs_shift, shift as u8);
+        assert_eq!(p.basic.dev_sectors, blocks << (shift - 9));
+        assert_eq!(p.basic.max_sectors, c.max_io >> 9);
+        assert_eq!(p.basic.attrs, 0, "no volatile cache: no FLUSH, no FUA");
+        assert_eq!(
+            p.types,
+            sys::PARAM_TYPE_BASIC,
+            "no discard, no write zeroes"
+        );
+        assert_eq!(
+            map_request(&desc(sys::IO_OP_DISCARD, 0, 8), &c),
+            Err(-libc::EOPNOTSUPP)
+        );
+        assert_eq!(
+            map_request(&desc(sys::IO_OP_WRITE_ZEROES, 0, 8), &c),
+            Err(-libc::EOPNOTSUPP)
+        );
+    }
+}
+
+/// Writes then reads through the server on an NVMe/TCP queue pair, with
+/// and without digests, both block sizes; the data the kernel gets back
+/// is what it wrote, and the target holds it.
+#[test]
+fn tcp_write_read_roundtrip() {
+    let t = tcp_target();
+    for (digests, unit_id) in [("", 1u32), (",hdgst,ddgst", 1), (",hdgst,ddgst", 2)] {
+        let o = open(&format!("tcp:{}/{}{digests}", t.addr(), t.subnqn()));
+        let u = unit(&o.device, Some(unit_id)).unwrap();
+        let c = caps_of(&o.device, &u, 32 << 10);
+        assert_eq!(c.max_io, 32 << 10);
+        let mut qp = tcp_ctrl(&o)
+            .create_qpair(QpairOptions {
+                depth: 16,
+                ..QpairOptions::default()
+            })
+            .unwrap();
+        let mut s = Server::new(
+            FakeQueue::new(0, 8),
+            &mut qp,
+            unit_id,
+            c,
+            o.device.dma().clone(),
+        )
+        .unwrap();
+        s.start().unwrap();
+        roundtrip(&mut s, &c);
+        // The target holds the first write (one block at sector 0).
+        let bs = 1usize << c.block_shift;
+        assert_eq!(
+            t.read_back(unit_id, 0, bs).unwrap(),
+            pattern(1, bs),
+            "{digests} unit {unit_id}"
+        );
+        // A flush is answered (the block layer sends none without a
+        // volatile cache, but one that comes is not refused).
+        let a = exchange(&mut s, vec![(desc(sys::IO_OP_FLUSH, 0, 0), None)]);
+        assert_eq!(a[0].result, 0, "{a:?}");
+        shut_down(s);
+    }
+}
+
+/// A device error reaches the block layer as its errno, and a connection
+/// the target drops mid-command as -ENOLINK (a dead link), the request
+/// answered once; the queue's server then ends with the transport error
+/// (its queue pair is gone) rather than serve on a dead connection.
+#[test]
+fn tcp_errors_reach_the_block_layer_as_errnos() {
+    use mcqio_fixtures::tcp::TcpFault;
+    let t = tcp_target();
+    let o = open(&format!("tcp:{}/{}", t.addr(), t.subnqn()));
+    let c = caps(&o, 32 << 10);
+    let mut qp = tcp_ctrl(&o)
+        .create_qpair(QpairOptions {
+            depth: 16,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 4),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
+    s.start().unwrap();
+    // Unrecovered Read Error (media, 0x81) on the next read.
+    t.faults().inject_next(
+        None,
+        Some(0x02),
+        TcpFault::Status {
+            sct: 2,
+            sc: 0x81,
+            dnr: true,
+        },
+    );
+    let a = exchange(&mut s, vec![(desc(sys::IO_OP_READ, 0, 8), None)]);
+    assert_eq!(a[0].result, -libc::ENODATA, "{a:?}");
+    // The target drops the connection on the next write.
+    t.faults()
+        .inject_next(None, Some(0x01), TcpFault::Disconnect);
+    let a = exchange(
+        &mut s,
+        vec![(desc(sys::IO_OP_WRITE, 0, 8), Some(pattern(9, 4096)))],
+    );
+    assert_eq!(a[0].result, -libc::ENOLINK, "{a:?}");
+    s.queue_mut().abort();
+    let e = s.run(&AtomicBool::new(false)).unwrap_err();
+    assert!(e.to_string().contains("closed the connection"), "{e}");
+    let (_, stats) = s.finish();
+    assert_eq!(stats.protocol_errors, 0, "{stats:?}");
+}
+
+/// More tags than the NVMe/TCP queue pair holds (the target's queues are
+/// small: CAP.MQES): the rest wait for a completion, none fails, and
+/// every block reads back what was written.
+#[test]
+fn tcp_more_tags_than_the_queue_pair_holds() {
+    let t = tcp_target();
+    let o = open(&format!("tcp:{}/{},ddgst", t.addr(), t.subnqn()));
+    let c = caps(&o, 32 << 10);
+    let mut qp = tcp_ctrl(&o)
+        .create_qpair(QpairOptions {
+            depth: 3,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    let mut s = Server::new(
+        FakeQueue::new(0, 16),
+        &mut qp,
+        1u32,
+        c,
+        o.device.dma().clone(),
+    )
+    .unwrap();
+    s.start().unwrap();
+    let writes: Vec<_> = (0..16u64)
+        .map(|i| {
+            (
+                desc(sys::IO_OP_WRITE, i * 64, 16),
+                Some(pattern(100 + i, 16 * 512)),
+            )
+        })
+        .collect();
+    for a in exchange(&mut s, writes.clone()) {
+        assert_eq!(a.result, 16 * 512, "{a:?}");
+    }
+    let reads = (0..16u64)
+        .map(|i| (desc(sys::IO_OP_READ, i * 64, 16), None))
+        .collect();
+    for (a, (_, data)) in exchange(&mut s, reads).iter().zip(&writes) {
+        assert_eq!(a.data.as_ref(), data.as_ref(), "tag {}", a.tag);
+    }
     shut_down(s);
 }

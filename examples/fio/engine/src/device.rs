@@ -7,7 +7,8 @@
 //! The transport is chosen once, when the controller is opened, by the
 //! opener every frontend shares ([`mcqio_open::open`]): `fake` is NVMe,
 //! `fake-ufs` UFS, and a `vfio-` function is whichever its PCI class code
-//! says ([`mcqio_open::open::vfio_transport`]).
+//! says ([`mcqio_open::open::vfio_transport`]), and `tcp:` an NVMe/TCP
+//! target (one connection per job's queue pair).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -44,6 +45,9 @@ const UFS_DEPTH: u16 = 256;
 /// An open controller.
 pub struct Device {
     key: String,
+    /// The device string it was opened from, options included (a `tcp:`
+    /// target's digests and queue count must agree between jobs).
+    spec: DeviceSpec,
     opts: DeviceOptions,
     ctrl: Ctrl,
     /// Bytes of job buffers leaked because the device may still access
@@ -85,7 +89,7 @@ impl Device {
             .find(|(k, _)| *k == key)
             .and_then(|(_, w)| w.upgrade())
         {
-            if dev.opts != *opts {
+            if dev.opts != *opts || dev.spec != *kind {
                 return Err(EngineError::OptionsDiffer { device: key });
             }
             return Ok(dev);
@@ -131,6 +135,18 @@ impl Device {
                     options: vo,
                 }
             }
+            DeviceKind::Tcp { addr, subnqn } => {
+                let mut options = kind.tcp_options(subnqn);
+                // One connection per job: as many I/O queues as the
+                // engine's qpairs option, unless the filename says.
+                if kind.opts.qpairs.is_none() {
+                    options.io_queues = o.qpairs;
+                }
+                Backing::Tcp {
+                    addr: addr.clone(),
+                    options,
+                }
+            }
             _ => {
                 return Err(EngineError::Open {
                     device: key,
@@ -153,6 +169,7 @@ impl Device {
         let opened = backing.open(&copts).map_err(open_err)?;
         Ok(Device {
             key,
+            spec: kind.clone(),
             opts: o.clone(),
             ctrl: opened.device,
             leaked: AtomicU64::new(0),
@@ -177,6 +194,7 @@ impl Device {
         };
         let dev = Device {
             key,
+            spec: "fake-ufs".parse().expect("a device string"),
             opts: o.clone(),
             ctrl: opened.device,
             leaked: AtomicU64::new(0),
@@ -206,6 +224,7 @@ impl Device {
         };
         let dev = Device {
             key: "fake (private)".to_string(),
+            spec: "fake".parse().expect("a device string"),
             opts: o.clone(),
             ctrl: opened.device,
             leaked: AtomicU64::new(0),

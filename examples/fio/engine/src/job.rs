@@ -7,7 +7,7 @@
 //! `cleanup`. The queue pair is created in `init`, on the thread that uses
 //! it; nothing on the I/O path locks, allocates or makes a system call.
 //!
-//! The queue pair is NVMe's or UFS's, chosen once in `init` by the device's
+//! The queue pair is NVMe's, UFS's or NVMe/TCP's, chosen once in `init` by the device's
 //! transport (`Qp`); each I/O call matches on it once and runs code that
 //! is generic over [`BlockQueue`], monomorphised per transport (no dynamic
 //! dispatch per I/O).
@@ -16,12 +16,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mcqio::core::block::BlockQueue;
+use mcqio::nvme::tcp::TcpQueuePair;
 use mcqio::ufs::{UfsQpairOptions, UfsQueuePair};
-use mcqio::{DmaSlice, IoError, QpairOptions, QueuePair, SubmitErrorKind, TimeoutPolicy};
+use mcqio::{
+    DmaSlice, IoBuf, IoError, IoSeg, QpairOptions, QueuePair, SubmitErrorKind, TimeoutPolicy,
+};
 use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace, Iova};
 
 use crate::device::{Ctrl, Device};
-use crate::spec::{DeviceOptions, SpecError, Target, Unit};
+use crate::spec::{parse_filename, DeviceOptions, Target, Unit};
 use crate::EngineError;
 
 /// What fio asks a command to do.
@@ -94,6 +97,54 @@ impl FileInfo {
 /// [`DmaSlice::new`] contract), and counted ([`Device::leaked_bytes`]).
 type FioBuf = DmaSlice;
 
+/// fio's buffer for an NVMe/TCP queue pair: the [`FioBuf`] and the host
+/// address of the same bytes, which the wire copies from (writes) and
+/// into (reads) — a socket reaches no memory by IOVA
+/// ([`IoBuf::segment_host`]). Two more words than a `FioBuf`, built per
+/// I/O on the stack; nothing is allocated.
+#[derive(Clone, Copy, Debug)]
+struct TcpBuf {
+    slice: FioBuf,
+    /// Host address of the slice's first byte (an integer, so the buffer
+    /// stays `Send` as the slice is).
+    host: usize,
+}
+
+// SAFETY: the IOVA side is the slice's, under the `DmaSlice::new` contract
+// `Job::queue` upholds (mapped in the controller's space, allocated while
+// the queue pair may touch it, no Rust reference meanwhile). `host` is the
+// job region's host address plus the same offset the slice's IOVA has
+// from the region's IOVA (`Job::queue` builds both from one `start`), so it
+// addresses the same `len` bytes, inside the region, for as long as the
+// slice's memory stays allocated. All answers come from fields that never
+// change.
+unsafe impl IoBuf for TcpBuf {
+    #[inline]
+    fn segment_count(&self) -> usize {
+        1
+    }
+    #[inline]
+    fn segment(&self, i: usize) -> IoSeg {
+        self.slice.segment(i)
+    }
+    #[inline]
+    fn dir(&self) -> DmaDir {
+        self.slice.dir()
+    }
+    #[inline]
+    fn segment_host(&self, _i: usize) -> Option<std::ptr::NonNull<u8>> {
+        std::ptr::NonNull::new(self.host as *mut u8)
+    }
+    #[inline]
+    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
+        self.slice.is_mapped_in(space)
+    }
+    #[inline]
+    fn total_len(&self) -> usize {
+        self.slice.len()
+    }
+}
+
 /// fio's buffers: one region, and where it starts in the host and device
 /// address spaces.
 struct Buffers {
@@ -116,6 +167,9 @@ enum Qp {
     Nvme(QueuePair<FioBuf>),
     /// UFS: commands address a logical unit.
     Ufs(UfsQueuePair<FioBuf>),
+    /// NVMe/TCP: commands address a namespace id; the job's own
+    /// connection.
+    Tcp(TcpQueuePair<TcpBuf>),
 }
 
 impl Qp {
@@ -123,16 +177,17 @@ impl Qp {
         match self {
             Qp::Nvme(q) => q.outstanding(),
             Qp::Ufs(q) => q.outstanding(),
+            Qp::Tcp(q) => q.outstanding(),
         }
     }
 
     /// Close: every command still in flight ends here, those that carried
     /// a buffer and got it back are counted off `bufs`.
     fn close(self, bufs: &mut BufsOut) -> mcqio::Result<()> {
-        let f = |c: mcqio::Completion<FioBuf>| bufs.returned(c.buf.is_some());
         match self {
-            Qp::Nvme(q) => BlockQueue::close(q, f),
-            Qp::Ufs(q) => BlockQueue::close(q, f),
+            Qp::Nvme(q) => BlockQueue::close(q, |c| bufs.returned(c.buf.is_some())),
+            Qp::Ufs(q) => BlockQueue::close(q, |c| bufs.returned(c.buf.is_some())),
+            Qp::Tcp(q) => BlockQueue::close(q, |c| bufs.returned(c.buf.is_some())),
         }
     }
 }
@@ -180,13 +235,13 @@ impl BufsOut {
 /// Submit one command on `qp` (no doorbell). `buf` is `Some` for reads and
 /// writes.
 #[inline]
-fn submit<Q: BlockQueue<Buf = FioBuf>>(
+fn submit<Q: BlockQueue>(
     qp: &mut Q,
     at: Q::Addr,
     op: Op,
     lba: u64,
     blocks: u32,
-    buf: Option<FioBuf>,
+    buf: Option<Q::Buf>,
     tag: u64,
 ) -> Result<(), SubmitErrorKind> {
     match (op, buf) {
@@ -202,7 +257,7 @@ fn submit<Q: BlockQueue<Buf = FioBuf>>(
 /// Poll `qp` until at least `min` (at most `max`) completions are in
 /// `events`, or `timeout` passed.
 #[inline]
-fn reap<Q: BlockQueue<Buf = FioBuf>>(
+fn reap<Q: BlockQueue>(
     qp: &mut Q,
     bufs: &mut BufsOut,
     events: &mut [Event],
@@ -266,7 +321,7 @@ fn errno_of(r: &Result<(), IoError>) -> i32 {
 /// in `reap`.
 #[cold]
 #[inline(never)]
-fn reap_waiting<Q: BlockQueue<Buf = FioBuf>>(
+fn reap_waiting<Q: BlockQueue>(
     qp: &mut Q,
     bufs: &mut BufsOut,
     events: &mut [Event],
@@ -342,7 +397,7 @@ impl Job {
         }
         let targets = names
             .iter()
-            .map(|n| Target::parse(n).map_err(SpecError::from))
+            .map(|n| parse_filename(n))
             .collect::<Result<Vec<_>, _>>()?;
         let kind = &targets[0].device;
         if let Some(t) = targets.iter().find(|t| t.device != *kind) {
@@ -414,12 +469,28 @@ impl Job {
             granted: self.dev.granted_queues(),
         };
         let qp = match self.dev.ctrl() {
-            // `Device::open` refuses `tcp:` devices; kept typed all the same.
-            Ctrl::Tcp(_) => {
-                return Err(EngineError::Qpair {
-                    why: "the fio engine does not drive NVMe/TCP devices yet".into(),
-                    granted: 0,
-                })
+            // The job's own connection. Its depth is capped to the
+            // target's queues (CAP.MQES; Linux's nvmet-tcp and the fake
+            // offer 128 entries): a deeper iodepth gets `Busy` when the
+            // queue is full, as on UFS.
+            Ctrl::Tcp(ctrl) => {
+                let most =
+                    (ctrl.cap().max_queue_entries().saturating_sub(1)).clamp(1, 4096) as usize;
+                if ordered_verify && usize::from(depth) > most {
+                    return Err(EngineError::TcpDepth {
+                        iodepth: u32::from(depth),
+                        depth: most,
+                    });
+                }
+                let qopts = QpairOptions {
+                    // `most` is at most 4096.
+                    depth: depth.min(most as u16),
+                    io_timeout: o.io_timeout,
+                    timeout_policy: TimeoutPolicy::Abort,
+                    wait: o.wait,
+                    ..QpairOptions::default()
+                };
+                Qp::Tcp(ctrl.create_qpair_for::<TcpBuf>(qopts).map_err(qerr)?)
             }
             Ctrl::Nvme(ctrl) => {
                 let qopts = QpairOptions {
@@ -541,7 +612,7 @@ impl Job {
         let Ok(nlb) = u32::try_from(len >> shift) else {
             return Queued::Failed(libc::EINVAL);
         };
-        let buf = match op {
+        let slice = match op {
             Op::Read | Op::Write => {
                 let Some(b) = self.bufs.as_ref() else {
                     return Queued::Failed(libc::EFAULT);
@@ -580,9 +651,16 @@ impl Job {
             Op::Trim | Op::Flush => None,
         };
         let r = match qp {
-            Qp::Nvme(q) => submit(q, unit, op, slba, nlb, buf, tag),
+            Qp::Nvme(q) => submit(q, unit, op, slba, nlb, slice, tag),
+            // The slice's host address: the region's, plus the same offset
+            // its IOVA has (checked inside the region above).
+            Qp::Tcp(q) => {
+                let host = buf as usize;
+                let b = slice.map(|slice| TcpBuf { slice, host });
+                submit(q, unit, op, slba, nlb, b, tag)
+            }
             Qp::Ufs(q) => match u8::try_from(unit) {
-                Ok(lun) => submit(q, lun, op, slba, nlb, buf, tag),
+                Ok(lun) => submit(q, lun, op, slba, nlb, slice, tag),
                 Err(_) => return Queued::Failed(libc::EINVAL),
             },
         };
@@ -610,6 +688,9 @@ impl Job {
             Some(Qp::Ufs(q)) => {
                 q.submit();
             }
+            Some(Qp::Tcp(q)) => {
+                q.submit();
+            }
             None => {}
         }
     }
@@ -632,12 +713,16 @@ impl Job {
                 Some(Qp::Ufs(q)) => {
                     reap_waiting(q, &mut self.out, &mut self.events, min, max, timeout)
                 }
+                Some(Qp::Tcp(q)) => {
+                    reap_waiting(q, &mut self.out, &mut self.events, min, max, timeout)
+                }
                 None => Err(EngineError::NotInitialised),
             };
         }
         match self.qp.as_mut() {
             Some(Qp::Nvme(q)) => reap(q, &mut self.out, &mut self.events, min, max, timeout),
             Some(Qp::Ufs(q)) => reap(q, &mut self.out, &mut self.events, min, max, timeout),
+            Some(Qp::Tcp(q)) => reap(q, &mut self.out, &mut self.events, min, max, timeout),
             None => Err(EngineError::NotInitialised),
         }
     }
@@ -713,7 +798,27 @@ fn file_info(dev: &Device, unit: Unit, name: &str) -> Result<FileInfo, EngineErr
         want,
     };
     match dev.ctrl() {
-        Ctrl::Tcp(_) => Err(wrong("a device the fio engine drives (not NVMe/TCP yet)")),
+        Ctrl::Tcp(ctrl) => {
+            let nsid = match unit {
+                Unit::Default => 1,
+                Unit::Ns(n) => n,
+                Unit::Lun(_) => {
+                    return Err(wrong("an NVMe/TCP target: select a namespace with ns=<N>"))
+                }
+            };
+            let Some(ns) = ctrl.namespace(nsid) else {
+                return Err(EngineError::NoNamespace {
+                    file: name.to_string(),
+                    nsid,
+                    have: ctrl.namespaces().iter().map(|n| n.id).collect(),
+                });
+            };
+            Ok(FileInfo {
+                unit: ns.id,
+                lba_shift: ns.lba_shift,
+                size: ns.size_bytes(),
+            })
+        }
         Ctrl::Nvme(ctrl) => {
             let nsid = match unit {
                 Unit::Default => 1,
@@ -1497,5 +1602,185 @@ mod tests {
         ));
         job.close().unwrap();
         nvme.close().unwrap();
+    }
+
+    /// A fake NVMe/TCP target of this test's own: namespace 1 RAM in
+    /// 512-byte blocks, 1 MiB; namespace 2 RAM in 4 KiB blocks. 8 KiB in
+    /// a capsule, MAXH2CDATA 32 KiB (the engine's bound per command), R2Ts
+    /// of 16 KiB, C2HData of 4 KiB: a 32 KiB write takes two R2Ts, a read
+    /// many C2HData.
+    fn tcp_target() -> mcqio_fixtures::tcp::FakeTcpTarget {
+        use mcqio_fixtures::tcp::{FakeTcpTarget, TcpBacking, TcpNamespace, TcpTargetConfig};
+        FakeTcpTarget::start(TcpTargetConfig {
+            namespaces: vec![
+                TcpNamespace {
+                    blocks: 2048,
+                    lba_shift: 9,
+                    backing: TcpBacking::Ram,
+                },
+                TcpNamespace {
+                    blocks: 256,
+                    lba_shift: 12,
+                    backing: TcpBacking::Ram,
+                },
+            ],
+            maxh2cdata: 32 << 10,
+            ..TcpTargetConfig::default()
+        })
+        .expect("fake target")
+    }
+
+    /// Write every size class (in the capsule, one R2T, several R2Ts)
+    /// from fio's region, read it back into another part of it (one and
+    /// many C2HData), and check the bytes; with and without digests.
+    #[test]
+    fn tcp_job_writes_and_reads_back_every_size_class() {
+        use mcqio_fixtures::tcp::TcpTargetStats;
+        for digests in ["", ",hdgst,ddgst"] {
+            let t = tcp_target();
+            let name = format!("tcp:{}/{}{digests},ns=2", t.addr(), t.subnqn());
+            let (mut job, files) = Job::setup(&[&name], &opts(), 32 << 10).unwrap();
+            assert_eq!(files[0].unit, 2);
+            assert_eq!(files[0].lba_shift, 12);
+            assert_eq!(files[0].size, 256 * 4096);
+            job.init(8).unwrap();
+            const HALF: usize = 128 << 10;
+            let base = job.alloc_buffers(2 * HALF).unwrap();
+            let c = files[0].cookie();
+            // (offset in the buffer and on the device, length)
+            let ios = [(0usize, 4096usize), (4096, 12288), (16384, 32768)];
+            let pattern: Vec<u8> = (0..HALF)
+                .map(|k| (k as u8).wrapping_mul(13) ^ (k >> 12) as u8 ^ digests.len() as u8)
+                .collect();
+            // SAFETY: the first half of the job's region; nothing in flight.
+            unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), base, HALF) };
+            for (i, &(at, len)) in ios.iter().enumerate() {
+                // SAFETY: pointer arithmetic inside the job's region.
+                let b = unsafe { base.add(at) };
+                let q = job.queue(c, Op::Write, at as u64, b, len as u64, i as u64);
+                assert_eq!(q, Queued::Queued, "write {i}");
+            }
+            job.commit();
+            let ev = wait(&mut job, ios.len());
+            assert!(ev.iter().all(|e| e.errno == 0), "{ev:?}");
+            fill(base, 0, HALF);
+            for (i, &(at, len)) in ios.iter().enumerate() {
+                // SAFETY: pointer arithmetic inside the job's region.
+                let b = unsafe { base.add(HALF + at) };
+                let q = job.queue(c, Op::Read, at as u64, b, len as u64, 10 + i as u64);
+                assert_eq!(q, Queued::Queued, "read {i}");
+            }
+            assert_eq!(
+                job.queue(c, Op::Flush, 0, std::ptr::null(), 0, 20),
+                Queued::Queued
+            );
+            job.commit();
+            let mut ev = wait(&mut job, ios.len() + 1);
+            ev.sort_by_key(|e| e.tag);
+            assert!(ev.iter().all(|e| e.errno == 0), "{ev:?}");
+            assert_eq!(ev.last().map(|e| e.tag), Some(20));
+            // SAFETY: pointer arithmetic inside the job's region.
+            let back = unsafe { base.add(HALF) };
+            assert!(
+                bytes(back, 49152) == pattern[..49152],
+                "{digests}: the data read back differs from what was written"
+            );
+            let s = t.stats();
+            assert!(TcpTargetStats::get(&s.in_capsule_writes) >= 1);
+            assert!(TcpTargetStats::get(&s.r2ts) >= 3, "{digests}");
+            assert!(TcpTargetStats::get(&s.c2h_data) >= 12, "{digests}");
+            assert_eq!(TcpTargetStats::get(&s.io_connects), 1);
+            job.close().unwrap();
+        }
+    }
+
+    /// The job's queue pair holds what the target's queues do (CAP.MQES):
+    /// a deeper iodepth is answered busy and every block keeps its data;
+    /// an ordered-verify job is refused that iodepth, typed.
+    #[test]
+    fn tcp_job_deeper_than_the_target_queue_is_answered_busy() {
+        let t = tcp_target();
+        let name = format!("tcp:{}/{},ns=1", t.addr(), t.subnqn());
+        let (mut deep, _) = Job::setup(&[&name], &opts(), 4096).unwrap();
+        assert!(matches!(
+            deep.init_with(200, true),
+            Err(EngineError::TcpDepth { iodepth: 200, .. })
+        ));
+        let (mut job, files) = Job::setup(&[&name], &opts(), 4096).unwrap();
+        let c = files[0].cookie();
+        job.init(200).unwrap();
+        const BS: usize = 512;
+        let blocks = 2048;
+        let base = job.alloc_buffers(blocks * BS).unwrap();
+        let buf = |i: usize| {
+            // SAFETY: pointer arithmetic inside the job's region.
+            unsafe { base.add(i * BS) }
+        };
+        let run_all = |job: &mut Job, op: Op| -> usize {
+            let mut pending: Vec<usize> = (0..blocks).rev().collect();
+            let (mut outstanding, mut busy) = (0usize, 0usize);
+            while !pending.is_empty() || outstanding > 0 {
+                while let Some(i) = pending.pop() {
+                    match job.queue(c, op, (i * BS) as u64, buf(i), BS as u64, i as u64) {
+                        Queued::Queued => outstanding += 1,
+                        Queued::Busy => {
+                            busy += 1;
+                            pending.push(i);
+                            break;
+                        }
+                        Queued::Failed(e) => panic!("block {i}: errno {e}"),
+                    }
+                }
+                job.commit();
+                let n = job.getevents(1, 200, None).unwrap();
+                for k in 0..n {
+                    let e = job.event(k).unwrap();
+                    assert_eq!(e.errno, 0, "block {}", e.tag);
+                }
+                outstanding -= n;
+            }
+            busy
+        };
+        for i in 0..blocks {
+            fill(buf(i), (i as u8) ^ 0x3C, BS);
+        }
+        let busy_w = run_all(&mut job, Op::Write);
+        fill(base, 0, blocks * BS);
+        let busy_r = run_all(&mut job, Op::Read);
+        assert!(busy_w > 0 && busy_r > 0, "never full: {busy_w} {busy_r}");
+        for i in 0..blocks {
+            assert!(
+                bytes(buf(i), BS).iter().all(|&b| b == (i as u8) ^ 0x3C),
+                "block {i} holds other data"
+            );
+        }
+        job.close().unwrap();
+        drop(deep);
+    }
+
+    /// `tcp:` filenames: the selector and the device options are told
+    /// apart; jobs on one target must agree on its options.
+    #[test]
+    fn tcp_filenames_and_shared_targets() {
+        let t = tcp_target();
+        let plain = format!("tcp:{}/{}", t.addr(), t.subnqn());
+        let (a, fa) = Job::setup(&[&plain], &opts(), 4096).unwrap();
+        let (b, fb) = Job::setup(&[&format!("{plain},ns=2")], &opts(), 4096).unwrap();
+        assert!(Arc::ptr_eq(&a.dev, &b.dev));
+        assert_eq!((fa[0].unit, fb[0].unit), (1, 2));
+        assert!(matches!(
+            Job::setup(&[&format!("{plain},hdgst")], &opts(), 4096),
+            Err(EngineError::OptionsDiffer { .. })
+        ));
+        assert!(matches!(
+            Job::setup(&[&format!("{plain},ns=3")], &opts(), 4096),
+            Err(EngineError::NoNamespace { nsid: 3, .. })
+        ));
+        for bad in [",lun=0", ",ns=0", ",lbs=4k"] {
+            let r = Job::setup(&[&format!("{plain}{bad}")], &opts(), 4096);
+            assert!(matches!(r, Err(EngineError::Spec(_))), "{bad}: {r:?}");
+        }
+        a.close().unwrap();
+        b.close().unwrap();
     }
 }

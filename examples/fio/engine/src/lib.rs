@@ -119,6 +119,15 @@ pub enum EngineError {
         /// Slots of the queue pair.
         depth: usize,
     },
+    /// iodepth deeper than the NVMe/TCP target's queues (CAP.MQES), for
+    /// a job whose verify cannot take a busy answer (see `UfsDepth`).
+    #[error("iodepth={iodepth} is deeper than the NVMe/TCP target's {depth}-entry queues (CAP.MQES), and a mixed rw job with verify cannot be answered busy: fio re-logs a requeued write at the end of its history and then checks later blocks against the wrong seeds; lower iodepth or add verify_backlog")]
+    TcpDepth {
+        /// fio's iodepth.
+        iodepth: u32,
+        /// Slots of the queue pair.
+        depth: usize,
+    },
     /// No queue pair for the job.
     #[error("cannot create the job's queue pair: {why} (the controller granted {granted} I/O queue pairs; raise the qpairs option or run fewer jobs)")]
     Qpair {
