@@ -338,6 +338,45 @@ fn a_future_dropped_early_leaves_its_buffer_with_the_queue_until_the_completion(
     }
 }
 
+/// The keeper's command ends and the future it hands over to completes
+/// in the same pass: that future resolves without polling the queue, so
+/// it must pass the keeper on too, or the commands still in flight (whose
+/// futures returned `Pending` without waking themselves) are never polled
+/// again. Two reads ending after 50 ms and a write ending after 300 ms, in
+/// both slot orders (the hand-over picks the lowest slot in flight).
+#[test]
+fn a_future_that_takes_over_the_keeper_and_resolves_at_once_passes_it_on() {
+    for write_second in [false, true] {
+        let (fake, ctrl) = nvme::open(nvme::config(ExecMode::Sync, 5));
+        let qp = ctrl
+            .create_qpair(QpairOptions {
+                depth: 4,
+                ..Default::default()
+            })
+            .unwrap();
+        let qid = qp.qid();
+        let aq = AsyncQueue::new(qp);
+        for (opcode, ms) in [(0x02u8, 50u64), (0x02, 50), (0x01, 300)] {
+            fake.faults().inject_next(
+                Some(qid),
+                Some(opcode),
+                Fault::Delay(Duration::from_millis(ms)),
+            );
+        }
+        let read = |lba| Box::pin(aq.read(1u32, lba, 1, nvme::buf(&ctrl, 512))) as Task<'_, DmaBuf>;
+        let write = Box::pin(aq.write(1u32, 64, 1, nvme::buf(&ctrl, 512))) as Task<'_, DmaBuf>;
+        let tasks = if write_second {
+            vec![read(0), write, read(8)]
+        } else {
+            vec![read(0), read(8), write]
+        };
+        for o in run_all(tasks).0 {
+            ok(o);
+        }
+        aq.close().unwrap();
+    }
+}
+
 #[test]
 fn a_timeout_resolves_its_future_with_timed_out_and_the_buffer() {
     for mode in nvme::modes() {

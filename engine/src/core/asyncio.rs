@@ -275,10 +275,18 @@ impl<B> Table<B> {
         self.freed = true;
     }
 
+    /// A future took its completion (or was dropped after it): free its
+    /// slot. With no keeper (its command ended and the future it handed
+    /// over to resolved here without polling the queue), hand over again,
+    /// or the futures still in flight, which returned `Pending` without
+    /// waking themselves, would never be polled.
     fn free_slot(&mut self, i: u32) {
         self.slots[i as usize] = Slot::Free;
         self.free.push(i);
         self.freed = true;
+        if self.keeper.is_none() {
+            self.hand_over_keeper();
+        }
     }
 }
 
