@@ -30,9 +30,15 @@ fn qopts(timeout_ms: u64, policy: TimeoutPolicy) -> QpairOptions {
 
 /// Poll until `n` completions arrived (panics on a poll error or a hang).
 fn collect(qp: &mut QueuePair, n: usize) -> Vec<Completion<DmaBuf>> {
+    collect_with(qp, n, || {})
+}
+
+/// [`collect`], calling `tick` before each poll.
+fn collect_with(qp: &mut QueuePair, n: usize, tick: impl Fn()) -> Vec<Completion<DmaBuf>> {
     let mut out = Vec::new();
     let start = Instant::now();
     while out.len() < n {
+        tick();
         qp.poll(usize::MAX, |c| out.push(c)).expect("poll");
         assert!(
             start.elapsed() < HANG,
@@ -57,19 +63,7 @@ fn collect_delayed(
     qp: &mut QueuePair,
     n: usize,
 ) -> Vec<Completion<DmaBuf>> {
-    let mut out = Vec::new();
-    let start = Instant::now();
-    while out.len() < n {
-        fake.poll();
-        qp.poll(usize::MAX, |c| out.push(c)).expect("poll");
-        assert!(
-            start.elapsed() < HANG,
-            "only {} of {n} completions",
-            out.len()
-        );
-        std::thread::yield_now();
-    }
-    out
+    collect_with(qp, n, || fake.poll())
 }
 
 /// Poll until poll fails, collecting what it delivered on the way.
