@@ -256,7 +256,9 @@ pub(crate) trait Wire: Sized {
                 return Ok(0);
             }
             spins += 1;
-            if spins % wait::SPIN_BATCH != 0 {
+            // `Interrupt` arms after the first empty poll; the others look
+            // at the clock (deadline, hybrid window) every few spins.
+            if spins % wait::SPIN_BATCH != 0 && !e.wait.sleeps_at_once() {
                 std::hint::spin_loop();
                 continue;
             }

@@ -44,6 +44,23 @@
 //! ours between the receive buffer and the command's buffer) where a PCIe
 //! device moves it once by DMA. A target that stops answering is only
 //! noticed by a timeout.
+//!
+//! **Waiting** ([`crate::WaitPolicy::Interrupt`], `Hybrid`): a socket has
+//! no interrupt to enable; its readiness is the interrupt. A waiting queue
+//! pair keeps an epoll set holding its connection (`tcp::ready`), which the
+//! core's `wait`, `BlockQueue::arm_sleep` callers and `AsyncQueue::tokio`
+//! watch like any queue's eventfd: readable when an answer arrived or the
+//! connection ended, or — only while sends are held up by a full socket
+//! buffer — when the socket has room. Arming clears the receive pacer's
+//! hold, so the poll before the sleep (and the first one after it)
+//! receives: a queue never sleeps on an answer its pacer held back in the
+//! socket, and its own receive buffer then holds at most the front of a
+//! PDU whose rest wakes it. What that costs a socket, beyond a PCIe
+//! queue's eventfd: each sleep is a `poll(2)` of the set besides the
+//! `recv` that finds nothing before it, and each wake-up a `recv` more;
+//! at depth 1 an I/O that sleeps costs about a `sendmsg`, three `recv`s
+//! and a `poll` (a polled one: a `sendmsg` and its `recv`s). The Keep
+//! Alive and the command timeouts run from the sleep's slices (10 ms).
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
