@@ -30,9 +30,15 @@ fn qopts(timeout_ms: u64, policy: TimeoutPolicy) -> QpairOptions {
 
 /// Poll until `n` completions arrived (panics on a poll error or a hang).
 fn collect(qp: &mut QueuePair, n: usize) -> Vec<Completion<DmaBuf>> {
+    collect_with(qp, n, || {})
+}
+
+/// [`collect`], calling `tick` before each poll.
+fn collect_with(qp: &mut QueuePair, n: usize, tick: impl Fn()) -> Vec<Completion<DmaBuf>> {
     let mut out = Vec::new();
     let start = Instant::now();
     while out.len() < n {
+        tick();
         qp.poll(usize::MAX, |c| out.push(c)).expect("poll");
         assert!(
             start.elapsed() < HANG,
@@ -42,6 +48,22 @@ fn collect(qp: &mut QueuePair, n: usize) -> Vec<Completion<DmaBuf>> {
         std::thread::yield_now();
     }
     out
+}
+
+/// [`collect`] for a command the fake delays: a sync fake posts a delayed
+/// completion only when something touches it after the delay (a register,
+/// a doorbell or [`FakeController::poll`](mcqio_fixtures::FakeController::poll)),
+/// and a queue pair with nothing to submit touches it only in its health
+/// check, every few thousand empty polls — which at a loaded machine's
+/// `yield_now` can take longer than [`HANG`] (seen: 2 of 40 runs with 8
+/// busy loops on 2 cores). So the device's time is driven here, as a
+/// device thread would.
+fn collect_delayed(
+    fake: &mcqio_fixtures::FakeController,
+    qp: &mut QueuePair,
+    n: usize,
+) -> Vec<Completion<DmaBuf>> {
+    collect_with(qp, n, || fake.poll())
 }
 
 /// Poll until poll fails, collecting what it delivered on the way.
@@ -169,10 +191,15 @@ fn report_only_leaves_the_command_to_complete() {
         fake.faults().inject_next(
             Some(qp.qid()),
             None,
-            Fault::Delay(Duration::from_millis(300)),
+            // Long enough for the queue pair to see its 10 ms timeout pass
+            // even when a loaded machine makes each poll of `collect_delayed`
+            // take milliseconds: the coarse clock is read every 64 empty
+            // polls (seen at 300 ms: the command completed unreported in
+            // 29 of 40 runs with 8 busy loops on 2 cores).
+            Fault::Delay(Duration::from_secs(2)),
         );
         write_one(&mut qp, &ctrl, 0, 3);
-        let c = collect(&mut qp, 1).pop().unwrap();
+        let c = collect_delayed(&fake, &mut qp, 1).pop().unwrap();
         assert_eq!((c.tag, c.result), (3, Ok(())), "{mode:?}");
         let st = qp.stats();
         assert_eq!(st.timeouts, 1, "reported once, not on every scan");
@@ -196,7 +223,7 @@ fn no_timeout_configured_means_no_action() {
         Fault::Delay(Duration::from_millis(60)),
     );
     write_one(&mut qp, &ctrl, 0, 3);
-    let c = collect(&mut qp, 1).pop().unwrap();
+    let c = collect_delayed(&fake, &mut qp, 1).pop().unwrap();
     assert_eq!(c.result, Ok(()));
     assert_eq!(qp.stats().timeouts, 0);
 }

@@ -452,6 +452,73 @@ fn uring_lays_out_a_file_it_creates() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// A loop device over a fresh file, with `sector` -byte logical blocks;
+/// detached on drop. `None` (and why, on stderr) where this machine gives
+/// the test no loop device (not root, no loop driver).
+struct Loop(String);
+
+impl Loop {
+    fn new(test: &str, file: &std::path::Path, sector: u32) -> Option<Loop> {
+        let o = std::process::Command::new("losetup")
+            .args(["-f", "--show", "-b", &sector.to_string()])
+            .arg(file)
+            .output();
+        match o {
+            Ok(o) if o.status.success() => {
+                Some(Loop(String::from_utf8_lossy(&o.stdout).trim().to_string()))
+            }
+            Ok(o) => {
+                eprintln!(
+                    "{test}: skipped, no loop device: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("{test}: skipped, no losetup: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.0])
+            .status();
+    }
+}
+
+/// A block device is driven in its own logical block size (BLKSSZGET), not
+/// the 4 KiB a file gets: 512 B reads of a 512 B-sector device run, and the
+/// same reads of a 4 KiB-sector device are refused.
+#[test]
+fn uring_takes_a_block_devices_logical_block_size() {
+    let test = "uring_takes_a_block_devices_logical_block_size";
+    if support::skip_uring(test) {
+        return;
+    }
+    let file = temp_path("loop-backing.img");
+    std::fs::write(&file, vec![0u8; 4 << 20]).unwrap();
+    for (sector, runs) in [(512u32, true), (4096, false)] {
+        let Some(dev) = Loop::new(test, &file, sector) else {
+            return;
+        };
+        let spec = format!("uring:{}", dev.0);
+        let o = perf(&[
+            "-d", &spec, "-w", "randread", "-o", "512", "-n", "200", "--json",
+        ]);
+        if runs {
+            let v = json(&o);
+            assert_eq!(v["total"]["errors"], 0, "{sector}: {v}");
+        } else {
+            usage_error(&o, "4096-byte logical block");
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
 // ---- item 4: dma-bench's IOMMU cost and unused options ----------------------
 
 #[test]

@@ -28,6 +28,27 @@ pub const DEFAULT_FILE_LBADS: u32 = 4096;
 /// Blocks `uring:null` pretends to have (LBAs are generated, never used).
 pub const NULL_BLOCKS: u64 = 1 << 28;
 
+/// A block device's logical block size (`BLKSSZGET`), checked to be a
+/// power of two from 512 B to 64 KiB.
+fn logical_block_size(dev: &std::fs::File) -> std::io::Result<u32> {
+    let mut size: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one `int` through the pointer, which points
+    // at `size`, alive for the call; `dev` is an open descriptor.
+    let r = unsafe { libc::ioctl(dev.as_raw_fd(), libc::BLKSSZGET, &mut size) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    u32::try_from(size)
+        .ok()
+        .filter(|s| s.is_power_of_two() && (512..=65536).contains(s))
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the device reports a logical block of {size} bytes"),
+            )
+        })
+}
+
 /// Why an io_uring target could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum UringError {
@@ -165,7 +186,6 @@ impl UringTarget {
         writes: bool,
     ) -> Result<Self, UringError> {
         let mut notes = Vec::new();
-        let lbads = lbads.unwrap_or(DEFAULT_FILE_LBADS);
         let open_err = |source| UringError::Open {
             path: path.into(),
             source,
@@ -235,6 +255,13 @@ impl UringTarget {
                 (open(false).map_err(open_err)?, false)
             }
             Err(e) => return Err(open_err(e)),
+        };
+        // A block device is addressed in its own logical blocks; a file in
+        // 4 KiB, which O_DIRECT accepts on 512 B and 4 KiB devices alike.
+        let lbads = match lbads {
+            Some(l) => l,
+            None if is_blk => logical_block_size(&file).map_err(open_err)?,
+            None => DEFAULT_FILE_LBADS,
         };
         let mut len = file.seek(SeekFrom::End(0)).map_err(open_err)?;
         if !is_blk {

@@ -132,6 +132,19 @@ pub fn start_takeover(
 pub fn recoverable(spec: &DeviceSpec) -> Result<(), String> {
     match spec.kind {
         DeviceKind::Vfio { .. } => Ok(()),
+        // The target outlives the server, but the dead server's commands
+        // may still be running on it: closing the connections does not
+        // stop a write the target already took, and nothing tells a new
+        // association when the old one's commands have ended (NVMe's
+        // answer is to wait out the keep-alive and the Command Quiesce
+        // Time, which Linux's nvmet does not report). A reissued read or a
+        // later write could then be overtaken by a stale write.
+        DeviceKind::Tcp { .. } => Err(format!(
+            "{}: an NVMe/TCP target may still run the dead server's commands after its \
+             connections closed, and a new association cannot learn when they ended, so \
+             reissued requests could be overtaken by a stale write",
+            spec.label()
+        )),
         _ => Err(format!(
             "{}: only a device that outlives its server can be recovered (vfio:<BDF>); \
              an in-process fake died with the server that held it, and a fresh one would \
@@ -410,6 +423,13 @@ mod tests {
         }
         let spec: DeviceSpec = "vfio:0000:00:04.0".parse().unwrap();
         recoverable(&spec).unwrap();
+    }
+
+    #[test]
+    fn a_tcp_target_is_refused_for_its_own_reason() {
+        let spec: DeviceSpec = "tcp:127.0.0.1:4420/nqn.2026-01.io.mcqio:t".parse().unwrap();
+        let e = recoverable(&spec).unwrap_err();
+        assert!(e.contains("association") && e.contains("reissued"), "{e}");
     }
 
     #[test]
