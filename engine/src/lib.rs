@@ -186,7 +186,7 @@ pub use self::core::io::{
 };
 pub use self::core::mapped::{MappedSubmitError, MappedSubmitErrorKind, MappingMode};
 pub use self::core::per_core::run_per_core;
-pub use self::core::qpair::{QueueCounters, SleepOn, WaitPolicy};
+pub use self::core::qpair::{Interrupt, QueueCounters, SleepOn, WaitPolicy};
 pub use self::core::timeout::TimeoutPolicy;
 pub use nvme::{
     AsyncEvent, Controller, ControllerOptions, MappedQueuePair, Namespace, NvmeStatus, Outstanding,

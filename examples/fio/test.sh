@@ -337,6 +337,16 @@ verify=crc32c
 EOF
 	} >"$f"
 	run tcp-randrw-qd32-j2 "$f"
+	# Issue 26: getevents sleeping on the connection's socket.
+	for w in wait=irq wait=hybrid:20us; do
+		f="$work/tcp-${w//[=:]/-}.fio"
+		{
+			global "$tcp_file"
+			echo "$w"
+			verify_jobs 8 1
+		} >"$f"
+		run "tcp-${w//[=:]/-}" "$f"
+	done
 	# bsrange within the fake's 8 KiB per command (its MAXH2CDATA bounds
 	# the engine's transfers), then batched with flushes.
 	f="$work/tcp-mixed.fio"

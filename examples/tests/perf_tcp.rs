@@ -115,3 +115,41 @@ fn an_unreachable_target_is_an_error_not_a_hang() {
     assert_ne!(code, 0);
     assert!(err.contains("tcp:"), "{err}");
 }
+
+/// Issue 26 on NVMe/TCP: `--wait irq` and `--wait hybrid` sleep on the
+/// connection's socket (the report counts the sleeps, most of them ended
+/// by the socket), `--wait poll` never sleeps; the data verifies.
+#[test]
+fn wait_irq_and_hybrid_sleep_on_the_socket() {
+    let t = FakeTcpTarget::start(TcpTargetConfig {
+        namespaces: vec![TcpNamespace {
+            blocks: 8192,
+            lba_shift: 9,
+            backing: TcpBacking::Ram,
+        }],
+        latency: std::time::Duration::from_micros(200),
+        ..Default::default()
+    })
+    .expect("fake target");
+    let dev = format!("tcp:{}/{}", t.addr(), t.subnqn());
+    let run = |wait: &str| -> (f64, f64) {
+        let (code, out, err) = perf(&[
+            "-d", &dev, "-w", "randrw", "-q", "4", "-n", "1000", "--verify", "--wait", wait,
+            "--json", "--force",
+        ]);
+        assert_eq!(code, 0, "{wait}: {err}\n{out}");
+        let v: Value = serde_json::from_str(&out).expect("one JSON document");
+        assert_eq!(v["total"]["ios"].as_u64(), Some(1000), "{v}");
+        assert_eq!(v["total"]["errors"].as_u64(), Some(0), "{v}");
+        assert_eq!(v["workload"]["wait"], wait, "{v}");
+        let per_io = &v["total"]["per_io"];
+        let f = |k: &str| per_io[k].as_f64().unwrap_or_else(|| panic!("no {k}: {v}"));
+        (f("interrupt_sleeps"), f("interrupt_wakeups"))
+    };
+    for wait in ["irq", "hybrid:0us"] {
+        let (sleeps, woken) = run(wait);
+        assert!(sleeps > 0.1, "{wait}: {sleeps} sleeps per I/O");
+        assert!(woken > 0.0, "{wait}: the socket never ended a sleep");
+    }
+    assert_eq!(run("poll").0, 0.0, "poll never sleeps");
+}

@@ -58,7 +58,7 @@ use mcqio_vfio::{DmaDir, DmaSpace};
 
 use super::error::{Error, Result};
 use super::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-pub use super::qpair::SleepOn;
+pub use super::qpair::{Interrupt, SleepOn};
 
 /// A namespace (NVMe) or logical unit (UFS), as every wire describes it:
 /// what a frontend (the fio engine, a ublk server) needs to expose it.
@@ -172,11 +172,15 @@ pub trait BlockQueue {
         }
     }
 
-    /// The notifier the queue's interrupt signals (`None`: the queue is
-    /// polled only, policy [`Poll`](crate::WaitPolicy::Poll)), for a driver
-    /// that watches its eventfd (epoll, an async reactor) and sleeps through
-    /// [`arm_sleep`](Self::arm_sleep). It may be shared with other queues.
-    fn interrupt(&self) -> Option<Arc<mcqio_vfio::Notifier>> {
+    /// What the queue's sleep waits on (`None`: the queue is polled only,
+    /// policy [`Poll`](crate::WaitPolicy::Poll)), for a driver that
+    /// watches its descriptor for `POLLIN` (epoll, io_uring, an async
+    /// reactor) and sleeps through [`arm_sleep`](Self::arm_sleep): an
+    /// eventfd its device's interrupt signals (it may be shared with other
+    /// queues), or a readiness (NVMe/TCP: the queue's epoll set holding its
+    /// connection's socket). The descriptor stays the same for the queue's
+    /// life, across resets and reconnects.
+    fn interrupt(&self) -> Option<Interrupt> {
         None
     }
 
@@ -184,10 +188,11 @@ pub trait BlockQueue {
     /// (an async reactor: `AsyncQueue::tokio`): steps 2 and 3 of a
     /// sleeping wait. When the wait policy says sleep now, arm the queue's
     /// interrupt (clear its notifier; a level-triggered line is also
-    /// acknowledged and unmasked) and return what to sleep on; the caller
-    /// then polls once more (or it may miss a completion posted before the
-    /// arm), and only if that poll found nothing sleeps on the notifier's
-    /// eventfd for at most [`SleepOn::slice`], then calls
+    /// acknowledged and unmasked; a socket's next poll is made to receive)
+    /// and return what to sleep on; the caller then polls once more (or it
+    /// may miss a completion posted before the arm), and only if that poll
+    /// found nothing sleeps until [`SleepOn::interrupt`]'s descriptor is
+    /// readable, for at most [`SleepOn::slice`], then calls
     /// [`slept`](Self::slept). `None`: poll again instead — the queue has no
     /// interrupt (policy [`Poll`](crate::WaitPolicy::Poll)), or a hybrid
     /// spin is still running. This default never sleeps.

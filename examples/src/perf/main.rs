@@ -301,7 +301,8 @@ struct RunArgs {
     /// spins SPIN (default 50us) after the last completion, then sleeps.
     /// Without a rate limit, a job with nothing in flight spins in every
     /// mode; under one, `irq` and `hybrid` sleep until the next I/O's
-    /// time. NVMe and UFS MCQ (UFS legacy mode, io_uring and tcp poll)
+    /// time. NVMe, UFS MCQ and tcp (it sleeps on the connection's socket;
+    /// UFS legacy mode and io_uring poll)
     #[arg(long = "wait", value_name = "MODE", default_value = "poll", value_parser = wait_policy)]
     wait: mcqio::WaitPolicy,
     /// Move this many bytes in total and stop (size-based run; with -t:

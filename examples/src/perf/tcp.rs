@@ -27,6 +27,9 @@ use crate::workload::Op;
 pub struct TcpTarget {
     ctrl: Arc<TcpController>,
     info: CtrlInfo,
+    /// How its queue pairs wait (`--wait`): `irq` and `hybrid` sleep on
+    /// the connection's socket.
+    wait: mcqio::WaitPolicy,
 }
 
 impl std::fmt::Debug for TcpTarget {
@@ -101,6 +104,7 @@ impl TcpTarget {
                 cores: None,
             },
             ctrl,
+            wait: plan.wait,
         })
     }
 
@@ -127,6 +131,7 @@ impl TcpTarget {
             .ctrl
             .create_qpair(QpairOptions {
                 depth: qp_depth,
+                wait: self.wait,
                 ..QpairOptions::default()
             })
             .map_err(|e| e.to_string())?;
@@ -207,6 +212,26 @@ impl JobQueue for TcpJobQueue {
     fn submit(&mut self, _inflight: usize) -> Result<(), QueueError> {
         self.qp.submit();
         Ok(())
+    }
+
+    /// `--wait irq|hybrid`: sleeps on the socket in the queue pair's
+    /// `wait`.
+    fn wait<F: FnMut(usize, IoStatus)>(
+        &mut self,
+        timeout: std::time::Duration,
+        mut done: F,
+    ) -> Result<usize, QueueError> {
+        let bufs = &mut self.bufs;
+        self.qp
+            .wait(usize::MAX, Some(timeout), |mut c| {
+                let st = status_of(&c);
+                let slot = c.tag as usize;
+                if let Some(b) = c.buf.take() {
+                    bufs[slot] = Some(b);
+                }
+                done(slot, st);
+            })
+            .map_err(|e| QueueError(e.to_string()))
     }
 
     fn counters(&self) -> Option<mcqio::QueueCounters> {

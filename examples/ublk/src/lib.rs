@@ -41,7 +41,8 @@
 //! Idle, it sleeps in **one** `io_uring_enter(min_complete = 1)` that
 //! ends on whichever side has work first: the ublk ring's next request,
 //! or — while the engine owes completions — the engine queue's interrupt,
-//! whose eventfd is watched by a one-shot poll on the same ring. The
+//! whose descriptor (an eventfd; on NVMe/TCP an epoll set holding the
+//! queue's socket) is watched by a one-shot poll on the same ring. The
 //! order is the engine's (arm the interrupt, poll once more, then
 //! sleep), so no completion is left waiting on a sleep ([`server`] has
 //! the argument). `--wait` picks the policy, the engine queue pair's

@@ -60,9 +60,10 @@ pub trait UblkQueue {
     /// call; returns how many. The completion of a [`watch`](Self::watch)
     /// is not delivered: it is kept for [`take_woken`](Self::take_woken).
     fn reap(&mut self, f: &mut dyn FnMut(u16, i32)) -> usize;
-    /// Make the next [`Wait::One`] end also when `fd` (an eventfd) is
+    /// Make the next [`Wait::One`] end also when `fd` (the engine queue's
+    /// interrupt: an eventfd, or an NVMe/TCP queue's epoll set) is
     /// readable: a one-shot poll on the same ring, queued unless one is
-    /// still pending. A signal before this call leaves the eventfd
+    /// still pending. A signal before this call leaves the descriptor
     /// readable, so it ends the wait at once.
     fn watch(&mut self, fd: RawFd) -> io::Result<()>;
     /// Whether a watched fd became readable since the last call.

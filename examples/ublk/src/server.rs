@@ -34,16 +34,21 @@
 //! - the engine owes nothing: until the kernel hands over a request;
 //! - the engine owes completions and its queue pair has an interrupt
 //!   (its wait policy is `irq` or `hybrid`): the server **arms** the
-//!   interrupt (clears its eventfd), **polls** the engine once more, and
-//!   only if that finds nothing queues a one-shot poll of the eventfd on
-//!   the same ring and **sleeps** — until a request or the interrupt,
+//!   interrupt (clears its eventfd; on NVMe/TCP makes the next poll
+//!   receive), **polls** the engine once more, and only if that finds
+//!   nothing queues a one-shot poll of the interrupt's descriptor on the
+//!   same ring and **sleeps** — until a request or the interrupt,
 //!   whichever comes first, at most the engine's slice (10 ms; after a
 //!   slice that ran out the engine checks its timeouts and the
-//!   controller's health). No wake-up is lost: a completion the second
-//!   poll missed raises its interrupt after the arm, so the eventfd is
-//!   readable when the poll is queued or becomes so later, and either way
-//!   the poll completes (the engine's `core::qpair::wait` explains why
-//!   the arm cannot swallow it).
+//!   controller's health, and an NVMe/TCP controller sends its Keep Alive
+//!   when due). No wake-up is lost: a completion the second poll missed
+//!   raises its interrupt after the arm, so the eventfd is readable when
+//!   the poll is queued or becomes so later, and either way the poll
+//!   completes (the engine's `core::qpair::wait` explains why the arm
+//!   cannot swallow it). On NVMe/TCP the descriptor is the queue pair's
+//!   epoll set holding its connection: readable while an answer waits in
+//!   the socket, level-triggered, and the same descriptor across
+//!   reconnects, so a pending one-shot poll stays valid.
 //! - the engine owes completions and polls only: no sleep; the thread
 //!   spins on both rings, yielding the CPU now and then.
 
@@ -768,7 +773,7 @@ impl<'a, Q: UblkQueue, T: Target> Server<'a, Q, T> {
             self.flush_commits()?;
             return Ok(true);
         }
-        self.q.watch(sleep.notifier.as_fd().as_raw_fd())?;
+        self.q.watch(sleep.interrupt.as_fd().as_raw_fd())?;
         self.stats.sleeps += 1;
         self.stats.engine_sleeps += 1;
         self.stats.enters += 1;

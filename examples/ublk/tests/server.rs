@@ -718,7 +718,15 @@ fn an_idle_server_sleeps_on_the_engine_interrupt_and_loses_no_wake_up() {
         .unwrap();
     let mut q = FakeQueue::new(0, 8);
     q.long_waits = Some(Duration::from_secs(20));
-    let mut s = Server::new(q, &mut qp, 1u32, c, o.device.dma().clone()).unwrap();
+    let s = Server::new(q, &mut qp, 1u32, c, o.device.dma().clone()).unwrap();
+    sleeps_on_the_engine_and_loses_no_wake_up(s);
+}
+
+/// 40 rounds of 1..=8 writes of random blocks, then their reads, through
+/// a server whose engine queue pair waits on its interrupt and whose
+/// ublk waits last 20 s unless the watched descriptor ends them: none
+/// runs out, and every engine sleep is ended by the engine's interrupt.
+fn sleeps_on_the_engine_and_loses_no_wake_up<T: Target>(mut s: Server<'_, FakeQueue, T>) {
     s.set_idle(Idle::of(mcqio::WaitPolicy::Interrupt));
     s.start().unwrap();
     let mut r = rand::rngs::SmallRng::seed_from_u64(7);
@@ -951,6 +959,46 @@ fn tcp_write_read_roundtrip() {
         assert_eq!(a[0].result, 0, "{a:?}");
         shut_down(s);
     }
+}
+
+/// Issue 26 on NVMe/TCP: an idle server whose engine queue pair waits
+/// on its socket sleeps on the ublk ring and the queue's descriptor (its
+/// epoll set) together, and loses no wake-up, against a target that
+/// takes 100 us per command.
+#[test]
+fn an_idle_server_sleeps_on_a_tcp_queues_socket_and_loses_no_wake_up() {
+    use mcqio_fixtures::tcp::{FakeTcpTarget, TcpBacking, TcpNamespace, TcpTargetConfig};
+    let t = FakeTcpTarget::start(TcpTargetConfig {
+        namespaces: vec![TcpNamespace {
+            blocks: 8192,
+            lba_shift: 9,
+            backing: TcpBacking::Ram,
+        }],
+        latency: Duration::from_micros(100),
+        ..TcpTargetConfig::default()
+    })
+    .expect("fake target");
+    let o = open(&format!("tcp:{}/{}", t.addr(), t.subnqn()));
+    let u = unit(&o.device, Some(1)).unwrap();
+    let c = caps_of(&o.device, &u, 64 << 10);
+    let mut qp = tcp_ctrl(&o)
+        .create_qpair(QpairOptions {
+            depth: 32,
+            wait: mcqio::WaitPolicy::Interrupt,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    assert!(
+        matches!(
+            mcqio::core::block::BlockQueue::interrupt(&qp),
+            Some(mcqio::Interrupt::Ready(_))
+        ),
+        "the socket's readiness"
+    );
+    let mut q = FakeQueue::new(0, 8);
+    q.long_waits = Some(Duration::from_secs(20));
+    let s = Server::new(q, &mut qp, 1u32, c, o.device.dma().clone()).unwrap();
+    sleeps_on_the_engine_and_loses_no_wake_up(s);
 }
 
 /// A device error reaches the block layer as its errno, and a connection

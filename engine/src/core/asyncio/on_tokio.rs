@@ -16,10 +16,14 @@
 //!    a level-triggered line), fence;
 //! 3. poll again: a completion posted before the arm is seen here;
 //! 4. sleep: `poll_read_ready` on an `AsyncFd` registered on a duplicate of
-//!    the notifier's eventfd, and a timer for the wait's slice. A signal
-//!    after step 2 makes the eventfd readable, so epoll reports it even
-//!    when it came before this step; the readiness is cleared before the
-//!    next arm reads the counter, so a later signal is reported again.
+//!    the interrupt's descriptor, and a timer for the wait's slice. A
+//!    signal after step 2 makes the eventfd readable, so epoll reports it
+//!    even when it came before this step; the readiness is cleared before
+//!    the next arm reads the counter, so a later signal is reported again.
+//!    An NVMe/TCP queue's descriptor is an epoll set holding its socket:
+//!    every arrival on the socket wakes the set's watchers (tokio's epoll
+//!    among them), so data after the clear is reported again too, and data
+//!    the poll of step 3 did not find is such an arrival.
 //!
 //! When the eventfd or the timer ends the sleep, the keeper calls
 //! [`BlockQueue::slept`] (a slice that no interrupt ended keeps timeouts
@@ -137,7 +141,8 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
     /// [`crate::core::asyncio`]) takes [`BlockQueue::wait`]'s steps one
     /// executor round at a time: a poll that finds nothing, then
     /// [`BlockQueue::arm_sleep`], a second poll, and only then a sleep on
-    /// an `AsyncFd` over a duplicate of the queue's eventfd, bounded by
+    /// an `AsyncFd` over a duplicate of the queue's interrupt descriptor
+    /// (an eventfd; an NVMe/TCP queue's epoll set on its socket), bounded by
     /// the wait's slice (10 ms; 1 ms on a notifier other queues share, such
     /// as UFS's INTx line), after which [`BlockQueue::slept`] keeps
     /// timeouts due and looks at the controller's health. The other
@@ -180,24 +185,25 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
     /// ```
     pub fn tokio(qp: Q) -> Result<Self> {
         let no = |why: String| Error::InvalidOption(format!("AsyncQueue::tokio: {why}"));
-        let notifier =
+        let irq =
             qp.interrupt().ok_or_else(|| {
                 no("the queue pair has no interrupt: create it with WaitPolicy::Interrupt or Hybrid"
                 .into())
             })?;
         tokio::runtime::Handle::try_current().map_err(|e| no(e.to_string()))?;
         // A duplicate: queues sharing a notifier (UFS's INTx line) each
-        // register their own descriptor with the reactor.
-        let fd = notifier
+        // register their own descriptor with the reactor. An NVMe/TCP
+        // queue's epoll set stays the same descriptor across reconnects.
+        let fd = irq
             .as_fd()
             .try_clone_to_owned()
-            .map_err(|e| no(format!("duplicating the eventfd: {e}")))?;
+            .map_err(|e| no(format!("duplicating the interrupt's descriptor: {e}")))?;
         // SAFETY: `fd` is an open descriptor that the `AsyncFd` owns from
         // here on (an `OwnedFd` closes it only when dropped, with the
         // `AsyncFd`), and `OwnedFd::as_raw_fd` always returns that same
         // descriptor.
         let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
-            .map_err(|e| no(format!("registering the eventfd: {}", e.into_parts().1)))?;
+            .map_err(|e| no(format!("registering the interrupt: {}", e.into_parts().1)))?;
         let timer = Box::pin(tokio::time::sleep(Duration::ZERO));
         let aq = Self::build(qp, true);
         aq.inner.borrow_mut().reactor = Some(Reactor {

@@ -131,7 +131,7 @@ where
         Wire::wait(self, max, timeout, &mut f)
     }
 
-    fn interrupt(&self) -> Option<std::sync::Arc<mcqio_vfio::Notifier>> {
+    fn interrupt(&self) -> Option<super::Interrupt> {
         self.eng_ref().wait.irq.clone()
     }
 

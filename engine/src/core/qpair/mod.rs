@@ -67,7 +67,7 @@ pub(crate) use self::blocks::Addressed;
 pub use self::engine::QueueCounters;
 pub(crate) use self::engine::{Closing, Engine};
 pub(crate) use self::split::{Child, SplitRequest};
-pub use self::wait::{SleepOn, WaitPolicy};
+pub use self::wait::{Interrupt, SleepOn, WaitPolicy};
 
 /// What one reaping pass found.
 #[derive(Copy, Clone, Debug, Default)]
@@ -201,13 +201,20 @@ pub(crate) trait Wire: Sized {
     /// Arm the queue's interrupt before the last poll of a sleeping wait
     /// (see [`wait`]): clear what its notifier counted. A wire with a
     /// level-triggered line also acknowledges its interrupt status and
-    /// unmasks the line here.
+    /// unmasks the line here; a wire whose interrupt is a readiness makes
+    /// sure its next poll looks at everything the readiness covers.
     #[cold]
     fn arm_interrupt(&mut self) {
-        if let Some(n) = &self.eng_ref().wait.irq {
-            n.take();
+        if let Some(i) = &self.eng_ref().wait.irq {
+            i.clear();
         }
     }
+
+    /// After a sleep, before the poll that follows it (see [`wait`]): the
+    /// wire makes that poll look everywhere the interrupt could have come
+    /// from (NVMe/TCP: receive, whatever its pacing held).
+    #[cold]
+    fn after_sleep(&mut self) {}
 
     /// Poll until something completes, or `timeout` passes (`None`: no
     /// limit), spinning or sleeping on the queue's interrupt as its
@@ -249,7 +256,9 @@ pub(crate) trait Wire: Sized {
                 return Ok(0);
             }
             spins += 1;
-            if spins % wait::SPIN_BATCH != 0 {
+            // `Interrupt` arms after the first empty poll; the others look
+            // at the clock (deadline, hybrid window) every few spins.
+            if spins % wait::SPIN_BATCH != 0 && !e.wait.sleeps_at_once() {
                 std::hint::spin_loop();
                 continue;
             }
@@ -273,7 +282,7 @@ pub(crate) trait Wire: Sized {
                 Some(d) => d.saturating_duration_since(Instant::now()).min(sleep.slice),
                 None => sleep.slice,
             };
-            let woken = sleep.notifier.wait(Some(slice)).unwrap_or(false);
+            let woken = sleep.interrupt.wait(Some(slice)).unwrap_or(false);
             self.slept(woken);
         }
     }
@@ -295,13 +304,13 @@ pub(crate) trait Wire: Sized {
         if !e.wait.should_sleep(now) {
             return None;
         }
-        let notifier = e.wait.irq.clone()?;
+        let interrupt = e.wait.irq.clone()?;
         let slice = e.wait.slice;
         self.arm_interrupt();
         // Orders the clear of the notifier (and the wire's acknowledgement)
         // before the loads of the poll that follows (see the `wait` module).
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        Some(wait::SleepOn { notifier, slice })
+        Some(wait::SleepOn { interrupt, slice })
     }
 
     /// After a sleep [`arm_sleep`](Self::arm_sleep) prepared; `woken`:
@@ -309,6 +318,7 @@ pub(crate) trait Wire: Sized {
     /// due and looks at the controller's health (nobody polled meanwhile).
     #[cold]
     fn slept(&mut self, woken: bool) {
+        self.after_sleep();
         let e = self.eng();
         e.wait.stats.sleeps += 1;
         if woken {

@@ -1,17 +1,36 @@
 //! Waiting for completions without burning a core: [`WaitPolicy`], the
-//! queue's interrupt ([`Waiter`]), and the wait written once for every
-//! wire ([`Wire::wait`](super::Wire::wait)).
+//! queue's interrupt ([`Interrupt`], kept by [`Waiter`]), and the wait
+//! written once for every wire ([`Wire::wait`](super::Wire::wait)).
+//!
+//! # What a queue sleeps on
+//!
+//! A queue's [`Interrupt`] is a descriptor that becomes readable when the
+//! queue has something to look at, of one of two kinds:
+//!
+//! - [`Interrupt::Notifier`]: an eventfd the device's interrupt signals
+//!   (an MSI-X vector or INTx line through VFIO, a fake's device model).
+//!   It counts signals, so arming clears it.
+//! - [`Interrupt::Ready`]: a descriptor whose readiness *is* the
+//!   interrupt, level-triggered, with nothing to clear (NVMe/TCP: an epoll
+//!   set holding the queue's connection, readable while an answer waits in
+//!   the socket, or while sends are held up and the socket can take more).
+//!
+//! Both are waited on the same way — `poll(2)` for `POLLIN` here, an
+//! `AsyncFd`'s readable interest, an io_uring `POLL_ADD` — so no caller
+//! of [`BlockQueue::arm_sleep`](crate::core::block::BlockQueue::arm_sleep)
+//! needs to know the wire.
 //!
 //! # The order that loses no wake-up
 //!
 //! A wait that finds nothing to complete goes to sleep in four steps:
 //!
 //! 1. **poll** — deliver what is there;
-//! 2. **arm** — clear the queue's [`Notifier`] (and, on a level-triggered
-//!    line, acknowledge the interrupt status and unmask the line:
-//!    [`Wire::arm_interrupt`](super::Wire::arm_interrupt));
+//! 2. **arm** — clear the queue's notifier (and, on a level-triggered
+//!    line, acknowledge the interrupt status and unmask the line; on a
+//!    socket, make the next poll receive and say whether sends wait for
+//!    room: [`Wire::arm_interrupt`](super::Wire::arm_interrupt));
 //! 3. **poll again**;
-//! 4. **block** on the notifier's eventfd.
+//! 4. **block** on the interrupt's descriptor.
 //!
 //! A completion the second poll does not see was posted after that poll
 //! read the completion queue, so its interrupt comes later still, and its
@@ -42,6 +61,34 @@
 //! "look", never what completed. A spurious wake-up (the signal of an
 //! entry a poll already consumed) costs one empty poll.
 //!
+//! ## On a socket
+//!
+//! A socket's readiness is level-triggered: bytes in its receive buffer
+//! keep it readable until they are received, so there is no counter to
+//! clear and no signal to lose — a wake-up cannot come "before" the
+//! sleep, it is the state the sleep looks at. Arming only has to make sure
+//! that nothing the queue already holds is left behind when it sleeps:
+//!
+//! - **its own receive buffer**: every poll parses every complete PDU in
+//!   it (up to the poll's budget — then the poll delivered something and
+//!   the wait does not sleep), so at the sleep it holds at most the front
+//!   of a PDU whose rest is still to come, which makes the socket
+//!   readable when it does;
+//! - **a receive its pacer skipped** (the wire holds receives for a few
+//!   polls after one that brought data, to batch them): the arm clears the
+//!   hold, so the poll of step 3 receives, and so does the first poll after
+//!   a sleep. Data that step 3's receive did not find arrives later and
+//!   makes the socket readable;
+//! - **sends held up** by a full socket buffer (H2CData for an R2T, or a
+//!   batch of capsules larger than the buffer): the target may be waiting
+//!   for them, so the queue also watches for the socket becoming
+//!   writable while anything is left to send, and the next poll sends it.
+//!
+//! The kernel takes the socket's lock to queue received data and to hand
+//! it to `recv`, and `poll(2)` and epoll register their waiter before they
+//! look at the socket's state, so data queued after step 3's receive
+//! either is seen by that look or wakes the waiter.
+//!
 //! # Shared vectors
 //!
 //! A notifier shared by several queues (a legacy INTx line, or more queues
@@ -68,8 +115,14 @@
 //! queue's coarse clock (timeouts stay due) and looks at the controller's
 //! health, so a failed or reset controller ends the wait with what `poll`
 //! reports (the commands' errors, then the stopped queue's typed error)
-//! within a slice, never a hang.
+//! within a slice, never a hang. The health look is also where a wire
+//! does what needs doing while nothing polls (NVMe/TCP: the admin queue's
+//! Keep Alive when it is due). A connection that drops makes its socket
+//! readable (end of stream), so a sleeping wait on it ends at once with
+//! the connection's typed error.
 
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -147,14 +200,95 @@ impl std::str::FromStr for WaitPolicy {
     }
 }
 
+/// What a queue sleeps on (see the module docs): a descriptor that is
+/// readable (`POLLIN`) when the queue has something to look at.
+#[derive(Clone, Debug)]
+pub enum Interrupt {
+    /// An eventfd the device's interrupt signals; arming clears its count.
+    /// Other queues may share it (an INTx line, a shared MSI-X vector).
+    Notifier(Arc<Notifier>),
+    /// A descriptor whose readiness is the interrupt, level-triggered,
+    /// with nothing to clear (NVMe/TCP: the queue's epoll set holding its
+    /// connection; it stays the same descriptor across reconnects).
+    Ready(Arc<OwnedFd>),
+}
+
+impl Interrupt {
+    /// The eventfd, for a notifier.
+    pub fn notifier(&self) -> Option<&Arc<Notifier>> {
+        match self {
+            Interrupt::Notifier(n) => Some(n),
+            Interrupt::Ready(_) => None,
+        }
+    }
+
+    /// Arming's part that belongs to the descriptor: clear a notifier's
+    /// count (a readiness has nothing to clear).
+    pub(crate) fn clear(&self) {
+        if let Interrupt::Notifier(n) = self {
+            n.take();
+        }
+    }
+
+    /// Block until the descriptor is readable or `timeout` passes (`None`:
+    /// no limit); whether it became readable. Nothing is consumed: a
+    /// notifier's signal is left for the next arm, a socket's data for the
+    /// next poll.
+    pub fn wait(&self, timeout: Option<Duration>) -> io::Result<bool> {
+        match self {
+            Interrupt::Notifier(n) => n.wait(timeout),
+            Interrupt::Ready(fd) => readable(fd.as_fd(), timeout),
+        }
+    }
+}
+
+impl AsFd for Interrupt {
+    /// The descriptor to watch for `POLLIN` (`try_clone_to_owned` gives a
+    /// duplicate to register with a reactor).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Interrupt::Notifier(n) => n.as_fd(),
+            Interrupt::Ready(fd) => fd.as_fd(),
+        }
+    }
+}
+
+/// `poll(2)` one descriptor for `POLLIN` (an error or hang-up counts as
+/// readable: the next poll of the queue finds out what it was).
+fn readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
+    let ms = timeout.map_or(-1, |t| {
+        // Round up, so a short timeout still sleeps.
+        t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+    });
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: `p` is one valid pollfd that lives across the call;
+        // poll(2) writes only its `revents`. The descriptor is borrowed,
+        // so it stays open meanwhile.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n >= 0 {
+            return Ok(n > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// What a queue pair armed for a sleep ([`BlockQueue::arm_sleep`](crate::core::block::BlockQueue::arm_sleep)):
-/// the notifier its interrupt signals, and the longest the sleep may last
-/// before the queue must be polled again.
+/// its interrupt, and the longest the sleep may last before the queue
+/// must be polled again.
 #[derive(Clone, Debug)]
 pub struct SleepOn {
-    /// The queue's interrupt (other queues may share it: then `slice` is
-    /// short, since another queue's waiter may clear our signal).
-    pub notifier: Arc<Notifier>,
+    /// The queue's interrupt: sleep until its descriptor is readable. A
+    /// notifier may be shared with other queues: then `slice` is short,
+    /// since another queue's waiter may clear our signal.
+    pub interrupt: Interrupt,
     /// 10 ms, or 1 ms on a shared notifier (an INTx line, a shared MSI-X
     /// vector).
     pub slice: Duration,
@@ -174,8 +308,8 @@ pub(crate) struct WaitStats {
 /// [`Wire::wait`](super::Wire::wait): `poll` never looks at it.
 #[derive(Debug)]
 pub(crate) struct Waiter {
-    /// The notifier the queue's vector is routed to (`None`: polling only).
-    pub irq: Option<Arc<Notifier>>,
+    /// What the queue sleeps on (`None`: polling only).
+    pub irq: Option<Interrupt>,
     /// The wire's number for the queue's interrupt (NVMe: the MSI-X
     /// vector in Create I/O CQ), to enable it again on a re-created queue.
     pub vector: Option<u16>,
@@ -201,8 +335,9 @@ impl Default for Waiter {
 }
 
 impl Waiter {
-    /// A waiter with `policy` sleeping on `irq` (`None`: it polls).
-    pub fn new(policy: WaitPolicy, irq: Option<Arc<Notifier>>, shared: bool) -> Self {
+    /// A waiter with `policy` sleeping on `irq` (`None`: it polls);
+    /// `shared`: other queues' waiters may clear its signal.
+    pub fn new(policy: WaitPolicy, irq: Option<Interrupt>, shared: bool) -> Self {
         Waiter {
             irq,
             vector: None,
@@ -212,6 +347,13 @@ impl Waiter {
             seen_completed: 0,
             stats: WaitStats::default(),
         }
+    }
+
+    /// Whether the wait arms as soon as a poll finds nothing (policy
+    /// `Interrupt`, with an interrupt), rather than spin a batch first.
+    #[inline]
+    pub(super) fn sleeps_at_once(&self) -> bool {
+        self.policy == WaitPolicy::Interrupt && self.irq.is_some()
     }
 
     /// Whether, at `now`, the wait should sleep rather than spin.
@@ -264,7 +406,7 @@ mod tests {
 
     #[test]
     fn hybrid_spins_only_within_its_window() {
-        let n = Arc::new(Notifier::new().unwrap());
+        let n = Interrupt::Notifier(Arc::new(Notifier::new().unwrap()));
         let spin = Duration::from_millis(5);
         let mut w = Waiter::new(WaitPolicy::Hybrid { spin }, Some(n), false);
         let t = Instant::now();
@@ -275,7 +417,7 @@ mod tests {
         // Without an interrupt every policy spins.
         let w = Waiter::new(WaitPolicy::Interrupt, None, false);
         assert!(!w.should_sleep(t));
-        let n = Arc::new(Notifier::new().unwrap());
+        let n = Interrupt::Notifier(Arc::new(Notifier::new().unwrap()));
         assert!(!Waiter::new(WaitPolicy::Poll, Some(n), false).should_sleep(t));
     }
 }

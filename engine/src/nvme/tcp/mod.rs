@@ -49,6 +49,7 @@ mod memory;
 mod pace;
 pub mod pdu;
 pub mod qpair;
+mod ready;
 pub mod recv;
 
 #[cfg(test)]

@@ -26,7 +26,9 @@
 //!   ends the backoff — so a lone command's answer is seen within that many
 //!   polls of its arrival.
 //! - Nothing in flight (and nothing buffered) ends any skip, so the first
-//!   poll after an idle spell receives.
+//!   poll after an idle spell receives. So does a waiting queue's arm
+//!   before it sleeps, and its wake-up (`tcp::ready`): a queue never sleeps
+//!   on an answer the pacer held back.
 //!
 //! `TcpOptions::recv_pacing` off keeps only the backoff (at any depth).
 //!
@@ -90,7 +92,8 @@ impl RecvPacer {
         }
     }
 
-    /// Nothing is in flight or buffered: the next poll may receive.
+    /// Nothing is in flight or buffered, or the queue is about to sleep
+    /// or just woke: the next poll receives.
     #[inline]
     pub fn idle(&mut self) {
         self.skip = 0;

@@ -44,7 +44,25 @@
 //! ours between the receive buffer and the command's buffer) where a PCIe
 //! device moves it once by DMA. A target that stops answering is only
 //! noticed by a timeout.
+//!
+//! **Waiting** ([`crate::WaitPolicy::Interrupt`], `Hybrid`): a socket has
+//! no interrupt to enable; its readiness is the interrupt. A waiting queue
+//! pair keeps an epoll set holding its connection (`tcp::ready`), which the
+//! core's `wait`, `BlockQueue::arm_sleep` callers and `AsyncQueue::tokio`
+//! watch like any queue's eventfd: readable when an answer arrived or the
+//! connection ended, or — only while sends are held up by a full socket
+//! buffer — when the socket has room. Arming clears the receive pacer's
+//! hold, so the poll before the sleep (and the first one after it)
+//! receives: a queue never sleeps on an answer its pacer held back in the
+//! socket, and its own receive buffer then holds at most the front of a
+//! PDU whose rest wakes it. What that costs a socket, beyond a PCIe
+//! queue's eventfd: each sleep is a `poll(2)` of the set besides the
+//! `recv` that finds nothing before it, and each wake-up a `recv` more;
+//! at depth 1 an I/O that sleeps costs about a `sendmsg`, three `recv`s
+//! and a `poll` (a polled one: a `sendmsg` and its `recv`s). The Keep
+//! Alive and the command timeouts run from the sleep's slices (10 ms).
 
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,8 +75,12 @@ use super::error::{TcpError, Violation};
 use super::fabrics::{self, FabricsSqe, SglDescriptor};
 use super::pace::RecvPacer;
 use super::pdu::{self, pdu_type, DataPdu, Direction, Parse, Pdu};
+use super::ready::ReadySet;
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::core::qpair::{Addressed, Engine, QueueCounters, Reaped, Recreated, SplitRequest, Wire};
+use crate::core::qpair::wait::Waiter;
+use crate::core::qpair::{
+    Addressed, Engine, Interrupt, QueueCounters, Reaped, Recreated, SplitRequest, Wire,
+};
 use crate::core::state::Stopped;
 use crate::core::timeout::{self, Expired, TimeoutActions, Timeouts};
 use crate::core::tracker::Trackers;
@@ -174,6 +196,9 @@ pub struct TcpQueuePair<B: IoBuf = DmaBuf> {
     polls: u32,
     /// Which polls receive (`tcp::pace`).
     pacer: RecvPacer,
+    /// What a waiting queue sleeps on (`tcp::ready`); `None`: polled only
+    /// ([`crate::WaitPolicy::Poll`]).
+    ready: Option<ReadySet>,
     stats: TcpQpairStats,
     /// The qid went back to the controller.
     released: bool,
@@ -362,7 +387,25 @@ impl<B: IoBuf> TcpQueuePair<B> {
             }
         };
         let depth = usize::from(o.depth);
-        let eng = Engine::new(
+        let ready = match o.wait.wants_interrupt() {
+            true => {
+                let set = ReadySet::new().and_then(|mut s| {
+                    s.watch(conn.sock.as_raw_fd())?;
+                    Ok(s)
+                });
+                match set {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        ctrl.release_qid(qid);
+                        return Err(Error::InvalidOption(format!(
+                            "NVMe/TCP queue {qid}: an epoll set to wait on its socket: {e}"
+                        )));
+                    }
+                }
+            }
+            false => None,
+        };
+        let mut eng = Engine::new(
             o.depth,
             o.max_completions_per_poll,
             ctrl.max_transfer,
@@ -371,6 +414,9 @@ impl<B: IoBuf> TcpQueuePair<B> {
             o.blocking_timeout,
             crate::core::state::Controlled::state_word(&**ctrl).load(),
         );
+        if let Some(r) = &ready {
+            eng.wait = Waiter::new(o.wait, Some(Interrupt::Ready(r.fd())), false);
+        }
         let ns = ctrl
             .namespaces()
             .iter()
@@ -394,6 +440,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
             failed: None,
             polls: 0,
             pacer: RecvPacer::new(ctrl.opts.recv_pacing),
+            ready,
             stats: TcpQpairStats::default(),
             released: false,
         })
@@ -451,6 +498,9 @@ impl<B: IoBuf> TcpQueuePair<B> {
         f: &mut F,
     ) -> usize {
         log::error!("nvme-tcp queue {}: connection ends: {e}", self.qid);
+        if let Some(r) = &mut self.ready {
+            r.unwatch();
+        }
         self.conn.terminate(&e);
         // Nothing reads a buffer once the queue is cleared.
         self.tx.clear();
@@ -465,7 +515,20 @@ impl<B: IoBuf> TcpQueuePair<B> {
     /// Send what is queued; a socket error ends the connection.
     #[inline]
     fn flush_tx(&mut self) -> std::result::Result<bool, TcpError> {
-        self.tx.flush(&self.conn.sock)
+        let r = self.tx.flush(&self.conn.sock);
+        if !self.tx.is_empty() {
+            self.sends_held();
+        }
+        r
+    }
+
+    /// The socket's buffer is full and bytes are left to send: a waiting
+    /// queue also wakes when it has room (`tcp::ready`).
+    #[cold]
+    fn sends_held(&mut self) {
+        if let Some(r) = &mut self.ready {
+            r.want_writable(true);
+        }
     }
 
     /// Queue a command that the engine does not split.
@@ -977,8 +1040,29 @@ impl<B: IoBuf> Wire for TcpQueuePair<B> {
     }
 
     fn forget(&mut self) {
+        if let Some(r) = &mut self.ready {
+            r.unwatch();
+        }
         self.conn.close();
         self.tx.clear();
+    }
+
+    /// A socket has no count to clear (`tcp::ready`): make the next poll
+    /// receive whatever the pacer held, and watch for room to send only
+    /// while sends are held up.
+    #[cold]
+    fn arm_interrupt(&mut self) {
+        self.pacer.idle();
+        let held = !self.tx.is_empty();
+        if let Some(r) = &mut self.ready {
+            r.want_writable(held);
+        }
+    }
+
+    /// The socket woke us (or the slice ran out): the next poll receives.
+    #[cold]
+    fn after_sleep(&mut self) {
+        self.pacer.idle();
     }
 
     /// After a reset (a new association): a new connection, the same queue
@@ -986,6 +1070,14 @@ impl<B: IoBuf> Wire for TcpQueuePair<B> {
     fn recreate(&mut self, settled: u64) -> Recreated {
         match open_conn(&self.ctrl, self.qid, self.entries) {
             Ok(c) => {
+                if let Some(r) = &mut self.ready {
+                    if let Err(e) = r.watch(c.sock.as_raw_fd()) {
+                        return Recreated::Failed {
+                            error: format!("watching the new connection (epoll): {e}"),
+                            left: false,
+                        };
+                    }
+                }
                 self.conn = c;
                 self.failed = None;
                 self.tx.clear();
@@ -1314,5 +1406,76 @@ impl TcpQueuePair<DmaBuf> {
     /// Flush namespace `nsid` and wait.
     pub fn flush_blocking(&mut self, nsid: u32) -> Result<()> {
         crate::core::block::flush_blocking(self, nsid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::block::BlockQueue;
+    use crate::nvme::tcp::TcpOptions;
+    use crate::WaitPolicy;
+    use mcqio_fixtures::tcp::{FakeTcpTarget, TcpFault, TcpTargetConfig};
+    use mcqio_vfio::DmaDir;
+
+    /// Sends held up by a full socket (a target that stopped reading)
+    /// make a waiting queue watch for room to send as well, until they
+    /// left; all of them then complete through `wait`.
+    #[test]
+    fn held_up_sends_are_watched_until_they_left() {
+        let t = FakeTcpTarget::start(TcpTargetConfig {
+            in_capsule_bytes: 128 << 10,
+            maxh2cdata: 128 << 10,
+            ..Default::default()
+        })
+        .unwrap();
+        let c = TcpController::connect(
+            t.addr(),
+            TcpOptions {
+                subnqn: t.subnqn().into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut q = c
+            .create_qpair(QpairOptions {
+                depth: 120,
+                wait: WaitPolicy::Interrupt,
+                io_timeout: None,
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(!q.ready.as_ref().unwrap().writable());
+        // The target sleeps on the first command and reads nothing
+        // meanwhile: 15 MiB of in-capsule writes fill the socket's buffers.
+        t.faults().inject_next(
+            Some(q.qid()),
+            None,
+            TcpFault::Delay(Duration::from_millis(500)),
+        );
+        let len = 128 << 10;
+        for i in 0..120u64 {
+            let b = c.alloc_buf(len, DmaDir::Bidirectional).unwrap();
+            BlockQueue::write(&mut q, 1, (i % 8) * 256, 256, b, i).unwrap();
+        }
+        BlockQueue::submit(&mut q);
+        BlockQueue::poll(&mut q, usize::MAX, |_| panic!("nothing answered yet")).unwrap();
+        assert!(!q.tx.is_empty(), "the buffers took 15 MiB");
+        assert!(q.ready.as_ref().unwrap().writable(), "held up: watched");
+        let mut done = 0;
+        let end = Instant::now() + Duration::from_secs(20);
+        while done < 120 {
+            assert!(Instant::now() < end, "a hang");
+            BlockQueue::wait(&mut q, usize::MAX, Some(Duration::from_secs(5)), |c| {
+                c.result.unwrap();
+                done += 1;
+            })
+            .unwrap();
+        }
+        assert!(q.tx.is_empty());
+        assert!(BlockQueue::counters(&q).interrupt_sleeps > 0);
+        // The next arm stops watching for room.
+        Wire::arm_interrupt(&mut q);
+        assert!(!q.ready.as_ref().unwrap().writable());
     }
 }

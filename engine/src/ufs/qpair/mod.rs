@@ -379,7 +379,11 @@ impl UfsController {
             seen_state,
         );
         // Every waiting queue pair shares the controller's one line.
-        eng.wait = crate::core::qpair::wait::Waiter::new(opts.wait, irq, true);
+        eng.wait = crate::core::qpair::wait::Waiter::new(
+            opts.wait,
+            irq.map(crate::core::qpair::Interrupt::Notifier),
+            true,
+        );
         Ok(UfsQueuePair {
             ctrl: Arc::clone(self),
             transport: ManuallyDrop::new(transport),

@@ -76,8 +76,8 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
     /// completion interrupt and unmask the line (`ctrl/irq.rs`).
     #[cold]
     fn arm_interrupt(&mut self) {
-        if let Some(n) = &self.eng.wait.irq {
-            n.take();
+        if let Some(i) = &self.eng.wait.irq {
+            i.clear();
         }
         let mcq = match &*self.transport {
             Transport::Mcq(q) => {

@@ -10,7 +10,8 @@ impl Waiter {
     pub(super) fn of(policy: WaitPolicy, irq: Option<QueueIrq>) -> Self {
         match irq {
             Some(i) => {
-                let mut w = Waiter::new(policy, Some(i.notifier), i.shared);
+                let irq = crate::core::qpair::Interrupt::Notifier(i.notifier);
+                let mut w = Waiter::new(policy, Some(irq), i.shared);
                 w.vector = Some(i.vector);
                 w
             }
