@@ -192,7 +192,15 @@ fn a_slow_command_is_awaited_asleep_not_by_spinning_the_executor() {
 
 #[test]
 fn many_futures_on_two_ufs_mcq_queues_sharing_the_intx_line() {
-    let (_f, ctrl) = ufs::up(ufs::threaded_cfg(true, 2), ufs::opts(2));
+    // 500 µs per command, so each keeper finds its queue empty and sleeps:
+    // with no latency the device thread often answered before a keeper
+    // looked, and one queue went through all its I/O without a sleep
+    // (3 of 10 runs on a quiet machine).
+    let cfg = mcqio_fixtures::ufs::UfsConfig {
+        latency: Duration::from_micros(500),
+        ..ufs::threaded_cfg(true, 2)
+    };
+    let (_f, ctrl) = ufs::up(cfg, ufs::opts(2));
     let rt = runtime();
     LocalSet::new().block_on(&rt, async {
         let opts = || UfsQpairOptions {
