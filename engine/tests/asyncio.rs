@@ -41,6 +41,15 @@ impl Wake for Flag {
 /// The minimal executor: polls every woken task until all resolved.
 /// Returns the outputs in task order and the rounds it took.
 fn run_all<B>(tasks: Vec<Task<'_, B>>) -> (Vec<Out<B>>, usize) {
+    run_all_with(tasks, || {})
+}
+
+/// [`run_all`], calling `tick` every round: a sync fake's time is driven
+/// so (`FakeController::poll`). Alone, a delayed completion reaches the
+/// CQ only when the queue pair touches the device, in its health check
+/// every few thousand empty polls — which a loaded machine's `yield_now`
+/// can stretch past [`HANG`] (seen: a 300 ms delay not posted in 20 s).
+fn run_all_with<B>(tasks: Vec<Task<'_, B>>, tick: impl Fn()) -> (Vec<Out<B>>, usize) {
     let flags: Vec<Arc<Flag>> = tasks
         .iter()
         .map(|_| Arc::new(Flag(AtomicBool::new(true))))
@@ -51,6 +60,7 @@ fn run_all<B>(tasks: Vec<Task<'_, B>>) -> (Vec<Out<B>>, usize) {
     let start = Instant::now();
     let mut rounds = 0;
     while out.iter().any(Option::is_none) {
+        tick();
         rounds += 1;
         let mut any = false;
         for i in 0..tasks.len() {
@@ -299,6 +309,7 @@ fn a_future_dropped_early_leaves_its_buffer_with_the_queue_until_the_completion(
         let start = Instant::now();
         while aq.in_flight() > 0 {
             assert!(!dropped.load(Ordering::Acquire), "{mode:?}: dropped early");
+            fake.poll();
             aq.drive().unwrap();
             assert!(start.elapsed() < HANG);
             std::thread::yield_now();
@@ -319,6 +330,7 @@ fn a_future_dropped_early_leaves_its_buffer_with_the_queue_until_the_completion(
         assert!(Pin::new(&mut f).poll(&mut cx).is_pending());
         let start = Instant::now();
         while aq.in_flight() > 0 {
+            fake.poll();
             aq.drive().unwrap();
             assert!(start.elapsed() < HANG);
             std::thread::yield_now();
@@ -370,7 +382,7 @@ fn a_future_that_takes_over_the_keeper_and_resolves_at_once_passes_it_on() {
         } else {
             vec![read(0), read(8), write]
         };
-        for o in run_all(tasks).0 {
+        for o in run_all_with(tasks, || fake.poll()).0 {
             ok(o);
         }
         aq.close().unwrap();
