@@ -84,11 +84,15 @@ enum Transport {
 }
 
 impl Transport {
+    // The descriptor is turned into its four words before the match: built
+    // as a struct across it, it went through the stack one field at a time
+    // (issue 28).
     #[inline(always)]
     fn post(&mut self, slot: u16, utrd: Utrd) {
+        let w = utrd.to_le_words();
         match self {
-            Transport::Mcq(q) => q.post(utrd),
-            Transport::Sdb(q) => q.post(slot, utrd),
+            Transport::Mcq(q) => q.post_words(w),
+            Transport::Sdb(q) => q.post_words(slot, w),
         }
     }
 
