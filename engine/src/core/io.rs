@@ -20,6 +20,7 @@
 //! [`SubmitErrorKind::Misaligned`].
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -730,20 +731,38 @@ unsafe impl IoBuf for mcqio_vfio::Mapped {
 }
 
 /// A slice of DMA memory the application mapped itself, as a queue pair
-/// moves it: an IOVA, a length and the id of the space it is mapped in —
-/// two words and a tag, no reference count, nothing handed back that must
-/// be stored. For engines that premap one region per thread and cut it
-/// into per-command slices (mcqio-perf's job queues, the fio engine).
+/// moves it: an IOVA, a length and the id of the space it is mapped in
+/// with its direction — three words, no reference count, nothing handed
+/// back that must be stored. For engines that premap one region per
+/// thread and cut it into per-command slices (mcqio-perf's job queues, the
+/// fio engine).
 ///
 /// Safe to copy and to pass around: it gives no access to the bytes. The
 /// contract is on [`DmaSlice::new`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Three words, not four: the direction rides in the low two bits of the
+/// space id's word (bit 0: the device may read, bit 1: it may write), so a
+/// slice is copied with three loads and stores into the tracker and back
+/// (it was 32 bytes with a one-byte field copied piecewise with its
+/// padding; issue 28), and `Option<DmaSlice>` is as small (the word is
+/// never 0).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct DmaSlice {
     iova: Iova,
     len: usize,
-    dir: DmaDir,
-    space_id: u64,
+    /// `space id << 2 | DIR_READS | DIR_WRITES` as the direction allows.
+    space_dir: NonZeroU64,
 }
+
+// Three words, and `None` costs no fourth.
+#[cfg(target_pointer_width = "64")]
+const _: () =
+    assert!(std::mem::size_of::<DmaSlice>() == 24 && std::mem::size_of::<Option<DmaSlice>>() == 24);
+
+/// [`DmaSlice::space_dir`]: the device may read through the slice.
+const DIR_READS: u64 = 1;
+/// [`DmaSlice::space_dir`]: the device may write through the slice.
+const DIR_WRITES: u64 = 2;
 
 impl DmaSlice {
     /// The slice `[iova, iova + len)` of memory mapped in `space` for `dir`.
@@ -759,12 +778,24 @@ impl DmaSlice {
     /// - While a command carrying it is in flight, no Rust reference to that
     ///   memory exists and the host does not access it (the device has
     ///   concurrent read and write access to it).
+    ///
+    /// # Panics
+    ///
+    /// If the space's id does not fit 62 bits (ids count up from 1, one
+    /// per space created: not within any process's lifetime).
     pub unsafe fn new(space: &DmaSpace, iova: Iova, len: usize, dir: DmaDir) -> Self {
+        let id = space.id();
+        assert!(id >> 62 == 0, "DMA space id {id} does not fit a DmaSlice");
+        let bits = match dir {
+            DmaDir::ToDevice => DIR_READS,
+            DmaDir::FromDevice => DIR_WRITES,
+            DmaDir::Bidirectional => DIR_READS | DIR_WRITES,
+        };
         DmaSlice {
             iova,
             len,
-            dir,
-            space_id: space.id(),
+            // Never 0: the direction's bits are never both clear.
+            space_dir: NonZeroU64::new(id << 2 | bits).expect("direction bits set"),
         }
     }
 
@@ -781,6 +812,22 @@ impl DmaSlice {
     /// Whether it is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The id of the space it is mapped in.
+    fn space_id(&self) -> u64 {
+        self.space_dir.get() >> 2
+    }
+}
+
+impl fmt::Debug for DmaSlice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaSlice")
+            .field("iova", &self.iova)
+            .field("len", &self.len)
+            .field("dir", &self.dir())
+            .field("space_id", &self.space_id())
+            .finish()
     }
 }
 
@@ -802,14 +849,64 @@ unsafe impl IoBuf for DmaSlice {
     }
     #[inline]
     fn dir(&self) -> DmaDir {
-        self.dir
+        match self.space_dir.get() & (DIR_READS | DIR_WRITES) {
+            DIR_READS => DmaDir::ToDevice,
+            DIR_WRITES => DmaDir::FromDevice,
+            _ => DmaDir::Bidirectional,
+        }
+    }
+    #[inline]
+    fn check_dir(&self, device_writes: bool) -> Result<(), DmaDir> {
+        // One test of the direction's bit instead of decoding the direction.
+        let need = if device_writes { DIR_WRITES } else { DIR_READS };
+        if self.space_dir.get() & need != 0 {
+            Ok(())
+        } else {
+            Err(self.dir())
+        }
     }
     #[inline]
     fn is_mapped_in(&self, space: &DmaSpace) -> bool {
-        self.space_id == space.id()
+        self.space_id() == space.id()
     }
     #[inline]
     fn total_len(&self) -> usize {
         self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The three-word slice keeps what it was made with: direction (both
+    /// ways round), length, IOVA and the space it is mapped in.
+    #[test]
+    fn a_dma_slice_keeps_its_direction_and_space() {
+        let space = || {
+            let iommu = mcqio_fixtures::FakeIommu::new(Default::default());
+            DmaSpace::new(Arc::new(iommu), mcqio_vfio::HugePages::Never)
+        };
+        let (a, b) = (space(), space());
+        for (dir, reads, writes) in [
+            (DmaDir::ToDevice, true, false),
+            (DmaDir::FromDevice, false, true),
+            (DmaDir::Bidirectional, true, true),
+        ] {
+            // SAFETY: the slice is only inspected, never given to a device.
+            let s = unsafe { DmaSlice::new(&a, Iova(0x1000), 4096, dir) };
+            assert_eq!(s.dir(), dir);
+            assert_eq!(s.check_dir(false).is_ok(), reads, "{dir:?}");
+            assert_eq!(s.check_dir(true).is_ok(), writes, "{dir:?}");
+            if !reads {
+                assert_eq!(s.check_dir(false), Err(dir));
+            }
+            assert!(s.is_mapped_in(&a) && !s.is_mapped_in(&b));
+            assert_eq!(
+                (s.iova(), s.len(), s.total_len()),
+                (Iova(0x1000), 4096, 4096)
+            );
+            assert!(format!("{s:?}").contains(&format!("{dir:?}")));
+        }
     }
 }

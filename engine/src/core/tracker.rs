@@ -70,7 +70,12 @@ impl FreeList {
     fn pop(&mut self) -> Option<u16> {
         let n = self.len.checked_sub(1)?;
         self.len = n;
-        self.ids.get(n).copied()
+        // SAFETY: `n < len <= ids.len()`: `len` starts at `ids.len()`, and
+        // only `push` raises it, through a checked index (a push past the
+        // end panics before `len` moves). The compare against the slice's
+        // length that `get` made was one more than the hot path needs
+        // (issue 28).
+        Some(unsafe { *self.ids.get_unchecked(n) })
     }
 
     #[inline(always)]
@@ -85,7 +90,9 @@ pub(crate) struct Trackers<B> {
     free: FreeList,
     /// Slots in service: all of them, less the retired ones.
     capacity: usize,
-    slot_bits: u32,
+    /// `1 << slot_bits`: what a slot's CID advances by per use, kept
+    /// rather than shifted out of `slot_bits` at every completion.
+    gen_step: u16,
     slot_mask: u16,
     /// Stale or duplicate CQEs seen.
     pub stale: u64,
@@ -117,7 +124,7 @@ impl<B> Trackers<B> {
             capacity: usize::from(depth),
             slots,
             free,
-            slot_bits,
+            gen_step: 1 << slot_bits,
             slot_mask,
             stale: 0,
         }
@@ -196,14 +203,14 @@ impl<B> Trackers<B> {
     /// generation, and hand back tag and buffer.
     #[inline]
     pub fn complete(&mut self, slot: u16) -> (u64, Option<B>) {
-        let bits = self.slot_bits;
+        let step = self.gen_step;
         let s = &mut self.slots[slot as usize];
         s.busy = false;
-        let mut cid = s.cid.wrapping_add(1 << bits);
+        let mut cid = s.cid.wrapping_add(step);
         if cid == CID_RESERVED {
             // Skip to the next generation; the slot bits are unchanged
             // because we add a multiple of 2^slot_bits.
-            cid = cid.wrapping_add(1 << bits);
+            cid = cid.wrapping_add(step);
         }
         s.cid = cid;
         let out = (s.tag, s.buf.take());

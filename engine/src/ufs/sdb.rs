@@ -89,20 +89,23 @@ impl SdbQueue {
         self.utrl
     }
 
-    /// Write `utrd` into list slot `slot` (< slots, free).
+    /// Write a UTRD, given as its words ([`Utrd::to_le_words`]), into list
+    /// slot `slot` (< slots, free): four 64-bit stores.
     #[inline(always)]
-    pub fn post(&mut self, slot: u16, utrd: Utrd) {
+    pub fn post_words(&mut self, slot: u16, w: [u64; 4]) {
         debug_assert!(u32::from(slot) < self.slots);
         // SAFETY: `slot < slots` (the tracker's depth is at most `slots`),
-        // inside the list this value owns; the slot's doorbell bit is clear
+        // inside the list this value owns (32-byte UTRDs in a 1 KiB-aligned
+        // list, so each u64 is aligned); the slot's doorbell bit is clear
         // (its previous command completed), so the controller does not read
-        // it until we ring: a volatile store racing with nothing.
+        // it until we ring: volatile stores racing with nothing.
         unsafe {
-            self.list
-                .as_ptr()
-                .add(usize::from(slot))
-                .write_volatile(utrd)
-        };
+            let p = self.list.as_ptr().add(usize::from(slot)).cast::<u64>();
+            p.write_volatile(w[0].to_le());
+            p.add(1).write_volatile(w[1].to_le());
+            p.add(2).write_volatile(w[2].to_le());
+            p.add(3).write_volatile(w[3].to_le());
+        }
         self.pending |= 1 << slot;
     }
 

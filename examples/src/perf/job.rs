@@ -751,7 +751,12 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             n = n.min(due + 1);
         }
         let n0 = n;
-        let result = Self::fill_n(&mut self.q, st, gen, &mut n, &self.clock, nlb);
+        // The clock's source decided once per batch, not per stamp.
+        let result = if self.clock.is_tsc() {
+            Self::fill_n::<true>(&mut self.q, st, gen, &mut n, &self.clock, nlb)
+        } else {
+            Self::fill_n::<false>(&mut self.q, st, gen, &mut n, &self.clock, nlb)
+        };
         let issued = n0 - n;
         *budget -= issued;
         self.rate_next = self
@@ -762,7 +767,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
 
     /// Start up to `n` I/Os, each stamped as it is pushed, counting `n` down.
     #[inline(always)]
-    fn fill_n(
+    fn fill_n<const TSC: bool>(
         q: &mut Q,
         st: &mut State<'a, H, V>,
         gen: &mut IoGen,
@@ -799,7 +804,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                     }
                 }
             }
-            let t = clock.now();
+            let t = clock.read::<TSC>();
             st.res.clock_reads += 1;
             match q.push(slot as usize, IoReq { op, slba, nlb }) {
                 Ok(()) => {
@@ -873,13 +878,25 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
     /// Submit and reap once.
     #[inline(always)]
     fn turn(&mut self) -> Result<usize, QueueError> {
+        // The clock's source decided once per poll, not per stamp.
+        if self.clock.is_tsc() {
+            self.turn_with::<true>()
+        } else {
+            self.turn_with::<false>()
+        }
+    }
+
+    /// [`turn`](Self::turn) with the clock's source decided (`TSC`:
+    /// [`Clock::is_tsc`]).
+    #[inline(always)]
+    fn turn_with<const TSC: bool>(&mut self) -> Result<usize, QueueError> {
         self.q.submit(self.st.inflight)?;
         let st = &mut self.st;
         let clock = &self.clock;
         let n = self.q.reap(
             #[inline(always)]
             |slot, status| {
-                st.complete(slot, status, clock.now(), clock);
+                st.complete(slot, status, clock.read::<TSC>(), clock);
             },
         )?;
         // One read per completion.

@@ -277,6 +277,9 @@ pub struct IoGen {
     /// Where rank 0 lands (from the seed).
     shift: u64,
     read_pct: u8,
+    /// The operation of every I/O when `read_pct` is 0 or 100 (`None`:
+    /// drawn per I/O): one test per I/O instead of two compares.
+    fixed_op: Option<Op>,
     /// First LBA of the range.
     first: u64,
     /// Number of I/O-sized positions in the range.
@@ -335,6 +338,11 @@ impl IoGen {
             scatter,
             shift: Rng::new(seed ^ 0x5DEE_CE66).below(positions),
             read_pct,
+            fixed_op: match read_pct {
+                100 => Some(Op::Read),
+                0 => Some(Op::Write),
+                _ => None,
+            },
             first,
             positions,
             nlb,
@@ -345,16 +353,13 @@ impl IoGen {
     /// The next operation.
     #[inline(always)]
     pub fn op(&mut self) -> Op {
-        match self.read_pct {
-            100 => Op::Read,
-            0 => Op::Write,
-            p => {
-                if self.rng.below(100) < p as u64 {
-                    Op::Read
-                } else {
-                    Op::Write
-                }
-            }
+        if let Some(op) = self.fixed_op {
+            return op;
+        }
+        if self.rng.below(100) < self.read_pct as u64 {
+            Op::Read
+        } else {
+            Op::Write
         }
     }
 

@@ -312,10 +312,10 @@ impl McqQueue {
         n
     }
 
-    /// Write `utrd` into the next SQ slot. The caller guarantees a free slot.
+    /// Write a UTRD, given as its words ([`Utrd::to_le_words`]), into the
+    /// next SQ slot. The caller guarantees a free slot.
     #[inline(always)]
-    pub fn post(&mut self, utrd: Utrd) {
-        let w = utrd.to_le_words();
+    pub fn post_words(&mut self, w: [u64; 4]) {
         let p = self
             .sq_ring
             .as_ptr()

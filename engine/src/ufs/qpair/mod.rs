@@ -72,6 +72,10 @@ struct LuGeom {
     /// HPB has a map of this LU: only then can a read become an HPB READ
     /// (the HPB call is skipped for the others).
     hpb: bool,
+    /// The most blocks one command carries without a split (`max_xfer >>
+    /// shift`): the hot path's one compare `blocks - 1 < unsplit` stands
+    /// for the zero-count and split checks (issue 28).
+    unsplit: u32,
 }
 
 /// The wire a queue pair uses, chosen once at creation.
@@ -84,11 +88,15 @@ enum Transport {
 }
 
 impl Transport {
+    // The descriptor is turned into its four words before the match: built
+    // as a struct across it, it went through the stack one field at a time
+    // (issue 28).
     #[inline(always)]
     fn post(&mut self, slot: u16, utrd: Utrd) {
+        let w = utrd.to_le_words();
         match self {
-            Transport::Mcq(q) => q.post(utrd),
-            Transport::Sdb(q) => q.post(slot, utrd),
+            Transport::Mcq(q) => q.post_words(w),
+            Transport::Sdb(q) => q.post_words(slot, w),
         }
     }
 
@@ -348,6 +356,8 @@ impl UfsController {
                 UcdSlice::new(ucd_mem, usize::from(depth))
             }
         };
+        let max_xfer = u64::from(self.options().max_transfer)
+            .min(MAX_PRDT_ENTRIES as u64 * u64::from(PrdtEntry::MAX_BYTES));
         let mut lus = Vec::new();
         for l in self.logical_units() {
             let i = usize::from(l.lun);
@@ -358,10 +368,9 @@ impl UfsController {
                 blocks: l.blocks,
                 shift: l.block_shift(),
                 hpb: self.hpb_maps().get(i).is_some_and(Option::is_some),
+                unsplit: (max_xfer >> l.block_shift()).min(u64::from(u32::MAX)) as u32,
             });
         }
-        let max_xfer = u64::from(self.options().max_transfer)
-            .min(MAX_PRDT_ENTRIES as u64 * u64::from(PrdtEntry::MAX_BYTES));
         let hpb = match HpbQp::new(self.hpb_maps(), self.dma(), usize::from(depth)) {
             Ok(h) => h,
             Err(e) => {

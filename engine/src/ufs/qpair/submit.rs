@@ -77,8 +77,57 @@ impl<B: IoBuf> UfsQueuePair<B> {
         self.submit_data(lun, lba, blocks, buf, tag, false)
     }
 
+    /// The hot path's check of a read or write: LU, a count of 1 to
+    /// `unsplit` blocks (no split) and the LBA range, after the idle
+    /// clock stamp and the stopped flag. `None` sends the command to the
+    /// cold path (`submit_data_cold`), which makes every check in turn and
+    /// gives the refusal its reason (issue 28, as NVMe's `check_unsplit`).
+    #[inline(always)]
+    fn check_unsplit(&mut self, lun: u8, lba: u64, blocks: u32) -> Option<LuGeom> {
+        self.eng.stamp_if_idle(self.hpb.inflight());
+        if self.eng.stopped.is_some() {
+            return None;
+        }
+        let Some(Some(g)) = self.lus.get(usize::from(lun)).copied() else {
+            return None;
+        };
+        if blocks.wrapping_sub(1) >= g.unsplit {
+            return None;
+        }
+        match lba.checked_add(u64::from(blocks)) {
+            Some(end) if end <= g.blocks => Some(g),
+            _ => None,
+        }
+    }
+
     #[inline(always)]
     pub(super) fn submit_data(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        buf: B,
+        tag: u64,
+        read: bool,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        let Some(g) = self.check_unsplit(lun, lba, blocks) else {
+            return self.submit_data_cold(lun, lba, blocks, buf, tag, read);
+        };
+        if let Err(mapped) = buf.check_dir(read) {
+            return Err(wrong_direction(mapped, read, buf));
+        }
+        if !buf.is_mapped_in(&self.space) {
+            return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
+        }
+        self.submit_one(lun, lba, blocks, g, buf, tag, read)
+    }
+
+    /// `submit_data` for a command its one compare did not pass: every
+    /// check in turn (stopped, LU, count, range, direction, mapping), then
+    /// a split or a single command.
+    #[cold]
+    #[inline(never)]
+    fn submit_data_cold(
         &mut self,
         lun: u8,
         lba: u64,
@@ -91,24 +140,34 @@ impl<B: IoBuf> UfsQueuePair<B> {
             Ok(g) => g,
             Err(k) => return Err(submit_err(k, buf)),
         };
-        let bytes = u64::from(blocks) << g.shift;
         if let Err(mapped) = buf.check_dir(read) {
-            let needs = if read {
-                "write into it (read command)"
-            } else {
-                "read from it (write command)"
-            };
-            return Err(submit_err(
-                SubmitErrorKind::WrongDirection { mapped, needs },
-                buf,
-            ));
+            return Err(wrong_direction(mapped, read, buf));
         }
         if !buf.is_mapped_in(&self.space) {
             return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
         }
+        let bytes = u64::from(blocks) << g.shift;
         if bytes > self.eng.max_xfer {
             return self.submit_split(lun, lba, blocks, g.shift, buf, tag, read);
         }
+        self.submit_one(lun, lba, blocks, g, buf, tag, read)
+    }
+
+    /// Post one checked command (at most `max_xfer` bytes): a slot, its
+    /// PRDT, its command descriptor, its UTRD, its tracker.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn submit_one(
+        &mut self,
+        lun: u8,
+        lba: u64,
+        blocks: u32,
+        g: LuGeom,
+        buf: B,
+        tag: u64,
+        read: bool,
+    ) -> std::result::Result<(), SubmitError<B>> {
+        let bytes = u64::from(blocks) << g.shift;
         let Some(slot) = self.alloc_slot() else {
             return Err(submit_err(SubmitErrorKind::QueueFull, buf));
         };
@@ -270,4 +329,16 @@ impl<B: IoBuf> UfsQueuePair<B> {
         // the next poll re-created the queue.
         Wire::submit(self)
     }
+}
+
+/// The refusal of a buffer mapped `mapped` for a command that needs the
+/// device to write into it (`read`) or read from it.
+#[cold]
+fn wrong_direction<B>(mapped: DmaDir, read: bool, buf: B) -> SubmitError<B> {
+    let needs = if read {
+        "write into it (read command)"
+    } else {
+        "read from it (write command)"
+    };
+    submit_err(SubmitErrorKind::WrongDirection { mapped, needs }, buf)
 }

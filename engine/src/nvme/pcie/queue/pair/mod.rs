@@ -537,21 +537,24 @@ impl<B: IoBuf> QueuePair<B> {
 
     /// The hot submission's check of a read or write: the namespace, a
     /// count of 1 to `unsplit` blocks (no split, no metadata) and the LBA
-    /// range. `None` sends the command to the cold path
-    /// (`submit_data_cold`), which checks everything one by one and gives
-    /// the refusal its reason.
+    /// range; returns the command's byte count. `None` sends the command
+    /// to the cold path (`submit_data_cold`), which checks everything one
+    /// by one and gives the refusal its reason. The namespace is looked up
+    /// by its index only (a sparse NSID takes the cold path) and read in
+    /// place: returning its whole geometry copied it through the stack
+    /// (issue 28).
     #[inline(always)]
-    fn check_unsplit(&mut self, nsid: u32, slba: u64, nlb: u32) -> Option<NsGeom> {
+    fn check_unsplit(&mut self, nsid: u32, slba: u64, nlb: u32) -> Option<u64> {
         self.stamp_if_idle();
         if self.eng.stopped.is_some() {
             return None;
         }
-        let g = self.geom(nsid)?;
-        if nlb.wrapping_sub(1) >= g.unsplit {
+        let (id, g) = self.ns.get(nsid.wrapping_sub(1) as usize)?;
+        if *id != nsid || nlb.wrapping_sub(1) >= g.unsplit {
             return None;
         }
         match slba.checked_add(u64::from(nlb)) {
-            Some(end) if end <= g.nsze => Some(g),
+            Some(end) if end <= g.nsze => Some(u64::from(nlb) << g.lba_shift),
             _ => None,
         }
     }

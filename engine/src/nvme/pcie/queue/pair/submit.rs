@@ -64,7 +64,7 @@ impl<B: IoBuf> QueuePair<B> {
         tag: u64,
         device_writes: bool,
     ) -> Result<(), SubmitError<B>> {
-        let Some(g) = self.check_unsplit(nsid, slba, nlb) else {
+        let Some(bytes) = self.check_unsplit(nsid, slba, nlb) else {
             return self.submit_data_cold(cmd, nsid, slba, nlb, buf, tag, device_writes);
         };
         if let Err(mapped) = buf.check_dir(device_writes) {
@@ -76,7 +76,7 @@ impl<B: IoBuf> QueuePair<B> {
                 buf,
             });
         }
-        self.submit_one(cmd, (nlb as u64) << g.lba_shift, buf, tag)
+        self.submit_one(cmd, bytes, buf, tag)
     }
 
     /// `submit_data` for a command its one compare did not pass: every
