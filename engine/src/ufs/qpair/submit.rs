@@ -100,6 +100,20 @@ impl<B: IoBuf> UfsQueuePair<B> {
         }
     }
 
+    /// What is wrong with `buf` for a data command (`read`: the device
+    /// writes it): its direction, then whether it is mapped in this
+    /// queue's space. The hot and the cold path ask in that order.
+    #[inline(always)]
+    fn buf_fault(&self, buf: &B, read: bool) -> Option<SubmitErrorKind> {
+        if let Err(mapped) = buf.check_dir(read) {
+            return Some(wrong_direction(mapped, read));
+        }
+        if !buf.is_mapped_in(&self.space) {
+            return Some(SubmitErrorKind::NotDmaMapped);
+        }
+        None
+    }
+
     #[inline(always)]
     pub(super) fn submit_data(
         &mut self,
@@ -113,11 +127,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let Some(g) = self.check_unsplit(lun, lba, blocks) else {
             return self.submit_data_cold(lun, lba, blocks, buf, tag, read);
         };
-        if let Err(mapped) = buf.check_dir(read) {
-            return Err(wrong_direction(mapped, read, buf));
-        }
-        if !buf.is_mapped_in(&self.space) {
-            return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
+        if let Some(k) = self.buf_fault(&buf, read) {
+            return Err(submit_err(k, buf));
         }
         self.submit_one(lun, lba, blocks, g, buf, tag, read)
     }
@@ -140,11 +151,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
             Ok(g) => g,
             Err(k) => return Err(submit_err(k, buf)),
         };
-        if let Err(mapped) = buf.check_dir(read) {
-            return Err(wrong_direction(mapped, read, buf));
-        }
-        if !buf.is_mapped_in(&self.space) {
-            return Err(submit_err(SubmitErrorKind::NotDmaMapped, buf));
+        if let Some(k) = self.buf_fault(&buf, read) {
+            return Err(submit_err(k, buf));
         }
         let bytes = u64::from(blocks) << g.shift;
         if bytes > self.eng.max_xfer {
@@ -334,11 +342,11 @@ impl<B: IoBuf> UfsQueuePair<B> {
 /// The refusal of a buffer mapped `mapped` for a command that needs the
 /// device to write into it (`read`) or read from it.
 #[cold]
-fn wrong_direction<B>(mapped: DmaDir, read: bool, buf: B) -> SubmitError<B> {
+fn wrong_direction(mapped: DmaDir, read: bool) -> SubmitErrorKind {
     let needs = if read {
         "write into it (read command)"
     } else {
         "read from it (write command)"
     };
-    submit_err(SubmitErrorKind::WrongDirection { mapped, needs }, buf)
+    SubmitErrorKind::WrongDirection { mapped, needs }
 }
