@@ -495,6 +495,15 @@ fn async_futures_on_a_waiting_tcp_queue_pair() {
     }
     aq.close().unwrap();
 
+    // The caller-driven half waits on a target slow enough that the
+    // answer cannot come before the wait's first empty poll, even when
+    // the whole path is emulated (under qemu-user 500 us passed before
+    // it, every run, and the wait never slept).
+    let t = slow(Duration::from_millis(50));
+    let c = connect(&t, TcpOptions::default());
+    let mut w = qpair(&c, 8, WaitPolicy::Poll);
+    io_wait(&mut w, &c, false, 3, &pattern(512, 3));
+    w.close(drop).unwrap();
     let aq = AsyncQueue::caller_driven(qpair(&c, 8, WaitPolicy::Interrupt));
     let flag = Arc::new(Flag(AtomicBool::new(false)));
     let waker = Waker::from(flag.clone());
