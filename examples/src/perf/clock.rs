@@ -10,7 +10,7 @@
 //! more instructions per latency sample (callgrind, `fake:null,sync=1`
 //! QD128: 924.7 vs 905.7 instructions per I/O in total), so the scale
 //! quanta calibrated is read out once and applied here.
-//! `MCQIO_PERF_NO_TSC=1` forces `std::time::Instant`.
+//! `MCQIO_PERF_NO_TSC=1` forces `std::time::Instant`; `--clock system` too.
 //!
 //! quanta takes the TSC only when CPUID says it is invariant, which an
 //! emulated CPU (QEMU TCG) may not say although the guest kernel runs its
@@ -21,6 +21,18 @@
 //! against the monotonic clock (20 ms at start-up). A kernel on another
 //! clocksource (hpet, acpi_pm) distrusts the TSC; then the clock stays
 //! `clock_gettime`, and the report warns.
+//!
+//! `--clock tsc` takes the TSC anyway, calibrated here, for a kernel that
+//! distrusts it for its own reasons: a QEMU TCG guest marks it unstable
+//! because its vCPUs' counters are not synchronized with each other, and
+//! then every `clock_gettime` there reads the emulated HPET (2.5-5 µs a read
+//! in the guest side-by-side, each an exit to QEMU under its big lock, two
+//! per I/O), where an independent driver such as libvfn's perf reads the TSC
+//! unconditionally. A job's two stamps of an I/O are taken on its own
+//! pinned CPU, so counters that differ between CPUs do not enter a latency;
+//! what could is a counter whose rate changes, and the report checks that:
+//! it compares the ticks the run took with the system clock's time for it
+//! ([`Clock::rate_error`]) and warns past 1 %.
 //!
 //! The job loop reads the clock twice per I/O: just before it pushes the
 //! I/O and when the poll hands back its completion (issue 29 item 1).
@@ -68,6 +80,20 @@ fn ns_per_2_32(ticks_per_sec: f64) -> u64 {
     (1e9 * 4_294_967_296.0 / ticks_per_sec) as u64
 }
 
+/// Which latency clock `--clock` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ClockChoice {
+    /// The CPU counter where quanta or the kernel trusts it, else the
+    /// system clock (with a warning).
+    #[default]
+    Auto,
+    /// The CPU counter even where the kernel's clocksource is another
+    /// (its rate checked against the system clock over the run).
+    Tsc,
+    /// The system clock (`clock_gettime`).
+    System,
+}
+
 /// A calibrated tick source. Cheap to clone (no shared state), so every job
 /// has its own.
 #[derive(Debug, Clone)]
@@ -78,9 +104,56 @@ pub struct Clock {
     /// Nanoseconds per 2^32 ticks, from quanta's calibration (0 for a
     /// nanosecond source): `ns = ticks * ns_per_2_32 >> 32`.
     ns_per_2_32: u64,
+    /// The counter was taken by `--clock tsc` although neither quanta nor
+    /// the kernel trusts it.
+    forced: bool,
 }
 
 impl Clock {
+    /// The clock `--clock` asks for: `auto` is [`Clock::new`]; `tsc` is the
+    /// CPU counter even against the kernel's choice (an error where there
+    /// is none to read); `system` is [`Clock::instant`].
+    pub fn choose(choice: ClockChoice) -> Result<Self, String> {
+        match choice {
+            ClockChoice::Auto => Ok(Self::new()),
+            ClockChoice::System => Ok(Self::instant()),
+            ClockChoice::Tsc => {
+                let auto = Self::new();
+                if auto.source == ClockSource::Tsc {
+                    return Ok(auto);
+                }
+                #[cfg(target_arch = "x86_64")]
+                {
+                    let mut c = Self::rdtsc();
+                    if c.source == ClockSource::Tsc {
+                        c.forced = true;
+                        return Ok(c);
+                    }
+                }
+                Err(
+                    "--clock tsc: no CPU counter that moves forwards could be calibrated here"
+                        .into(),
+                )
+            }
+        }
+    }
+
+    /// Whether `--clock tsc` took the counter against the kernel's choice.
+    pub fn forced(&self) -> bool {
+        self.forced
+    }
+
+    /// How far the counter's rate over a span was from its calibration:
+    /// `ticks` counted while the system clock advanced `wall`, as a
+    /// fraction (0.01: the counter ran 1 % fast); `None` for a nanosecond
+    /// source or a span too short to say.
+    pub fn rate_error(&self, ticks: u64, wall: std::time::Duration) -> Option<f64> {
+        if self.source != ClockSource::Tsc || wall < std::time::Duration::from_millis(100) {
+            return None;
+        }
+        Some(ticks as f64 / self.ticks_per_sec / wall.as_secs_f64() - 1.0)
+    }
+
     /// The best source, calibrated (quanta calibrates once per process).
     pub fn new() -> Self {
         if std::env::var_os("MCQIO_PERF_NO_TSC").is_some() {
@@ -114,6 +187,7 @@ impl Clock {
             } else {
                 1e9
             },
+            forced: false,
         }
     }
 
@@ -132,6 +206,7 @@ impl Clock {
             source: ClockSource::Tsc,
             ticks_per_sec,
             ns_per_2_32: ns_per_2_32(ticks_per_sec),
+            forced: false,
         }
     }
 
@@ -142,6 +217,7 @@ impl Clock {
             source: ClockSource::Instant,
             ticks_per_sec: 1e9,
             ns_per_2_32: 0,
+            forced: false,
         }
     }
 
@@ -289,6 +365,7 @@ mod tests {
             source: ClockSource::Tsc,
             ticks_per_sec: 3e9,
             ns_per_2_32: ns_per_2_32(3e9),
+            forced: false,
         };
         assert_eq!(c.ticks_to_ns(3_000_000_000), 1_000_000_000 - 1);
     }
@@ -327,6 +404,46 @@ mod tests {
                 diff <= 1 + theirs / 1_000_000,
                 "{ticks} ticks: {ours} vs {theirs} ns"
             );
+        }
+    }
+
+    /// `--clock system` is the system clock; `--clock tsc` is a counter,
+    /// marked forced exactly when `auto` would not have taken one.
+    #[test]
+    fn clock_choices() {
+        let sys = Clock::choose(ClockChoice::System).unwrap();
+        assert_eq!(sys.source(), ClockSource::Instant);
+        assert!(!sys.forced());
+        let auto = Clock::choose(ClockChoice::Auto).unwrap();
+        assert!(!auto.forced());
+        if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+            let tsc = Clock::choose(ClockChoice::Tsc).unwrap();
+            assert_eq!(tsc.source(), ClockSource::Tsc);
+            assert_eq!(tsc.forced(), auto.source() != ClockSource::Tsc);
+        }
+    }
+
+    /// The rate check: ticks against the system clock's span, `None` for
+    /// a nanosecond source or a span under 100 ms.
+    #[test]
+    fn rate_error_compares_ticks_with_the_system_clock() {
+        use std::time::Duration;
+        let mut c = Clock::instant();
+        assert_eq!(c.rate_error(1_000_000_000, Duration::from_secs(1)), None);
+        c.source = ClockSource::Tsc;
+        c.ticks_per_sec = 2e9;
+        let e = c.rate_error(2_020_000_000, Duration::from_secs(1)).unwrap();
+        assert!((e - 0.01).abs() < 1e-9, "{e}");
+        let e = c.rate_error(1_000_000_000, Duration::from_secs(1)).unwrap();
+        assert!((e + 0.5).abs() < 1e-9, "{e}");
+        assert_eq!(c.rate_error(1, Duration::from_millis(99)), None);
+        // A real counter over a real span: well within a percent.
+        if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+            let c = Clock::choose(ClockChoice::Tsc).unwrap();
+            let (t0, k0) = (Instant::now(), c.now());
+            std::thread::sleep(Duration::from_millis(150));
+            let e = c.rate_error(c.now() - k0, t0.elapsed()).unwrap();
+            assert!(e.abs() < 0.05, "{e}");
         }
     }
 }

@@ -305,6 +305,19 @@ struct RunArgs {
     /// UFS legacy mode and io_uring poll)
     #[arg(long = "wait", value_name = "MODE", default_value = "poll", value_parser = wait_policy)]
     wait: mcqio::WaitPolicy,
+    /// The latency clock: `auto` reads the CPU counter (TSC, CNTVCT) where
+    /// quanta or the kernel trusts it and the system clock otherwise (with
+    /// a warning); `tsc` reads the counter even where the kernel's
+    /// clocksource is another (a QEMU TCG guest's hpet: its clock_gettime
+    /// costs microseconds), checking its rate against the system clock
+    /// over the run; `system` always calls clock_gettime
+    #[arg(
+        long = "clock",
+        value_name = "SOURCE",
+        value_enum,
+        default_value = "auto"
+    )]
+    clock: clock::ClockChoice,
     /// Move this many bytes in total and stop (size-based run; with -t:
     /// whichever comes first)
     #[arg(long, value_parser = nonzero_size, conflicts_with = "ios")]
@@ -540,7 +553,7 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
             "-t 0 measures nothing; give a time or -n <count>".into(),
         ));
     }
-    let clock = clock::Clock::new();
+    let clock = clock::Clock::choose(args.clock).map_err(PerfError::Usage)?;
     let mut bases = Vec::new();
     let mut others = Vec::new();
     for _ in 0..args.repeat {

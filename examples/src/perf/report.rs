@@ -485,6 +485,14 @@ pub struct ClockReport {
     /// Reads of this clock per I/O in the measured phase (all jobs).
     #[serde(default)]
     pub reads_per_io: f64,
+    /// `--clock tsc` took the counter although the kernel's clocksource is
+    /// another.
+    #[serde(default)]
+    pub forced: bool,
+    /// The counter's rate over the measured phase against the system
+    /// clock's, as a fraction (0.01: 1 % fast); `null` for `instant`.
+    #[serde(default)]
+    pub rate_error: Option<f64>,
 }
 
 /// Everything one run measured.
@@ -825,8 +833,15 @@ impl RunReport {
         let c = &self.clock;
         let _ = writeln!(
             out,
-            " latency clock {} ({:.2} reads per I/O, {:.1} ns per read)",
-            c.source, c.reads_per_io, c.ns_per_call
+            " latency clock {}{} ({:.2} reads per I/O, {:.1} ns per read)",
+            c.source,
+            if c.forced {
+                ", forced by --clock tsc"
+            } else {
+                ""
+            },
+            c.reads_per_io,
+            c.ns_per_call
         );
         let _ = writeln!(
             out,
@@ -1005,6 +1020,7 @@ mod tests {
                 ns_per_call: 7.0,
                 ticks_per_sec: 3e9,
                 reads_per_io: 2.0,
+                ..ClockReport::default()
             },
             repeat_iops: vec![],
             interrupted: false,

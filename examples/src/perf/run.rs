@@ -481,6 +481,7 @@ pub fn run_devices(
     let proc_before = job::process_cpu();
     let sched_before = crate::sched::snapshot();
     let t0 = Instant::now();
+    let ticks0 = clock.now();
     let base = counts(&shared);
     shared.phase.store(PHASE_MEASURE, Ordering::Release);
     wake();
@@ -580,7 +581,9 @@ pub fn run_devices(
     let iommu_after: Vec<_> = targets.iter().map(|t| t.iommu_stats()).collect();
     let proc_after = job::process_cpu();
     let proc_cpu = (proc_after.0 + proc_after.1).saturating_sub(proc_before.0 + proc_before.1);
-    let wall = t0.elapsed().as_secs_f64();
+    let wall_span = t0.elapsed();
+    let rate_error = clock.rate_error(clock.now().wrapping_sub(ticks0), wall_span);
+    let wall = wall_span.as_secs_f64();
     bar.finish();
     let mut results = Vec::with_capacity(rows);
     let mut job_err = None;
@@ -842,6 +845,24 @@ pub fn run_devices(
         0.0
     };
     let clock_ns = clock.cost_ns();
+    if let Some(e) = rate_error.filter(|e| e.abs() > 0.01) {
+        warnings.push(format!(
+            "the latency clock's counter ran {:+.2} % off the system clock over the run: \
+             latencies are off by as much",
+            e * 100.0
+        ));
+    }
+    if clock.forced() {
+        notes.push(format!(
+            "latency clock: the TSC, forced by --clock tsc although the kernel's clocksource is \
+             another; each job stamps its I/O on its own pinned CPU; over the run it ran {} the \
+             system clock",
+            rate_error.map_or("unchecked against".into(), |e| format!(
+                "{:+.3} % off",
+                e * 100.0
+            ))
+        ));
+    }
     if clock.source() == ClockSource::Instant {
         warnings.push(format!(
             "the latency clock is the system clock (no usable TSC or CNTVCT counter): each of its \
@@ -936,6 +957,8 @@ pub fn run_devices(
             ns_per_call: clock_ns,
             ticks_per_sec: clock.ticks_per_sec(),
             reads_per_io: clock_reads_per_io,
+            forced: clock.forced(),
+            rate_error,
         },
         repeat_iops: Vec::new(),
         interrupted,
