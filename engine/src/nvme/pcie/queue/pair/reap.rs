@@ -32,7 +32,9 @@ impl<B: IoBuf> QueuePair<B> {
 
     /// The reaping pass of `poll` (the wire's `Wire::reap`): up to `max`
     /// CQEs, each matched to its command by CID and queue id, then the CQ
-    /// head doorbell (lazily, see `CompQueue::flush_lazy`).
+    /// head doorbell (lazily, see `CompQueue::flush_lazy`) — or, on rings
+    /// with room for it, at the next ring after the SQ tail (`Wire::ring`,
+    /// which every poll calls before it reaps).
     #[inline(always)]
     pub(super) fn reap_cqes<F: FnMut(Completion<B>)>(&mut self, max: usize, f: &mut F) -> Reaped {
         let mut delivered = 0;
@@ -47,7 +49,9 @@ impl<B: IoBuf> QueuePair<B> {
                 delivered += 1;
             }
         }
-        self.cq.flush_lazy(self.cq_head_batch);
+        if !self.cq_head_after_sq {
+            self.cq.flush_lazy(self.cq_head_batch);
+        }
         Reaped {
             seen,
             delivered,

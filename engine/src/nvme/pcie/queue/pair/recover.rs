@@ -21,7 +21,14 @@ impl<B: IoBuf> Wire for QueuePair<B> {
 
     #[inline(always)]
     fn ring(&mut self) -> bool {
-        self.sq.flush()
+        let rang = self.sq.flush();
+        // The head the last poll consumed, after the tail: a command the
+        // application resubmitted from it is on its way one doorbell store
+        // sooner (the rings have room for the wait: `ring_entries`).
+        if self.cq_head_after_sq {
+            self.cq.flush_lazy(self.cq_head_batch);
+        }
+        rang
     }
 
     #[inline(always)]
