@@ -777,8 +777,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
     ) -> Result<(), QueueError> {
         while *n > 0 {
             let Some(slot) = st.free.pop() else { break };
-            let op = gen.op();
-            let slba = gen.lba();
+            let (op, slba) = gen.draw();
             let mut generation = 0;
             if V {
                 let vmap = st.vmap.as_mut().expect("verify map exists in verify mode");
