@@ -876,12 +876,21 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             let t = clock.read::<TSC>();
             match q.push(slot as usize, IoReq { op, slba, nlb }) {
                 Ok(()) => {
-                    st.slots[slot as usize] = Slot {
-                        t_submit: t,
-                        slba,
-                        op,
-                        generation,
-                    };
+                    // SAFETY: `slot` was popped from `free`, which holds
+                    // only indices below `slots.len()`: it starts as
+                    // `0..depth` with `depth` slots, and only slots popped
+                    // from it (here, on a refused push or claim) or
+                    // checked by indexing `slots` (`complete`) go back.
+                    // The compare the index made was one more per I/O
+                    // than the loop needs (issue 28).
+                    let s = unsafe { st.slots.get_unchecked_mut(slot as usize) };
+                    s.t_submit = t;
+                    s.slba = slba;
+                    s.op = op;
+                    if V {
+                        // Read only under verification.
+                        s.generation = generation;
+                    }
                     st.submitted += 1;
                     *n -= 1;
                 }
@@ -962,12 +971,15 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         self.q.submit(self.st.inflight())?;
         let st = &mut self.st;
         let clock = &self.clock;
+        // `move`: the callback holds the state's address itself, not the
+        // address of a local that holds it (one load fewer per I/O).
         let n = self.q.reap(
             #[inline(always)]
-            |slot, status| {
+            move |slot, status| {
                 st.complete(slot, status, clock.read::<TSC>(), clock);
             },
         )?;
+        let st = &mut self.st;
         // Its clock reads, one per completion, are counted by those.
         st.flush_hist();
         Ok(n)
