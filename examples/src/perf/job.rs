@@ -354,7 +354,8 @@ struct State<'a, const H: bool, const V: bool> {
     bufs: Vec<NonNull<u8>>,
     res: JobResult,
     vmap: Option<VerifyMap>,
-    /// Completions count toward `res` (false during prefill and drain).
+    /// Completions count toward `res` (false during prefill and drain;
+    /// tested only with a histogram, see `complete`).
     counting: bool,
     /// I/Os pushed and I/Os completed (however they ended): their
     /// difference is what is in flight, so an I/O moves one counter at
@@ -547,7 +548,13 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
                 self.check_read(slot, s);
             }
         }
-        if self.counting {
+        // Without a histogram the counts and sums take every completion:
+        // those outside the measured phase (prefill, warm-up, drain) land
+        // in sums that are reset when it begins, or that were read when it
+        // ended (`lat_into_ns`), so the flag's test is left out (issue
+        // 28). A histogram is flushed on every reap, drain included, so
+        // it keeps the test.
+        if !H || self.counting {
             let ticks = now.wrapping_sub(t_submit);
             let d = op as usize;
             let lat = &mut self.lat_ticks[d];
@@ -1051,6 +1058,8 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         };
         if phase == PHASE_MEASURE {
             p.measuring = true;
+            // The prefill's completions were summed (see `complete`).
+            self.st.lat_ticks = [LatTicks::EMPTY; 2];
             self.st.counting = true;
             p.budget = spec.ios_limit.unwrap_or(u64::MAX);
             self.st.reset_clock_reads();
