@@ -881,23 +881,27 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             }
             // Counted as `submitted` or, refused, below.
             let t = clock.read::<TSC>();
+            // The record is written before the push, so the stamp, LBA and
+            // operation need not be kept in registers (or on the stack)
+            // across it (issue 28). A refused push leaves it unused: the
+            // slot goes back to `free`, and a record is read only after
+            // its I/O completes.
+            // SAFETY: `slot` was popped from `free`, which holds only
+            // indices below `slots.len()`: it starts as `0..depth` with
+            // `depth` slots, and only slots popped from it (here, on a
+            // refused push or claim) or checked by indexing `slots`
+            // (`complete`) go back. The compare the index made was one
+            // more per I/O than the loop needs (issue 28).
+            let s = unsafe { st.slots.get_unchecked_mut(slot as usize) };
+            s.t_submit = t;
+            s.slba = slba;
+            s.op = op;
+            if V {
+                // Read only under verification.
+                s.generation = generation;
+            }
             match q.push(slot as usize, IoReq { op, slba, nlb }) {
                 Ok(()) => {
-                    // SAFETY: `slot` was popped from `free`, which holds
-                    // only indices below `slots.len()`: it starts as
-                    // `0..depth` with `depth` slots, and only slots popped
-                    // from it (here, on a refused push or claim) or
-                    // checked by indexing `slots` (`complete`) go back.
-                    // The compare the index made was one more per I/O
-                    // than the loop needs (issue 28).
-                    let s = unsafe { st.slots.get_unchecked_mut(slot as usize) };
-                    s.t_submit = t;
-                    s.slba = slba;
-                    s.op = op;
-                    if V {
-                        // Read only under verification.
-                        s.generation = generation;
-                    }
                     st.submitted += 1;
                     *n -= 1;
                 }
