@@ -305,6 +305,20 @@ impl UcdSlice {
         offset: u64,
         bytes: u64,
     ) -> Result<u16, SubmitErrorKind> {
+        // The common I/O: the whole transfer in the start of one segment,
+        // one entry. The general walk below set up its loops for it too
+        // (issue 28); whatever this test does not take (offsets, several
+        // segments or entries, a misaligned or empty transfer) goes there
+        // and ends as before.
+        if offset == 0 && buf.segment_count() == 1 && bytes <= u64::from(PrdtEntry::MAX_BYTES) {
+            let seg = buf.segment(0);
+            if bytes <= seg.len as u64 {
+                if let Some(e) = PrdtEntry::new(seg.iova.raw(), bytes as u32) {
+                    self.put_prd(slot, 0, e);
+                    return Ok(1);
+                }
+            }
+        }
         let mut left = bytes;
         let mut skip = offset;
         let mut n = 0usize;

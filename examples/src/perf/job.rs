@@ -349,15 +349,25 @@ struct Slot {
 /// is borrowed by `reap`.
 struct State<'a, const H: bool, const V: bool> {
     spec: &'a JobSpec,
-    free: Vec<u32>,
+    free: FreeSlots,
     slots: Vec<Slot>,
     bufs: Vec<NonNull<u8>>,
     res: JobResult,
     vmap: Option<VerifyMap>,
-    /// Completions count toward `res` (false during prefill and drain).
+    /// Completions count toward `res` (false during prefill and drain;
+    /// tested only with a histogram, see `complete`).
     counting: bool,
-    inflight: usize,
+    /// I/Os pushed and I/Os completed (however they ended): their
+    /// difference is what is in flight, so an I/O moves one counter at
+    /// each end instead of two (issue 28).
+    submitted: u64,
     completed_total: u64,
+    /// `submitted + completed_total` when the measured phase began: every
+    /// push and every completion reads the latency clock once, so the
+    /// measured phase's clock reads are what these counters moved since,
+    /// plus the reads `res.clock_reads` counts itself (rate-limit checks,
+    /// refused pushes), with no count per I/O.
+    reads_base: u64,
     /// Per direction, a run of equal latencies not yet added to the
     /// histogram (recorded with one `record_n`): at the histogram's
     /// resolution neighbouring I/Os often take the same time.
@@ -369,12 +379,17 @@ struct State<'a, const H: bool, const V: bool> {
     lat_ticks: [LatTicks; 2],
 }
 
-/// A direction's latency sum, min and max, in clock ticks.
+/// A direction's latency sum, min and max, in clock ticks, and its I/O
+/// count. The count is the direction's `ios` and, with the other
+/// direction's, the job's: one increment per I/O instead of two (issue
+/// 28). It is kept apart from `sum`: side by side, the two additions were
+/// merged into one vector addition that took three more instructions.
 #[derive(Clone, Copy)]
 struct LatTicks {
     sum: u64,
     min: u64,
     max: u64,
+    n: u64,
 }
 
 impl LatTicks {
@@ -382,7 +397,39 @@ impl LatTicks {
         sum: 0,
         min: u64::MAX,
         max: 0,
+        n: 0,
     };
+}
+
+/// The job's free slots, a stack that never grows: a push never
+/// allocates (`Vec::push` might, and its call kept the completion path's
+/// values on the stack around it, issue 28), and a push past the
+/// capacity (a slot freed twice) panics instead of growing.
+struct FreeSlots(Vec<u32>);
+
+impl FreeSlots {
+    /// Slots `0..depth`, slot 0 popped first (LIFO keeps hot buffers hot).
+    fn new(depth: usize) -> Self {
+        FreeSlots((0..depth as u32).rev().collect())
+    }
+
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    #[inline(always)]
+    fn pop(&mut self) -> Option<u32> {
+        self.0.pop()
+    }
+
+    #[inline(always)]
+    fn push(&mut self, slot: u32) {
+        // Makes `Vec::push`'s own capacity test, and its call to grow,
+        // dead code.
+        assert!(self.0.len() < self.0.capacity(), "a job slot freed twice");
+        self.0.push(slot);
+    }
 }
 
 impl<const H: bool, const V: bool> State<'_, H, V> {
@@ -401,10 +448,30 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
         }
     }
 
-    /// Put the measured latency sums, minima and maxima into the result,
-    /// in ns (one conversion per run instead of one per I/O).
+    /// I/Os in flight.
+    #[inline(always)]
+    fn inflight(&self) -> usize {
+        (self.submitted - self.completed_total) as usize
+    }
+
+    /// Start counting the measured phase's clock reads from here.
+    fn reset_clock_reads(&mut self) {
+        self.res.clock_reads = 0;
+        self.reads_base = self.submitted + self.completed_total;
+    }
+
+    /// Clock reads since [`reset_clock_reads`](Self::reset_clock_reads).
+    fn clock_reads(&self) -> u64 {
+        self.res.clock_reads + (self.submitted + self.completed_total - self.reads_base)
+    }
+
+    /// Put the measured I/O counts and latency sums, minima and maxima
+    /// into the result, in ns (one conversion per run instead of one per
+    /// I/O).
     fn lat_into_ns(&mut self, clock: &Clock) {
+        self.res.ios = self.lat_ticks.iter().map(|l| l.n).sum();
         for (dir, lat) in self.res.dir.iter_mut().zip(&self.lat_ticks) {
+            dir.ios = lat.n;
             dir.lat_sum_ns = clock.ticks_to_ns(lat.sum);
             dir.lat_min_ns = match lat.min {
                 u64::MAX => u64::MAX,
@@ -454,7 +521,6 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
             let s = &self.slots[slot];
             (s.t_submit, s.op)
         };
-        self.inflight -= 1;
         self.completed_total += 1;
         match status {
             IoStatus::Ok => self.free.push(slot as u32),
@@ -482,16 +548,26 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
                 self.check_read(slot, s);
             }
         }
-        if self.counting {
+        // Without a histogram the counts and sums take every completion:
+        // those outside the measured phase (prefill, warm-up, drain) land
+        // in sums that are reset when it begins, or that were read when it
+        // ended (`lat_into_ns`), so the flag's test is left out (issue
+        // 28). A histogram is flushed on every reap, drain included, so
+        // it keeps the test.
+        if !H || self.counting {
             let ticks = now.wrapping_sub(t_submit);
             let d = op as usize;
-            let r = &mut self.res;
-            r.ios += 1;
-            r.dir[d].ios += 1;
             let lat = &mut self.lat_ticks[d];
+            lat.n += 1;
             lat.sum = lat.sum.wrapping_add(ticks);
-            lat.min = lat.min.min(ticks);
-            lat.max = lat.max.max(ticks);
+            // Branches rather than `min`/`max`: a new extreme is rare, so
+            // each is a compare and an untaken jump, with no store.
+            if ticks < lat.min {
+                lat.min = ticks;
+            }
+            if ticks > lat.max {
+                lat.max = ticks;
+            }
             if H {
                 let ns = clock.ticks_to_ns(ticks);
                 if ns == self.hist_ns[d] {
@@ -689,15 +765,15 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         Runner {
             st: State {
                 spec,
-                // Reversed so slot 0 is used first (LIFO keeps hot buffers hot).
-                free: (0..depth as u32).rev().collect(),
+                free: FreeSlots::new(depth),
                 slots: vec![first; depth],
                 bufs,
                 res: JobResult::new(spec),
                 vmap: V.then(|| VerifyMap::new(spec.first_lba, spec.blocks, UNKNOWN)),
                 counting: false,
-                inflight: 0,
+                submitted: 0,
                 completed_total: 0,
+                reads_base: 0,
                 hist_ns: [0; 2],
                 hist_n: [0; 2],
                 lat_ticks: [LatTicks::EMPTY; 2],
@@ -722,7 +798,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
     #[inline(always)]
     fn fill(&mut self, gen: &mut IoGen, budget: &mut u64) -> Result<(), QueueError> {
         if self.st.free.is_empty() {
-            if self.st.inflight == 0 {
+            if self.st.inflight() == 0 {
                 return Err(self.st.all_lost());
             }
             return Ok(());
@@ -777,8 +853,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
     ) -> Result<(), QueueError> {
         while *n > 0 {
             let Some(slot) = st.free.pop() else { break };
-            let op = gen.op();
-            let slba = gen.lba();
+            let (op, slba) = gen.draw();
             let mut generation = 0;
             if V {
                 let vmap = st.vmap.as_mut().expect("verify map exists in verify mode");
@@ -804,20 +879,34 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                     }
                 }
             }
+            // Counted as `submitted` or, refused, below.
             let t = clock.read::<TSC>();
-            st.res.clock_reads += 1;
+            // The record is written before the push, so the stamp, LBA and
+            // operation need not be kept in registers (or on the stack)
+            // across it (issue 28). A refused push leaves it unused: the
+            // slot goes back to `free`, and a record is read only after
+            // its I/O completes.
+            // SAFETY: `slot` was popped from `free`, which holds only
+            // indices below `slots.len()`: it starts as `0..depth` with
+            // `depth` slots, and only slots popped from it (here, on a
+            // refused push or claim) or checked by indexing `slots`
+            // (`complete`) go back. The compare the index made was one
+            // more per I/O than the loop needs (issue 28).
+            let s = unsafe { st.slots.get_unchecked_mut(slot as usize) };
+            s.t_submit = t;
+            s.slba = slba;
+            s.op = op;
+            if V {
+                // Read only under verification.
+                s.generation = generation;
+            }
             match q.push(slot as usize, IoReq { op, slba, nlb }) {
                 Ok(()) => {
-                    st.slots[slot as usize] = Slot {
-                        t_submit: t,
-                        slba,
-                        op,
-                        generation,
-                    };
-                    st.inflight += 1;
+                    st.submitted += 1;
                     *n -= 1;
                 }
                 Err(e) => {
+                    st.res.clock_reads += 1;
                     if V {
                         if let Some(v) = st.vmap.as_mut() {
                             v.release(slba, nlb);
@@ -855,7 +944,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         } else {
             IDLE_WAIT
         };
-        if self.st.inflight == 0 {
+        if self.st.inflight() == 0 {
             let t = due.min(IDLE_SLEEP);
             if self.rate_ticks > 0 && !t.is_zero() {
                 // Ended early by the controller's unpark (phase change,
@@ -870,7 +959,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         let n = self.q.wait(t, |slot, status| {
             st.complete(slot, status, clock.now(), clock);
         })?;
-        st.res.clock_reads += n as u64;
+        // Its clock reads, one per completion, are counted by those.
         st.flush_hist();
         Ok(n)
     }
@@ -890,17 +979,19 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
     /// [`Clock::is_tsc`]).
     #[inline(always)]
     fn turn_with<const TSC: bool>(&mut self) -> Result<usize, QueueError> {
-        self.q.submit(self.st.inflight)?;
+        self.q.submit(self.st.inflight())?;
         let st = &mut self.st;
         let clock = &self.clock;
+        // `move`: the callback holds the state's address itself, not the
+        // address of a local that holds it (one load fewer per I/O).
         let n = self.q.reap(
             #[inline(always)]
-            |slot, status| {
+            move |slot, status| {
                 st.complete(slot, status, clock.read::<TSC>(), clock);
             },
         )?;
-        // One read per completion.
-        st.res.clock_reads += n as u64;
+        let st = &mut self.st;
+        // Its clock reads, one per completion, are counted by those.
         st.flush_hist();
         Ok(n)
     }
@@ -919,7 +1010,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         );
         let positions = spec.blocks / spec.nlb as u64;
         let mut budget = positions;
-        while budget > 0 || self.st.inflight > 0 {
+        while budget > 0 || self.st.inflight() > 0 {
             self.fill(&mut gen, &mut budget)?;
             self.turn()?;
         }
@@ -935,6 +1026,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             // completions happened before the run and must not land in the
             // first sample.
             self.st.completed_total = 0;
+            self.st.submitted = 0;
         }
         Ok(())
     }
@@ -970,9 +1062,11 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         };
         if phase == PHASE_MEASURE {
             p.measuring = true;
+            // The prefill's completions were summed (see `complete`).
+            self.st.lat_ticks = [LatTicks::EMPTY; 2];
             self.st.counting = true;
             p.budget = spec.ios_limit.unwrap_or(u64::MAX);
-            self.st.res.clock_reads = 0;
+            self.st.reset_clock_reads();
             p.counters_start = counters_of(&self.q);
         }
         p
@@ -996,7 +1090,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 p.budget = spec.ios_limit.unwrap_or(u64::MAX);
                 p.t_start = self.clock.now();
                 p.cpu_start = thread_cpu();
-                self.st.res.clock_reads = 0;
+                self.st.reset_clock_reads();
                 p.counters_start = counters_of(&self.q);
             } else if p.phase >= PHASE_STOP {
                 if H && p.measuring {
@@ -1020,7 +1114,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             }
         }
         self.fill(&mut p.gen, &mut p.budget)?;
-        if p.budget == 0 && self.st.inflight == 0 {
+        if p.budget == 0 && self.st.inflight() == 0 {
             p.t_end = self.clock.now();
             return Ok(false);
         }
@@ -1053,7 +1147,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         thread_end: Option<(u64, (Duration, Duration))>,
     ) -> Result<JobResult, QueueError> {
         let spec = self.st.spec;
-        let clock_reads = self.st.res.clock_reads;
+        let clock_reads = self.st.clock_reads();
         if p.measuring {
             if let (Some(a), Some(b)) = (p.counters_start, counters_of(&self.q)) {
                 self.st.res.accesses = Some(Accesses::between(&a, &b));
@@ -1077,7 +1171,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         self.st.flush_hist();
         self.st.lat_into_ns(&self.clock);
         self.st.counting = false;
-        while self.st.inflight > 0 {
+        while self.st.inflight() > 0 {
             self.turn()?;
         }
         self.st.res.clock_reads = if p.measuring { clock_reads } else { 0 };
@@ -1416,11 +1510,11 @@ mod tests {
         let mut budget = 10;
         r.fill(&mut gen, &mut budget).unwrap();
         r.fill(&mut gen, &mut budget).unwrap();
-        assert_eq!((r.st.inflight, budget), (1, 9), "one I/O per second");
+        assert_eq!((r.st.inflight(), budget), (1, 9), "one I/O per second");
         // Its time comes: exactly one more may start.
         r.rate_next = r.clock.now();
         r.fill(&mut gen, &mut budget).unwrap();
-        assert_eq!((r.st.inflight, budget), (2, 8));
+        assert_eq!((r.st.inflight(), budget), (2, 8));
         drop(shared);
     }
 
@@ -1458,7 +1552,7 @@ mod tests {
         let mut gen = IoGen::new(Pattern::Randread, 100, 0, 64, 2, 0, 1);
         let mut budget = 1000;
         r.fill(&mut gen, &mut budget).unwrap();
-        assert_eq!(r.st.inflight, 8, "every free slot starts at once");
+        assert_eq!(r.st.inflight(), 8, "every free slot starts at once");
         let behind = (r.clock.now() - r.rate_next) / ticks;
         assert!(
             behind >= 91,

@@ -280,6 +280,10 @@ pub struct IoGen {
     /// The operation of every I/O when `read_pct` is 0 or 100 (`None`:
     /// drawn per I/O): one test per I/O instead of two compares.
     fixed_op: Option<Op>,
+    /// `fixed_op` when positions are also uniformly random (`None`
+    /// otherwise): the common benchmark stream, drawn by [`IoGen::draw`]
+    /// after one test instead of the three of `op` and `lba`.
+    uniform_op: Option<Op>,
     /// First LBA of the range.
     first: u64,
     /// Number of I/O-sized positions in the range.
@@ -331,23 +335,39 @@ impl IoGen {
         while gcd(scatter, positions) != 1 {
             scatter += 2;
         }
+        let sampler = Sampler::new(dist, positions);
+        let fixed_op = match read_pct {
+            100 => Some(Op::Read),
+            0 => Some(Op::Write),
+            _ => None,
+        };
+        let uniform = pattern.random() && matches!(sampler, Sampler::Uniform);
         IoGen {
             rng: Rng::new(seed),
             random: pattern.random(),
-            sampler: Sampler::new(dist, positions),
+            sampler,
             scatter,
             shift: Rng::new(seed ^ 0x5DEE_CE66).below(positions),
             read_pct,
-            fixed_op: match read_pct {
-                100 => Some(Op::Read),
-                0 => Some(Op::Write),
-                _ => None,
-            },
+            fixed_op,
+            uniform_op: fixed_op.filter(|_| uniform),
             first,
             positions,
             nlb,
             next: start % positions,
         }
+    }
+
+    /// The next operation and its starting LBA: [`IoGen::op`], then
+    /// [`IoGen::lba`].
+    #[inline(always)]
+    pub fn draw(&mut self) -> (Op, u64) {
+        if let Some(op) = self.uniform_op {
+            // What `op` and `lba` would draw for this stream.
+            let pos = self.rng.below(self.positions);
+            return (op, self.first + pos * self.nlb as u64);
+        }
+        (self.op(), self.lba())
     }
 
     /// The next operation.
@@ -551,6 +571,26 @@ mod tests {
         }
         // 70% reads: a deterministic seed, so an exact-ish band is safe.
         assert!((6500..7500).contains(&reads), "{reads}");
+    }
+
+    /// `draw` gives the stream `op` then `lba` give, on its fast path
+    /// (uniform random, one operation) and off it.
+    #[test]
+    fn draw_is_op_then_lba() {
+        for (pattern, pct, dist) in [
+            (Pattern::Randread, 100, Distribution::Uniform),
+            (Pattern::Randwrite, 0, Distribution::Uniform),
+            (Pattern::Randrw, 70, Distribution::Uniform),
+            (Pattern::Read, 100, Distribution::Uniform),
+            (Pattern::Randread, 100, Distribution::Zipf(1.2)),
+        ] {
+            let g = IoGen::with_distribution(pattern, pct, 64, 4096, 8, 3, 42, dist);
+            let (mut a, mut b) = (g.clone(), g);
+            for _ in 0..1000 {
+                let (op, lba) = a.draw();
+                assert_eq!((op, lba), (b.op(), b.lba()), "{pattern:?} {dist:?}");
+            }
+        }
     }
 
     #[test]

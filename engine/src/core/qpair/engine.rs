@@ -188,20 +188,39 @@ impl<B: IoBuf, S> Engine<B, S> {
             return false;
         }
         // A command of its own built straight into the callback's
-        // argument; a split's child on the cold path (no `Option` of a
-        // completion in memory on the hot one).
-        let c = if self.splits.parent_of(slot).is_none() {
-            Completion {
-                tag,
-                result,
-                buf,
-                dw0,
-            }
-        } else {
-            match deliver::route(&mut self.splits, slot, tag, buf, result, dw0) {
-                Some(c) => c,
-                None => return false,
-            }
+        // argument, with the result the caller decided (a constant for a
+        // success); with a split in flight, the cold path routes it (no
+        // `Option` of a completion in memory on the hot one, and no merge
+        // of the two paths' results before the callback, issue 28).
+        if self.splits.active() {
+            return self.complete_routed(slot, tag, buf, result, dw0, f);
+        }
+        self.completed += 1;
+        f(Completion {
+            tag,
+            result,
+            buf,
+            dw0,
+        });
+        true
+    }
+
+    /// [`complete`](Self::complete)'s delivery while split transfers are
+    /// in flight: the command's own completion, or its parent's after its
+    /// last child.
+    #[cold]
+    #[inline(never)]
+    fn complete_routed<F: FnMut(Completion<B>)>(
+        &mut self,
+        slot: u16,
+        tag: u64,
+        buf: Option<B>,
+        result: std::result::Result<(), IoError>,
+        dw0: u32,
+        f: &mut F,
+    ) -> bool {
+        let Some(c) = deliver::route(&mut self.splits, slot, tag, buf, result, dw0) else {
+            return false;
         };
         self.completed += 1;
         f(c);

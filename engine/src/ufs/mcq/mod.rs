@@ -398,8 +398,9 @@ impl McqQueue {
             // SAFETY: in the ring (above); the controller finished writing
             // this entry before moving CQTP past it (ordered by the CQTP
             // read above) and does not touch it again until CQHP releases
-            // it. Volatile copy, no reference.
-            let cqe = unsafe { p.read_volatile() };
+            // it. Two volatile loads of aligned fields inside it (the ring
+            // is 32-byte aligned), no reference.
+            let cqe = unsafe { read_entry(p) };
             // SAFETY: the same entry, ours until CQHP releases it (below,
             // after the barriers): one volatile store, no reference.
             unsafe { clear_entry(p) };
@@ -425,6 +426,33 @@ impl McqQueue {
         }
         self.stats.cq_doorbell_writes += 1;
         Reaped::Entries(n)
+    }
+}
+
+/// The two words of the completion entry at `p` the host uses (the UCD
+/// address with the SQ id, and the status); the other fields read as
+/// zero. A volatile copy of the whole entry loaded each of its eight
+/// fields (issue 28).
+///
+/// # Safety
+///
+/// `p` points to an entry of a live CQ ring (32-byte aligned entries)
+/// that the controller finished writing and does not write until CQHP
+/// releases it.
+#[inline(always)]
+unsafe fn read_entry(p: *const McqCqe) -> McqCqe {
+    // SAFETY: per the contract: both fields are inside the entry and
+    // naturally aligned; volatile loads, no reference.
+    let (ucd_sqid, status) = unsafe {
+        (
+            std::ptr::addr_of!((*p).ucd_sqid).read_volatile(),
+            std::ptr::addr_of!((*p).status).read_volatile(),
+        )
+    };
+    McqCqe {
+        ucd_sqid,
+        status,
+        ..McqCqe::default()
     }
 }
 
