@@ -205,16 +205,24 @@ mod tests {
     /// Issue 28 item 3: the minimal loop completes exactly the I/Os asked
     /// for on both wires, and reports the engine's doorbells: at QD1 one
     /// SQ tail and one CQ head (NVMe) or SQTP and CQHP (UFS MCQ) per I/O.
+    /// NVMe stores a poll's CQ head at the next ring, after the SQ tail, so
+    /// the last I/O's head is not stored within the run.
     #[test]
     fn the_minimal_loop_counts_its_ios_and_doorbells() {
-        for dev in ["fake:null,sync=1", "fake-ufs:null,sync=1"] {
+        for (dev, stores, per_io) in [
+            ("fake:null,sync=1", 1999, "1.999"),
+            ("fake-ufs:null,sync=1", 2000, "2.000"),
+        ] {
             let spec: DeviceSpec = dev.parse().expect("spec");
             let r = run(&spec, &opts(1)).expect("minimal run");
             assert_eq!(r.ios, 1000, "{dev}");
             assert_eq!(r.counters.completed, 1000, "{dev}");
-            assert_eq!(r.counters.doorbell_writes, 2000, "{dev}");
+            assert_eq!(r.counters.doorbell_writes, stores, "{dev}");
             let line = r.line(dev, 1);
-            assert!(line.contains("per I/O: 2.000 doorbell writes"), "{line}");
+            assert!(
+                line.contains(&format!("per I/O: {per_io} doorbell writes")),
+                "{line}"
+            );
         }
     }
 }
