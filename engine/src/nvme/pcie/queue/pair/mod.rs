@@ -633,11 +633,11 @@ fn ring_entries(depth: u16, asked: u16, mqes: u32) -> Result<Rings> {
         )));
     }
     let want = cq_head_batch(depth);
-    let after_sq =
-        |entries: u16, batch: u16| u32::from(entries) >= 2 * u32::from(depth) + u32::from(batch);
+    // Room for the head after the SQ tail (a smaller batch never makes
+    // room: with fewer entries it is `entries - depth`, short by `depth`).
+    let roomy = 2 * u32::from(depth) + u32::from(want);
     let entries = match asked {
         0 => {
-            let roomy = 2 * u32::from(depth) + u32::from(want);
             if roomy <= u32::from(most) {
                 roomy as u16
             } else {
@@ -652,11 +652,10 @@ fn ring_entries(depth: u16, asked: u16, mqes: u32) -> Result<Rings> {
         }
         n => n,
     };
-    let batch = want.min(entries - depth);
     Ok(Rings {
         entries,
-        cq_head_batch: batch,
-        cq_head_after_sq: after_sq(entries, batch),
+        cq_head_batch: want.min(entries - depth),
+        cq_head_after_sq: u32::from(entries) >= roomy,
     })
 }
 
