@@ -136,6 +136,42 @@ pub struct JobSpec {
     pub rate_iops: Option<u64>,
     /// How the job waits when a poll found nothing (`--wait`).
     pub wait: mcqio::WaitPolicy,
+    /// When a polling job executes a spin-wait hint after a poll that
+    /// found nothing ([`crate::run::PollPause`]).
+    pub poll_pause: PauseRule,
+}
+
+/// When a polling job pauses after an empty poll (`--poll-pause`,
+/// resolved for its device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseRule {
+    /// After every empty poll.
+    Always,
+    /// With more than one command in flight.
+    Busy,
+    /// Never.
+    Never,
+}
+
+impl PauseRule {
+    /// The name `--poll-pause` and the report use.
+    pub fn name(self) -> &'static str {
+        match self {
+            PauseRule::Always => "always",
+            PauseRule::Busy => "busy",
+            PauseRule::Never => "never",
+        }
+    }
+
+    /// Whether to pause after an empty poll with `inflight` commands out.
+    #[inline]
+    fn applies(self, inflight: usize) -> bool {
+        match self {
+            PauseRule::Always => true,
+            PauseRule::Busy => inflight > 1,
+            PauseRule::Never => false,
+        }
+    }
 }
 
 /// CPU time (user, system) of the calling thread.
@@ -1124,11 +1160,14 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             if self.idle_wait(p.budget)? > 0 {
                 p.counter.store(self.st.completed_total, Ordering::Relaxed);
             }
-        } else {
-            // Nothing completed: pause before polling again. A tight
-            // re-poll keeps pulling the completion ring's cache line
-            // back while the device is writing into it, so every CQE
-            // store there becomes a cross-core round trip.
+        } else if spec.poll_pause.applies(self.st.inflight()) {
+            // Nothing completed: pause before polling again. With the
+            // device a thread on another core, a tight re-poll keeps
+            // pulling the completion ring's cache line back while that
+            // thread is writing into it, so every CQE store there becomes
+            // a cross-core round trip. Elsewhere only with several
+            // commands out (`PollPause`): with one, the hint's cost is
+            // the next I/O's latency.
             std::hint::spin_loop();
         }
         Ok(true)
@@ -1372,6 +1411,7 @@ mod tests {
             distribution: Distribution::Uniform,
             rate_iops: None,
             wait: mcqio::WaitPolicy::Poll,
+            poll_pause: PauseRule::Always,
         }
     }
 

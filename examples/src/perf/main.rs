@@ -305,6 +305,19 @@ struct RunArgs {
     /// UFS legacy mode and io_uring poll)
     #[arg(long = "wait", value_name = "MODE", default_value = "poll", value_parser = wait_policy)]
     wait: mcqio::WaitPolicy,
+    /// When a polling job executes a spin-wait hint (x86 PAUSE, arm
+    /// YIELD) after a poll that found nothing: `always`, `busy` (with more
+    /// than one command in flight: with one, the hint delays the next
+    /// I/O's completion) or `never`; `auto` is `always` on the in-process
+    /// fakes (their device thread writes the completion line the job
+    /// polls) and `busy` on `vfio:`, `tcp:` and `uring:`
+    #[arg(
+        long = "poll-pause",
+        value_name = "WHEN",
+        value_enum,
+        default_value = "auto"
+    )]
+    poll_pause: run::PollPause,
     /// The latency clock: `auto` reads the CPU counter (TSC, CNTVCT) where
     /// quanta or the kernel trusts it and the system clock otherwise (with
     /// a warning); `tsc` reads the counter even where the kernel's
@@ -445,6 +458,7 @@ impl RunArgs {
             depth: self.depth as usize,
             io_queue_size: self.io_queue_size,
             wait: self.wait,
+            poll_pause: self.poll_pause,
             jobs,
             cpus,
             time: match (self.time, self.ios.or(self.bytes)) {

@@ -396,6 +396,11 @@ pub struct WorkloadReport {
     /// `--wait`: `poll`, `irq`, `hybrid:SPIN`.
     #[serde(default)]
     pub wait: String,
+    /// When polling jobs paused after an empty poll (`--poll-pause`
+    /// resolved for this device): `always`, `busy` (more than one command
+    /// in flight) or `never`.
+    #[serde(default)]
+    pub poll_pause: String,
     /// `--bytes`: total bytes to move.
     #[serde(default)]
     pub bytes: Option<u64>,
@@ -985,6 +990,7 @@ mod tests {
                 size: None,
                 rate_iops: None,
                 wait: "poll".into(),
+                poll_pause: "always".into(),
                 bytes: None,
             },
             jobs: vec![JobReport {

@@ -255,6 +255,9 @@ pub struct RunOpts {
     pub io_queue_size: Option<u16>,
     /// How the engine's queue pairs wait for completions (`--wait`).
     pub wait: mcqio::WaitPolicy,
+    /// Whether a polling job pauses (x86 PAUSE, arm YIELD) after a poll
+    /// that found nothing (`--poll-pause`).
+    pub poll_pause: PollPause,
     /// Number of jobs.
     pub jobs: usize,
     /// Cores to pin jobs to (job i on the i-th entry); empty: do not pin.
@@ -296,6 +299,52 @@ pub struct RunOpts {
     /// UFS HPB with this host map budget per LU (`None`: off).
     pub hpb: Option<u64>,
     pub lat: LatOpts,
+}
+
+/// `--poll-pause`: when a polling job executes a spin-wait hint (x86
+/// PAUSE, arm YIELD) after a poll that found nothing.
+///
+/// The hint helps where the device is another thread of this process on
+/// another core (the fakes): the host then pulls the completion line the
+/// device thread is writing less often. Where it is not, the hint's cost
+/// lands on the command being waited for: on hardware it delays seeing a
+/// completion by the hint's latency (about 140 cycles on recent x86
+/// cores), in a KVM guest a run of them is what pause-loop exiting takes
+/// for a spinning lock and exits to the hypervisor, and under QEMU's TCG
+/// each one leaves the translated code and takes QEMU's big lock, which
+/// the emulated controller needs to post the completion. With one command
+/// in flight that is the whole latency of the next I/O; with several, a
+/// completion found a hint later still finds the others queued behind it.
+/// SPDK's, libvfn's and xNVMe's poll loops never pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PollPause {
+    /// `always` on the in-process fakes (`fake…`, `fake-ufs…`), `busy`
+    /// on `vfio:`, `tcp:` and `uring:`.
+    #[default]
+    Auto,
+    /// After every empty poll.
+    Always,
+    /// After an empty poll with more than one command in flight.
+    Busy,
+    /// Never.
+    Never,
+}
+
+impl PollPause {
+    /// The rule jobs on a device of `kind` follow.
+    pub fn for_device(self, kind: &crate::spec::DeviceKind) -> crate::job::PauseRule {
+        use crate::job::PauseRule;
+        use crate::spec::DeviceKind;
+        match self {
+            PollPause::Always => PauseRule::Always,
+            PollPause::Busy => PauseRule::Busy,
+            PollPause::Never => PauseRule::Never,
+            PollPause::Auto => match kind {
+                DeviceKind::Fake { .. } | DeviceKind::FakeUfs { .. } => PauseRule::Always,
+                _ => PauseRule::Busy,
+            },
+        }
+    }
 }
 
 /// The part `[first, first + blocks)` of a namespace the run may touch.
@@ -941,6 +990,7 @@ pub fn run_devices(
             size: o.size,
             rate_iops: o.rate_iops,
             wait: wait_name(o.wait),
+            poll_pause: specs.first().map_or("", |s| s.poll_pause.name()).into(),
             bytes: o.bytes,
         },
         jobs,
@@ -1163,6 +1213,7 @@ fn plan_device(
             distribution: o.distribution,
             rate_iops: None,
             wait: o.wait,
+            poll_pause: o.poll_pause.for_device(&spec.kind),
         });
     }
     Ok((target, notes, specs))
@@ -1230,6 +1281,28 @@ fn wait_name(w: mcqio::WaitPolicy) -> String {
 mod tests {
     use super::*;
     use crate::target::Namespace;
+
+    /// `--poll-pause auto` pauses after every empty poll on the in-process
+    /// fakes only; elsewhere only with more than one command in flight.
+    #[test]
+    fn poll_pause_auto_always_pauses_on_the_in_process_fakes_only() {
+        use crate::job::PauseRule;
+        let kind = |s: &str| s.parse::<DeviceSpec>().unwrap().kind;
+        for (spec, auto) in [
+            ("fake", PauseRule::Always),
+            ("fake:null", PauseRule::Always),
+            ("fake-ufs", PauseRule::Always),
+            ("vfio:0000:00:02.0", PauseRule::Busy),
+            ("uring:null", PauseRule::Busy),
+            ("tcp:127.0.0.1:4420/nqn.x", PauseRule::Busy),
+        ] {
+            let k = kind(spec);
+            assert_eq!(PollPause::Auto.for_device(&k), auto, "{spec}");
+            assert_eq!(PollPause::Always.for_device(&k), PauseRule::Always);
+            assert_eq!(PollPause::Busy.for_device(&k), PauseRule::Busy);
+            assert_eq!(PollPause::Never.for_device(&k), PauseRule::Never);
+        }
+    }
 
     /// Issue 16 item 11: the region is checked against the namespace and
     /// given in blocks.

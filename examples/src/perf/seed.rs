@@ -215,6 +215,7 @@ fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
                     depth: a.depth as usize,
                     io_queue_size: None,
                     wait: mcqio::WaitPolicy::Poll,
+                    poll_pause: crate::run::PollPause::Auto,
                     jobs,
                     cpus: if jobs <= ncpu {
                         usable[..jobs].to_vec()
