@@ -155,7 +155,7 @@ pub(crate) fn drain_all<B: IoBuf, S>(
         if n == budget {
             break;
         }
-        if !trackers.slot(slot).busy {
+        if !trackers.slot(slot).busy() {
             continue;
         }
         let (tag, buf) = trackers.complete(slot);

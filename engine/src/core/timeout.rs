@@ -273,7 +273,7 @@ impl Timeouts {
         let limit = self.timeout_ms;
         for slot in from..trackers.slots() as u16 {
             let s = trackers.slot(slot);
-            if !s.busy || self.is_posted(slot) {
+            if !s.busy() || self.is_posted(slot) {
                 continue;
             }
             let age_ms = self.now_ms.wrapping_sub(s.submitted_ms);
@@ -294,7 +294,7 @@ impl Timeouts {
             };
             return Some(Expired {
                 slot,
-                cid: s.cid,
+                cid: s.cid(),
                 tag: s.tag,
                 age_ms,
                 action,

@@ -17,9 +17,12 @@
 pub(crate) struct Slot<B> {
     pub tag: u64,
     pub buf: Option<B>,
-    /// CID of the command in flight (or of the next one, when free).
-    pub cid: u16,
-    pub busy: bool,
+    /// The CID a completion must carry to end this slot's command: the
+    /// command's CID while it is in flight; when the slot is not busy, the
+    /// next command's CID with [`NOT_BUSY`] set, which no 16-bit CID
+    /// equals. So a completion is matched with one compare of busy and
+    /// CID together (issue 28).
+    expect: u32,
     /// Coarse submit time (queue clock, ms) for timeout scans; once a
     /// timeout was acted on, the time of that action.
     pub submitted_ms: u32,
@@ -45,6 +48,23 @@ pub(crate) mod tstate {
 
 /// Reserved CID: the Error Information log uses FFFFh for "no command".
 const CID_RESERVED: u16 = 0xFFFF;
+
+/// Set in [`Slot::expect`] while the slot has no command in flight.
+const NOT_BUSY: u32 = 1 << 16;
+
+impl<B> Slot<B> {
+    /// CID of the command in flight (or of the next one, when free).
+    #[inline(always)]
+    pub fn cid(&self) -> u16 {
+        self.expect as u16
+    }
+
+    /// Whether a command is in flight in this slot.
+    #[inline(always)]
+    pub fn busy(&self) -> bool {
+        self.expect & NOT_BUSY == 0
+    }
+}
 
 /// The free slots, a stack as deep as the queue: a push never allocates
 /// (as `Vec::push` might, which made the completion path keep its values
@@ -86,7 +106,13 @@ impl FreeList {
 }
 
 pub(crate) struct Trackers<B> {
+    /// `slot_mask + 1` slots: `depth` in service, the rest (up to the next
+    /// power of two) never handed out and never busy, so any CID's slot
+    /// bits index a slot without a bounds check.
     slots: Box<[Slot<B>]>,
+    /// The queue's depth: slots `0..built_depth` are handed out (less
+    /// retired ones, see `capacity`).
+    built_depth: usize,
     free: FreeList,
     /// Slots in service: all of them, less the retired ones.
     capacity: usize,
@@ -104,12 +130,11 @@ impl<B> Trackers<B> {
         assert!((1..=4096).contains(&depth));
         let slot_bits = (u16::BITS - (depth - 1).leading_zeros()).max(1);
         let slot_mask = ((1u32 << slot_bits) - 1) as u16;
-        let slots = (0..depth)
+        let slots = (0..=slot_mask)
             .map(|i| Slot {
                 tag: 0,
                 buf: None,
-                cid: i,
-                busy: false,
+                expect: NOT_BUSY | u32::from(i),
                 submitted_ms: 0,
                 tstate: tstate::NONE,
                 retired: false,
@@ -122,6 +147,7 @@ impl<B> Trackers<B> {
         };
         Trackers {
             capacity: usize::from(depth),
+            built_depth: usize::from(depth),
             slots,
             free,
             gen_step: 1 << slot_bits,
@@ -136,16 +162,34 @@ impl<B> Trackers<B> {
         self.capacity
     }
 
-    /// Slots allocated, for scans over every slot (retired ones are never
-    /// busy).
+    /// Slots allocated, for scans over every slot (retired ones, and the
+    /// ones past the depth, are never busy).
     #[inline]
     pub fn slots(&self) -> usize {
         self.slots.len()
     }
 
+    /// The slot `slot`'s low bits name: every index up to `slot_mask` is
+    /// in `slots`, so the masked index needs no bounds check. `slot` comes
+    /// from `alloc`, `lookup` or a scan, so the mask changes nothing.
+    #[inline(always)]
+    fn at(&mut self, slot: u16) -> &mut Slot<B> {
+        debug_assert!(usize::from(slot) < self.slots.len());
+        let i = usize::from(slot & self.slot_mask);
+        // SAFETY: `slots.len() == slot_mask + 1` (built so in `new`, never
+        // resized), so `i <= slot_mask` is in bounds.
+        unsafe { self.slots.get_unchecked_mut(i) }
+    }
+
     #[inline]
     pub fn outstanding(&self) -> usize {
         self.capacity - self.free.len()
+    }
+
+    /// No command in flight (nor reserved).
+    #[inline(always)]
+    pub fn is_idle(&self) -> bool {
+        self.free.len() == self.capacity
     }
 
     #[inline]
@@ -173,18 +217,19 @@ impl<B> Trackers<B> {
     /// Mark `slot` in flight; returns its CID.
     #[inline]
     pub fn arm(&mut self, slot: u16, tag: u64, buf: Option<B>, now_ms: u32) -> u16 {
-        let s = &mut self.slots[slot as usize];
+        let s = self.at(slot);
         s.tag = tag;
         s.buf = buf;
-        s.busy = true;
+        let cid = s.cid();
+        s.expect = u32::from(cid);
         s.submitted_ms = now_ms;
         s.tstate = tstate::NONE;
-        s.cid
+        cid
     }
 
     /// Record a timeout action on busy `slot` at `now_ms`.
     pub fn set_tstate(&mut self, slot: u16, state: u8, now_ms: u32) {
-        let s = &mut self.slots[slot as usize];
+        let s = self.at(slot);
         s.tstate = state;
         s.submitted_ms = now_ms;
     }
@@ -193,10 +238,10 @@ impl<B> Trackers<B> {
     #[inline]
     pub fn lookup(&self, cid: u16) -> Option<u16> {
         let slot = cid & self.slot_mask;
-        match self.slots.get(slot as usize) {
-            Some(s) if s.busy && s.cid == cid => Some(slot),
-            _ => None,
-        }
+        // SAFETY: `slots.len() == slot_mask + 1` (see `at`).
+        let s = unsafe { self.slots.get_unchecked(usize::from(slot)) };
+        // Busy and this CID in one compare (`Slot::expect`).
+        (s.expect == u32::from(cid)).then_some(slot)
     }
 
     /// Finish the command in `slot` (from `lookup`): free it, advance its
@@ -204,15 +249,14 @@ impl<B> Trackers<B> {
     #[inline]
     pub fn complete(&mut self, slot: u16) -> (u64, Option<B>) {
         let step = self.gen_step;
-        let s = &mut self.slots[slot as usize];
-        s.busy = false;
-        let mut cid = s.cid.wrapping_add(step);
+        let s = self.at(slot);
+        let mut cid = s.cid().wrapping_add(step);
         if cid == CID_RESERVED {
             // Skip to the next generation; the slot bits are unchanged
             // because we add a multiple of 2^slot_bits.
             cid = cid.wrapping_add(step);
         }
-        s.cid = cid;
+        s.expect = NOT_BUSY | u32::from(cid);
         let out = (s.tag, s.buf.take());
         self.free.push(slot);
         out
@@ -247,16 +291,16 @@ impl<B> Trackers<B> {
     /// reserve and arm within one `&mut` submission — but the tracker does
     /// not rely on it.)
     pub fn unretire_all(&mut self) {
-        if self.capacity == self.slots.len() {
+        if self.capacity == self.built_depth {
             return;
         }
         for (i, s) in self.slots.iter_mut().enumerate() {
             if std::mem::take(&mut s.retired) {
-                debug_assert!(!s.busy);
+                debug_assert!(!s.busy());
                 self.free.push(i as u16);
             }
         }
-        self.capacity = self.slots.len();
+        self.capacity = self.built_depth;
     }
 
     /// Iterate over busy slots: (slot, cid, tag, submitted_ms).
@@ -264,8 +308,8 @@ impl<B> Trackers<B> {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.busy)
-            .map(|(i, s)| (i as u16, s.cid, s.tag, s.submitted_ms))
+            .filter(|(_, s)| s.busy())
+            .map(|(i, s)| (i as u16, s.cid(), s.tag, s.submitted_ms))
     }
 
     /// Complete every busy slot (the device no longer owns them: queue
@@ -284,7 +328,7 @@ impl<B> Trackers<B> {
             if n == max {
                 break;
             }
-            if self.slots[i].busy {
+            if self.slots[i].busy() {
                 let (tag, buf) = self.complete(i as u16);
                 n += 1;
                 f(tag, buf);
@@ -302,7 +346,7 @@ mod tests {
     fn cid_carries_slot_and_generation() {
         let mut t: Trackers<u32> = Trackers::new(4);
         let s = t.alloc().unwrap();
-        let cid = t.slot(s).cid;
+        let cid = t.slot(s).cid();
         assert_eq!(cid & 0b11, s);
         t.arm(s, 7, Some(1), 0);
         assert_eq!(t.lookup(cid), Some(s));
@@ -314,9 +358,9 @@ mod tests {
         let s2 = t.alloc().unwrap();
         assert_eq!(s2, s);
         t.arm(s2, 8, None, 0);
-        assert_ne!(t.slot(s2).cid, cid);
+        assert_ne!(t.slot(s2).cid(), cid);
         assert_eq!(t.lookup(cid), None);
-        assert_eq!(t.lookup(t.slot(s2).cid), Some(s2));
+        assert_eq!(t.lookup(t.slot(s2).cid()), Some(s2));
     }
 
     #[test]
@@ -333,7 +377,7 @@ mod tests {
         }
         let mut slot = last;
         for _ in 0..64 {
-            assert_ne!(t.slot(slot).cid, CID_RESERVED);
+            assert_ne!(t.slot(slot).cid(), CID_RESERVED);
             t.arm(slot, 0, None, 0);
             t.complete(slot);
             // LIFO free list: the slot just completed comes back first.
@@ -403,7 +447,7 @@ mod tests {
             match *op {
                 Op::Submit => match t.alloc() {
                     Some(slot) => {
-                        let cid = t.slot(slot).cid;
+                        let cid = t.slot(slot).cid();
                         assert_ne!(cid, CID_RESERVED);
                         assert_eq!(cid & t.slot_mask, slot);
                         assert!(!live.contains_key(&cid), "CID {cid:#x} handed out twice");
@@ -454,6 +498,35 @@ mod tests {
         }
     }
 
+    /// The slots past the depth (up to the next power of two, there so a
+    /// CID's slot bits index without a bounds check) are never handed out
+    /// and never match a completion.
+    #[test]
+    fn slots_past_the_depth_are_never_handed_out_or_matched() {
+        let mut t: Trackers<()> = Trackers::new(5);
+        assert_eq!(t.slots(), 8);
+        let mut got = Vec::new();
+        while let Some(s) = t.alloc() {
+            t.arm(s, 0, None, 0);
+            got.push(s);
+        }
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2, 3, 4]);
+        for slot in 5u16..8 {
+            for generation in 0u16..(1 << 13) {
+                assert_eq!(t.lookup(slot | generation << 3), None);
+            }
+        }
+        // Busy and CID in one compare: a free slot's next CID never matches.
+        let s = got[0];
+        let cid = t.slot(s).cid();
+        assert_eq!(t.lookup(cid), Some(s));
+        t.complete(s);
+        assert_eq!(t.lookup(cid), None);
+        assert_eq!(t.lookup(t.slot(s).cid()), None);
+        assert!(!t.slot(s).busy());
+    }
+
     /// A slot freed twice would be handed to two commands: the free list
     /// never grows past the depth to take it.
     #[test]
@@ -486,7 +559,7 @@ mod tests {
     fn a_retired_slot_is_never_handed_out_until_unretired() {
         let mut t: Trackers<u8> = Trackers::new(2);
         let a = t.alloc().unwrap();
-        let cid = t.slot(a).cid;
+        let cid = t.slot(a).cid();
         t.arm(a, 1, Some(1), 0);
         assert_eq!(t.retire(a), (1, Some(1)));
         assert_eq!(t.lookup(cid), None, "a late completion is stale");

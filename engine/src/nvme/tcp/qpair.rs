@@ -534,7 +534,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
     /// Queue a command that the engine does not split.
     #[allow(clippy::too_many_arguments)]
     fn queue_one(&mut self, sqe: Sqe, kind: Kind, len: u32, buf: Option<&B>, slot: u16) -> bool {
-        let cid = self.eng.trackers.slot(slot).cid;
+        let cid = self.eng.trackers.slot(slot).cid();
         let sqe = sqe.with_cid(cid);
         let Self { tx, conn, cmds, .. } = self;
         let cmd = &mut cmds[usize::from(slot)];
@@ -583,7 +583,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
         };
         let (p, plan) = self.eng.plan_split(r, buf, |_, _| Ok(()))?;
         for (c, ()) in &plan {
-            let cid = self.eng.trackers.slot(c.slot).cid;
+            let cid = self.eng.trackers.slot(c.slot).cid();
             let sqe = if read {
                 Read::new(nsid, c.lba, c.blocks).sqe()
             } else {
@@ -916,7 +916,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
             None => self.queue_one(sqe, Kind::NoData, 0, None, slot),
             Some(d) => {
                 // Data from the arena, in the capsule.
-                let cid = self.eng.trackers.slot(slot).cid;
+                let cid = self.eng.trackers.slot(slot).cid();
                 let sqe = sqe
                     .with_cid(cid)
                     .with_sgl(SglDescriptor::in_capsule(0, d.len() as u32));

@@ -135,7 +135,7 @@ pub(super) fn finish<B: IoBuf, F: FnMut(Completion<B>)>(
     ocs: Ocs,
     f: &mut F,
 ) -> bool {
-    if usize::from(slot) >= eng.trackers.slots() || !eng.trackers.slot(slot).busy {
+    if usize::from(slot) >= eng.trackers.slots() || !eng.trackers.slot(slot).busy() {
         eng.trackers.stale += 1;
         return false;
     }

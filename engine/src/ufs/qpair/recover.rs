@@ -47,7 +47,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         );
         for slot in 0..self.eng.trackers.slots() as u16 {
             let s = self.eng.trackers.slot(slot);
-            if !s.busy {
+            if !s.busy() {
                 continue;
             }
             match self

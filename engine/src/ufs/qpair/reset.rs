@@ -139,7 +139,7 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
             }
             Transport::Sdb(q) => {
                 for slot in 0..eng.trackers.slots() as u16 {
-                    if !eng.trackers.slot(slot).busy {
+                    if !eng.trackers.slot(slot).busy() {
                         continue;
                     }
                     if let Some(ocs) = q.completed_before_reset(slot) {
@@ -160,7 +160,7 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
         self.hpb.all_writes_ended();
         if self.hpb.inflight() > 0 {
             for slot in 0..self.eng.trackers.slots() as u16 {
-                if self.eng.trackers.slot(slot).busy && self.hpb.is_internal(slot) {
+                if self.eng.trackers.slot(slot).busy() && self.hpb.is_internal(slot) {
                     self.eng.trackers.complete(slot);
                     self.hpb.abandon(slot, keep_bufs);
                 }

@@ -62,7 +62,7 @@ impl<B: IoBuf> QueuePair<B> {
             .eng
             .plan_split(req, buf, |c, buf| prp.build(buf, c.offset, c.bytes, c.slot))?;
         for (c, (prp1, prp2)) in &children {
-            let cid = self.eng.trackers.slot(c.slot).cid;
+            let cid = self.eng.trackers.slot(c.slot).cid();
             let child = child_sqe(sqe, c.lba, c.blocks);
             let stream = self.eng.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
             self.sq

@@ -164,7 +164,7 @@ impl<B: IoBuf> QueuePair<B> {
                 buf: (),
             });
         };
-        let cid = self.eng.trackers.slot(slot).cid;
+        let cid = self.eng.trackers.slot(slot).cid();
         let stream = self.eng.trackers.outstanding() > STREAM_MIN_OUTSTANDING;
         self.sq.push_with(sqe.with_cid(cid), stream);
         self.eng.arm(slot, tag, None);
@@ -256,7 +256,7 @@ impl<B: IoBuf> QueuePair<B> {
                 })
             };
         }
-        let cid = self.eng.trackers.slot(slot).cid;
+        let cid = self.eng.trackers.slot(slot).cid();
         let sqe = DatasetManagement::new(nsid, ranges.len() as u16)
             .deallocate()
             .sqe()
