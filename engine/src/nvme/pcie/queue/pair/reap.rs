@@ -64,15 +64,22 @@ impl<B: IoBuf> QueuePair<B> {
     /// a completion was delivered.
     #[inline(always)]
     pub(super) fn take_cqe<F: FnMut(Completion<B>)>(&mut self, cqe: Cqe, f: &mut F) -> bool {
+        // The queue id first, on its own: tested after the lookup, it was
+        // kept as a flag across it (issue 28).
+        if cqe.sq_id != self.qid {
+            self.stale(cqe);
+            return false;
+        }
         match self.eng.trackers.lookup(cqe.cid) {
             // A success built as a constant into the callback's argument:
             // a result decided inside `complete` went through memory with
             // its error's bytes (issue 28).
-            Some(slot) if cqe.sq_id == self.qid && NvmeStatus::raw_is_success(cqe.status) => self
-                .eng
-                .complete(slot, cqe.dw0, |_, _| Ok(()), |_, _| false, f),
-            Some(slot) if cqe.sq_id == self.qid => self.take_failed(slot, cqe, f),
-            _ => {
+            Some(slot) if NvmeStatus::raw_is_success(cqe.status) => {
+                self.eng
+                    .complete(slot, cqe.dw0, |_, _| Ok(()), |_, _| false, f)
+            }
+            Some(slot) => self.take_failed(slot, cqe, f),
+            None => {
                 self.stale(cqe);
                 false
             }
