@@ -310,6 +310,29 @@ impl<B: IoBuf, S> Engine<B, S> {
         self.trackers.outstanding().saturating_sub(internal) + self.held.len()
     }
 
+    /// Reserve a slot for an application command whose checks passed,
+    /// reading the clock first if the queue was idle (as
+    /// [`stamp_if_idle`](Self::stamp_if_idle) with no commands of the
+    /// wire's own): the free list's length against the capacity, one
+    /// compare, with the timeout test on the cold path, where a separate
+    /// stamp before the checks tested both and counted the outstanding
+    /// commands (issue 28).
+    #[inline(always)]
+    pub fn reserve(&mut self) -> Option<u16> {
+        if self.trackers.is_idle() {
+            self.stamp_idle();
+        }
+        self.trackers.alloc()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn stamp_idle(&mut self) {
+        if self.timeouts.enabled() {
+            self.timeouts.tick();
+        }
+    }
+
     /// Read the clock if the queue is idle for the application
     /// (`Timeouts::stamp_if_idle`); `internal` of the outstanding commands
     /// are the wire's own.

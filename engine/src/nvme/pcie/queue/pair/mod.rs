@@ -230,6 +230,9 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     /// The PRP list pages of every slot (in `prp_mem`).
     prp: PrpLists,
     ns: Box<[(u32, NsGeom)]>,
+    /// `ns[0]`, or NSID 0 (never valid, and `unsplit` 0) without
+    /// namespaces: the hot path's namespace, without the table's look-up.
+    first_ns: (u32, NsGeom),
     /// Consumed CQEs before the CQ head doorbell is written (see
     /// `CompQueue::flush_lazy`); at most `entries - 1`.
     cq_head_batch: u16,
@@ -403,10 +406,15 @@ impl<B: IoBuf> QueuePair<B> {
                         nsze: n.nsze,
                         lba_shift: n.lba_shift,
                         metadata,
+                        // At most the namespace's size too: then `nlb <=
+                        // nsze` on the hot path, whose range check
+                        // subtracts without a wrap (a larger count is out
+                        // of range, which the cold path says).
                         unsplit: if metadata {
                             0
                         } else {
                             unsplit_blocks(max_xfer, n.lba_shift)
+                                .min(n.nsze.min(u64::from(u32::MAX)) as u32)
                         },
                     },
                 )
@@ -432,6 +440,15 @@ impl<B: IoBuf> QueuePair<B> {
                 pages: prp_pages,
                 max_xfer,
             },
+            first_ns: ns.first().copied().unwrap_or((
+                0,
+                NsGeom {
+                    nsze: 0,
+                    lba_shift: 0,
+                    metadata: false,
+                    unsplit: 0,
+                },
+            )),
             ns: ns.into_boxed_slice(),
             cq_head_batch,
             cq_head_after_sq,
@@ -559,18 +576,31 @@ impl<B: IoBuf> QueuePair<B> {
     /// (issue 28).
     #[inline(always)]
     fn check_unsplit(&mut self, nsid: u32, slba: u64, nlb: u32) -> Option<u64> {
-        self.stamp_if_idle();
+        // The idle queue's clock read is `Engine::reserve`'s, in
+        // `submit_one`, after these checks.
         if self.eng.stopped.is_some() {
             return None;
         }
-        let (id, g) = self.ns.get(nsid.wrapping_sub(1) as usize)?;
-        if *id != nsid || nlb.wrapping_sub(1) >= g.unsplit {
+        // The queue's first namespace from its own field (one compare
+        // instead of the table's bounds check, load and compare, issue
+        // 28); another by its index in the table.
+        let g = if nsid == self.first_ns.0 {
+            &self.first_ns.1
+        } else {
+            match self.ns.get(nsid.wrapping_sub(1) as usize) {
+                Some((id, g)) if *id == nsid => g,
+                _ => return None,
+            }
+        };
+        if nlb.wrapping_sub(1) >= g.unsplit {
             return None;
         }
-        match slba.checked_add(u64::from(nlb)) {
-            Some(end) if end <= g.nsze => Some(u64::from(nlb) << g.lba_shift),
-            _ => None,
+        // `1 <= nlb <= unsplit <= nsze` (see `unsplit`): no wrap, and
+        // `slba + nlb <= nsze` without computing the sum.
+        if slba > g.nsze - u64::from(nlb) {
+            return None;
         }
+        Some(u64::from(nlb) << g.lba_shift)
     }
 
     /// A command about to be armed: on an idle queue, read the clock (see

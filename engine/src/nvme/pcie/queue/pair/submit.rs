@@ -133,7 +133,8 @@ impl<B: IoBuf> QueuePair<B> {
         buf: B,
         tag: u64,
     ) -> Result<(), SubmitError<B>> {
-        let Some(slot) = self.eng.trackers.alloc() else {
+        // Where an idle queue reads the clock (`Engine::reserve`).
+        let Some(slot) = self.eng.reserve() else {
             return Err(SubmitError {
                 kind: SubmitErrorKind::QueueFull,
                 buf,
