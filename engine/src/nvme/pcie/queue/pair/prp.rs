@@ -119,6 +119,14 @@ impl PrpLists {
                 });
             }
             let start = seg0.iova.raw() + off;
+            // The common case first, in one test of each: dword aligned
+            // and inside its first page, one PRP entry (the general walk
+            // below computed the first page's room, then compared; issue
+            // 28). `bytes` is at most the buffer's length, so the sum does
+            // not wrap.
+            if start & 3 == 0 && (start & PAGE_MASK) + bytes <= PAGE_SIZE {
+                return Ok((start, 0));
+            }
             if start & 3 != 0 {
                 return Err(SubmitErrorKind::Misaligned {
                     segment: 0,
