@@ -52,6 +52,16 @@ const CID_RESERVED: u16 = 0xFFFF;
 /// Set in [`Slot::expect`] while the slot has no command in flight.
 const NOT_BUSY: u32 = 1 << 16;
 
+/// The generation after `next` (a free slot's `expect` naming the reserved
+/// CID): the slot bits are unchanged because `step` is a multiple of
+/// 2^slot_bits. Rare (once per 2^gen_bits uses of the last slot), so a
+/// call, not a conditional move on every completion.
+#[cold]
+#[inline(never)]
+fn skip_reserved(next: u32, step: u16) -> u32 {
+    NOT_BUSY | u32::from((next as u16).wrapping_add(step))
+}
+
 impl<B> Slot<B> {
     /// CID of the command in flight (or of the next one, when free).
     #[inline(always)]
@@ -250,13 +260,16 @@ impl<B> Trackers<B> {
     pub fn complete(&mut self, slot: u16) -> (u64, Option<B>) {
         let step = self.gen_step;
         let s = self.at(slot);
-        let mut cid = s.cid().wrapping_add(step);
-        if cid == CID_RESERVED {
-            // Skip to the next generation; the slot bits are unchanged
-            // because we add a multiple of 2^slot_bits.
-            cid = cid.wrapping_add(step);
+        debug_assert!(s.busy());
+        // Busy, `expect` is the CID (below 2^16) and `step` at most 2^15,
+        // so the sum is below 2^17: or-ing in NOT_BUSY (bit 16) leaves the
+        // next CID, the sum's low 16 bits, with NOT_BUSY set, whether or
+        // not the add carried into bit 16.
+        let mut next = (s.expect + u32::from(step)) | NOT_BUSY;
+        if next as u16 == CID_RESERVED {
+            next = skip_reserved(next, step);
         }
-        s.expect = NOT_BUSY | u32::from(cid);
+        s.expect = next;
         let out = (s.tag, s.buf.take());
         self.free.push(slot);
         out
