@@ -172,11 +172,12 @@ impl<B> Trackers<B> {
         self.capacity
     }
 
-    /// Slots allocated, for scans over every slot (retired ones, and the
-    /// ones past the depth, are never busy).
+    /// Slots that can hold a command, `0..depth`, for scans over every
+    /// slot and for per-slot state kept beside the tracker (retired ones
+    /// are never busy). The padding past the depth is the tracker's own.
     #[inline]
     pub fn slots(&self) -> usize {
-        self.slots.len()
+        self.built_depth
     }
 
     /// The slot `slot`'s low bits name: every index up to `slot_mask` is
@@ -517,7 +518,7 @@ mod tests {
     #[test]
     fn slots_past_the_depth_are_never_handed_out_or_matched() {
         let mut t: Trackers<()> = Trackers::new(5);
-        assert_eq!(t.slots(), 8);
+        assert_eq!((t.slots(), t.slots.len()), (5, 8));
         let mut got = Vec::new();
         while let Some(s) = t.alloc() {
             t.arm(s, 0, None, 0);

@@ -256,7 +256,9 @@ mod tests {
     /// completes (it was swallowed as internal before).
     #[test]
     fn a_given_up_internal_command_ends_inside_and_its_slot_serves_after_a_reset() {
-        for mcq in [true, false] {
+        // 6: a depth that is not a power of two (the tracker pads its
+        // slots past it; HPB's per-slot state is as deep as the queue).
+        for (mcq, want_depth) in [(true, 8u16), (false, 8), (true, 6), (false, 6)] {
             let fake = FakeUfs::new(UfsConfig {
                 exec: mcqio_fixtures::ExecMode::Sync,
                 mcq,
@@ -277,7 +279,7 @@ mod tests {
                 backend,
                 UfsOptions {
                     queues: 1,
-                    depth: 8,
+                    depth: want_depth,
                     hpb: Some(HpbConfig {
                         activation_threshold: 2,
                         eviction_enter: 0,

@@ -81,8 +81,9 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
         self.ctrl.add_leaked(self.hpb.leaking_bytes());
         if self.eng.device_may_access {
             // The controller may still write these: never free or reuse them.
-            self.ctrl
-                .add_leaked((self.eng.trackers.slots() * SLOT_BYTES) as u64);
+            // The descriptors allocated, one per slot of the depth (the
+            // tracker's slots are padded past it).
+            self.ctrl.add_leaked((u.slots() * SLOT_BYTES) as u64);
             std::mem::forget(u);
             std::mem::forget(t);
         } else if self.eng.stopped.is_none() {
