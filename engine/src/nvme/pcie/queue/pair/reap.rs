@@ -37,18 +37,21 @@ impl<B: IoBuf> QueuePair<B> {
     /// which every poll calls before it reaps).
     #[inline(always)]
     pub(super) fn reap_cqes<F: FnMut(Completion<B>)>(&mut self, max: usize, f: &mut F) -> Reaped {
-        let mut delivered = 0;
+        // The CQEs that delivered nothing (stale, a split's child) are
+        // counted instead of those delivered: they leave the loop on cold
+        // paths, so a delivering CQE moves one counter, not two (issue 28).
+        let mut undelivered = 0;
         let mut seen = 0;
         while seen < max {
-            let Some(cqe) = self.cq.peek() else { break };
-            self.cq.advance();
+            let Some(cqe) = self.cq.pop() else { break };
             self.cq.prefetch_next();
             seen += 1;
             self.sq.head = cqe.sq_head;
-            if self.take_cqe(cqe, f) {
-                delivered += 1;
+            if !self.take_cqe(cqe, f) {
+                undelivered += 1;
             }
         }
+        let delivered = seen - undelivered;
         if !self.cq_head_after_sq {
             self.cq.flush_lazy(self.cq_head_batch);
         }
