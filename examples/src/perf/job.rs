@@ -870,6 +870,9 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             Self::fill_n::<false>(&mut self.q, st, gen, &mut n, &self.clock, nlb)
         };
         let issued = n0 - n;
+        // Counted here, once per batch: `fill_n` counts `n` down for each
+        // I/O it starts (issue 28).
+        self.st.submitted += issued;
         *budget -= issued;
         self.rate_next = self
             .rate_next
@@ -877,7 +880,8 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
         result
     }
 
-    /// Start up to `n` I/Os, each stamped as it is pushed, counting `n` down.
+    /// Start up to `n` I/Os, each stamped as it is pushed, counting `n` down
+    /// (the caller adds what it counted to `submitted`).
     #[inline(always)]
     fn fill_n<const TSC: bool>(
         q: &mut Q,
@@ -915,7 +919,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                     }
                 }
             }
-            // Counted as `submitted` or, refused, below.
+            // Counted as `submitted` (by the caller) or, refused, below.
             let t = clock.read::<TSC>();
             // The record is written before the push, so the stamp, LBA and
             // operation need not be kept in registers (or on the stack)
@@ -937,10 +941,7 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
                 s.generation = generation;
             }
             match q.push(slot as usize, IoReq { op, slba, nlb }) {
-                Ok(()) => {
-                    st.submitted += 1;
-                    *n -= 1;
-                }
+                Ok(()) => *n -= 1,
                 Err(e) => {
                     st.res.clock_reads += 1;
                     if V {

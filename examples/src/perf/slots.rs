@@ -119,6 +119,16 @@ fn failure_of(e: IoError) -> Failure {
     }
 }
 
+/// A completion whose buffer did not come back: the queue's memory may
+/// still be accessed by the device (`device_may_access`), and the job
+/// retires the slot.
+#[cold]
+#[inline(never)]
+fn deliver_lost<F: FnMut(usize, IoStatus)>(lost: &mut bool, done: &mut F, tag: u64, why: Failure) {
+    *lost = true;
+    done(tag as usize, IoStatus::Lost(why));
+}
+
 #[cold]
 fn lost(f: Failure) -> IoStatus {
     IoStatus::Lost(f)
@@ -215,10 +225,15 @@ impl<Q: BlockQueue<Buf = SlotBuf>> JobQueue for BlockJobQueue<Q> {
                 usize::MAX,
                 #[inline(always)]
                 move |c| {
-                    if c.buf.is_none() {
-                        *lost = true;
+                    // A lost buffer (`IoStatus::Lost`) is delivered by a
+                    // cold call of its own, so the inlined `done` below
+                    // knows the status is not `Lost`: with one `done` for
+                    // both, the buffer was tested twice per completion,
+                    // once for the flag and once in the job (issue 28).
+                    match status_of(&c) {
+                        IoStatus::Lost(why) => deliver_lost(lost, &mut done, c.tag, why),
+                        status => done(c.tag as usize, status),
                     }
-                    done(c.tag as usize, status_of(&c));
                 },
             )
             .map_err(|e| QueueError(e.to_string()))
