@@ -181,7 +181,13 @@ impl<B: IoBuf, S> Engine<B, S> {
         internal: impl FnOnce(u16, &std::result::Result<(), IoError>) -> bool,
         f: &mut F,
     ) -> bool {
-        // Right after the wire's lookup of `slot`: one bounds check.
+        // With a split in flight, the cold path ends the command and
+        // routes its completion. Decided first: decided after the slot was
+        // freed, the buffer taken from it was kept in memory for the cold
+        // path's sake on the hot one (issue 28).
+        if self.splits.active() {
+            return self.complete_with_splits(slot, dw0, result, internal, f);
+        }
         let (tag, buf) = self.trackers.complete(slot);
         let result = result(&mut self.timeouts, &self.trackers);
         if internal(slot, &result) {
@@ -189,12 +195,8 @@ impl<B: IoBuf, S> Engine<B, S> {
         }
         // A command of its own built straight into the callback's
         // argument, with the result the caller decided (a constant for a
-        // success); with a split in flight, the cold path routes it (no
-        // `Option` of a completion in memory on the hot one, and no merge
-        // of the two paths' results before the callback, issue 28).
-        if self.splits.active() {
-            return self.complete_routed(slot, tag, buf, result, dw0, f);
-        }
+        // success): no `Option` of a completion in memory, and no merge of
+        // two paths' results before the callback (issue 28).
         self.completed += 1;
         f(Completion {
             tag,
@@ -205,11 +207,31 @@ impl<B: IoBuf, S> Engine<B, S> {
         true
     }
 
+    /// [`complete`](Self::complete) while split transfers are in flight:
+    /// the same steps, then the command's own completion or, after the last
+    /// child of a split, its parent's.
+    #[cold]
+    #[inline(never)]
+    fn complete_with_splits<F: FnMut(Completion<B>)>(
+        &mut self,
+        slot: u16,
+        dw0: u32,
+        result: impl FnOnce(&mut Timeouts, &Trackers<B>) -> std::result::Result<(), IoError>,
+        internal: impl FnOnce(u16, &std::result::Result<(), IoError>) -> bool,
+        f: &mut F,
+    ) -> bool {
+        let (tag, buf) = self.trackers.complete(slot);
+        let result = result(&mut self.timeouts, &self.trackers);
+        if internal(slot, &result) {
+            return false;
+        }
+        self.complete_routed(slot, tag, buf, result, dw0, f)
+    }
+
     /// [`complete`](Self::complete)'s delivery while split transfers are
     /// in flight: the command's own completion, or its parent's after its
     /// last child.
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     fn complete_routed<F: FnMut(Completion<B>)>(
         &mut self,
         slot: u16,
