@@ -70,7 +70,7 @@ impl<B: IoBuf> QueuePair<B> {
         // The queue id first, on its own: tested after the lookup, it was
         // kept as a flag across it (issue 28).
         if cqe.sq_id != self.qid {
-            self.stale(cqe);
+            self.stale(cqe.cid, cqe.sq_id, cqe.status);
             return false;
         }
         match self.eng.trackers.lookup(cqe.cid) {
@@ -81,53 +81,61 @@ impl<B: IoBuf> QueuePair<B> {
                 self.eng
                     .complete(slot, cqe.dw0, |_, _| Ok(()), |_, _| false, f)
             }
-            Some(slot) => self.take_failed(slot, cqe, f),
+            Some(slot) => self.take_failed(slot, cqe.dw0, cqe.status, f),
             None => {
-                self.stale(cqe);
+                self.stale(cqe.cid, cqe.sq_id, cqe.status);
                 false
             }
         }
     }
 
-    /// End the command in `slot` whose CQE reports an error.
+    /// End the command in `slot` whose CQE (DW0 `dw0`, status halfword
+    /// `status`) reports an error. The cold calls take the CQE's fields,
+    /// not the entry: a 16-byte struct is passed through memory, and the
+    /// hot path stored every CQE for them (issue 28).
     #[cold]
     #[inline(never)]
-    fn take_failed<F: FnMut(Completion<B>)>(&mut self, slot: u16, cqe: Cqe, f: &mut F) -> bool {
+    fn take_failed<F: FnMut(Completion<B>)>(
+        &mut self,
+        slot: u16,
+        dw0: u32,
+        status: u16,
+        f: &mut F,
+    ) -> bool {
         self.eng.complete(
             slot,
-            cqe.dw0,
-            |timeouts, trackers| Err(error_of(timeouts, trackers, slot, cqe)),
+            dw0,
+            |timeouts, trackers| Err(error_of(timeouts, trackers, slot, status)),
             |_, _| false,
             f,
         )
     }
 
-    /// Count and log a CQE that matches no command in flight.
+    /// Count and log a CQE (its CID, SQ id and status halfword) that
+    /// matches no command in flight.
     #[cold]
     #[inline(never)]
-    pub(super) fn stale(&mut self, cqe: Cqe) {
+    pub(super) fn stale(&mut self, cid: u16, sq_id: u16, status: u16) {
         self.eng.trackers.stale += 1;
         log::warn!(
-            "queue {}: dropped stale/duplicate completion (cid {:#06x}, sq {}, status {:#06x})",
+            "queue {}: dropped stale/duplicate completion (cid {cid:#06x}, sq {sq_id}, status {status:#06x})",
             self.qid,
-            cqe.cid,
-            cqe.sq_id,
-            cqe.status
         );
     }
 }
 
 /// The error of a failed completion (of the command just completed in
-/// `slot`, whose timeout state stays until it is armed again): a command
-/// we aborted because it timed out reports [`IoError::TimedOut`].
+/// `slot`, whose timeout state stays until it is armed again; `status` is
+/// its CQE's status halfword): a command we aborted because it timed out
+/// reports [`IoError::TimedOut`].
 #[cold]
 fn error_of<B: IoBuf>(
     timeouts: &mut Timeouts,
     trackers: &Trackers<B>,
     slot: u16,
-    cqe: Cqe,
+    status: u16,
 ) -> IoError {
-    let st = cqe.nvme_status();
+    let st = NvmeStatus::from_cqe_status(status);
     if st == ABORT_REQUESTED && timeouts.was_aborted(trackers, slot) {
         IoError::TimedOut
     } else {
