@@ -53,6 +53,9 @@ pub struct IoSeg {
 ///   queue pair (the device writes it concurrently);
 /// - `segment_count`, `segment`, `dir` and `is_mapped_in` return the same
 ///   answers every time;
+/// - [`IoBuf::usable_in`] with the key [`IoBuf::space_key`] gave for a
+///   space returns true exactly when `check_dir` is `Ok` and
+///   `is_mapped_in` is true for that space;
 /// - [`IoBuf::segment_host`], where it is `Some`, is the host address of
 ///   the same bytes segment `i` maps, valid for `len` bytes as long as the
 ///   value lives.
@@ -73,6 +76,27 @@ pub unsafe trait IoBuf: Send {
     }
     /// Whether the buffer is mapped in `space` (the controller's DMA space).
     fn is_mapped_in(&self, space: &DmaSpace) -> bool;
+    /// A word standing for `space` in [`IoBuf::usable_in`], computed once
+    /// per queue pair. The default: the space's id (unused by the default
+    /// `usable_in`).
+    #[inline]
+    fn space_key(space: &DmaSpace) -> u64
+    where
+        Self: Sized,
+    {
+        space.id()
+    }
+    /// [`IoBuf::check_dir`] and [`IoBuf::is_mapped_in`] together, for a
+    /// queue's hot path: whether the buffer is mapped in `space`, whose
+    /// [`IoBuf::space_key`] is `key`, in the direction a command needs
+    /// (`device_writes`: a read). `false` sends the caller to the two
+    /// checks for the reason. The default asks both; a buffer type that
+    /// can answer with one compare against `key` overrides it.
+    #[inline]
+    fn usable_in(&self, space: &DmaSpace, key: u64, device_writes: bool) -> bool {
+        let _ = key;
+        self.check_dir(device_writes).is_ok() && self.is_mapped_in(space)
+    }
     /// Total bytes over all segments.
     #[inline]
     fn total_len(&self) -> usize {
@@ -869,6 +893,29 @@ unsafe impl IoBuf for DmaSlice {
     fn is_mapped_in(&self, space: &DmaSpace) -> bool {
         self.space_id() == space.id()
     }
+    /// `id << 2` with both direction bits: what `space_dir` of a slice of
+    /// the space becomes with the bit a command does not need or-ed in,
+    /// when it has the bit the command needs. A space whose id does not
+    /// fit 62 bits holds no slice (`new`): 0, which no `space_dir` or-ed
+    /// with a bit equals.
+    #[inline]
+    fn space_key(space: &DmaSpace) -> u64 {
+        let id = space.id();
+        if id >> 62 == 0 {
+            id << 2 | DIR_READS | DIR_WRITES
+        } else {
+            0
+        }
+    }
+    /// One or and one compare for both checks, where the direction's test
+    /// and the comparison of ids took seven instructions (issue 28): the
+    /// bit the command does not need or-ed in, `space_dir` equals `key`
+    /// exactly when the ids match and the needed bit is set.
+    #[inline]
+    fn usable_in(&self, _space: &DmaSpace, key: u64, device_writes: bool) -> bool {
+        let other = if device_writes { DIR_READS } else { DIR_WRITES };
+        self.space_dir.get() | other == key
+    }
     #[inline]
     fn total_len(&self) -> usize {
         self.len
@@ -907,6 +954,36 @@ mod tests {
                 (Iova(0x1000), 4096, 4096)
             );
             assert!(format!("{s:?}").contains(&format!("{dir:?}")));
+        }
+    }
+
+    /// The one-compare check a queue's hot path makes answers exactly as
+    /// the direction's check and the space's check together, for every
+    /// direction, both kinds of command and a slice of another space.
+    #[test]
+    fn a_dma_slice_is_usable_exactly_when_both_checks_pass() {
+        let space = || {
+            let iommu = mcqio_fixtures::FakeIommu::new(Default::default());
+            DmaSpace::new(Arc::new(iommu), mcqio_vfio::HugePages::Never)
+        };
+        let spaces = [space(), space(), space()];
+        for dir in [DmaDir::ToDevice, DmaDir::FromDevice, DmaDir::Bidirectional] {
+            for made_in in &spaces {
+                // SAFETY: the slice is only inspected, never given to a device.
+                let s = unsafe { DmaSlice::new(made_in, Iova(0x2000), 512, dir) };
+                for queue in &spaces {
+                    let key = DmaSlice::space_key(queue);
+                    for device_writes in [false, true] {
+                        let both = s.check_dir(device_writes).is_ok() && s.is_mapped_in(queue);
+                        assert_eq!(
+                            s.usable_in(queue, key, device_writes),
+                            both,
+                            "{dir:?}, same space {}, device writes {device_writes}",
+                            std::ptr::eq(made_in, queue)
+                        );
+                    }
+                }
+            }
         }
     }
 }

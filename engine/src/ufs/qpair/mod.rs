@@ -223,6 +223,9 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     tag_base: u8,
     lus: Vec<Option<LuGeom>>,
     space: Arc<DmaSpace>,
+    /// `B::space_key(&space)`, for the hot path's buffer check
+    /// (`IoBuf::usable_in`).
+    space_key: u64,
     /// HPB: the read/write hooks and internal map loads (`super::hpb`).
     hpb: HpbQp,
     _not_sync: PhantomData<Cell<()>>,
@@ -400,6 +403,7 @@ impl UfsController {
             eng,
             tag_base,
             lus,
+            space_key: B::space_key(self.dma()),
             space: Arc::clone(self.dma()),
             hpb,
             _not_sync: PhantomData,

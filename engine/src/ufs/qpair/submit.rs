@@ -102,7 +102,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
 
     /// What is wrong with `buf` for a data command (`read`: the device
     /// writes it): its direction, then whether it is mapped in this
-    /// queue's space. The hot and the cold path ask in that order.
+    /// queue's space. The cold paths ask in that order.
     #[inline(always)]
     fn buf_fault(&self, buf: &B, read: bool) -> Option<SubmitErrorKind> {
         if let Err(mapped) = buf.check_dir(read) {
@@ -127,10 +127,24 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let Some(g) = self.check_unsplit(lun, lba, blocks) else {
             return self.submit_data_cold(lun, lba, blocks, buf, tag, read);
         };
-        if let Some(k) = self.buf_fault(&buf, read) {
-            return Err(submit_err(k, buf));
+        // Direction and space in one compare; the reason on the cold path.
+        if !buf.usable_in(&self.space, self.space_key, read) {
+            return Err(self.unusable(buf, read));
         }
         self.submit_one(lun, lba, blocks, g, buf, tag, read)
+    }
+
+    /// Why `buf` is refused for a data command (`read`: the device writes
+    /// it), `buf_fault`'s answer.
+    #[cold]
+    #[inline(never)]
+    fn unusable(&self, buf: B, read: bool) -> SubmitError<B> {
+        // `usable_in` is false only when a check fails (`IoBuf`'s
+        // contract).
+        let k = self
+            .buf_fault(&buf, read)
+            .unwrap_or(SubmitErrorKind::NotDmaMapped);
+        submit_err(k, buf)
     }
 
     /// `submit_data` for a command its one compare did not pass: every

@@ -242,6 +242,9 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     cq_head_after_sq: bool,
     oncs: u16,
     space: Arc<DmaSpace>,
+    /// `B::space_key(&space)`, for the hot path's buffer check
+    /// (`IoBuf::usable_in`).
+    space_key: u64,
     qid: u16,
     /// How far closing (or dropping) got; see [`Teardown`].
     teardown: Teardown,
@@ -453,6 +456,7 @@ impl<B: IoBuf> QueuePair<B> {
             cq_head_batch,
             cq_head_after_sq,
             oncs: ctrl.identify().oncs,
+            space_key: B::space_key(&space),
             space,
             qid,
             teardown: Teardown::Live,

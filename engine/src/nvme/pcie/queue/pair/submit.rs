@@ -67,16 +67,28 @@ impl<B: IoBuf> QueuePair<B> {
         let Some(bytes) = self.check_unsplit(nsid, slba, nlb) else {
             return self.submit_data_cold(cmd, nsid, slba, nlb, buf, tag, device_writes);
         };
-        if let Err(mapped) = buf.check_dir(device_writes) {
-            return Err(wrong_direction(mapped, device_writes, buf));
-        }
-        if !buf.is_mapped_in(&self.space) {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::NotDmaMapped,
-                buf,
-            });
+        // Direction and space in one compare; the reason on the cold path.
+        if !buf.usable_in(&self.space, self.space_key, device_writes) {
+            return Err(self.unusable(buf, device_writes));
         }
         self.submit_one(cmd, bytes, buf, tag)
+    }
+
+    /// Why `buf` is refused for a data command (`device_writes`: a
+    /// read): its direction, then its space, the order the cold path
+    /// checks them in.
+    #[cold]
+    #[inline(never)]
+    fn unusable(&self, buf: B, device_writes: bool) -> SubmitError<B> {
+        if let Err(mapped) = buf.check_dir(device_writes) {
+            return wrong_direction(mapped, device_writes, buf);
+        }
+        // `usable_in` is false only when a check fails (`IoBuf`'s
+        // contract): this one.
+        SubmitError {
+            kind: SubmitErrorKind::NotDmaMapped,
+            buf,
+        }
     }
 
     /// `submit_data` for a command its one compare did not pass: every
