@@ -420,28 +420,69 @@ struct State<'a, const H: bool, const V: bool> {
 /// direction's, the job's: one increment per I/O instead of two (issue
 /// 28). It is kept apart from `sum`: side by side, the two additions were
 /// merged into one vector addition that took three more instructions.
-#[derive(Clone, Copy)]
+///
+/// The extremes are kept as the minimum `lo` and the width `span` of the
+/// range seen, so a latency outside it is found with one subtraction and
+/// one compare (`ticks - lo > span`, unsigned: below `lo` wraps to a large
+/// value), where testing the minimum and the maximum apart took two
+/// compares, two jumps and the entry's address (issue 28).
+#[derive(Clone, Copy, Debug)]
 struct LatTicks {
     sum: u64,
-    min: u64,
-    max: u64,
+    lo: u64,
+    span: u64,
     n: u64,
 }
 
 impl LatTicks {
+    /// No latency yet: any but `u64::MAX` ticks is outside the range, and
+    /// the first one sets it (`extreme`); `n` says whether there is any.
     const EMPTY: LatTicks = LatTicks {
         sum: 0,
-        min: u64::MAX,
-        max: 0,
+        lo: u64::MAX,
+        span: 0,
         n: 0,
     };
 
-    /// `ticks` is a new minimum or maximum (or both, the first time).
+    /// Count one latency of `ticks`.
+    #[inline(always)]
+    fn add(lats: &mut [LatTicks; 2], d: usize, ticks: u64) {
+        let lat = &mut lats[d];
+        lat.n += 1;
+        lat.sum = lat.sum.wrapping_add(ticks);
+        // A new extreme is rare: a compare and an untaken jump, the
+        // stores in a cold call (inline, their address was computed on
+        // every completion, issue 28).
+        if ticks.wrapping_sub(lat.lo) > lat.span {
+            LatTicks::extreme(lats, d, ticks);
+        }
+    }
+
+    /// `ticks` is a new minimum or maximum of direction `d`, or its first
+    /// latency. Given the array and the index: given the entry, the caller
+    /// computed its address on every completion (issue 28).
     #[cold]
     #[inline(never)]
-    fn extreme(&mut self, ticks: u64) {
-        self.min = self.min.min(ticks);
-        self.max = self.max.max(ticks);
+    fn extreme(lats: &mut [LatTicks; 2], d: usize, ticks: u64) {
+        let lat = &mut lats[d];
+        // `n` was counted first: 1 for the first latency.
+        let (min, max) = if lat.n == 1 {
+            (ticks, ticks)
+        } else {
+            (lat.min().min(ticks), lat.max().max(ticks))
+        };
+        lat.lo = min;
+        lat.span = max - min;
+    }
+
+    /// The smallest latency (meaningful when `n > 0`).
+    fn min(&self) -> u64 {
+        self.lo
+    }
+
+    /// The largest latency (meaningful when `n > 0`).
+    fn max(&self) -> u64 {
+        self.lo.wrapping_add(self.span)
     }
 }
 
@@ -517,11 +558,10 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
         for (dir, lat) in self.res.dir.iter_mut().zip(&self.lat_ticks) {
             dir.ios = lat.n;
             dir.lat_sum_ns = clock.ticks_to_ns(lat.sum);
-            dir.lat_min_ns = match lat.min {
-                u64::MAX => u64::MAX,
-                t => clock.ticks_to_ns(t),
+            (dir.lat_min_ns, dir.lat_max_ns) = match lat.n {
+                0 => (u64::MAX, 0),
+                _ => (clock.ticks_to_ns(lat.min()), clock.ticks_to_ns(lat.max())),
             };
-            dir.lat_max_ns = clock.ticks_to_ns(lat.max);
         }
     }
 
@@ -601,16 +641,7 @@ impl<const H: bool, const V: bool> State<'_, H, V> {
         if !H || self.counting {
             let ticks = now.wrapping_sub(t_submit);
             let d = op as usize;
-            let lat = &mut self.lat_ticks[d];
-            lat.n += 1;
-            lat.sum = lat.sum.wrapping_add(ticks);
-            // Branches rather than `min`/`max`: a new extreme is rare, so
-            // each is a compare and an untaken jump, with no store. The
-            // stores are a cold call's: inline, the address they shared
-            // was computed on every completion (issue 28).
-            if ticks < lat.min || ticks > lat.max {
-                lat.extreme(ticks);
-            }
+            LatTicks::add(&mut self.lat_ticks, d, ticks);
             if H {
                 let ns = clock.ticks_to_ns(ticks);
                 if ns == self.hist_ns[d] {
@@ -1314,6 +1345,36 @@ fn run_group<Q: JobQueue, const H: bool, const V: bool>(
 mod tests {
     use super::*;
     use crate::queue::{IoStatus, PushError};
+
+    /// The latency range kept as its minimum and width gives the true
+    /// minimum and maximum of any sequence, per direction: first latency
+    /// 0, equal latencies, new extremes on both sides, and the largest
+    /// value (against a min/max computed directly).
+    #[test]
+    fn latency_extremes_are_the_true_minimum_and_maximum() {
+        let seqs: [&[u64]; 6] = [
+            &[0],
+            &[5, 5, 5],
+            &[7, 3, 9, 1, 12, 12, 0],
+            &[100, 200, 150, 50, 250],
+            &[u64::MAX - 1, 3, u64::MAX - 1],
+            &[1, u64::MAX - 1, 0],
+        ];
+        for seq in seqs {
+            let mut lats = [LatTicks::EMPTY; 2];
+            for (i, &t) in seq.iter().enumerate() {
+                LatTicks::add(&mut lats, 1, t);
+                let seen = &seq[..=i];
+                let l = lats[1];
+                assert_eq!(l.n, i as u64 + 1);
+                assert_eq!(l.min(), *seen.iter().min().unwrap(), "{seq:?} after {i}");
+                assert_eq!(l.max(), *seen.iter().max().unwrap(), "{seq:?} after {i}");
+            }
+            // The other direction saw nothing.
+            assert_eq!(lats[0].n, 0);
+            assert_eq!(lats[0].sum, 0);
+        }
+    }
 
     /// An in-memory device: every pushed I/O completes at the next reap.
     struct MemQueue {
