@@ -188,11 +188,9 @@ impl<B: IoBuf, S> Engine<B, S> {
         if self.splits.active() {
             return self.complete_with_splits(slot, dw0, result, internal, f);
         }
-        let (tag, buf) = self.trackers.complete(slot);
-        let result = result(&mut self.timeouts, &self.trackers);
-        if internal(slot, &result) {
+        let Some((tag, buf, result)) = self.end_slot(slot, result, internal) else {
             return false;
-        }
+        };
         // A command of its own built straight into the callback's
         // argument, with the result the caller decided (a constant for a
         // success): no `Option` of a completion in memory, and no merge of
@@ -207,9 +205,24 @@ impl<B: IoBuf, S> Engine<B, S> {
         true
     }
 
+    /// [`complete`](Self::complete)'s first steps: free `slot` (taking
+    /// its tag and buffer), decide the result, and let the wire claim a
+    /// command of its own (`None`: nothing to deliver).
+    #[inline(always)]
+    fn end_slot(
+        &mut self,
+        slot: u16,
+        result: impl FnOnce(&mut Timeouts, &Trackers<B>) -> std::result::Result<(), IoError>,
+        internal: impl FnOnce(u16, &std::result::Result<(), IoError>) -> bool,
+    ) -> Option<(u64, Option<B>, std::result::Result<(), IoError>)> {
+        let (tag, buf) = self.trackers.complete(slot);
+        let result = result(&mut self.timeouts, &self.trackers);
+        (!internal(slot, &result)).then_some((tag, buf, result))
+    }
+
     /// [`complete`](Self::complete) while split transfers are in flight:
-    /// the same steps, then the command's own completion or, after the last
-    /// child of a split, its parent's.
+    /// the same first steps, then the command's own completion or, after
+    /// the last child of a split, its parent's.
     #[cold]
     #[inline(never)]
     fn complete_with_splits<F: FnMut(Completion<B>)>(
@@ -220,27 +233,9 @@ impl<B: IoBuf, S> Engine<B, S> {
         internal: impl FnOnce(u16, &std::result::Result<(), IoError>) -> bool,
         f: &mut F,
     ) -> bool {
-        let (tag, buf) = self.trackers.complete(slot);
-        let result = result(&mut self.timeouts, &self.trackers);
-        if internal(slot, &result) {
+        let Some((tag, buf, result)) = self.end_slot(slot, result, internal) else {
             return false;
-        }
-        self.complete_routed(slot, tag, buf, result, dw0, f)
-    }
-
-    /// [`complete`](Self::complete)'s delivery while split transfers are
-    /// in flight: the command's own completion, or its parent's after its
-    /// last child.
-    #[inline(always)]
-    fn complete_routed<F: FnMut(Completion<B>)>(
-        &mut self,
-        slot: u16,
-        tag: u64,
-        buf: Option<B>,
-        result: std::result::Result<(), IoError>,
-        dw0: u32,
-        f: &mut F,
-    ) -> bool {
+        };
         let Some(c) = deliver::route(&mut self.splits, slot, tag, buf, result, dw0) else {
             return false;
         };
