@@ -62,27 +62,8 @@ impl CompQueue {
     /// The entry at the head if the controller has posted it.
     #[inline]
     pub fn peek(&self) -> Option<Cqe> {
-        self.read_posted(self.head)
-    }
-
-    /// The entry at the head if the controller has posted it, consumed
-    /// ([`peek`](Self::peek) then [`advance`](Self::advance)). The head is
-    /// loaded once: `advance` after `peek` loaded it again, as the fence
-    /// after the phase-bit load is a compiler barrier too (issue 28).
-    #[inline(always)]
-    pub fn pop(&mut self) -> Option<Cqe> {
-        let head = self.head;
-        let cqe = self.read_posted(head)?;
-        self.advance_from(head);
-        Some(cqe)
-    }
-
-    /// The entry at `head` (the head, passed in a register) if the
-    /// controller has posted it.
-    #[inline(always)]
-    fn read_posted(&self, head: u16) -> Option<Cqe> {
         // SAFETY: `head < entries`; the ring is live DMA memory owned by self.
-        let slot = unsafe { self.ring.as_ptr().add(head as usize) };
+        let slot = unsafe { self.ring.as_ptr().add(self.head as usize) };
         // SAFETY: in bounds (above); the status halfword is 2-byte aligned;
         // volatile because the controller writes it concurrently.
         let status = unsafe {
@@ -162,18 +143,10 @@ impl CompQueue {
     /// Consume the head entry.
     #[inline]
     pub fn advance(&mut self) {
-        self.advance_from(self.head);
-    }
-
-    /// Consume the head entry, `head` being the head.
-    #[inline(always)]
-    fn advance_from(&mut self, head: u16) {
-        let next = head + 1;
-        if next == self.entries {
+        self.head += 1;
+        if self.head == self.entries {
             self.head = 0;
             self.phase ^= 1;
-        } else {
-            self.head = next;
         }
     }
 

@@ -43,7 +43,8 @@ impl<B: IoBuf> QueuePair<B> {
         let mut undelivered = 0;
         let mut seen = 0;
         while seen < max {
-            let Some(cqe) = self.cq.pop() else { break };
+            let Some(cqe) = self.cq.peek() else { break };
+            self.cq.advance();
             self.cq.prefetch_next();
             seen += 1;
             self.sq.head = cqe.sq_head;
