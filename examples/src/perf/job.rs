@@ -1204,9 +1204,9 @@ impl<'a, Q: JobQueue, const H: bool, const V: bool> Runner<'a, Q, H, V> {
             // device a thread on another core, a tight re-poll keeps
             // pulling the completion ring's cache line back while that
             // thread is writing into it, so every CQE store there becomes
-            // a cross-core round trip. Elsewhere only with several
-            // commands out (`PollPause`): with one, the hint's cost is
-            // the next I/O's latency.
+            // a cross-core round trip. Elsewhere only when asked
+            // (`PollPause`): on a controller the hint only delays seeing
+            // a completion.
             std::hint::spin_loop();
         }
         Ok(true)

@@ -310,7 +310,8 @@ struct RunArgs {
     /// than one command in flight: with one, the hint delays the next
     /// I/O's completion) or `never`; `auto` is `always` on the in-process
     /// fakes (their device thread writes the completion line the job
-    /// polls) and `busy` on `vfio:`, `tcp:` and `uring:`
+    /// polls) and `never` on `vfio:`, `tcp:` and `uring:` (as SPDK's,
+    /// libvfn's and xNVMe's poll loops)
     #[arg(
         long = "poll-pause",
         value_name = "WHEN",
