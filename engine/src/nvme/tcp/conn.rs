@@ -455,12 +455,32 @@ mod tests {
     /// A send queue larger than the socket takes at once goes out over
     /// many partial sends, each resuming inside the piece where the last
     /// stopped, and the peer receives every byte once, in order.
+    ///
+    /// The first flush is made before the peer reads anything, with the
+    /// sender's buffer set small: it can then take only that buffer and
+    /// the peer's initial window, far below the 6 MiB queued, whatever the
+    /// host's TCP autotuning limits (with the reader running from the
+    /// start and `tcp_rmem`'s maximum at 32 MiB, loopback took the whole
+    /// queue in one send in 22 runs of 30).
     #[test]
     fn partial_sends_resume_where_they_stopped() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let tx_sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (mut rx_sock, _) = l.accept().unwrap();
         tx_sock.set_nonblocking(true).unwrap();
+        let small: libc::c_int = 64 << 10;
+        // SAFETY: a valid socket descriptor, and `small` is a c_int that
+        // lives across the call, its size passed with it.
+        let r = unsafe {
+            libc::setsockopt(
+                tx_sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&small as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
         // 3 headers from the arena and 3 large pieces of "buffer".
         let data: Vec<u8> = (0..(6usize << 20))
             .map(|i| (i * 7 + (i >> 13)) as u8)
@@ -479,6 +499,11 @@ mod tests {
             expect.extend_from_slice(chunk);
         }
         let want = expect.len();
+        q.flush(&tx_sock).unwrap();
+        assert!(
+            !q.is_empty(),
+            "the socket took it all at once: no partial send tested"
+        );
         let reader = std::thread::spawn(move || {
             let mut got = Vec::with_capacity(want);
             let mut b = vec![0u8; 64 << 10];
@@ -489,18 +514,12 @@ mod tests {
             }
             got
         });
-        let mut flushes = 0;
         while !q.is_empty() {
             q.flush(&tx_sock).unwrap();
-            flushes += 1;
             std::thread::yield_now();
         }
         assert_eq!(q.sent, want as u64);
         assert_eq!(q.queued, want as u64);
-        assert!(
-            flushes > 1,
-            "the socket took it all at once: no partial send tested"
-        );
         assert!(
             reader.join().unwrap() == expect,
             "bytes lost, repeated or reordered"
