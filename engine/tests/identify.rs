@@ -147,6 +147,27 @@ fn shadow_doorbells_when_advertised() {
     }
 }
 
+/// Issue 28: the default options leave a controller's shadow doorbells
+/// unused (every doorbell is an MMIO store): with doorbells batched, they
+/// save few stores while the controller reads and writes shadow memory for
+/// every command and completion.
+#[test]
+fn shadow_doorbells_are_off_by_default() {
+    let (_fake, ctrl) = open_with(
+        FakeConfig {
+            shadow_doorbells: true,
+            ..FakeConfig::sync()
+        },
+        ControllerOptions::default(),
+    );
+    assert!(!ctrl.shadow_doorbells());
+    let mut qp = ctrl.create_qpair(Default::default()).unwrap();
+    qp.write_blocking(1, 100, &[7; 4096]).unwrap();
+    let s = qp.stats();
+    assert!(s.sq_doorbell_writes >= 1);
+    assert_eq!((s.sq_doorbell_skipped, s.cq_doorbell_skipped), (0, 0));
+}
+
 #[test]
 fn asynchronous_events_reach_the_application() {
     for mode in modes() {

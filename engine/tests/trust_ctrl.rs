@@ -65,7 +65,11 @@ fn drop_disables_the_controller_before_freeing_admin_memory() {
         ..cfg()
     })
     .unwrap();
-    let ctrl = Controller::new(fake.clone(), ControllerOptions::default()).unwrap();
+    let opts = ControllerOptions {
+        shadow_doorbells: true,
+        ..ControllerOptions::default()
+    };
+    let ctrl = Controller::new(fake.clone(), opts).unwrap();
     assert!(ctrl.shadow_doorbells());
     assert_eq!(ctrl.async_event_requests_posted(), 1);
     drop(ctrl);
@@ -112,7 +116,11 @@ fn drop_leaks_admin_and_shadow_memory_of_a_controller_that_stays_ready() {
         RegisterLies::default(),
         DeviceLies::default(),
     );
-    let ctrl = open(&b, quick()).unwrap();
+    let opts = ControllerOptions {
+        shadow_doorbells: true,
+        ..quick()
+    };
+    let ctrl = open(&b, opts).unwrap();
     assert!(ctrl.shadow_doorbells());
     let mapped = b.fake().iommu().mapping_count();
     assert_eq!(

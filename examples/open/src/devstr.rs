@@ -235,6 +235,10 @@ pub struct DeviceOpts {
     /// UFS: use MCQ (`mcq=on`, the default when the controller has it) or
     /// the legacy single-doorbell list (`mcq=off`).
     pub mcq: Option<bool>,
+    /// `vfio:` NVMe: use the controller's shadow doorbells (Doorbell
+    /// Buffer Config) when it offers them (`shadow=on`) or store to the
+    /// doorbell registers only (`shadow=off`, the engine's default).
+    pub shadow: Option<bool>,
     /// `fake-ufs`: MCQ hardware queues the fake offers (`queues=`).
     pub queues: Option<u8>,
     /// `fake-ufs`: logical units (`lus=`).
@@ -283,7 +287,7 @@ const FAKE_KEYS: &[&str] = &[
 const FAKE_UFS_KEYS: &[&str] = &[
     "mcq", "queues", "lus", "size", "latency", "core", "sync", "tr", "tprog", "dies",
 ];
-const VFIO_KEYS: &[&str] = &["qpairs", "mcq"];
+const VFIO_KEYS: &[&str] = &["qpairs", "mcq", "shadow"];
 const URING_NULL_KEYS: &[&str] = &[];
 const URING_FILE_KEYS: &[&str] = &["lbs", "lbads", "size", "direct"];
 const TCP_KEYS: &[&str] = &["hdgst", "ddgst", "qpairs", "kato", "pace"];
@@ -594,6 +598,17 @@ impl std::str::FromStr for DeviceSpec {
                         }
                     })
                 }
+                "shadow" => {
+                    opts.shadow = Some(match v {
+                        "on" | "1" | "true" | "yes" => true,
+                        "off" | "0" | "false" | "no" => false,
+                        _ => {
+                            return err(format!(
+                                "shadow={v}: use on (shadow doorbells when the NVMe controller offers them) or off (doorbell registers only, the default)"
+                            ))
+                        }
+                    })
+                }
                 "queues" | "lus" => {
                     let n = num(v)?;
                     if !(1..=32).contains(&n) {
@@ -868,6 +883,14 @@ mod tests {
             );
         }
         assert_eq!(spec("vfio:0000:01:00.0,mcq=off").opts.mcq, Some(false));
+        assert_eq!(
+            spec("vfio:0000:01:00.0,shadow=off").opts.shadow,
+            Some(false)
+        );
+        assert!("vfio:0000:01:00.0,shadow=maybe"
+            .parse::<DeviceSpec>()
+            .is_err());
+        assert!("fake,shadow=off".parse::<DeviceSpec>().is_err());
     }
 
     #[test]

@@ -404,11 +404,14 @@ impl DeviceSpec {
     }
 
     /// Open the device with the controller defaults (UFS: `mcq=` of the
-    /// spec), for `who` (see [`DeviceSpec::backing`]).
+    /// spec; NVMe: `shadow=`), for `who` (see [`DeviceSpec::backing`]).
     pub fn open(&self, who: &str) -> Result<Opened, OpenError> {
         let mut opts = CtrlOptions::default();
         if let Some(mcq) = self.opts.mcq {
             opts.ufs.mcq = mcq;
+        }
+        if let Some(shadow) = self.opts.shadow {
+            opts.nvme.shadow_doorbells = shadow;
         }
         self.backing(who)?.open(&opts)
     }

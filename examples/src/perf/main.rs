@@ -213,7 +213,7 @@ struct RunArgs {
         value_parser = device,
         help = "Device: fake[,lbs=,lbads=,ns=,size=,corrupt=,error=,latency=,qpairs=,core=,sync=], fake:null, \
                 fake-ufs[,mcq=on|off,queues=,lus=,size=,latency=,core=,sync=,tr=,tprog=,dies=], fake-ufs:null, \
-                vfio:<BDF>[,qpairs=,mcq=] (NVMe or UFS), uring:<path>[,size=,lbs=,lbads=,direct=], uring:null, \
+                vfio:<BDF>[,qpairs=,mcq=,shadow=] (NVMe or UFS), uring:<path>[,size=,lbs=,lbads=,direct=], uring:null, \
                 tcp:<addr>:<port>/<subsystem NQN>[,hdgst,ddgst,qpairs=,kato=] (NVMe/TCP) \
                 (lbs= in bytes, lbads= as NVMe's log2; default fake: 1 namespace of 64 MiB, 512 B blocks). \
                 Repeat -d to run several devices at once: job i runs on device i mod N"

@@ -157,6 +157,7 @@ impl NvmeTarget {
             nvme: ControllerOptions {
                 io_queues: want_queues.min(u16::MAX as usize - 1) as u16,
                 max_transfer: plan.io_size.max(4096),
+                shadow_doorbells: spec.opts.shadow.unwrap_or(false),
                 ..ControllerOptions::default()
             },
             ..CtrlOptions::default()

@@ -113,6 +113,12 @@ impl UfsTarget {
                 (Backing::FakeUfs(cfg), Some(d))
             }
             DeviceKind::Vfio { bdf } => {
+                if spec.opts.shadow.is_some() {
+                    return Err(UfsOpenError::Other(
+                        "shadow= is an NVMe option: a UFS host controller has no shadow doorbells"
+                            .into(),
+                    ));
+                }
                 let io = plan.io_size.div_ceil(4096) * 4096;
                 let per_job = depth as u64 * (io + 4096) + (1 << 20);
                 // The opener lets a UFS class code through (the default

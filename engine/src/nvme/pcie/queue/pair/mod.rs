@@ -64,8 +64,9 @@ pub struct QpairOptions {
     /// Entries of the I/O SQ and CQ (`spdk_nvme_perf -i`'s io-queue-size);
     /// 0 (the default): twice `depth` plus the CQ head batch where CAP.MQES
     /// allows, else `depth` plus the batch. The CQ head doorbell is written
-    /// once `min(32, depth / 4)` (at least 1) consumed entries have piled
-    /// up, or once `entries - depth` have if that is smaller, so fewer than
+    /// once 32 consumed entries have piled up (at any depth: a polled CQ's
+    /// head is only flow control, so the controller needs it no sooner),
+    /// or once `entries - depth` have if that is smaller, so fewer than
     /// that many consumed entries are ever unreleased; with at most `depth`
     /// commands outstanding the controller then never finds the CQ full (a
     /// full CQ would make it hold commands back). With at least twice
@@ -623,11 +624,16 @@ fn unsplit_blocks(max_xfer: u64, lba_shift: u32) -> u32 {
     by_bytes.min(u64::from(MAX_NLB)) as u32
 }
 
-/// The CQ head batch a queue of `depth` commands wants: fewer CQ head
-/// doorbells on deeper queues, at most 32 consumed entries unreleased.
-fn cq_head_batch(depth: u16) -> u16 {
-    (depth / 4).clamp(1, 32)
-}
+/// Consumed CQ entries a queue pair leaves unreleased before it writes the
+/// CQ head doorbell, at any depth (rings permitting, see [`ring_entries`]).
+///
+/// A polled CQ's head tells the controller only which entries it may post
+/// into again, so the controller needs it no sooner than the ring could
+/// fill. The batch was `depth / 4` (at least 1), which at QD1 wrote the
+/// head after every completion: one more MMIO store per I/O, where a
+/// 32-entry batch writes one per 32 (issue 28). The cost is ring memory
+/// only: 32 more entries of the SQ (64 B each) and the CQ (16 B each).
+const CQ_HEAD_BATCH: u16 = 32;
 
 /// Ring sizes and CQ head policy of a queue pair (see [`ring_entries`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -666,7 +672,7 @@ fn ring_entries(depth: u16, asked: u16, mqes: u32) -> Result<Rings> {
             mqes - 1
         )));
     }
-    let want = cq_head_batch(depth);
+    let want = CQ_HEAD_BATCH;
     // Room for the head after the SQ tail (a smaller batch never makes
     // room: with fewer entries it is `entries - depth`, short by `depth`).
     let roomy = 2 * u32::from(depth) + u32::from(want);
@@ -705,10 +711,12 @@ mod tests {
             (r.entries, r.cq_head_batch, r.cq_head_after_sq)
         };
         // Automatic: 2 * depth + batch (the head written after the SQ
-        // tail), the batch min(32, depth / 4), at least 1.
-        assert_eq!(r(1, 0, 1024), (3, 1, true));
-        assert_eq!(r(16, 0, 1024), (36, 4, true));
+        // tail), the batch 32 at every depth.
+        assert_eq!(r(1, 0, 1024), (34, 32, true));
+        assert_eq!(r(16, 0, 1024), (64, 32, true));
         assert_eq!(r(128, 0, 1024), (288, 32, true));
+        // A small MQES: the batch shrinks to what is left over the depth.
+        assert_eq!(r(1, 0, 16), (16, 15, false));
         // Where MQES has no room for that: depth + batch, the head written
         // by the poll; the batch shrinks to what fits (at least 1).
         assert_eq!(r(500, 0, 1024), (532, 32, false));
@@ -837,7 +845,7 @@ mod tests {
         );
         let mut buf = Some(ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf"));
         let mut order = Vec::new();
-        for i in 0..20u64 {
+        for i in 0..100u64 {
             hook.log.lock().unwrap().clear();
             qp.read(1, i * 8, 8, buf.take().expect("buffer back"), i)
                 .expect("read");
@@ -854,11 +862,16 @@ mod tests {
                     .join(" "),
             );
         }
-        // The first I/O: its tail. Every later one: its tail, then the head
-        // of the completion before it; never a head inside the poll.
-        assert_eq!(order[0], "sq", "{order:?}");
-        for o in &order[1..] {
-            assert_eq!(o, "sq cq", "{order:?}");
+        // Every I/O: its tail; after each 32nd completion, the next I/O's
+        // tail and then the head of the 32 consumed before it; never a head
+        // inside the poll (nor before a tail).
+        for (i, o) in order.iter().enumerate() {
+            let want = if i > 0 && i % usize::from(CQ_HEAD_BATCH) == 0 {
+                "sq cq"
+            } else {
+                "sq"
+            };
+            assert_eq!(o, want, "I/O {i}: {order:?}");
         }
         assert_eq!(fake.stats().cq_full, 0);
     }
@@ -926,8 +939,6 @@ mod tests {
                 .expect("read");
             while qp.poll(1, |c| buf = c.buf).expect("poll") == 0 {}
         }
-        // The last head is written at the next ring (after an SQ tail).
-        assert_eq!(qp.counters().doorbell_writes, 19);
         qp.poll(1, |_| {}).expect("poll");
         let c = qp.counters();
         let s = qp.stats();
@@ -935,8 +946,18 @@ mod tests {
             c.doorbell_writes,
             s.sq_doorbell_writes + s.cq_doorbell_writes
         );
-        // QD1: one SQ tail and one CQ head store per I/O.
-        assert_eq!(c.doorbell_writes, 20);
+        // QD1: one SQ tail store per I/O; the CQ head waits for 32
+        // consumed entries.
+        assert_eq!((s.sq_doorbell_writes, s.cq_doorbell_writes), (10, 0));
+        for _ in 0..30 {
+            qp.read(1, 0, 8, buf.take().expect("buf back"), 1)
+                .expect("read");
+            while qp.poll(1, |c| buf = c.buf).expect("poll") == 0 {}
+        }
+        // The 32nd consumed entry's head goes out at the next ring.
+        qp.poll(1, |_| {}).expect("poll");
+        let s = qp.stats();
+        assert_eq!((s.sq_doorbell_writes, s.cq_doorbell_writes), (40, 1));
         assert_eq!(c.register_reads, 0, "no register load on the I/O path");
         // A command the device holds back: empty polls look at CSTS once
         // per HEALTH_CHECK_INTERVAL.
