@@ -36,7 +36,9 @@ fn mcq_bring_up_sets_up_queues_and_reads_the_device() {
     assert_eq!(fake.lu_bytes(0, 10 * 4096, 8192), data);
     let s = qp.stats();
     assert_eq!((s.submitted, s.completed), (2, 2));
-    assert!(s.completion_reads >= 2 && s.cq_head_writes >= 2, "{s:?}");
+    // Two completions: CQTP read for each, CQHP not yet stored (it waits
+    // for 32 consumed entries).
+    assert!(s.completion_reads >= 2 && s.cq_head_writes == 0, "{s:?}");
 }
 
 #[test]

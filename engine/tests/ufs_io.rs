@@ -223,6 +223,64 @@ fn one_doorbell_per_batch_and_no_cqtp_read_when_idle() {
     assert_eq!(s2.completion_reads_skipped, s.completion_reads_skipped + 10);
 }
 
+/// Issue 28: CQHP is stored once 32 consumed entries have piled up (fewer
+/// where the ring has no room for that many over the depth), not after
+/// every poll that consumed something — one store per I/O at QD1. However
+/// deep the queue, the lag never lets the controller find the CQ full (the
+/// fake counts the fetches it cut short for want of a CQ slot).
+#[test]
+fn the_cq_head_is_stored_once_per_batch_and_the_cq_never_fills() {
+    const ENTRIES: u64 = 257;
+    for depth in [1u16, 16, 225, 240, 255] {
+        let cfg = mcqio_fixtures::ufs::UfsConfig {
+            mac: 256,
+            queue_depth: 255,
+            ..sync_cfg(true)
+        };
+        let (fake, ctrl) = up(cfg, mcqio::ufs::UfsOptions { depth, ..opts(1) });
+        let mut qp = ctrl.create_qpair(Default::default()).unwrap();
+        assert_eq!(qp.depth(), usize::from(depth));
+        let mut free: Vec<DmaBuf> = (0..depth)
+            .map(|_| ctrl.alloc_buf(4096, DmaDir::Bidirectional).unwrap())
+            .collect();
+        let total = 3 * ENTRIES + 10;
+        let (mut sent, mut done) = (0u64, 0u64);
+        let start = std::time::Instant::now();
+        while done < total {
+            while sent < total {
+                let Some(b) = free.pop() else { break };
+                qp.read(0, sent % 4096, 1, b, sent).unwrap();
+                sent += 1;
+            }
+            qp.submit();
+            // One to three completions a poll, resubmitted at once.
+            let max = 1 + (done % 3) as usize;
+            qp.poll(max, |c| {
+                assert!(c.result.is_ok(), "{:?}", c.result);
+                free.push(c.buf.expect("buffer back"));
+                done += 1;
+            })
+            .unwrap();
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(20),
+                "depth {depth}: stalled after {done} of {total} completions"
+            );
+        }
+        assert_eq!(
+            fake.stats().cq_full,
+            0,
+            "depth {depth}: the CQ was found full"
+        );
+        let batch = 32.min(ENTRIES - u64::from(depth));
+        let writes = qp.stats().cq_head_writes;
+        // A poll consumes up to 3, so a store releases batch..batch + 2.
+        assert!(
+            writes <= total / batch && writes >= total / (batch + 2) - 1,
+            "depth {depth}: {writes} CQHP stores for {total} completions (batch {batch})"
+        );
+    }
+}
+
 #[test]
 fn bad_inputs_are_typed_and_hand_the_buffer_back() {
     for mcq in [true, false] {

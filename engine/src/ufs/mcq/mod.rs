@@ -16,7 +16,9 @@
 //!   [`McqQueue::drain_posted`] stops at the first cleared entry instead
 //!   of reading entries of the ring's previous lap as new ones.
 //! - SQTP is written once per submit batch ([`McqQueue::flush`]), CQHP once
-//!   per poll that consumed entries.
+//!   32 consumed entries have piled up (fewer on a queue too deep for that
+//!   much room, see [`McqQueue::new`]): a head that lags is flow control
+//!   only, and the ring has room for it.
 //!
 //! The rings hold `entries` slots and at most `entries - 1` commands are
 //! ever outstanding (the caller's trackers bound it), so neither ring can
@@ -33,6 +35,11 @@ use mcqio_vfio::{barrier, DmaRegion, DoorbellHook};
 use super::spec::regs::ENTRY_SIZE;
 use super::spec::utrd::{McqCqe, Ocs, Utrd};
 use super::ucd::UcdSlice;
+
+/// Consumed CQ entries a queue leaves unreleased before it stores CQHP
+/// (as NVMe's queue pairs do): one store per poll was one per I/O at QD1
+/// (issue 28).
+const CQ_HEAD_BATCH: u32 = 32;
 
 /// A 32-bit operational register in the BAR, addressed once at setup.
 pub(crate) struct OpReg {
@@ -127,7 +134,7 @@ unsafe impl Send for McqRings {}
 pub struct McqStats {
     /// SQTP stores (one per submit batch).
     pub sq_doorbell_writes: u64,
-    /// CQHP stores (one per poll that consumed entries).
+    /// CQHP stores (one per 32 consumed entries, see [`McqQueue::new`]).
     pub cq_doorbell_writes: u64,
     /// CQTP reads (one per poll with commands outstanding).
     pub cqtp_reads: u64,
@@ -149,6 +156,10 @@ pub(crate) struct McqQueue {
     sq_rung: u32,
     /// Next CQ slot to consume.
     cq_head: u32,
+    /// Entries consumed since the last CQHP store.
+    cq_unreleased: u32,
+    /// Consumed entries that make a poll store CQHP.
+    cq_batch: u32,
     hook: Option<Arc<dyn DoorbellHook>>,
     pub stats: McqStats,
 }
@@ -179,8 +190,17 @@ impl McqQueue {
         self.rings.regs.cqis.write(TEPS);
     }
 
-    pub fn new(rings: McqRings, hook: Option<Arc<dyn DoorbellHook>>) -> Self {
+    /// The queue on `rings` for a queue pair of at most `depth` commands
+    /// outstanding (`depth < rings.entries`).
+    ///
+    /// CQHP is stored once [`CQ_HEAD_BATCH`] consumed entries have piled
+    /// up, or `entries - depth` if that is smaller. The controller finds
+    /// the CQ full at `entries - 1` posted and unreleased entries; after a
+    /// poll fewer than the batch are unreleased and at most `depth`
+    /// commands are outstanding, so that never happens.
+    pub fn new(rings: McqRings, hook: Option<Arc<dyn DoorbellHook>>, depth: u16) -> Self {
         let entries = u32::from(rings.entries);
+        debug_assert!(u32::from(depth) < entries);
         debug_assert!(rings.sq.len() >= entries as usize * ENTRY_SIZE as usize);
         debug_assert!(rings.cq.len() >= entries as usize * ENTRY_SIZE as usize);
         let mut q = McqQueue {
@@ -189,6 +209,10 @@ impl McqQueue {
             sq_tail: rings.sq_tail,
             sq_rung: rings.sq_tail,
             cq_head: rings.cq_head,
+            cq_unreleased: 0,
+            cq_batch: CQ_HEAD_BATCH
+                .min(entries.saturating_sub(u32::from(depth)))
+                .max(1),
             rings,
             entries,
             hook,
@@ -202,16 +226,15 @@ impl McqQueue {
     /// previous owner's last poll (nothing was outstanding then, so each is
     /// a stale or duplicate one) are cleared and released unread. Their
     /// addresses name the previous owner's command descriptors, which the
-    /// new owner's may reuse.
+    /// new owner's may reuse. CQHP is stored even when there are none: the
+    /// previous owner may have left consumed entries unreleased (its
+    /// batch), which this owner's count would not include.
     fn discard_leftovers(&mut self) {
         let tail = self.rings.regs.cqtp.read();
         if tail % ENTRY_SIZE != 0 || tail / ENTRY_SIZE >= self.entries {
             return;
         }
         let tail = tail / ENTRY_SIZE;
-        if tail == self.cq_head {
-            return;
-        }
         let mut n = 0u32;
         while self.cq_head != tail {
             // SAFETY: `cq_head < entries`, inside the CQ ring this value
@@ -228,10 +251,12 @@ impl McqQueue {
         if let Some(h) = &self.hook {
             h.rung(self.rings.regs.cqhp.offset(), v);
         }
-        log::debug!(
-            "UFS queue {}: {n} completion entries left by the previous owner discarded",
-            self.rings.index
-        );
+        if n > 0 {
+            log::debug!(
+                "UFS queue {}: {n} completion entries left by the previous owner discarded",
+                self.rings.index
+            );
+        }
     }
 
     /// Hardware queue index (the SQ id in CQEs).
@@ -273,6 +298,8 @@ impl McqQueue {
         self.sq_tail = sq_tail;
         self.sq_rung = sq_tail;
         self.cq_head = cq_head;
+        // The re-created queue's CQHP is `cq_head`: nothing unreleased.
+        self.cq_unreleased = 0;
     }
 
     /// Overwrite every SQ slot with `nullified` (before the queue is
@@ -355,7 +382,8 @@ impl McqQueue {
     }
 
     /// Consume up to `max` completion entries, calling `f(ucd, ocs)` for
-    /// each; one CQTP read, and one CQHP store if anything was consumed.
+    /// each; one CQTP read, and one CQHP store once the batch of consumed
+    /// entries (see [`McqQueue::new`]) has piled up.
     /// `outstanding == 0` skips the register read (nothing can arrive that
     /// the caller would accept; a stray entry waits for the next busy poll).
     #[inline]
@@ -411,6 +439,11 @@ impl McqQueue {
         if n == 0 {
             return Reaped::Entries(0);
         }
+        self.cq_unreleased += n as u32;
+        if self.cq_unreleased < self.cq_batch {
+            return Reaped::Entries(n);
+        }
+        self.cq_unreleased = 0;
         // Our reads of the consumed entries, and the stores that cleared
         // their addresses, are done before the controller may reuse them:
         // the CQHP store comes after them in program order, the loads are

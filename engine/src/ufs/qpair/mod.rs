@@ -172,7 +172,8 @@ pub struct UfsQpairStats {
     pub stale_completions: u64,
     /// Doorbell stores: SQTP (MCQ) or UTRLDBR (legacy), one per batch.
     pub doorbell_writes: u64,
-    /// CQHP stores (MCQ), one per poll that consumed entries.
+    /// CQHP stores (MCQ), one per 32 consumed entries (fewer on a queue
+    /// too deep for that much room in its ring).
     pub cq_head_writes: u64,
     /// Register reads to find completions: CQTP (MCQ) or UTRLDBR (legacy),
     /// one per poll with commands outstanding.
@@ -311,7 +312,7 @@ impl UfsController {
                     )));
                 };
                 let pooled = r.ucds.take();
-                (Transport::Mcq(McqQueue::new(r, hook)), base, pooled)
+                (Transport::Mcq(McqQueue::new(r, hook, depth)), base, pooled)
             }
             (Pool::Legacy(list), _) => {
                 let Some(l) = list.take() else {
