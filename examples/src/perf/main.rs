@@ -372,9 +372,9 @@ struct RunArgs {
     force: bool,
     /// The engine alone: one queue pair on the first device, reads kept at
     /// -q in flight until -n completed (default 1000000), nothing per I/O
-    /// but read, submit, poll and a counter (no LBA generator, clock or
-    /// statistics); prints one line. For telling engine cost from tool
-    /// cost (callgrind, strace)
+    /// but read, submit, poll and a counter (no clock or statistics; random
+    /// positions, or in order with -w read); prints one line. For telling
+    /// engine cost from tool cost (callgrind, strace)
     #[arg(long)]
     minimal: bool,
 }
@@ -556,6 +556,15 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
             io_queue_size: o.io_queue_size,
             io_size: o.io_size,
             ios: o.ios.unwrap_or(1_000_000),
+            random: match args.pattern {
+                Pattern::Randread => true,
+                Pattern::Read => false,
+                _ => {
+                    return Err(PerfError::Usage(
+                        "--minimal only reads: use -w randread (the default) or -w read".into(),
+                    ))
+                }
+            },
             cpus: o.cpus.clone(),
         };
         let r = minimal::run(spec, &m)?;
