@@ -281,6 +281,18 @@ impl fmt::Display for DeviceSpec {
     }
 }
 
+/// A switch option `key=v`: on (`on`, `1`, `true`, `yes`) or off (`off`,
+/// `0`, `false`, `no`); anything else is refused, naming what each means.
+fn on_off(key: &str, v: &str, on: &str, off: &str) -> Result<bool, SpecError> {
+    match v {
+        "on" | "1" | "true" | "yes" => Ok(true),
+        "off" | "0" | "false" | "no" => Ok(false),
+        _ => Err(SpecError(format!(
+            "{key}={v}: use on ({on}) or off ({off})"
+        ))),
+    }
+}
+
 const FAKE_KEYS: &[&str] = &[
     "lbs", "lbads", "ns", "size", "corrupt", "error", "latency", "qpairs", "core", "sync",
 ];
@@ -587,27 +599,14 @@ impl std::str::FromStr for DeviceSpec {
                     }
                     opts.nand_units = Some(n as u32);
                 }
-                "mcq" => {
-                    opts.mcq = Some(match v {
-                        "on" | "1" | "true" | "yes" => true,
-                        "off" | "0" | "false" | "no" => false,
-                        _ => {
-                            return err(format!(
-                                "mcq={v}: use on (MCQ) or off (legacy single doorbell)"
-                            ))
-                        }
-                    })
-                }
+                "mcq" => opts.mcq = Some(on_off(k, v, "MCQ", "legacy single doorbell")?),
                 "shadow" => {
-                    opts.shadow = Some(match v {
-                        "on" | "1" | "true" | "yes" => true,
-                        "off" | "0" | "false" | "no" => false,
-                        _ => {
-                            return err(format!(
-                                "shadow={v}: use on (shadow doorbells when the NVMe controller offers them) or off (doorbell registers only, the default)"
-                            ))
-                        }
-                    })
+                    opts.shadow = Some(on_off(
+                        k,
+                        v,
+                        "shadow doorbells when the NVMe controller offers them",
+                        "doorbell registers only, the default",
+                    )?)
                 }
                 "queues" | "lus" => {
                     let n = num(v)?;

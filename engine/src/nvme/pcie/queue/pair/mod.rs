@@ -934,11 +934,15 @@ mod tests {
         };
         let mut qp = ctrl.create_qpair(opts).expect("qpair");
         let mut buf = Some(ctrl.alloc_buf(4096, DmaDir::Bidirectional).expect("buf"));
-        for _ in 0..10 {
-            qp.read(1, 0, 8, buf.take().expect("buf back"), 1)
-                .expect("read");
-            while qp.poll(1, |c| buf = c.buf).expect("poll") == 0 {}
-        }
+        // `n` reads one after the other (QD1).
+        let mut reads = |qp: &mut QueuePair, n: usize| {
+            for _ in 0..n {
+                qp.read(1, 0, 8, buf.take().expect("buf back"), 1)
+                    .expect("read");
+                while qp.poll(1, |c| buf = c.buf).expect("poll") == 0 {}
+            }
+        };
+        reads(&mut qp, 10);
         qp.poll(1, |_| {}).expect("poll");
         let c = qp.counters();
         let s = qp.stats();
@@ -949,11 +953,7 @@ mod tests {
         // QD1: one SQ tail store per I/O; the CQ head waits for 32
         // consumed entries.
         assert_eq!((s.sq_doorbell_writes, s.cq_doorbell_writes), (10, 0));
-        for _ in 0..30 {
-            qp.read(1, 0, 8, buf.take().expect("buf back"), 1)
-                .expect("read");
-            while qp.poll(1, |c| buf = c.buf).expect("poll") == 0 {}
-        }
+        reads(&mut qp, 30);
         // The 32nd consumed entry's head goes out at the next ring.
         qp.poll(1, |_| {}).expect("poll");
         let s = qp.stats();
