@@ -8,8 +8,8 @@
 //!
 //! Each slot's buffer is reused for every read of that slot. The reads go
 //! to random positions of the namespace (or LU; the first 2^20 positions)
-//! with `-w randread`, the default — an xorshift step and a multiply, a few
-//! instructions — or walk them in order with `-w read`. On an emulated
+//! with `-w randread`, the default — the job loop's generator
+//! (`workload::Rng`), a few instructions — or walk them in order with `-w read`. On an emulated
 //! controller the two cost the device differently (QEMU's NVMe read 25%
 //! more I/Os per second in order at QD16), so the loop reads as the paths
 //! it is compared with do.
@@ -22,6 +22,7 @@ use crate::run::{DmaMode, PerfError};
 use crate::slots::{BlockJobQueue, SlotBuf};
 use crate::spec::DeviceSpec;
 use crate::target::{OpenPlan, Target};
+use crate::workload::Rng;
 
 /// What one minimal run did.
 #[derive(Debug, Clone, PartialEq)]
@@ -146,8 +147,7 @@ fn spin<Q: BlockQueue<Buf = SlotBuf>>(
     free.truncate(q.qp.depth());
     let before = q.qp.counters();
     let (mut issued, mut done, mut pos) = (0u64, 0u64, 0u64);
-    // xorshift64 (any non-zero seed).
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rng = Rng::new(1);
     let mut lost = false;
     let t = Instant::now();
     while done < ios {
@@ -165,11 +165,7 @@ fn spin<Q: BlockQueue<Buf = SlotBuf>>(
                 }
             }
             if random {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                // Multiply-high: uniform below `positions`, no division.
-                pos = ((u128::from(x) * u128::from(positions)) >> 64) as u64;
+                pos = rng.below(positions);
             } else {
                 pos += 1;
                 if pos == positions {
