@@ -178,7 +178,7 @@ pub mod core;
 pub mod nvme;
 pub mod ufs;
 
-pub use self::core::asyncio::{AsyncQueue, IoFuture};
+pub use self::core::asyncio::{AsyncQueue, IoFuture, WrapError, WrapErrorKind};
 pub use self::core::block::{BlockDevice, BlockUnit};
 pub use self::core::error::{Error, Result};
 pub use self::core::io::{

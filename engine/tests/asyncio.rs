@@ -143,7 +143,7 @@ fn many_futures_on_nvme_more_than_the_queue_holds() {
             })
             .unwrap();
         let depth = qp.depth();
-        let aq = AsyncQueue::new(qp);
+        let aq = AsyncQueue::new(qp).expect("an idle queue pair");
         // Four times the queue's depth: futures wait for slots (queue
         // full is Pending, never an error).
         let n = 4 * depth as u64;
@@ -165,7 +165,7 @@ fn many_futures_on_ufs_mcq_and_legacy_sync_and_threaded() {
         let (_f, ctrl) = ufs::up(cfg, ufs::opts(1));
         let qp = ctrl.create_qpair(Default::default()).unwrap();
         let n = 3 * qp.depth() as u64;
-        let aq = AsyncQueue::new(qp);
+        let aq = AsyncQueue::new(qp).expect("an idle queue pair");
         write_then_read(&aq, 0u8, 4096, n, &|l| {
             ctrl.alloc_buf(l, DmaDir::Bidirectional).unwrap()
         });
@@ -176,7 +176,8 @@ fn many_futures_on_ufs_mcq_and_legacy_sync_and_threaded() {
 #[test]
 fn caller_driven_futures_complete_through_wait() {
     let (_f, ctrl) = ufs::up(ufs::threaded_cfg(true, 1), ufs::opts(1));
-    let aq = AsyncQueue::caller_driven(ctrl.create_qpair(Default::default()).unwrap());
+    let aq = AsyncQueue::caller_driven(ctrl.create_qpair(Default::default()).unwrap())
+        .expect("an idle queue pair");
     let flag = Arc::new(Flag(AtomicBool::new(false)));
     let waker = Waker::from(flag.clone());
     let mut cx = Context::from_waker(&waker);
@@ -206,7 +207,8 @@ fn caller_driven_futures_complete_through_wait() {
 #[test]
 fn bad_input_resolves_once_with_the_buffer() {
     let (_fake, ctrl) = nvme::open(nvme::config(ExecMode::Sync, 5));
-    let aq = AsyncQueue::new(ctrl.create_qpair(Default::default()).unwrap());
+    let aq = AsyncQueue::new(ctrl.create_qpair(Default::default()).unwrap())
+        .expect("an idle queue pair");
     let tasks: Vec<Task<'_, DmaBuf>> = vec![
         Box::pin(aq.read(1u32, u64::MAX - 1, 1, nvme::buf(&ctrl, 512))),
         Box::pin(aq.read(9u32, 0, 1, nvme::buf(&ctrl, 512))),
@@ -275,7 +277,7 @@ fn a_future_dropped_early_leaves_its_buffer_with_the_queue_until_the_completion(
             })
             .unwrap();
         let qid = qp.qid();
-        let aq = AsyncQueue::new(qp);
+        let aq = AsyncQueue::new(qp).expect("an idle queue pair");
         let flag = Arc::new(Flag(AtomicBool::new(false)));
         let waker = Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);
@@ -350,14 +352,13 @@ fn a_future_dropped_early_leaves_its_buffer_with_the_queue_until_the_completion(
     }
 }
 
-/// The keeper's command ends and the future it hands over to completes
-/// in the same pass: that future resolves without polling the queue, so
-/// it must pass the keeper on too, or the commands still in flight (whose
-/// futures returned `Pending` without waking themselves) are never polled
-/// again. Two reads ending after 50 ms and a write ending after 300 ms, in
-/// both slot orders (the hand-over picks the lowest slot in flight).
+/// A future whose command ends while another polls the queue resolves
+/// without polling the queue itself; the commands still in flight must
+/// keep being polled (the old driver's hand-over of its one "keeper"
+/// needed a test of its own for this). Two reads ending after 50 ms and a
+/// write ending after 300 ms, in both slot orders.
 #[test]
-fn a_future_that_takes_over_the_keeper_and_resolves_at_once_passes_it_on() {
+fn futures_that_resolve_without_polling_the_queue_leave_the_others_polled() {
     for write_second in [false, true] {
         let (fake, ctrl) = nvme::open(nvme::config(ExecMode::Sync, 5));
         let qp = ctrl
@@ -367,7 +368,7 @@ fn a_future_that_takes_over_the_keeper_and_resolves_at_once_passes_it_on() {
             })
             .unwrap();
         let qid = qp.qid();
-        let aq = AsyncQueue::new(qp);
+        let aq = AsyncQueue::new(qp).expect("an idle queue pair");
         for (opcode, ms) in [(0x02u8, 50u64), (0x02, 50), (0x01, 300)] {
             fake.faults().inject_next(
                 Some(qid),
@@ -406,7 +407,7 @@ fn a_timeout_resolves_its_future_with_timed_out_and_the_buffer() {
             None,
             Fault::Delay(Duration::from_secs(3600)),
         );
-        let aq = AsyncQueue::new(qp);
+        let aq = AsyncQueue::new(qp).expect("an idle queue pair");
         let tasks: Vec<Task<'_, DmaBuf>> = (0..6)
             .map(|i| Box::pin(aq.read(1u32, i, 1, nvme::buf(&ctrl, 512))) as Task<'_, DmaBuf>)
             .collect();
@@ -440,7 +441,7 @@ fn a_reset_resolves_every_pending_future_once_with_aborted_by_reset() {
             })
             .unwrap();
         let qid = qp.qid();
-        let aq = AsyncQueue::new(qp);
+        let aq = AsyncQueue::new(qp).expect("an idle queue pair");
         let n = 5;
         // One more, whose future is dropped while the device holds it.
         for _ in 0..=n {
@@ -527,7 +528,7 @@ fn split_transfers_that_fill_the_queue_before_the_slots_do_wait_instead_of_faili
             qp.max_transfer() < 32 << 10,
             "{mode:?}: the reads must split"
         );
-        let aq = AsyncQueue::new(qp);
+        let aq = AsyncQueue::new(qp).expect("an idle queue pair");
         let block = 32 << 10;
         let data = |i: usize| -> Vec<u8> { (0..block).map(|k| (k / 512 + i * 13) as u8).collect() };
         let writes: Vec<Task<'_, DmaBuf>> = (0..12)
@@ -583,7 +584,8 @@ fn ufs_reset_and_timeout_resolve_pending_futures_once() {
         // Reset: the device drops the completions; the host controller
         // reset ends each future once, with its buffer.
         let (f, ctrl) = ufs::up(ufs::sync_cfg(mcq), ufs::opts(1));
-        let aq = AsyncQueue::new(ctrl.create_qpair(Default::default()).unwrap());
+        let aq = AsyncQueue::new(ctrl.create_qpair(Default::default()).unwrap())
+            .expect("an idle queue pair");
         let flag = Arc::new(Flag(AtomicBool::new(false)));
         let waker = Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);
@@ -618,7 +620,7 @@ fn ufs_reset_and_timeout_resolve_pending_futures_once() {
                 ..Default::default()
             })
             .unwrap();
-        let aq = AsyncQueue::new(qp);
+        let aq = AsyncQueue::new(qp).expect("an idle queue pair");
         f.faults().inject_next(
             None,
             Some(READ10),
@@ -657,7 +659,7 @@ fn a_controller_failure_resolves_pending_futures_once_and_refuses_new_ones() {
             })
             .unwrap();
         let qid = qp.qid();
-        let aq = AsyncQueue::new(qp);
+        let aq = AsyncQueue::new(qp).expect("an idle queue pair");
         let flag = Arc::new(Flag(AtomicBool::new(false)));
         let waker = Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);
@@ -719,7 +721,7 @@ fn futures_dropped_at_random_points_never_free_a_buffer_the_device_still_holds()
             ..Default::default()
         })
         .unwrap();
-    let aq = AsyncQueue::new(qp);
+    let aq = AsyncQueue::new(qp).expect("an idle queue pair");
     let mut rng = nvme::rng(26);
     let n = 300;
     let mut drops = Vec::new();
@@ -812,7 +814,8 @@ fn flush_and_deallocate_futures_resolve_beside_reads_and_writes() {
     }
     for mode in nvme::modes() {
         let (_fake, ctrl) = nvme::open(nvme::config(mode.clone(), 5));
-        let aq = AsyncQueue::new(ctrl.create_qpair(QpairOptions::default()).unwrap());
+        let aq = AsyncQueue::new(ctrl.create_qpair(QpairOptions::default()).unwrap())
+            .expect("an idle queue pair");
         mixed(&aq, 1u32, (0..6).map(|_| nvme::buf(&ctrl, 512)).collect());
         // Refused: no such namespace; the refusal carries no buffer.
         let flag = Arc::new(Flag(AtomicBool::new(false)));
@@ -829,7 +832,8 @@ fn flush_and_deallocate_futures_resolve_beside_reads_and_writes() {
         aq.close().unwrap();
     }
     let (_f, ctrl) = ufs::up(ufs::threaded_cfg(true, 1), ufs::opts(1));
-    let aq = AsyncQueue::new(ctrl.create_qpair(Default::default()).unwrap());
+    let aq = AsyncQueue::new(ctrl.create_qpair(Default::default()).unwrap())
+        .expect("an idle queue pair");
     mixed(
         &aq,
         0u8,

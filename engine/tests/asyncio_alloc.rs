@@ -118,7 +118,7 @@ fn futures_allocate_nothing_per_io() {
     let base = direct(&mut qp, &mut bufs);
     qp.close(|_| ()).unwrap();
 
-    let aq = AsyncQueue::new(ctrl.create_qpair(opts).unwrap());
+    let aq = AsyncQueue::new(ctrl.create_qpair(opts).unwrap()).expect("an idle queue pair");
     let waker = Waker::from(Arc::new(Noop));
     futures(&aq, &mut bufs, &waker); // warm up
     let with_futures = futures(&aq, &mut bufs, &waker);

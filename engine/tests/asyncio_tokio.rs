@@ -156,7 +156,7 @@ impl<F: Future> Future for Counted<F> {
 
 #[test]
 fn a_slow_command_is_awaited_asleep_not_by_spinning_the_executor() {
-    // The device holds a read for 300 ms. A spinning keeper would be
+    // The device holds a read for 300 ms. A spinning driver would be
     // polled millions of times; a sleeping one a few times per slice
     // (10 ms) that no interrupt ends, plus the rounds of its interrupt.
     let (fake, ctrl) = nvme::open(nvme::config(threaded(), 5));
@@ -183,7 +183,7 @@ fn a_slow_command_is_awaited_asleep_not_by_spinning_the_executor() {
         let c = aq.with_queue(|q| q.counters());
         assert!(
             polls <= 3 * slices + 8,
-            "{polls} polls in {took:?}: the keeper spun ({c:?})"
+            "{polls} polls in {took:?}: the future spun ({c:?})"
         );
         assert!(c.interrupt_sleeps > 0, "{c:?}");
         aq.close().unwrap();
@@ -354,7 +354,7 @@ fn a_future_dropped_by_a_tokio_timeout_leaves_its_buffer_until_the_completion() 
 }
 
 #[test]
-fn an_io_timeout_resolves_its_future_while_the_keeper_sleeps() {
+fn an_io_timeout_resolves_its_future_while_the_queue_sleeps() {
     // The device never completes the first read: no interrupt comes, the
     // keeper's slices keep the timeout due, the abort ends it.
     let (fake, ctrl) = nvme::open(nvme::config(threaded(), 5));
@@ -543,6 +543,65 @@ fn a_reset_with_futures_pending_resolves_each_once_and_the_queue_serves_again() 
             8,
             Rc::new(move |l| c2.alloc_buf(l, DmaDir::Bidirectional).unwrap()),
         )
+        .await;
+        Rc::try_unwrap(aq).ok().unwrap().close().unwrap();
+    });
+}
+
+/// Issue 39 item 1 on tokio: task A polls its read until it sleeps on the
+/// queue's interrupt, then awaits something else for good, keeping the
+/// future alive (as a `select!` over `&mut a` whose other branch won);
+/// the main task's read must still resolve once the device completed it
+/// (20 ms), though A's task never polls A again. The old driver let only
+/// A sleep on the interrupt, so the wake-up went to A's task alone.
+#[test]
+fn a_future_left_unpolled_by_its_task_does_not_stall_the_others() {
+    let (_fake, ctrl) = nvme::open(mcqio_fixtures::FakeConfig {
+        latency: Duration::from_millis(20),
+        ..nvme::config(threaded(), 5)
+    });
+    let rt = runtime();
+    let local = LocalSet::new();
+    local.block_on(&rt, async {
+        let aq = Rc::new(AsyncQueue::tokio(ctrl.create_qpair(irq(8)).unwrap()).unwrap());
+        let (parked_tx, parked_rx) = tokio::sync::oneshot::channel::<()>();
+        let (end_tx, end_rx) = tokio::sync::oneshot::channel::<()>();
+        let a_task = {
+            let (aq, buf) = (aq.clone(), nvme::buf(&ctrl, 512));
+            tokio::task::spawn_local(async move {
+                let mut a = aq.read(1u32, 0, 1, buf);
+                for _ in 0..4 {
+                    std::future::poll_fn(|cx| {
+                        let _ = Pin::new(&mut a).poll(cx);
+                        Poll::Ready(())
+                    })
+                    .await;
+                }
+                parked_tx.send(()).unwrap();
+                // Alive and never polled until the end.
+                let _ = end_rx.await;
+                drop(a);
+            })
+        };
+        parked_rx.await.unwrap();
+        // B in a task of its own: the LocalSet polls its main future
+        // whenever any of its tasks is woken, so a read awaited here would
+        // be polled by A's wake-ups.
+        let b = {
+            let (aq, buf) = (aq.clone(), nvme::buf(&ctrl, 512));
+            tokio::task::spawn_local(async move { ok(aq.read(1u32, 8, 1, buf).await).buf })
+        };
+        let b = tokio::time::timeout(Duration::from_secs(5), b)
+            .await
+            .expect("B's read completed on the device, but B was never woken while A sat unpolled");
+        assert!(b.unwrap().is_some());
+        end_tx.send(()).unwrap();
+        a_task.await.unwrap();
+        // A's command ended with its future dropped: the driver took it.
+        until(|| {
+            aq.drive().unwrap();
+            aq.in_flight() == 0
+        })
         .await;
         Rc::try_unwrap(aq).ok().unwrap().close().unwrap();
     });

@@ -471,7 +471,7 @@ fn run_all<B>(tasks: Vec<Task<'_, B>>) -> Vec<Out<B>> {
 fn async_futures_on_a_waiting_tcp_queue_pair() {
     let t = slow(Duration::from_micros(500));
     let c = connect(&t, TcpOptions::default());
-    let aq = AsyncQueue::new(qpair(&c, 8, WaitPolicy::Interrupt));
+    let aq = AsyncQueue::new(qpair(&c, 8, WaitPolicy::Interrupt)).expect("an idle queue pair");
     let n = 40u64;
     let writes: Vec<Task<'_, DmaBuf>> = (0..n)
         .map(|i| {
@@ -504,7 +504,8 @@ fn async_futures_on_a_waiting_tcp_queue_pair() {
     let mut w = qpair(&c, 8, WaitPolicy::Poll);
     io_wait(&mut w, &c, false, 3, &pattern(512, 3));
     w.close(drop).unwrap();
-    let aq = AsyncQueue::caller_driven(qpair(&c, 8, WaitPolicy::Interrupt));
+    let aq =
+        AsyncQueue::caller_driven(qpair(&c, 8, WaitPolicy::Interrupt)).expect("an idle queue pair");
     let flag = Arc::new(Flag(AtomicBool::new(false)));
     let waker = Waker::from(flag.clone());
     let mut cx = Context::from_waker(&waker);

@@ -20,7 +20,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let backend: Arc<dyn Backend> = mcqio_fixtures::FakeController::new(Default::default())?;
 //! let ctrl = Controller::new(backend, ControllerOptions::default())?;
-//! let aq = AsyncQueue::new(ctrl.create_qpair(Default::default())?);
+//! let aq = AsyncQueue::new(ctrl.create_qpair(Default::default())?)?;
 //! let mut buf = ctrl.alloc_buf(512, DmaDir::Bidirectional)?;
 //! buf.fill(7);
 //! // Any executor; here the simplest: poll until ready.
@@ -51,11 +51,23 @@
 //! # }
 //! ```
 //!
+//! # Wrapping a queue pair
+//!
+//! The driver tags each command with its slot's index, so every
+//! completion the queue pair delivers must be one of the driver's: the
+//! constructors refuse a queue pair that still has commands of its own
+//! (in flight, or ended and held for its next poll) with a
+//! [`WrapError`] that gives it back ([`WrapError::into_queue`]); poll them
+//! out, then wrap it. A future only ever resolves with the completion of
+//! the command it submitted. Should a completion ever name no command of
+//! the driver in flight, it is kept, with its buffer, for
+//! [`AsyncQueue::take_strays`] — never handed to a future, never dropped.
+//!
 //! # No allocation per I/O
 //!
 //! The slot table is sized by the queue pair's depth and created once, in
-//! [`AsyncQueue::new`]; a command's tag is its slot's index. A future
-//! stores its task's [`Waker`] in its slot (a clone is a reference-count
+//! the constructor; a command's tag is its slot's index. A future stores
+//! its task's [`Waker`] in its slot (a clone is a reference-count
 //! increment for the usual wakers, and is skipped when the task did not
 //! change). The only list that may grow is the one of futures waiting for
 //! a free slot: it starts with room for one waiter per slot and keeps what
@@ -78,12 +90,14 @@
 //! # Queue full
 //!
 //! A future that finds no free slot, or whose submission the queue pair
-//! refuses with [`SubmitErrorKind::QueueFull`] (a split transfer or the
-//! wire's own commands may hold trackers beyond the slots), does not fail:
-//! it returns `Pending` and is woken when a slot frees (or, if nothing of
-//! this driver is in flight to free one, asks to be polled again at once).
-//! Every waiter is woken when a slot frees; the first polled takes it and
-//! the others register again (no order among waiters is kept).
+//! refuses with [`SubmitErrorKind::QueueFull`](super::io::SubmitErrorKind)
+//! (a split transfer or the wire's own commands may hold trackers beyond
+//! the slots), does not fail: it returns `Pending` until a slot frees.
+//! Every waiter is woken when a slot frees, through the waker of its most
+//! recent poll; the first polled takes it and the others wait again (no
+//! order among waiters is kept). With nothing of this driver in flight to
+//! free a slot (the wire's own commands hold the queue), a waiter asks to
+//! be polled again at once.
 //!
 //! # Errors, exactly once
 //!
@@ -100,40 +114,77 @@
 //! it comes after the completions that ended every command) is kept for
 //! [`AsyncQueue::take_error`] and returned by [`AsyncQueue::drive`].
 //!
-//! # Who keeps polling
+//! # Who keeps polling, and what is guaranteed
 //!
 //! The engine is polled: nothing completes unless someone polls the queue
-//! pair. By default ([`AsyncQueue::new`]) one pending future at a time —
-//! the *keeper* — wakes its own task after each poll, so an executor that
-//! polls woken tasks keeps polling the queue pair, once per round however
-//! many futures are pending; the others sleep until their completion
-//! wakes them. When the keeper's command ends (or it is dropped), the
-//! driver wakes another pending future, which takes over. With
-//! [`AsyncQueue::caller_driven`] no future wakes itself: the application
-//! calls [`drive`](AsyncQueue::drive) or [`wait`](AsyncQueue::wait)
-//! (which may sleep on the queue's interrupt) between executor rounds.
-//! With the `tokio` feature, `AsyncQueue::tokio` makes a driver whose
-//! keeper sleeps on the queue's interrupt in tokio's reactor instead of
-//! waking itself (module `on_tokio`, issue 26 item 3 b): the thread sleeps
-//! in epoll while futures are pending, with the same slots, futures and
-//! buffer rule.
+//! pair. No future depends on another one being polled: a future that is
+//! alive but not polled (a `select!` over `&mut fut` whose other branch
+//! won, a future stored while its task awaits something else, a task
+//! blocked elsewhere) holds up nobody.
+//!
+//! - [`AsyncQueue::new`]: **every pending future drives.** Each returns
+//!   `Pending` having woken its own task, so an executor that polls woken
+//!   tasks polls every pending future once per round. A pending future
+//!   polls the queue pair only if nobody did since its own last poll (or
+//!   it queued a command not yet rung), so the queue is polled about once
+//!   per round however many futures are pending, by whichever is polled
+//!   first. Guarantee: a future whose command completed resolves at its
+//!   task's next poll after the queue's next poll, and the queue is polled
+//!   at least once in any two polls of the same pending future, whatever
+//!   the other futures' tasks do. The price: every pending future's task
+//!   is polled every round (for many tasks on one queue, `caller_driven`
+//!   with a loop that drives, or the `tokio` driver, poll less).
+//! - [`AsyncQueue::caller_driven`]: **the caller drives.** No future wakes
+//!   itself; [`drive`](AsyncQueue::drive) and [`wait`](AsyncQueue::wait)
+//!   (which may sleep on the queue's interrupt) record completions and
+//!   wake their futures. A polled pending future also polls the queue
+//!   when nobody did since its last poll. Guarantee: a future whose
+//!   command completed is woken by the first `drive` or `wait` after the
+//!   completion arrived. Exception: nothing completes while the caller
+//!   does not drive and no future is polled.
+//! - With the `tokio` feature, `AsyncQueue::tokio`: **the futures sleep on
+//!   the queue's interrupt in tokio's reactor** (module `on_tokio`). The
+//!   sleep's waker wakes *every* pending future (each keeps its waker in a
+//!   cell of its own), so whichever of them is polled first after the
+//!   interrupt polls the queue and sleeps again for all. Guarantee: a
+//!   future whose command completed is woken within one interrupt or one
+//!   wait slice (10 ms; 1 ms on a shared notifier), whatever the other
+//!   futures' tasks do. Exceptions: while a hybrid spin runs, pending
+//!   futures wake their own tasks as with `new`; a future waiting for a
+//!   slot beyond the first `depth` waiters has no cell and is woken only
+//!   when a slot frees, which needs some other pending future of this
+//!   queue to be polled.
 
 use std::cell::RefCell;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::Waker;
 use std::time::Duration;
 
 use super::block::BlockQueue;
 use super::error::{Error, Result};
-use super::io::{Completion, SubmitError, SubmitErrorKind};
+use super::io::Completion;
 
+mod command;
+mod future;
 #[cfg(feature = "tokio")]
 mod on_tokio;
 
-/// Most rounds of the keeper's wait in one poll of its future.
-#[cfg(feature = "tokio")]
-const MAX_ROUNDS: u32 = 8;
+pub use command::{Command, Data, NoData};
+pub use future::IoFuture;
+
+/// Who keeps the queue pair polled (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// [`AsyncQueue::caller_driven`]: the application, through
+    /// [`AsyncQueue::drive`] or [`AsyncQueue::wait`].
+    Caller,
+    /// [`AsyncQueue::new`]: every pending future, each waking its own
+    /// task after each poll.
+    Spin,
+    /// `AsyncQueue::tokio`: every pending future, sleeping on the queue's
+    /// interrupt in tokio's reactor.
+    #[cfg(feature = "tokio")]
+    Reactor,
+}
 
 /// What a slot of the table holds.
 enum Slot<B> {
@@ -151,8 +202,7 @@ enum Slot<B> {
 struct Inner<Q: BlockQueue> {
     qp: Q,
     t: Table<Q::Buf>,
-    /// Where the keeper sleeps when its poll found nothing (`None`: it
-    /// wakes its own task, or nobody keeps the queue polled).
+    /// Where the futures sleep (`AsyncQueue::tokio` only).
     #[cfg(feature = "tokio")]
     reactor: Option<on_tokio::Reactor>,
 }
@@ -162,49 +212,42 @@ struct Table<B> {
     slots: Box<[Slot<B>]>,
     /// Free slot indices (a stack, capacity = slots).
     free: Vec<u32>,
-    /// Wakers of futures waiting for a free slot, and the round they
-    /// registered in (a future registers once per round).
+    /// Wakers of futures waiting for a free slot, woken all at once when
+    /// one frees (then the round ends and the list starts again). A future
+    /// registers once per round and replaces its own entry when a later
+    /// poll comes with another waker.
     full: Vec<Waker>,
     full_round: u64,
     /// A slot was freed since the full-waiters were last woken.
     freed: bool,
     /// Wakers to call once the borrow is released (capacity = slots).
     wakes: Vec<Waker>,
-    /// The slot whose future wakes itself to keep the queue polled.
-    keeper: Option<u32>,
-    self_driving: bool,
+    mode: Mode,
+    /// Polls of the queue pair so far: a pending future polls the queue
+    /// only if nobody did since its own last poll (see `IoFuture`).
+    drives: u64,
+    /// A command was queued and its doorbell not rung yet: the next poll
+    /// of any pending future polls the queue.
+    queued: bool,
     error: Option<Error>,
     in_flight: usize,
+    /// Completions whose tag names no slot in flight. The constructors
+    /// refuse a queue pair with commands of its own, so none should ever
+    /// come; if one does, it is kept here (with its buffer), never handed
+    /// to a future and never dropped ([`AsyncQueue::take_strays`]).
+    strays: Vec<Completion<B>>,
 }
 
 impl<Q: BlockQueue> Inner<Q> {
     /// Poll the queue pair once: record completions, queue their wakers.
     fn drive(&mut self) -> Result<usize> {
+        self.t.drives = self.t.drives.wrapping_add(1);
+        self.t.queued = false;
         self.qp.submit();
         let Inner { qp, t, .. } = self;
         let r = qp.poll(t.slots.len(), |c| t.record(c));
         t.settle();
         r
-    }
-
-    /// The keeper's poll found nothing of its own, in its `rounds`th
-    /// round of this poll: sleep on the queue's interrupt where a reactor
-    /// watches it, else have the executor poll it again. `true`: poll the
-    /// queue again now; `false`: return `Pending` (the wake-up arranged).
-    fn keep(&mut self, cx: &mut Context<'_>, rounds: u32) -> bool {
-        #[cfg(feature = "tokio")]
-        if let Some(r) = &mut self.reactor {
-            if rounds <= MAX_ROUNDS {
-                match r.park(&mut self.qp, cx) {
-                    on_tokio::Park::Sleeping => return false,
-                    on_tokio::Park::PollAgain => return true,
-                    on_tokio::Park::Spin => {}
-                }
-            }
-        }
-        let _ = rounds;
-        cx.waker().wake_by_ref();
-        false
     }
 
     /// `drive` for a future: the error is kept for `take_error`.
@@ -222,8 +265,7 @@ impl<B> Table<B> {
     fn record(&mut self, c: Completion<B>) {
         let i = c.tag as usize;
         let Some(slot) = self.slots.get_mut(i) else {
-            debug_assert!(false, "completion for tag {i}, no such slot");
-            return;
+            return self.stray(c);
         };
         match std::mem::replace(slot, Slot::Free) {
             Slot::InFlight(Some(w)) => {
@@ -236,16 +278,21 @@ impl<B> Table<B> {
                 self.freed = true;
             }
             other => {
-                debug_assert!(false, "completion for slot {i}, not in flight");
                 *slot = other;
-                return;
+                return self.stray(c);
             }
         }
         self.in_flight -= 1;
-        if self.keeper == Some(i as u32) {
-            self.keeper = None;
-            self.hand_over_keeper();
-        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn stray(&mut self, c: Completion<B>) {
+        log::error!(
+            "AsyncQueue: a completion with tag {} names no command in flight; kept for take_strays",
+            c.tag
+        );
+        self.strays.push(c);
     }
 
     /// After recording: wake the waiters for a slot if one freed.
@@ -259,33 +306,28 @@ impl<B> Table<B> {
         }
     }
 
-    /// The keeper ended: wake another pending future to take over.
-    fn hand_over_keeper(&mut self) {
-        if !self.self_driving {
-            return;
-        }
-        for s in self.slots.iter() {
-            if let Slot::InFlight(Some(w)) = s {
-                self.wakes.push(w.clone());
-                return;
-            }
-        }
-        // Only abandoned commands (or none) are left: a waiter for a slot
-        // (if any) polls again and keeps things moving.
-        self.freed = true;
-    }
-
     /// A future took its completion (or was dropped after it): free its
-    /// slot. With no keeper (its command ended and the future it handed
-    /// over to resolved here without polling the queue), hand over again,
-    /// or the futures still in flight, which returned `Pending` without
-    /// waking themselves, would never be polled.
+    /// slot.
     fn free_slot(&mut self, i: u32) {
         self.slots[i as usize] = Slot::Free;
         self.free.push(i);
         self.freed = true;
-        if self.keeper.is_none() {
-            self.hand_over_keeper();
+    }
+
+    /// Register `waker` as waiting for a free slot: a new entry once per
+    /// round, or the future's own entry replaced (`reg`: the round and
+    /// index it registered at) when the task changed.
+    fn wait_for_slot(&mut self, reg: &mut Option<(u64, usize)>, waker: &Waker) {
+        match *reg {
+            Some((round, k)) if round == self.full_round => {
+                if !self.full[k].will_wake(waker) {
+                    self.full[k] = waker.clone();
+                }
+            }
+            _ => {
+                *reg = Some((self.full_round, self.full.len()));
+                self.full.push(waker.clone());
+            }
         }
     }
 }
@@ -309,23 +351,110 @@ pub struct AsyncQueue<Q: BlockQueue> {
     inner: RefCell<Inner<Q>>,
 }
 
+/// Why a queue pair was not wrapped into an [`AsyncQueue`]; the queue
+/// pair comes back whole with [`into_queue`](Self::into_queue).
+pub struct WrapError<Q> {
+    kind: WrapErrorKind,
+    qp: Q,
+}
+
+/// The reason of a [`WrapError`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum WrapErrorKind {
+    /// Commands submitted on the queue pair itself are not yet delivered
+    /// (in flight, or ended and held for its next poll). The driver tags
+    /// its commands with its slot numbers, so their completions would
+    /// reach its futures: poll them out through the queue pair, then wrap
+    /// it.
+    Busy {
+        /// The queue pair's commands not yet delivered.
+        outstanding: usize,
+    },
+    /// `AsyncQueue::tokio`: the queue pair or the runtime cannot put the
+    /// futures to sleep (no interrupt, no current runtime, the reactor
+    /// refused the descriptor).
+    Reactor(String),
+}
+
+impl<Q> WrapError<Q> {
+    #[cfg(feature = "tokio")]
+    fn reactor(qp: Q, why: String) -> Self {
+        WrapError {
+            kind: WrapErrorKind::Reactor(why),
+            qp,
+        }
+    }
+
+    /// Why.
+    pub fn kind(&self) -> &WrapErrorKind {
+        &self.kind
+    }
+
+    /// The queue pair's commands not yet delivered (0 unless
+    /// [`WrapErrorKind::Busy`]).
+    pub fn outstanding(&self) -> usize {
+        match self.kind {
+            WrapErrorKind::Busy { outstanding } => outstanding,
+            _ => 0,
+        }
+    }
+
+    /// The queue pair, as it was given.
+    pub fn into_queue(self) -> Q {
+        self.qp
+    }
+}
+
+impl<Q> std::fmt::Debug for WrapError<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WrapError")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Q> std::fmt::Display for WrapError<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            WrapErrorKind::Busy { outstanding } => write!(
+                f,
+                "AsyncQueue: the queue pair has {outstanding} command(s) of its own not yet \
+                 delivered; poll them out before wrapping it"
+            ),
+            WrapErrorKind::Reactor(why) => write!(f, "AsyncQueue::tokio: {why}"),
+        }
+    }
+}
+
+impl<Q> std::error::Error for WrapError<Q> {}
+
 impl<Q: BlockQueue> AsyncQueue<Q> {
-    /// Own `qp`; its futures keep it polled (the keeper, see the module
-    /// docs). The slot table (one slot per command of the queue's depth)
-    /// is allocated here, once.
-    pub fn new(qp: Q) -> Self {
-        Self::build(qp, true)
+    /// Own `qp`; its pending futures keep it polled, each waking its own
+    /// task (see the module docs). The slot table (one slot per command of
+    /// the queue's depth) is allocated here, once. Refused, with `qp` back,
+    /// while `qp` has commands of its own outstanding.
+    pub fn new(qp: Q) -> std::result::Result<Self, WrapError<Q>> {
+        Self::build(qp, Mode::Spin)
     }
 
     /// Own `qp`; no future wakes itself: the caller polls the queue pair
-    /// with [`drive`](Self::drive) or [`wait`](Self::wait).
-    pub fn caller_driven(qp: Q) -> Self {
-        Self::build(qp, false)
+    /// with [`drive`](Self::drive) or [`wait`](Self::wait). Refused as
+    /// [`new`](Self::new) is.
+    pub fn caller_driven(qp: Q) -> std::result::Result<Self, WrapError<Q>> {
+        Self::build(qp, Mode::Caller)
     }
 
-    fn build(qp: Q, self_driving: bool) -> Self {
+    fn build(qp: Q, mode: Mode) -> std::result::Result<Self, WrapError<Q>> {
+        let outstanding = qp.outstanding();
+        if outstanding > 0 {
+            return Err(WrapError {
+                kind: WrapErrorKind::Busy { outstanding },
+                qp,
+            });
+        }
         let depth = qp.depth().clamp(1, u32::MAX as usize);
-        AsyncQueue {
+        Ok(AsyncQueue {
             inner: RefCell::new(Inner {
                 #[cfg(feature = "tokio")]
                 reactor: None,
@@ -337,44 +466,34 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
                     full_round: 0,
                     freed: false,
                     wakes: Vec::with_capacity(depth),
-                    keeper: None,
-                    self_driving,
+                    mode,
+                    drives: 0,
+                    queued: false,
                     error: None,
                     in_flight: 0,
+                    strays: Vec::new(),
                 },
             }),
-        }
+        })
     }
 
     /// A future reading `blocks` blocks at `lba` of `at` into `buf`. It
     /// submits on its first poll.
     pub fn read(&self, at: Q::Addr, lba: u64, blocks: u32, buf: Q::Buf) -> IoFuture<'_, Q> {
-        self.future(Data {
-            at,
-            lba,
-            blocks,
-            buf,
-            read: true,
-        })
+        IoFuture::new(self, Data::new(at, lba, blocks, buf, true))
     }
 
     /// A future writing `blocks` blocks at `lba` of `at` from `buf`. It
     /// submits on its first poll.
     pub fn write(&self, at: Q::Addr, lba: u64, blocks: u32, buf: Q::Buf) -> IoFuture<'_, Q> {
-        self.future(Data {
-            at,
-            lba,
-            blocks,
-            buf,
-            read: false,
-        })
+        IoFuture::new(self, Data::new(at, lba, blocks, buf, false))
     }
 
     /// A future flushing the volatile write cache of `at` (NVMe Flush,
     /// SCSI SYNCHRONIZE CACHE). It submits on its first poll; a refusal
     /// comes back as `SubmitError<()>`.
     pub fn flush(&self, at: Q::Addr) -> IoFuture<'_, Q, NoData<Q::Addr>> {
-        self.future(NoData::Flush { at })
+        IoFuture::new(self, NoData::Flush { at })
     }
 
     /// A future deallocating `blocks` blocks at `lba` of `at` (NVMe
@@ -386,15 +505,7 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
         lba: u64,
         blocks: u32,
     ) -> IoFuture<'_, Q, NoData<Q::Addr>> {
-        self.future(NoData::Deallocate { at, lba, blocks })
-    }
-
-    fn future<C: Command<Q>>(&self, cmd: C) -> IoFuture<'_, Q, C> {
-        IoFuture {
-            q: self,
-            state: State::New(cmd),
-            round: None,
-        }
+        IoFuture::new(self, NoData::Deallocate { at, lba, blocks })
     }
 
     /// Poll the queue pair once (ringing the doorbell for what futures
@@ -409,10 +520,13 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
     /// Poll until something completes or `timeout` passes, through the
     /// queue pair's [`BlockQueue::wait`] (which sleeps on its interrupt
     /// when its wait policy says so), then wake the futures whose
-    /// commands completed. Returns how many completed.
+    /// commands completed. Returns how many completed (0: the timeout
+    /// passed, or nothing was in flight).
     pub fn wait(&self, timeout: Option<Duration>) -> Result<usize> {
         let r = {
             let mut g = self.inner.borrow_mut();
+            g.t.drives = g.t.drives.wrapping_add(1);
+            g.t.queued = false;
             g.qp.submit();
             let Inner { qp, t, .. } = &mut *g;
             let r = qp.wait(t.slots.len(), timeout, |c| t.record(c));
@@ -433,6 +547,13 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
     /// drove it (see the module docs), taken.
     pub fn take_error(&self) -> Option<Error> {
         self.inner.borrow_mut().t.error.take()
+    }
+
+    /// Completions whose tag named no command of this driver in flight,
+    /// with their buffers, taken. Empty unless a queue pair broke its
+    /// contract (every command of a wrapped queue pair is the driver's).
+    pub fn take_strays(&self) -> Vec<Completion<Q::Buf>> {
+        std::mem::take(&mut self.inner.borrow_mut().t.strays)
     }
 
     /// Run `f` on the queue pair (counters, block sizes). `f` cannot poll
@@ -465,293 +586,5 @@ impl<Q: BlockQueue> AsyncQueue<Q> {
             std::mem::swap(&mut g.t.wakes, &mut wakes);
             g.t.wakes.append(&mut wakes);
         }
-    }
-}
-
-/// What an [`IoFuture`] submits: a read or write with its buffer
-/// ([`Data`]), or a command without data ([`NoData`]). Sealed: the
-/// driver's own commands only.
-pub trait Command<Q: BlockQueue>: sealed::Sealed + Sized {
-    /// What a refused submission hands back: the buffer, or `()`.
-    type Refused;
-    /// Submit with `tag` (no doorbell); a refusal gives the command back
-    /// (to retry after `QueueFull`).
-    #[doc(hidden)]
-    fn submit_on(self, qp: &mut Q, tag: u64) -> std::result::Result<(), (SubmitErrorKind, Self)>;
-    /// The refusal the future resolves to.
-    #[doc(hidden)]
-    fn refusal(self, kind: SubmitErrorKind) -> SubmitError<Self::Refused>;
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl<A, B> Sealed for super::Data<A, B> {}
-    impl<A> Sealed for super::NoData<A> {}
-}
-
-/// A read or write and its buffer, before submission.
-pub struct Data<A, B> {
-    at: A,
-    lba: u64,
-    blocks: u32,
-    buf: B,
-    read: bool,
-}
-
-impl<Q: BlockQueue> Command<Q> for Data<Q::Addr, Q::Buf> {
-    type Refused = Q::Buf;
-
-    fn submit_on(self, qp: &mut Q, tag: u64) -> std::result::Result<(), (SubmitErrorKind, Self)> {
-        let Data {
-            at,
-            lba,
-            blocks,
-            buf,
-            read,
-        } = self;
-        let r = if read {
-            qp.read(at, lba, blocks, buf, tag)
-        } else {
-            qp.write(at, lba, blocks, buf, tag)
-        };
-        r.map_err(|e| {
-            (
-                e.kind,
-                Data {
-                    at,
-                    lba,
-                    blocks,
-                    buf: e.buf,
-                    read,
-                },
-            )
-        })
-    }
-
-    fn refusal(self, kind: SubmitErrorKind) -> SubmitError<Q::Buf> {
-        SubmitError {
-            kind,
-            buf: self.buf,
-        }
-    }
-}
-
-/// A command without data (flush, deallocate), before submission.
-#[derive(Clone, Copy, Debug)]
-pub enum NoData<A> {
-    /// Flush the volatile write cache of `at`.
-    Flush {
-        /// The namespace or logical unit.
-        at: A,
-    },
-    /// Deallocate `blocks` blocks at `lba` of `at`.
-    Deallocate {
-        /// The namespace or logical unit.
-        at: A,
-        /// First block.
-        lba: u64,
-        /// Blocks.
-        blocks: u32,
-    },
-}
-
-impl<Q: BlockQueue> Command<Q> for NoData<Q::Addr> {
-    type Refused = ();
-
-    fn submit_on(self, qp: &mut Q, tag: u64) -> std::result::Result<(), (SubmitErrorKind, Self)> {
-        let r = match self {
-            NoData::Flush { at } => qp.flush(at, tag),
-            NoData::Deallocate { at, lba, blocks } => qp.deallocate(at, lba, blocks, tag),
-        };
-        r.map_err(|e| (e.kind, self))
-    }
-
-    fn refusal(self, kind: SubmitErrorKind) -> SubmitError<()> {
-        SubmitError { kind, buf: () }
-    }
-}
-
-enum State<C> {
-    /// Not submitted yet: the future owns the command (and its buffer).
-    New(C),
-    /// Submitted in this slot: the queue pair owns the buffer.
-    Submitted(u32),
-    /// Resolved.
-    Gone,
-}
-
-/// One command on an [`AsyncQueue`] (a read or write by default; flush
-/// and deallocate with [`NoData`]): resolves to its [`Completion`]
-/// (buffer inside; its `tag` is the slot index) or to the refusal of its
-/// submission. Dropping it early leaves the buffer with the queue pair
-/// until the command completes (see the [module docs](self)). It borrows
-/// its driver, so it stays on the driver's thread (not `Send`): the
-/// per-core model.
-#[must_use = "a future does nothing until polled; dropped unpolled, it never submits"]
-pub struct IoFuture<
-    'a,
-    Q: BlockQueue,
-    C: Command<Q> = Data<<Q as BlockQueue>::Addr, <Q as BlockQueue>::Buf>,
-> {
-    q: &'a AsyncQueue<Q>,
-    state: State<C>,
-    /// The full-waiters round this future registered in.
-    round: Option<u64>,
-}
-
-// Nothing is pinned structurally: the future only moves its fields by
-// value through `&mut self`, and the slot table refers to it by index.
-impl<Q: BlockQueue, C: Command<Q>> Unpin for IoFuture<'_, Q, C> {}
-
-impl<Q: BlockQueue, C: Command<Q>> Future for IoFuture<'_, Q, C> {
-    type Output = std::result::Result<Completion<Q::Buf>, SubmitError<C::Refused>>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        let out = this.poll_inner(cx);
-        this.q.wake_queued();
-        out
-    }
-}
-
-impl<Q: BlockQueue, C: Command<Q>> IoFuture<'_, Q, C> {
-    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
-        let mut g = self.q.inner.borrow_mut();
-        if let State::New(_) = self.state {
-            return self.submit(&mut g, cx);
-        }
-        let State::Submitted(i) = self.state else {
-            panic!("IoFuture polled after it resolved");
-        };
-        let i_ = i as usize;
-        // Rounds of the keeper's wait in this poll: bounded, so a stream
-        // of interrupts (another queue's, on a shared line) cannot keep
-        // the executor from its other tasks.
-        let mut rounds = 0u32;
-        loop {
-            rounds += 1;
-            if !matches!(g.t.slots[i_], Slot::Done(_)) {
-                g.drive_kept();
-            }
-            let t = &mut g.t;
-            if let Slot::Done(_) = t.slots[i_] {
-                let Slot::Done(c) = std::mem::replace(&mut t.slots[i_], Slot::Free) else {
-                    unreachable!()
-                };
-                t.free_slot(i);
-                t.settle();
-                self.state = State::Gone;
-                return Poll::Ready(Ok(c));
-            }
-            if let Slot::InFlight(Some(w)) = &mut t.slots[i_] {
-                if !w.will_wake(cx.waker()) {
-                    *w = cx.waker().clone();
-                }
-            }
-            if !t.self_driving {
-                return Poll::Pending;
-            }
-            if t.keeper.is_none() {
-                t.keeper = Some(i);
-            }
-            if t.keeper != Some(i) {
-                return Poll::Pending;
-            }
-            if g.keep(cx, rounds) {
-                continue;
-            }
-            return Poll::Pending;
-        }
-    }
-
-    /// First poll: take a slot and queue the command (the doorbell rings
-    /// on the next poll of any future, or `drive`).
-    fn submit(&mut self, g: &mut Inner<Q>, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
-        if g.t.free.is_empty() {
-            g.drive_kept();
-        }
-        let Some(i) = g.t.free.pop() else {
-            self.wait_for_slot(&mut g.t, cx);
-            return Poll::Pending;
-        };
-        let State::New(cmd) = std::mem::replace(&mut self.state, State::Gone) else {
-            unreachable!("submit is called on a new future")
-        };
-        let r = cmd.submit_on(&mut g.qp, u64::from(i));
-        let t = &mut g.t;
-        match r {
-            Ok(()) => {
-                t.slots[i as usize] = Slot::InFlight(Some(cx.waker().clone()));
-                t.in_flight += 1;
-                self.state = State::Submitted(i);
-                // Polled again, it rings the doorbell (once for every
-                // future submitted in this round) and reaps.
-                if t.self_driving {
-                    if t.keeper.is_none() {
-                        t.keeper = Some(i);
-                    }
-                    cx.waker().wake_by_ref();
-                }
-                Poll::Pending
-            }
-            Err((SubmitErrorKind::QueueFull, cmd)) => {
-                t.free.push(i);
-                self.state = State::New(cmd);
-                self.wait_for_slot(t, cx);
-                Poll::Pending
-            }
-            Err((kind, cmd)) => {
-                t.free.push(i);
-                Poll::Ready(Err(cmd.refusal(kind)))
-            }
-        }
-    }
-
-    /// No slot now: register to be woken when one frees (once per round).
-    fn wait_for_slot(&mut self, t: &mut Table<Q::Buf>, cx: &mut Context<'_>) {
-        if self.round != Some(t.full_round) {
-            self.round = Some(t.full_round);
-            t.full.push(cx.waker().clone());
-        }
-        // Nothing of ours in flight would free a slot (the wire's own
-        // commands hold the queue), or nobody keeps the queue polled: ask
-        // to be polled again.
-        if t.in_flight == 0 || (t.self_driving && t.keeper.is_none()) {
-            cx.waker().wake_by_ref();
-        }
-    }
-}
-
-impl<Q: BlockQueue, C: Command<Q>> Drop for IoFuture<'_, Q, C> {
-    fn drop(&mut self) {
-        let State::Submitted(i) = self.state else {
-            return;
-        };
-        let Ok(mut g) = self.q.inner.try_borrow_mut() else {
-            // Only reachable from a waker run inside the driver, which
-            // never happens (wakers run after the borrow ends): the slot
-            // and buffer would stay with the queue pair until close.
-            return;
-        };
-        let t = &mut g.t;
-        match &mut t.slots[i as usize] {
-            Slot::Done(_) => {
-                // Completed: the device is done with the buffer.
-                t.free_slot(i);
-            }
-            Slot::InFlight(waker) => {
-                // The device may still write the buffer: it stays with the
-                // queue pair; the driver drops it with the completion.
-                *waker = None;
-                if t.keeper == Some(i) {
-                    t.keeper = None;
-                    t.hand_over_keeper();
-                }
-            }
-            Slot::Free => debug_assert!(false, "slot {i} freed under its future"),
-        }
-        t.settle();
-        drop(g);
-        self.q.wake_queued();
     }
 }
