@@ -317,6 +317,14 @@ pub(crate) struct TxQueue {
     pub sends: u64,
 }
 
+/// A position in a [`TxQueue`] ([`TxQueue::mark`]).
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct TxMark {
+    iovs: usize,
+    used: usize,
+    queued: u64,
+}
+
 // SAFETY: the iovecs point into `arena` (owned) or into the buffers of
 // commands in flight, which the queue pair owning this queue holds (and
 // moves with it); nothing here is shared with another thread.
@@ -344,6 +352,40 @@ impl TxQueue {
     /// Whether everything queued was sent.
     pub fn is_empty(&self) -> bool {
         self.head == self.iov.len()
+    }
+
+    /// The most pieces the queue holds (an empty queue).
+    pub fn piece_capacity(&self) -> usize {
+        self.iov.capacity()
+    }
+
+    /// Bytes queued and not yet handed to the socket.
+    #[inline]
+    pub fn unsent(&self) -> u64 {
+        self.queued - self.sent
+    }
+
+    /// Where the queue ends now, for [`TxQueue::roll_back`].
+    pub fn mark(&self) -> TxMark {
+        TxMark {
+            iovs: self.iov.len(),
+            used: self.used,
+            queued: self.queued,
+        }
+    }
+
+    /// Forget what was queued since `m`, if none of it was sent (`false`
+    /// otherwise, and nothing changes): no iovec is left pointing at a
+    /// buffer the caller is about to hand back.
+    #[cold]
+    pub fn roll_back(&mut self, m: TxMark) -> bool {
+        if self.sent > m.queued || self.iov.len() < m.iovs || self.head > m.iovs {
+            return false;
+        }
+        self.iov.truncate(m.iovs);
+        self.used = m.used;
+        self.queued = m.queued;
+        true
     }
 
     fn push(&mut self, base: *const u8, len: usize) {

@@ -49,6 +49,7 @@ mod memory;
 mod pace;
 pub mod pdu;
 pub mod qpair;
+mod r2t;
 mod ready;
 pub mod recv;
 
