@@ -14,20 +14,17 @@ use std::time::{Duration, Instant};
 use mcqio::core::block::BlockQueue;
 use mcqio::nvme::tcp::{TcpController, TcpError, TcpOptions, TcpQueuePair};
 use mcqio::vfio::DmaDir;
-use mcqio::{Completion, DmaBuf, Error, QpairOptions, WaitPolicy};
-use mcqio_fixtures::tcp::{
-    FakeTcpTarget, TcpBacking, TcpFault, TcpNamespace, TcpTargetConfig, TcpTargetStats,
-};
+use mcqio::{Completion, DmaBuf, WaitPolicy};
+use mcqio_fixtures::tcp::{TcpBacking, TcpFault, TcpNamespace, TcpTargetConfig, TcpTargetStats};
+
+mod tcp_common;
+use tcp_common::{connect, pattern, start, tcp_error};
 
 const HANG: Duration = Duration::from_secs(60);
 const KEEP_ALIVE: u8 = 0x18;
 
 fn get(c: &std::sync::atomic::AtomicU64) -> u64 {
     TcpTargetStats::get(c)
-}
-
-fn start(cfg: TcpTargetConfig) -> FakeTcpTarget {
-    FakeTcpTarget::start(cfg).expect("fake target starts")
 }
 
 /// One RAM namespace of `bytes` in 4 KiB blocks.
@@ -39,39 +36,8 @@ fn ram(bytes: u64) -> Vec<TcpNamespace> {
     }]
 }
 
-fn connect(t: &FakeTcpTarget, o: TcpOptions) -> Arc<TcpController> {
-    TcpController::connect(
-        t.addr(),
-        TcpOptions {
-            subnqn: t.subnqn().into(),
-            admin_timeout: Duration::from_secs(5),
-            ..o
-        },
-    )
-    .expect("bring-up")
-}
-
 fn qpair(c: &Arc<TcpController>, depth: u16) -> TcpQueuePair {
-    c.create_qpair(QpairOptions {
-        depth,
-        io_timeout: None,
-        wait: WaitPolicy::Poll,
-        ..Default::default()
-    })
-    .expect("queue pair")
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed * 11) as u8 ^ (i >> 12) as u8)
-        .collect()
-}
-
-fn tcp_error(e: &Error) -> TcpError {
-    match e {
-        Error::Transport(b) => *b.downcast_ref::<TcpError>().expect("a TcpError"),
-        other => panic!("expected a transport error, got {other:?}"),
-    }
+    tcp_common::qpair(c, depth, WaitPolicy::Poll)
 }
 
 /// Poll until one completion arrives; a poll error or a hang fails the
