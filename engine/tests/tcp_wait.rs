@@ -19,19 +19,18 @@ use mcqio::core::block::BlockQueue;
 use mcqio::nvme::tcp::{TcpController, TcpError, TcpOptions, TcpQueuePair};
 use mcqio::vfio::DmaDir;
 use mcqio::{
-    AsyncQueue, Completion, DmaBuf, Error, Interrupt, IoError, QpairOptions, SubmitError,
-    TimeoutPolicy, WaitPolicy,
+    AsyncQueue, Completion, DmaBuf, Interrupt, IoError, QpairOptions, SubmitError, TimeoutPolicy,
+    WaitPolicy,
 };
 use mcqio_fixtures::tcp::{FakeTcpTarget, TcpFault, TcpTargetConfig, TcpTargetStats};
+
+mod tcp_common;
+use tcp_common::{connect, pattern, qpair, start, tcp_error};
 
 /// Namespace 1 of the default target: 2048 blocks of 512 B in RAM.
 const NS: u32 = 1;
 const READ: u8 = 0x02;
 const HANG: Duration = Duration::from_secs(20);
-
-fn start(cfg: TcpTargetConfig) -> FakeTcpTarget {
-    FakeTcpTarget::start(cfg).expect("fake target starts")
-}
 
 /// A target that takes `latency` before each I/O answer (a slow target:
 /// the waits really sleep).
@@ -40,41 +39,6 @@ fn slow(latency: Duration) -> FakeTcpTarget {
         latency,
         ..Default::default()
     })
-}
-
-fn connect(t: &FakeTcpTarget, o: TcpOptions) -> Arc<TcpController> {
-    TcpController::connect(
-        t.addr(),
-        TcpOptions {
-            subnqn: t.subnqn().into(),
-            admin_timeout: Duration::from_secs(5),
-            ..o
-        },
-    )
-    .expect("bring-up")
-}
-
-fn qpair(c: &Arc<TcpController>, depth: u16, wait: WaitPolicy) -> TcpQueuePair {
-    c.create_qpair(QpairOptions {
-        depth,
-        wait,
-        io_timeout: None,
-        ..Default::default()
-    })
-    .expect("queue pair")
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u64).wrapping_mul(29).wrapping_add(seed * 7) as u8 ^ (i >> 8) as u8)
-        .collect()
-}
-
-fn tcp_error(e: &Error) -> TcpError {
-    match e {
-        Error::Transport(b) => *b.downcast_ref::<TcpError>().expect("a TcpError"),
-        other => panic!("expected a transport error, got {other:?}"),
-    }
 }
 
 /// Submit one 512-byte read or write at `lba` and `wait` for it.

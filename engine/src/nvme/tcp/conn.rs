@@ -184,12 +184,25 @@ impl Conn {
         &mut self,
         sqe: Sqe,
         cid: u16,
-        mut data: SyncData<'_>,
+        data: SyncData<'_>,
         timeout: Duration,
     ) -> Result<Cqe, TcpError> {
-        let ms = timeout.as_millis() as u64;
         let deadline = Instant::now() + timeout;
-        let (sqe, inline): (Sqe, &[u8]) = match &data {
+        self.send_command(sqe, cid, &data, deadline, timeout.as_millis() as u64)?;
+        self.await_response(cid, data, deadline, timeout.as_millis() as u64)
+    }
+
+    /// Send the capsule of `sqe` under `cid` (its SGL describing `data`),
+    /// by `deadline`.
+    pub fn send_command(
+        &mut self,
+        sqe: Sqe,
+        cid: u16,
+        data: &SyncData<'_>,
+        deadline: Instant,
+        ms: u64,
+    ) -> Result<(), TcpError> {
+        let (sqe, inline): (Sqe, &[u8]) = match data {
             SyncData::None => (sqe.with_sgl(SglDescriptor::transport(0)), &[]),
             SyncData::In(b) => (
                 sqe.with_sgl(SglDescriptor::in_capsule(0, b.len() as u32)),
@@ -201,77 +214,21 @@ impl Conn {
         let mut out = vec![0u8; 256 + inline.len()];
         let n = pdu::write_capsule_cmd(&mut out, &sqe.with_cid(cid), inline, &self.neg)
             .map_err(|_| Violation::SendQueueFull)?;
-        self.send_blocking(&out[..n], deadline, ms)?;
+        self.send_blocking(&out[..n], deadline, ms)
+    }
+
+    /// Wait, until `deadline`, for the response to the command sent under
+    /// `cid` (see [`Conn::exec`]).
+    pub fn await_response(
+        &mut self,
+        cid: u16,
+        mut data: SyncData<'_>,
+        deadline: Instant,
+        ms: u64,
+    ) -> Result<Cqe, TcpError> {
         let mut got = 0u32;
         loop {
-            let step = self.next_pdu(deadline, ms, |p| -> Result<Option<Cqe>, TcpError> {
-                match p {
-                    Pdu::CapsuleResp { cqe } => {
-                        if cqe.cid != cid {
-                            return Err(Violation::UnknownCid(cqe.cid).into());
-                        }
-                        if let SyncData::Out(b) = &data {
-                            if cqe.nvme_status().is_success() && got as usize != b.len() {
-                                return Err(Violation::ShortRead {
-                                    cid,
-                                    got,
-                                    len: b.len() as u32,
-                                }
-                                .into());
-                            }
-                        }
-                        Ok(Some(cqe))
-                    }
-                    Pdu::Data {
-                        cccid,
-                        datao,
-                        success,
-                        data: d,
-                        ..
-                    } => {
-                        if cccid != cid {
-                            return Err(Violation::UnknownCid(cccid).into());
-                        }
-                        let SyncData::Out(b) = &mut data else {
-                            return Err(Violation::DataForNonRead(cid).into());
-                        };
-                        let len = b.len() as u32;
-                        if datao != got {
-                            return Err(Violation::DataOutOfOrder {
-                                cid,
-                                datao,
-                                expected: got,
-                            }
-                            .into());
-                        }
-                        let end = datao as usize + d.len();
-                        if end > b.len() {
-                            return Err(Violation::DataOutOfRange {
-                                cid,
-                                datao,
-                                datal: d.len() as u32,
-                                len,
-                            }
-                            .into());
-                        }
-                        b[datao as usize..end].copy_from_slice(d);
-                        got = end as u32;
-                        if success {
-                            if got != len {
-                                return Err(Violation::ShortRead { cid, got, len }.into());
-                            }
-                            return Ok(Some(Cqe {
-                                cid,
-                                ..Default::default()
-                            }));
-                        }
-                        Ok(None)
-                    }
-                    Pdu::R2t { cccid, .. } => Err(Violation::R2tForNonWrite(cccid).into()),
-                    Pdu::TermReq { fes, fei, .. } => Err(TcpError::Terminated { fes, fei }),
-                    other => Err(Violation::UnexpectedPdu(type_of(&other)).into()),
-                }
-            })?;
+            let step = self.next_pdu(deadline, ms, |p| sync_step(p, cid, &mut data, &mut got))?;
             match step {
                 Ok(Some(cqe)) => return Ok(cqe),
                 Ok(None) => {}
@@ -281,6 +238,145 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// The response to the command without data sent under `cid`, if it
+    /// has arrived: what is buffered, then at most one receive that does
+    /// not wait. `Ok(None)`: not yet.
+    pub fn poll_response(&mut self, cid: u16) -> Result<Option<Cqe>, TcpError> {
+        let mut received = false;
+        let mut got = 0u32;
+        loop {
+            match self.rx.peek(Direction::ControllerToHost, &self.neg) {
+                Ok(Parse::Complete { pdu, len }) => {
+                    let step = sync_step(pdu, cid, &mut SyncData::None, &mut got);
+                    self.rx.consume(len);
+                    match step {
+                        Ok(Some(cqe)) => return Ok(Some(cqe)),
+                        Ok(None) => continue,
+                        Err(e) => {
+                            self.close();
+                            return Err(e);
+                        }
+                    }
+                }
+                Ok(Parse::Incomplete { .. }) => {}
+                Err(e) => {
+                    let e = TcpError::Pdu(e);
+                    self.terminate(&e);
+                    return Err(e);
+                }
+            }
+            if received {
+                return Ok(None);
+            }
+            let spare = self.rx.spare();
+            // SAFETY: `spare` is writable for `spare.len()` bytes and lives
+            // across the call; MSG_DONTWAIT: the call never waits, whatever
+            // the socket's blocking mode.
+            let n = unsafe {
+                libc::recv(
+                    self.sock.as_raw_fd(),
+                    spare.as_mut_ptr().cast(),
+                    spare.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                return match e.kind() {
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(None),
+                    _ => Err(TcpError::of_io(&e)),
+                };
+            }
+            if n == 0 {
+                return Err(TcpError::Closed);
+            }
+            self.rx.commit(n as usize);
+            received = true;
+        }
+    }
+}
+
+/// One PDU of a synchronous command's answer: `Some` with the CQE once it
+/// ended (a C2HData with SUCCESS stands for a successful one), data placed
+/// in `data` in order (`got` bytes so far).
+fn sync_step(
+    p: Pdu<'_>,
+    cid: u16,
+    data: &mut SyncData<'_>,
+    got: &mut u32,
+) -> Result<Option<Cqe>, TcpError> {
+    match p {
+        Pdu::CapsuleResp { cqe } => {
+            if cqe.cid != cid {
+                return Err(Violation::UnknownCid(cqe.cid).into());
+            }
+            if let SyncData::Out(b) = data {
+                if cqe.nvme_status().is_success() && *got as usize != b.len() {
+                    return Err(Violation::ShortRead {
+                        cid,
+                        got: *got,
+                        len: b.len() as u32,
+                    }
+                    .into());
+                }
+            }
+            Ok(Some(cqe))
+        }
+        Pdu::Data {
+            cccid,
+            datao,
+            success,
+            data: d,
+            ..
+        } => {
+            if cccid != cid {
+                return Err(Violation::UnknownCid(cccid).into());
+            }
+            let SyncData::Out(b) = data else {
+                return Err(Violation::DataForNonRead(cid).into());
+            };
+            let len = b.len() as u32;
+            if datao != *got {
+                return Err(Violation::DataOutOfOrder {
+                    cid,
+                    datao,
+                    expected: *got,
+                }
+                .into());
+            }
+            let end = datao as usize + d.len();
+            if end > b.len() {
+                return Err(Violation::DataOutOfRange {
+                    cid,
+                    datao,
+                    datal: d.len() as u32,
+                    len,
+                }
+                .into());
+            }
+            b[datao as usize..end].copy_from_slice(d);
+            *got = end as u32;
+            if success {
+                if *got != len {
+                    return Err(Violation::ShortRead {
+                        cid,
+                        got: *got,
+                        len,
+                    }
+                    .into());
+                }
+                return Ok(Some(Cqe {
+                    cid,
+                    ..Default::default()
+                }));
+            }
+            Ok(None)
+        }
+        Pdu::R2t { cccid, .. } => Err(Violation::R2tForNonWrite(cccid).into()),
+        Pdu::TermReq { fes, fei, .. } => Err(TcpError::Terminated { fes, fei }),
+        other => Err(Violation::UnexpectedPdu(type_of(&other)).into()),
     }
 }
 
@@ -317,6 +413,14 @@ pub(crate) struct TxQueue {
     pub sends: u64,
 }
 
+/// A position in a [`TxQueue`] ([`TxQueue::mark`]).
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct TxMark {
+    iovs: usize,
+    used: usize,
+    queued: u64,
+}
+
 // SAFETY: the iovecs point into `arena` (owned) or into the buffers of
 // commands in flight, which the queue pair owning this queue holds (and
 // moves with it); nothing here is shared with another thread.
@@ -344,6 +448,40 @@ impl TxQueue {
     /// Whether everything queued was sent.
     pub fn is_empty(&self) -> bool {
         self.head == self.iov.len()
+    }
+
+    /// The most pieces the queue holds (an empty queue).
+    pub fn piece_capacity(&self) -> usize {
+        self.iov.capacity()
+    }
+
+    /// Bytes queued and not yet handed to the socket.
+    #[inline]
+    pub fn unsent(&self) -> u64 {
+        self.queued - self.sent
+    }
+
+    /// Where the queue ends now, for [`TxQueue::roll_back`].
+    pub fn mark(&self) -> TxMark {
+        TxMark {
+            iovs: self.iov.len(),
+            used: self.used,
+            queued: self.queued,
+        }
+    }
+
+    /// Forget what was queued since `m`, if none of it was sent (`false`
+    /// otherwise, and nothing changes): no iovec is left pointing at a
+    /// buffer the caller is about to hand back.
+    #[cold]
+    pub fn roll_back(&mut self, m: TxMark) -> bool {
+        if self.sent > m.queued || self.iov.len() < m.iovs || self.head > m.iovs {
+            return false;
+        }
+        self.iov.truncate(m.iovs);
+        self.used = m.used;
+        self.queued = m.queued;
+        true
     }
 
     fn push(&mut self, base: *const u8, len: usize) {

@@ -21,12 +21,18 @@
 //! Each I/O queue pair opens its own connection and Connects its queue id
 //! with the controller id from step 2 ([`super::TcpQueuePair`]).
 //!
-//! **Keep Alive** runs from polling, never from a thread: every queue
-//! pair's poll looks, every few hundred polls, whether KATO/2 passed since
-//! the last Keep Alive, and if so (and no other thread holds the admin
-//! connection) sends one on the admin connection and waits for it. An
-//! application that polls no queue pair for longer than KATO/2 calls
-//! [`TcpController::keep_alive`] itself.
+//! **Keep Alive** runs from polling, never from a thread, and never waits
+//! inside a poll: every queue pair's poll looks, every few hundred polls,
+//! whether KATO/2 passed since the last Keep Alive was sent, and if so
+//! (and no other thread holds the admin connection) sends one on the admin
+//! connection; later looks take its answer if it came (one receive that
+//! does not wait), so a slow admin target costs an I/O thread nothing. An
+//! answer that has not come within KATO (or the admin timeout, if
+//! shorter) fails the association as a failed Keep Alive does (the
+//! target may have dropped it). An admin command of another thread waits
+//! for an outstanding Keep Alive's answer before its own. An application
+//! that polls no queue pair for longer than KATO/2 calls
+//! [`TcpController::keep_alive`] itself (which waits for the answer).
 //!
 //! **Failure.** A socket cannot reach host memory, so no failure here
 //! ever leaves memory the target might still write: when the admin
@@ -49,7 +55,7 @@
 //! waits for CSTS.SHST complete, bounded, then closes the connection.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -160,6 +166,34 @@ impl TcpOptions {
 pub(crate) struct AdminLink {
     pub(super) conn: Conn,
     pub(super) next_cid: u16,
+    /// A Keep Alive sent from a poll whose answer was not taken yet.
+    pub(super) keep_alive: Option<SentKeepAlive>,
+}
+
+/// A Keep Alive on its way ([`TcpController::keep_alive_if_due`]).
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct SentKeepAlive {
+    cid: u16,
+    /// When it was sent, in ms since the controller's epoch.
+    sent_ms: u64,
+}
+
+impl AdminLink {
+    /// A link with no command sent yet.
+    pub(super) fn new(conn: Conn) -> Self {
+        AdminLink {
+            conn,
+            next_cid: 1,
+            keep_alive: None,
+        }
+    }
+
+    /// The next command id.
+    fn cid(&mut self) -> u16 {
+        let cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1) & 0x7FFF;
+        cid
+    }
 }
 
 /// An NVMe controller over NVMe/TCP (see the module docs). Shareable
@@ -189,6 +223,9 @@ pub struct TcpController {
     /// succeeded, in ms since `epoch`.
     ka_interval_ms: u64,
     ka_last_ms: AtomicU64,
+    /// A Keep Alive's answer is awaited (`AdminLink::keep_alive`): polls
+    /// look at the admin connection before the interval is up.
+    ka_sent: AtomicBool,
     keep_alives: AtomicU64,
     epoch: Instant,
 }
@@ -214,8 +251,7 @@ fn run(
     what: &'static str,
     t: Duration,
 ) -> std::result::Result<Result<Cqe>, TcpError> {
-    let cid = a.next_cid;
-    a.next_cid = a.next_cid.wrapping_add(1) & 0x7FFF;
+    let cid = a.cid();
     let cqe = a.conn.exec(sqe, cid, data, t)?;
     let st = cqe.nvme_status();
     Ok(if st.is_success() {
@@ -358,7 +394,7 @@ fn bring_up(addr: SocketAddr, opts: &TcpOptions) -> Result<Up> {
         .map_err(TcpError::into_error)?;
     let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
     let cntlid = connect_queue(&mut conn, opts, 0, 32, fabrics::CNTLID_DYNAMIC, kato_ms)?;
-    let mut a = AdminLink { conn, next_cid: 1 };
+    let mut a = AdminLink::new(conn);
     let (cap, version) = enable(&mut a, t)?;
     let page = identify_page(&mut a, Identify::controller(), "Identify Controller", t)?;
     let identify = IdentifyController::parse(&page)?;
@@ -442,6 +478,7 @@ impl TcpController {
             resets: AtomicU64::new(0),
             ka_interval_ms,
             ka_last_ms: AtomicU64::new(0),
+            ka_sent: AtomicBool::new(false),
             keep_alives: AtomicU64::new(0),
             epoch: Instant::now(),
             opts,
@@ -478,6 +515,8 @@ impl TcpController {
         let s = self.state.load();
         self.state.begin_reset(s);
         a.conn.close();
+        a.keep_alive = None;
+        self.ka_sent.store(false, Ordering::Relaxed);
         let r = bring_up(self.addr, &self.opts).and_then(|up| {
             let same = up.namespaces.len() == self.namespaces.len()
                 && up
@@ -564,6 +603,10 @@ impl TcpController {
         if let Some(e) = self.failure() {
             return Err(e.into_error());
         }
+        if let Err(e) = self.settle_keep_alive(&mut a) {
+            self.fail_locked(&a, e);
+            return Err(e.into_error());
+        }
         let data = match out {
             Some(b) => SyncData::Out(b),
             None => SyncData::None,
@@ -600,42 +643,104 @@ impl TcpController {
         Ok(())
     }
 
-    /// Send a Keep Alive if KATO/2 passed since the last one and no other
-    /// thread holds the admin connection (it would then be the one to
-    /// look). Called from the queue pairs' polls.
+    /// Look at the Keep Alive from a queue pair's poll, never waiting: if
+    /// one was sent, take its answer if it came (or fail the association
+    /// once KATO, or the admin timeout if shorter, passed without one); else,
+    /// if KATO/2 passed since the last was sent, send one. Skipped while
+    /// another thread holds the admin connection (it then looks itself).
     pub fn keep_alive_if_due(&self) {
         if self.ka_interval_ms == 0 {
             return;
         }
         let now = self.epoch.elapsed().as_millis() as u64;
-        if now.saturating_sub(self.ka_last_ms.load(Ordering::Relaxed)) < self.ka_interval_ms {
+        let due = |last: u64| now.saturating_sub(last) >= self.ka_interval_ms;
+        if !self.ka_sent.load(Ordering::Relaxed) && !due(self.ka_last_ms.load(Ordering::Relaxed)) {
             return;
         }
         let Ok(mut a) = self.admin.try_lock() else {
             return;
         };
-        if self.failure().is_some()
-            || now.saturating_sub(self.ka_last_ms.load(Ordering::Relaxed)) < self.ka_interval_ms
-        {
+        if self.failure().is_some() {
             return;
         }
-        match run(
-            &mut a,
-            fabrics::keep_alive(),
-            SyncData::None,
-            "Keep Alive",
-            self.opts.admin_timeout,
-        ) {
-            Ok(Ok(_)) => {
-                self.keep_alives.fetch_add(1, Ordering::Relaxed);
-                self.ka_last_ms.store(now, Ordering::Relaxed);
+        if let Some(k) = a.keep_alive {
+            let r = match a.conn.poll_response(k.cid) {
+                Ok(None) if now.saturating_sub(k.sent_ms) < self.keep_alive_wait_ms() => return,
+                Ok(None) => Err(TcpError::Timeout {
+                    ms: self.keep_alive_wait_ms(),
+                }),
+                Ok(Some(cqe)) => Ok(cqe),
+                Err(e) => Err(e),
+            };
+            a.keep_alive = None;
+            self.ka_sent.store(false, Ordering::Relaxed);
+            match r {
+                Ok(cqe) => self.keep_alive_answered(&cqe, k.sent_ms),
+                Err(e) => self.fail_locked(&a, e),
             }
-            Ok(Err(e)) => {
-                log::warn!("nvme-tcp {}: {e}", self.addr);
-                self.ka_last_ms.store(now, Ordering::Relaxed);
+            return;
+        }
+        if !due(self.ka_last_ms.load(Ordering::Relaxed)) {
+            return;
+        }
+        let cid = a.cid();
+        let t = self.opts.admin_timeout;
+        let sent = a.conn.send_command(
+            fabrics::keep_alive(),
+            cid,
+            &SyncData::None,
+            Instant::now() + t,
+            t.as_millis() as u64,
+        );
+        match sent {
+            Ok(()) => {
+                a.keep_alive = Some(SentKeepAlive { cid, sent_ms: now });
+                self.ka_sent.store(true, Ordering::Relaxed);
             }
             Err(e) => self.fail_locked(&a, e),
         }
+    }
+
+    /// How long a Keep Alive's answer may take: KATO, or the admin timeout
+    /// if shorter.
+    fn keep_alive_wait_ms(&self) -> u64 {
+        (self.opts.kato.min(self.opts.admin_timeout).as_millis() as u64).max(1)
+    }
+
+    /// Wait for the answer to a Keep Alive sent from a poll (admin lock
+    /// held), before another command uses the connection.
+    fn settle_keep_alive(&self, a: &mut AdminLink) -> std::result::Result<(), TcpError> {
+        let Some(k) = a.keep_alive.take() else {
+            return Ok(());
+        };
+        self.ka_sent.store(false, Ordering::Relaxed);
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let ms = self.keep_alive_wait_ms();
+        let left = Duration::from_millis(ms.saturating_sub(now.saturating_sub(k.sent_ms)).max(1));
+        let cqe = a
+            .conn
+            .await_response(k.cid, SyncData::None, Instant::now() + left, ms)?;
+        self.keep_alive_answered(&cqe, k.sent_ms);
+        Ok(())
+    }
+
+    /// A Keep Alive sent at `sent_ms` was answered with `cqe`: the next is
+    /// due KATO/2 after it was sent.
+    fn keep_alive_answered(&self, cqe: &Cqe, sent_ms: u64) {
+        let st = cqe.nvme_status();
+        if st.is_success() {
+            self.keep_alives.fetch_add(1, Ordering::Relaxed);
+        } else {
+            log::warn!(
+                "nvme-tcp {}: Keep Alive: {}",
+                self.addr,
+                Error::Command {
+                    command: "Keep Alive",
+                    status: st
+                }
+            );
+        }
+        self.ka_last_ms.store(sent_ms, Ordering::Relaxed);
     }
 
     /// Keep Alive commands that succeeded.
@@ -789,8 +894,10 @@ impl BlockDevice for TcpController {
 impl Drop for TcpController {
     fn drop(&mut self) {
         let t = self.opts.shutdown_timeout;
-        let a = self.admin.get_mut().unwrap_or_else(|p| p.into_inner());
-        if self.failure.get_mut().map_or(true, |f| f.is_none()) {
+        let mut a = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let settled = self.settle_keep_alive(&mut a).is_ok();
+        let a = &mut *a;
+        if settled && self.failure().is_none() {
             let cc = Cc::new()
                 .css(Cc::CSS_NVM)
                 .iosqes(6)

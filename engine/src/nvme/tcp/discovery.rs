@@ -220,7 +220,7 @@ pub fn discover(addr: SocketAddr, opts: &TcpOptions) -> Result<DiscoveryLog> {
     };
     // KATO 0: this connection lives only for the few commands below.
     connect_queue(&mut conn, &o, 0, 32, fabrics::CNTLID_DYNAMIC, 0)?;
-    let mut a = AdminLink { conn, next_cid: 1 };
+    let mut a = AdminLink::new(conn);
     let r = enable(&mut a, t).and_then(|_| read_whole(&mut a, &o));
     a.conn.close();
     r

@@ -4,7 +4,8 @@
 //!
 //! - [`TcpController`] ([`controller`]): the association — the admin queue
 //!   on its own connection, Fabrics bring-up (Connect, Property Get/Set in
-//!   place of MMIO), Identify, Number of Queues, Keep Alive from polling.
+//!   place of MMIO), Identify, Number of Queues, Keep Alive from polling
+//!   (sent from one poll, its answer taken on a later one).
 //! - [`TcpQueuePair`] ([`qpair`]): one I/O queue per connection, owned by
 //!   one thread; it embeds `core::qpair::Engine` and implements its
 //!   `Wire` and `Addressed`, so it is a [`crate::core::block::BlockQueue`]
@@ -26,6 +27,8 @@
 //!   for data placed straight into a command's buffer).
 //! - [`recv`]: [`recv::RecvBuf`], a connection's fixed receive buffer:
 //!   receive into it, parse in place, consume.
+//! - `r2t`: the H2CData a queue pair owes for R2Ts, a FIFO answered in
+//!   order as its send queue has room.
 //! - [`fabrics`]: opcode 0x7F (Connect and its 1024-byte data, Property
 //!   Get/Set, Disconnect), Keep Alive, the SGL descriptors NVMe/TCP uses
 //!   (Transport Data Block for R2T/C2H transfers, Data Block with an offset
@@ -49,6 +52,7 @@ mod memory;
 mod pace;
 pub mod pdu;
 pub mod qpair;
+mod r2t;
 mod ready;
 pub mod recv;
 
