@@ -226,7 +226,10 @@ pub(crate) trait Wire: Sized {
     /// [`WaitPolicy`] says (see [`wait`] for the order that loses no
     /// wake-up). Completions reach `f` through `poll` only; returns how
     /// many (0: the timeout passed, or nothing is outstanding). A failed
-    /// or reset controller ends the wait as `poll` reports it.
+    /// or reset controller ends the wait as `poll` reports it. `max` = 0
+    /// is refused ([`Error::InvalidOption`]): such a wait could deliver
+    /// nothing, so nothing but its limit could end it (`poll(0)` rings
+    /// without waiting).
     #[cold]
     #[inline(never)]
     fn wait<F: FnMut(Completion<Self::Buf>)>(
@@ -236,6 +239,9 @@ pub(crate) trait Wire: Sized {
         f: &mut F,
     ) -> Result<usize> {
         use std::time::Instant;
+        if max == 0 {
+            return Err(wait::no_completion_asked());
+        }
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
         // Completions the application's own polls delivered since the

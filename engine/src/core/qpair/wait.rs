@@ -371,6 +371,14 @@ impl Waiter {
     }
 }
 
+/// The refusal of a wait for at most 0 completions.
+#[cold]
+pub(crate) fn no_completion_asked() -> crate::core::error::Error {
+    crate::core::error::Error::InvalidOption(
+        "wait with max = 0 can deliver nothing; ask for at least one completion (poll(0) rings without waiting)".into(),
+    )
+}
+
 /// Whether a deadline passed.
 pub(super) fn past(deadline: Option<Instant>, now: Instant) -> bool {
     deadline.is_some_and(|d| now >= d)

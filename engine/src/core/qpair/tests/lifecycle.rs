@@ -140,3 +140,32 @@ fn a_poll_handing_out_held_completions_still_rings() {
     q.check();
     clean(&ledger);
 }
+
+/// Issue 39 item 5c: `wait(max = 0, None)` with a command outstanding can
+/// deliver nothing and has no limit, so it polled forever. Refused, with
+/// or without a limit, before anything is polled.
+#[test]
+fn a_wait_for_no_completion_is_refused() {
+    use crate::core::error::Error;
+    use std::time::Duration;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (ledger, mut q) = with_reads(4, 0, 1);
+        let mut f = |c: Completion<StubBuf>| Ledger::deliver(&ledger, c);
+        let unlimited = q.wait(0, None, &mut f);
+        let limited = q.wait(0, Some(Duration::from_millis(1)), &mut f);
+        let _ = tx.send((unlimited, limited));
+    });
+    let (unlimited, limited) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("wait(0, None) returned within 60 s (it polled forever)");
+    assert!(
+        matches!(unlimited, Err(Error::InvalidOption(_))),
+        "{unlimited:?}"
+    );
+    assert!(
+        matches!(limited, Err(Error::InvalidOption(_))),
+        "{limited:?}"
+    );
+}
+

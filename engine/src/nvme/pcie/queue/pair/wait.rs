@@ -27,9 +27,10 @@ impl<B: IoBuf> QueuePair<B> {
     /// after spinning a while since the last completion (`Hybrid`).
     /// Completions reach `f` through [`poll`](Self::poll), at most `max`;
     /// returns how many (0: the timeout passed, or nothing is
-    /// outstanding). A controller that fails or is reset meanwhile ends the
-    /// wait within 10 ms as `poll` reports it: the commands' errors, then
-    /// the stopped queue's error.
+    /// outstanding; `max` = 0 is refused with [`Error::InvalidOption`]). A
+    /// controller that fails or is reset meanwhile ends the wait within
+    /// 10 ms as `poll` reports it: the commands' errors, then the stopped
+    /// queue's error.
     ///
     /// ```
     /// # use std::{sync::Arc, time::Duration};
