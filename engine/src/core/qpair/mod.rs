@@ -253,6 +253,12 @@ pub(crate) trait Wire: Sized {
             e.wait.seen_completed = e.completed;
             e.wait.last_completion = Some(start);
         }
+        // Arm after every empty poll, not after a batch of them: policy
+        // `Interrupt`, or a hybrid spin window already over (a zero spin,
+        // no completion yet) — and, below, once the policy said sleep.
+        // Spun a batch first, a window over at the start ran 31 polls
+        // long, and a completion within them was taken without a sleep.
+        let mut at_once = e.wait.should_sleep(start);
         let mut spins = 0u32;
         loop {
             let n = self.poll(max, f)?;
@@ -267,9 +273,9 @@ pub(crate) trait Wire: Sized {
                 return Ok(0);
             }
             spins += 1;
-            // `Interrupt` arms after the first empty poll; the others look
-            // at the clock (deadline, hybrid window) every few spins.
-            if spins % wait::SPIN_BATCH != 0 && !e.wait.sleeps_at_once() {
+            // Spinning looks at the clock (deadline, hybrid window) every
+            // few polls.
+            if spins % wait::SPIN_BATCH != 0 && !at_once {
                 std::hint::spin_loop();
                 continue;
             }
@@ -282,6 +288,9 @@ pub(crate) trait Wire: Sized {
             let Some(sleep) = self.arm_sleep() else {
                 continue;
             };
+            // The window is over for the rest of this wait: a completion
+            // ends it.
+            at_once = true;
             let n = self.poll(max, f)?;
             if n > 0 {
                 let e = self.eng();

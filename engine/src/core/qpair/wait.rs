@@ -349,13 +349,6 @@ impl Waiter {
         }
     }
 
-    /// Whether the wait arms as soon as a poll finds nothing (policy
-    /// `Interrupt`, with an interrupt), rather than spin a batch first.
-    #[inline]
-    pub(super) fn sleeps_at_once(&self) -> bool {
-        self.policy == WaitPolicy::Interrupt && self.irq.is_some()
-    }
-
     /// Whether, at `now`, the wait should sleep rather than spin.
     pub(super) fn should_sleep(&self, now: Instant) -> bool {
         if self.irq.is_none() {

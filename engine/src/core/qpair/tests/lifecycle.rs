@@ -169,3 +169,53 @@ fn a_wait_for_no_completion_is_refused() {
     );
 }
 
+/// Issue 39 item 8 (the release-only failure of
+/// `hybrid_spins_after_a_completion_then_sleeps`): a hybrid wait looked at
+/// its spin window only every `SPIN_BATCH` (32) empty polls, so a window
+/// already over when the wait began (a zero spin; no completion yet) was
+/// still spun 31 polls long, and a completion that came within them was
+/// taken without a sleep. On the NVMe fake in release 32 polls outlast a
+/// read, so `Hybrid { spin: 0 }` almost never slept there. Here the
+/// device posts just before the fifth reap: a wait whose window is over
+/// arms after the first empty poll and sleeps as `Interrupt` does.
+#[test]
+fn a_hybrid_wait_whose_window_is_over_sleeps_as_interrupt_does() {
+    use crate::core::qpair::wait::Waiter;
+    use crate::core::qpair::{Interrupt, WaitPolicy};
+    use mcqio_vfio::Notifier;
+    use std::sync::Arc;
+    use std::time::Duration;
+    let sleeps = |policy: WaitPolicy| {
+        let (ledger, mut q) = with_reads(4, 0, 1);
+        let irq = Interrupt::Notifier(Arc::new(Notifier::new().unwrap()));
+        q.eng.wait = Waiter::new(policy, Some(irq), false);
+        // The device posts by reaps, not by time: each sleep runs out its
+        // (short) slice, and the count of sleeps depends on polls alone.
+        q.eng.wait.slice = Duration::from_millis(1);
+        q.complete_at_reap = Some(4);
+        let n = q
+            .wait(1, Some(Duration::from_secs(60)), &mut |c: Completion<
+                StubBuf,
+            >| {
+                Ledger::deliver(&ledger, c)
+            })
+            .unwrap();
+        assert_eq!(n, 1, "{policy:?}");
+        clean(&ledger);
+        q.all_counters().interrupt_sleeps
+    };
+    let interrupt = sleeps(WaitPolicy::Interrupt);
+    assert!(interrupt > 0, "an interrupt wait sleeps");
+    let zero = sleeps(WaitPolicy::Hybrid {
+        spin: Duration::ZERO,
+    });
+    assert_eq!(zero, interrupt, "a zero spin sleeps as Interrupt does");
+    // No completion yet: the window is over too.
+    let long = sleeps(WaitPolicy::Hybrid {
+        spin: Duration::from_secs(600),
+    });
+    assert_eq!(
+        long, interrupt,
+        "with no completion yet, nothing to spin after"
+    );
+}
