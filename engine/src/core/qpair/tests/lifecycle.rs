@@ -219,3 +219,68 @@ fn a_hybrid_wait_whose_window_is_over_sleeps_as_interrupt_does() {
         "with no completion yet, nothing to spin after"
     );
 }
+
+/// A read no healthy device gives makes the very poll look at the
+/// controller's health (not after `HEALTH_CHECK_INTERVAL` empty polls):
+/// the failure it finds (disabled: a new epoch) ends every command with its
+/// buffer, and the poll reports the stopped queue.
+#[test]
+fn a_suspect_read_looks_at_health_at_once() {
+    use crate::core::error::Error;
+    let (ledger, mut q) = with_reads(4, 0, 2);
+    let mut f = |c: Completion<StubBuf>| Ledger::deliver(&ledger, c);
+    q.health_failure = Some((true, false));
+    assert_eq!(q.poll(usize::MAX, &mut f).unwrap(), 0, "an empty poll");
+    assert_eq!(q.health_looks, 0, "the first empty poll does not look");
+    q.suspect = true;
+    let r = q.poll(usize::MAX, &mut f);
+    assert!(matches!(r, Err(Error::ControllerFatal)), "{r:?}");
+    assert_eq!(q.health_looks, 1);
+    assert_eq!(ledger.borrow().by_failure, 2);
+    q.check();
+    clean(&ledger);
+}
+
+/// What a timeout scan ends beyond the poll's budget is held and handed
+/// out first by the next polls. (The scan runs when the queue's coarse
+/// clock says it is due: real time, waited for with a generous limit.)
+#[test]
+fn a_timeout_scan_beyond_the_budget_is_held() {
+    use crate::core::io::IoError;
+    use std::time::{Duration, Instant};
+    let ledger = Shared::default();
+    let mut q = StubWire::new(4, 0, Some(Duration::from_millis(1)), &ledger);
+    for tag in 1..=4 {
+        let b = ledger.borrow_mut().buffer(tag);
+        let st = std::sync::Arc::clone(&b.state);
+        q.read(tag, b).map_err(|e| e.kind).unwrap();
+        ledger.borrow_mut().accepted(tag, Some(st), 1);
+    }
+    let mut ends = Vec::new();
+    let mut f = |c: Completion<StubBuf>| {
+        ends.push(c.result);
+        Ledger::deliver(&ledger, c)
+    };
+    q.expire = 3;
+    let start = Instant::now();
+    loop {
+        let n = q.poll(1, &mut f).unwrap();
+        if q.timeout_scans > 0 {
+            assert_eq!(n, 1, "the scan's poll delivers its budget");
+            break;
+        }
+        assert_eq!(n, 0, "nothing before the scan");
+        assert!(start.elapsed() < Duration::from_secs(60), "no scan in 60 s");
+    }
+    assert_eq!(
+        q.eng.held.len(),
+        2,
+        "one delivered by the scan's poll, two held"
+    );
+    assert_eq!(q.poll(usize::MAX, &mut f).unwrap(), 2, "the held ones");
+    drop(f);
+    assert_eq!(ends, [Err(IoError::TimedOut); 3]);
+    q.check();
+    clean(&ledger);
+    assert_eq!(q.eng.outstanding(0), 1, "the fourth is still on the device");
+}

@@ -380,24 +380,36 @@ impl StubWire {
 
     // --- submission, as a wire's own API does it ---
 
+    /// `payload` back with the refusal of a stopped queue.
+    fn open<T>(&self, payload: T) -> std::result::Result<T, SubmitError<T>> {
+        match self.eng.stopped {
+            Some(_) => Err(SubmitError {
+                kind: SubmitErrorKind::ControllerFailed,
+                buf: payload,
+            }),
+            None => Ok(payload),
+        }
+    }
+
+    /// A slot for a command carrying `payload`, or the refusal.
+    fn slot<T>(&mut self, payload: T) -> std::result::Result<(u16, T), SubmitError<T>> {
+        let payload = self.open(payload)?;
+        match self.eng.reserve() {
+            Some(slot) => Ok((slot, payload)),
+            None => Err(SubmitError {
+                kind: SubmitErrorKind::QueueFull,
+                buf: payload,
+            }),
+        }
+    }
+
     /// A read of one command into `buf` under `tag`.
     pub fn read(
         &mut self,
         tag: u64,
         buf: StubBuf,
     ) -> std::result::Result<(), SubmitError<StubBuf>> {
-        if self.eng.stopped.is_some() {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::ControllerFailed,
-                buf,
-            });
-        }
-        let Some(slot) = self.eng.reserve() else {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::QueueFull,
-                buf,
-            });
-        };
+        let (slot, buf) = self.slot(buf)?;
         let hold = Arc::clone(&buf.state);
         let cid = self.eng.arm(slot, tag, Some(buf));
         self.ctrl.dev.borrow_mut().give(cid, tag, Some(hold));
@@ -406,18 +418,7 @@ impl StubWire {
 
     /// A command without data under `tag`.
     pub fn flush(&mut self, tag: u64) -> std::result::Result<(), SubmitError<()>> {
-        if self.eng.stopped.is_some() {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::ControllerFailed,
-                buf: (),
-            });
-        }
-        let Some(slot) = self.eng.reserve() else {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::QueueFull,
-                buf: (),
-            });
-        };
+        let (slot, ()) = self.slot(())?;
         let cid = self.eng.arm(slot, tag, None);
         self.ctrl.dev.borrow_mut().give(cid, tag, None);
         Ok(())
@@ -430,12 +431,7 @@ impl StubWire {
         buf: StubBuf,
         children: u32,
     ) -> std::result::Result<(), SubmitError<StubBuf>> {
-        if self.eng.stopped.is_some() {
-            return Err(SubmitError {
-                kind: SubmitErrorKind::ControllerFailed,
-                buf,
-            });
-        }
+        let buf = self.open(buf)?;
         let hold = Arc::clone(&buf.state);
         let r = SplitRequest {
             lba: 0,
