@@ -278,7 +278,6 @@ fn a_timeout_scan_beyond_the_budget_is_held() {
         "one delivered by the scan's poll, two held"
     );
     assert_eq!(q.poll(usize::MAX, &mut f).unwrap(), 2, "the held ones");
-    drop(f);
     assert_eq!(ends, [Err(IoError::TimedOut); 3]);
     q.check();
     clean(&ledger);
