@@ -9,6 +9,13 @@
 //! so a signal that comes before the waiter blocks is not lost: the wait
 //! returns at once and [`Notifier::take`] clears it.
 //!
+//! A device model's [`Notifier::signal`] writes the eventfd only when the
+//! last signal was taken: until then the descriptor is readable anyway,
+//! and a model that wrote it after every completion would pay a system
+//! call per completion while its host spins and never takes them (a
+//! device's message costs the device nothing). The kernel's writes are
+//! its own and are not absorbed.
+//!
 //! [`Interrupts`] is the device side of the seam ([`crate::Backend::interrupts`]):
 //! which kind of interrupt the device has, and routing its vectors to
 //! notifiers. Routing takes effect for the vectors given; the queues
@@ -17,6 +24,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +34,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 #[derive(Debug)]
 pub struct Notifier {
     fd: EventFd,
+    /// [`Notifier::signal`] wrote the eventfd and [`Notifier::take`] has
+    /// not cleared it since: the eventfd is readable (or its write is
+    /// under way), so the next signals write nothing.
+    pending: AtomicBool,
 }
 
 impl Notifier {
@@ -34,20 +46,39 @@ impl Notifier {
         // vmm-sys-util adds EFD_CLOEXEC itself.
         Ok(Notifier {
             fd: EventFd::new(EFD_NONBLOCK)?,
+            pending: AtomicBool::new(false),
         })
     }
 
-    /// Signal it, as an interrupt would (a device model's side).
-    pub fn signal(&self) {
+    /// Signal it, as an interrupt would (a device model's side): write the
+    /// eventfd, unless a signal written before is not yet taken (see the
+    /// module docs). Returns whether it wrote.
+    pub fn signal(&self) -> bool {
+        // Release: what the signaller wrote before (the completion entry
+        // the interrupt announces) is visible to a `take` whose swap reads
+        // this `true`, even when this signal writes nothing.
+        if self.pending.swap(true, Ordering::AcqRel) {
+            return false;
+        }
         // A write fails only when the counter would overflow 2^64 - 2,
         // which means it is signalled already: nothing is lost.
         let _ = self.fd.write(1);
+        true
     }
 
-    /// Signals since the last `take`, clearing them (0 if none).
+    /// Clear the signals: the eventfd's count (0 if none; signals
+    /// [`signal`](Self::signal) absorbed are not counted). The only reader
+    /// of the eventfd: one that read it elsewhere would leave the next
+    /// signals absorbed with nothing to wake a waiter.
     pub fn take(&self) -> u64 {
         // Non-blocking: WouldBlock means no signal.
-        self.fd.read().unwrap_or(0)
+        let n = self.fd.read().unwrap_or(0);
+        // After the read, so a signal whose write the read consumed is
+        // cleared too, and from here every signal writes again. Acquire:
+        // a signal absorbed before this clear (its swap read `true`) wrote
+        // its entry before, and the caller's next poll sees it.
+        self.pending.swap(false, Ordering::AcqRel);
+        n
     }
 
     /// Block until signalled or `timeout` passes (`None`: no limit);
@@ -76,7 +107,8 @@ impl Notifier {
         }
     }
 
-    /// The eventfd (for `VFIO_DEVICE_SET_IRQS`, an `AsyncFd`, epoll).
+    /// The eventfd (for `VFIO_DEVICE_SET_IRQS`, an `AsyncFd`, epoll): to
+    /// write to or watch, never to read ([`Notifier::take`] reads it).
     pub fn event_fd(&self) -> &EventFd {
         &self.fd
     }
@@ -182,12 +214,15 @@ mod tests {
     fn a_signal_before_the_wait_is_not_lost() {
         let n = Notifier::new().unwrap();
         assert_eq!(n.take(), 0, "a new notifier is clear");
-        n.signal();
-        n.signal();
+        assert!(n.signal(), "the first signal writes");
+        assert!(!n.signal(), "one not yet taken absorbs the next");
         // Already signalled: the wait returns at once, even without a limit.
         assert!(n.wait(None).unwrap());
-        assert_eq!(n.take(), 2, "signals add up until taken");
+        assert_eq!(n.take(), 1, "one write");
         assert_eq!(n.take(), 0);
+        assert!(!n.wait(Some(Duration::ZERO)).unwrap(), "taken");
+        assert!(n.signal(), "after a take the next signal writes again");
+        assert!(n.wait(None).unwrap());
     }
 
     #[test]

@@ -155,13 +155,18 @@ pub trait BlockQueue {
     /// limit), sleeping on the queue's interrupt where its wait policy
     /// says so (see [`crate::WaitPolicy`]); completions reach `f` through
     /// `poll`. Returns how many (0: the timeout passed, or nothing is
-    /// outstanding). This default spins.
+    /// outstanding). `max` = 0 is refused ([`Error::InvalidOption`]): such
+    /// a wait could deliver nothing, so nothing but its limit could end
+    /// it (`poll(0)` rings without waiting). This default spins.
     fn wait<F: FnMut(Completion<Self::Buf>)>(
         &mut self,
         max: usize,
         timeout: Option<std::time::Duration>,
         mut f: F,
     ) -> Result<usize> {
+        if max == 0 {
+            return Err(crate::core::qpair::wait::no_completion_asked());
+        }
         let start = std::time::Instant::now();
         loop {
             let n = self.poll(max, &mut f)?;

@@ -246,8 +246,11 @@ impl<B: IoBuf, S> Engine<B, S> {
 
     /// End every command still outstanding with `err` — with its buffer if
     /// `keep_bufs` (the device can no longer access it), else without
-    /// (leaked). Children of a split end through their parent. Returns
-    /// (completions delivered, bytes leaked).
+    /// (leaked). Children of a split end through their parent. Each
+    /// completion is counted (delivered, and by its error in the recovery
+    /// counters) before `f` runs: a panicking `f` leaves the rest for a
+    /// later call, which counts only those. Returns (completions
+    /// delivered, bytes leaked).
     #[cold]
     pub fn end_all(
         &mut self,
@@ -257,6 +260,7 @@ impl<B: IoBuf, S> Engine<B, S> {
     ) -> (usize, u64) {
         let mut leaked = 0u64;
         let completed = &mut self.completed;
+        let rstats = &mut self.rstats;
         let n = drain_all(
             &mut self.trackers,
             &mut self.splits,
@@ -270,9 +274,15 @@ impl<B: IoBuf, S> Engine<B, S> {
                 };
                 // Counted before the callback runs: it may panic.
                 *completed += 1;
+                let err = first.unwrap_or(err);
+                match err {
+                    IoError::AbortedByReset => rstats.aborted_by_reset += 1,
+                    IoError::ControllerFailed => rstats.failed_by_controller += 1,
+                    _ => {}
+                }
                 f(Completion {
                     tag,
-                    result: Err(first.unwrap_or(err)),
+                    result: Err(err),
                     buf,
                     dw0: 0,
                 });

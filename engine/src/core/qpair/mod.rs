@@ -61,6 +61,8 @@ use super::timeout::IDLE_CLOCK_INTERVAL;
 mod blocks;
 mod engine;
 mod split;
+#[cfg(test)]
+mod tests;
 pub(crate) mod wait;
 
 pub(crate) use self::blocks::Addressed;
@@ -168,7 +170,10 @@ pub(crate) trait Wire: Sized {
     }
     /// Recovery step 1: deliver what the controller completed before it
     /// stopped (it can post no more), each entry proven as `reap` proves
-    /// it. No doorbell. Returns the completions delivered.
+    /// it. No doorbell. Returns the completions delivered. Also called by
+    /// closing when the withdrawal failed or was not confirmed: then the
+    /// controller may post more later, and only what it posted so far is
+    /// looked at.
     fn deliver_posted(&mut self, f: &mut dyn FnMut(Completion<Self::Buf>)) -> usize;
     /// Before the core ends every command: end the wire's own commands
     /// (no application completion), with or without their buffers. Returns
@@ -221,7 +226,10 @@ pub(crate) trait Wire: Sized {
     /// [`WaitPolicy`] says (see [`wait`] for the order that loses no
     /// wake-up). Completions reach `f` through `poll` only; returns how
     /// many (0: the timeout passed, or nothing is outstanding). A failed
-    /// or reset controller ends the wait as `poll` reports it.
+    /// or reset controller ends the wait as `poll` reports it. `max` = 0
+    /// is refused ([`Error::InvalidOption`]): such a wait could deliver
+    /// nothing, so nothing but its limit could end it (`poll(0)` rings
+    /// without waiting).
     #[cold]
     #[inline(never)]
     fn wait<F: FnMut(Completion<Self::Buf>)>(
@@ -231,6 +239,9 @@ pub(crate) trait Wire: Sized {
         f: &mut F,
     ) -> Result<usize> {
         use std::time::Instant;
+        if max == 0 {
+            return Err(wait::no_completion_asked());
+        }
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
         // Completions the application's own polls delivered since the
@@ -242,6 +253,12 @@ pub(crate) trait Wire: Sized {
             e.wait.seen_completed = e.completed;
             e.wait.last_completion = Some(start);
         }
+        // Arm after every empty poll, not after a batch of them: policy
+        // `Interrupt`, or a hybrid spin window already over (a zero spin,
+        // no completion yet) — and, below, once the policy said sleep.
+        // Spun a batch first, a window over at the start ran 31 polls
+        // long, and a completion within them was taken without a sleep.
+        let mut at_once = e.wait.should_sleep(start);
         let mut spins = 0u32;
         loop {
             let n = self.poll(max, f)?;
@@ -256,9 +273,9 @@ pub(crate) trait Wire: Sized {
                 return Ok(0);
             }
             spins += 1;
-            // `Interrupt` arms after the first empty poll; the others look
-            // at the clock (deadline, hybrid window) every few spins.
-            if spins % wait::SPIN_BATCH != 0 && !e.wait.sleeps_at_once() {
+            // Spinning looks at the clock (deadline, hybrid window) every
+            // few polls.
+            if spins % wait::SPIN_BATCH != 0 && !at_once {
                 std::hint::spin_loop();
                 continue;
             }
@@ -271,6 +288,9 @@ pub(crate) trait Wire: Sized {
             let Some(sleep) = self.arm_sleep() else {
                 continue;
             };
+            // The window is over for the rest of this wait: a completion
+            // ends it.
+            at_once = true;
             let n = self.poll(max, f)?;
             if n > 0 {
                 let e = self.eng();
@@ -421,8 +441,8 @@ pub(crate) trait Wire: Sized {
     }
 
     /// `poll` when completions are held, or the state word changed, or the
-    /// queue stopped: hand out held completions, then recover, at most
-    /// `max` in all (the rest are held).
+    /// queue stopped: hand out held completions, then ring (the gate open)
+    /// or recover, at most `max` in all (the rest are held).
     #[cold]
     #[inline(never)]
     fn poll_cold<F: FnMut(Completion<Self::Buf>)>(
@@ -433,6 +453,9 @@ pub(crate) trait Wire: Sized {
         let mut n = self.eng().held.deliver(max, f);
         let e = self.eng_ref();
         if e.stopped.is_none() && self.state() == e.seen_state {
+            // The gate is open: what was queued goes out, as every poll
+            // rings (`poll(0)` too).
+            self.ring();
             return Ok(n);
         }
         let mut r = Ok(0);
@@ -441,8 +464,9 @@ pub(crate) trait Wire: Sized {
     }
 
     /// Close (or drop): every command still in flight ends exactly once
-    /// through `f` — what the device completes while the queue is taken off
-    /// it as the device said, the rest as [`IoError::Aborted`], with their
+    /// through `f` — what the device completed (before, or while the queue
+    /// is taken off it, even when that fails) as the device said, the rest
+    /// as [`IoError::Aborted`], with their
     /// buffers only if the device can no longer touch them (otherwise they
     /// are leaked, with the queue's memory). After a reset or failure the
     /// commands end as `poll` would end them, and a stopped queue reports
@@ -475,6 +499,12 @@ pub(crate) trait Wire: Sized {
             };
         }
         let safe = matches!(r, Ok(true));
+        if !safe {
+            // The queue may still be on the device, but what it posted is
+            // its answer: delivered as it said (with its buffer), not
+            // ended as aborted.
+            self.deliver_posted(f);
+        }
         let left = self.eng_ref().trackers.outstanding();
         if !safe && left > 0 {
             log::error!(
@@ -532,9 +562,7 @@ pub(crate) trait Wire: Sized {
                             self.queue_id()
                         );
                     }
-                    let e = self.eng();
-                    let (k, l) = e.end_all(IoError::ControllerFailed, false, f);
-                    e.rstats.failed_by_controller += k as u64;
+                    let (k, l) = self.eng().end_all(IoError::ControllerFailed, false, f);
                     n += k;
                     leaked += l;
                     self.note_leak(leaked);
@@ -555,11 +583,6 @@ pub(crate) trait Wire: Sized {
                         (IoError::AbortedByReset, self.eng())
                     };
                     let (k, _) = e.end_all(err, true, f);
-                    if failed {
-                        e.rstats.failed_by_controller += k as u64;
-                    } else {
-                        e.rstats.aborted_by_reset += k as u64;
-                    }
                     n += k;
                     e.device_may_access = false;
                     e.seen_state = settled;

@@ -349,13 +349,6 @@ impl Waiter {
         }
     }
 
-    /// Whether the wait arms as soon as a poll finds nothing (policy
-    /// `Interrupt`, with an interrupt), rather than spin a batch first.
-    #[inline]
-    pub(super) fn sleeps_at_once(&self) -> bool {
-        self.policy == WaitPolicy::Interrupt && self.irq.is_some()
-    }
-
     /// Whether, at `now`, the wait should sleep rather than spin.
     pub(super) fn should_sleep(&self, now: Instant) -> bool {
         if self.irq.is_none() {
@@ -369,6 +362,14 @@ impl Waiter {
                 .is_none_or(|t| now.saturating_duration_since(t) >= spin),
         }
     }
+}
+
+/// The refusal of a wait for at most 0 completions.
+#[cold]
+pub(crate) fn no_completion_asked() -> crate::core::error::Error {
+    crate::core::error::Error::InvalidOption(
+        "wait with max = 0 can deliver nothing; ask for at least one completion (poll(0) rings without waiting)".into(),
+    )
 }
 
 /// Whether a deadline passed.

@@ -330,6 +330,11 @@ fn reap_waiting<Q: BlockQueue>(
     timeout: Option<Duration>,
 ) -> Result<usize, EngineError> {
     let max = max.min(events.len());
+    if max == 0 {
+        // No room for an event: the queue pair's wait refuses to wait for
+        // at most 0 completions.
+        return Ok(0);
+    }
     let min = min.min(max);
     let mut n = 0;
     let deadline = timeout.map(|t| Instant::now() + t);
