@@ -22,24 +22,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use mcqio::vfio::{Backend, DmaDir};
 use mcqio::{AsyncQueue, Controller, ControllerOptions, DmaBuf, QpairOptions, QueuePair};
+use mcqio_fixtures::testing::engine::asyncio::Flag;
 use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, NamespaceConfig};
-
-/// A task's waker: sets its flag.
-struct Flag(AtomicBool);
-
-impl Wake for Flag {
-    fn wake(self: Arc<Self>) {
-        self.0.store(true, Ordering::Release);
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.store(true, Ordering::Release);
-    }
-}
 
 /// One task: `count` reads, one after another, each at the next LBA.
 async fn reader(aq: &AsyncQueue<QueuePair>, mut buf: DmaBuf, first: u64, count: u64) -> u64 {

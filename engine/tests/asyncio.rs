@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use mcqio::core::block::BlockQueue;
@@ -17,6 +17,7 @@ use mcqio::{
     AsyncQueue, Completion, DmaBuf, IoBuf, IoError, IoSeg, QpairOptions, SubmitError,
     SubmitErrorKind, TimeoutPolicy,
 };
+use mcqio_fixtures::testing::engine::asyncio::Flag;
 use mcqio_fixtures::testing::engine::{nvme, ufs};
 use mcqio_fixtures::ufs::UfsFault;
 use mcqio_fixtures::{ExecMode, Fault};
@@ -25,18 +26,6 @@ const HANG: Duration = Duration::from_secs(20);
 
 type Out<B> = Result<Completion<B>, SubmitError<B>>;
 type Task<'a, B> = Pin<Box<dyn Future<Output = Out<B>> + 'a>>;
-
-/// A task's waker: sets its flag.
-struct Flag(AtomicBool);
-
-impl Wake for Flag {
-    fn wake(self: Arc<Self>) {
-        self.0.store(true, Ordering::Release);
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.store(true, Ordering::Release);
-    }
-}
 
 /// The minimal executor: polls every woken task until all resolved.
 /// Returns the outputs in task order and the rounds it took.

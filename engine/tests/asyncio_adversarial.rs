@@ -22,12 +22,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use mcqio::core::block::BlockQueue;
-use mcqio::vfio::{DmaDir, DmaSpace};
-use mcqio::{AsyncQueue, DmaBuf, IoBuf, IoError, IoSeg, QpairOptions, SubmitErrorKind};
+use mcqio::{AsyncQueue, IoError, QpairOptions, SubmitErrorKind};
+use mcqio_fixtures::testing::engine::asyncio::{Flag, Tracked};
 use mcqio_fixtures::testing::engine::nvme;
 use mcqio_fixtures::{ExecMode, Fault};
 use proptest::prelude::*;
@@ -37,47 +37,6 @@ use rand::Rng;
 const HANG: Duration = Duration::from_secs(20);
 /// Blocks of 512 bytes each future's region spans (its LBA range).
 const REGION: u64 = 16;
-
-struct Flag(AtomicBool);
-
-impl Wake for Flag {
-    fn wake(self: Arc<Self>) {
-        self.0.store(true, Ordering::Release);
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.store(true, Ordering::Release);
-    }
-}
-
-/// A DMA buffer that knows whose it is and records its release.
-struct Owned {
-    buf: DmaBuf,
-    id: usize,
-    released: Arc<AtomicBool>,
-}
-
-impl Drop for Owned {
-    fn drop(&mut self) {
-        self.released.store(true, Ordering::Release);
-    }
-}
-
-// SAFETY: every answer is the wrapped `DmaBuf`'s, which holds the
-// contract, and the `DmaBuf` lives exactly as long as the wrapper.
-unsafe impl IoBuf for Owned {
-    fn segment_count(&self) -> usize {
-        self.buf.segment_count()
-    }
-    fn segment(&self, i: usize) -> IoSeg {
-        self.buf.segment(i)
-    }
-    fn dir(&self) -> DmaDir {
-        self.buf.dir()
-    }
-    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
-        self.buf.is_mapped_in(space)
-    }
-}
 
 fn pattern(id: usize, len: usize) -> Vec<u8> {
     (0..len).map(|k| (id * 37 + k * 11) as u8 ^ 0xc3).collect()
@@ -112,7 +71,7 @@ enum Event {
 type Out = (
     usize,
     Op,
-    Result<Option<(Result<(), IoError>, Option<Owned>)>, SubmitErrorKind>,
+    Result<Option<(Result<(), IoError>, Option<Tracked>)>, SubmitErrorKind>,
 );
 type Task<'a> = Pin<Box<dyn Future<Output = Out> + 'a>>;
 
@@ -148,7 +107,7 @@ fn run(s: Script) {
         side.close(drop).unwrap();
     }
     let qp = ctrl
-        .create_qpair_for::<Owned>(QpairOptions {
+        .create_qpair_for::<Tracked>(QpairOptions {
             depth: s.depth,
             io_timeout: None,
             ..Default::default()
@@ -163,17 +122,12 @@ fn run(s: Script) {
     let mut tasks: Vec<Option<Task<'_>>> = Vec::new();
     for (i, &(op, blocks, _)) in s.ops.iter().enumerate() {
         let len = blocks as usize * 512;
-        let flag = Arc::new(AtomicBool::new(false));
-        released.push(flag.clone());
         let mut b = nvme::buf(&ctrl, len);
         if op == Op::Write {
             b.write_at(0, &pattern(i, len)).unwrap();
         }
-        let buf = Owned {
-            buf: b,
-            id: i,
-            released: flag,
-        };
+        let (buf, flag) = Tracked::new(b, i);
+        released.push(flag);
         let lba = i as u64 * REGION;
         let aq = &aq;
         let t: Task<'_> = match op {

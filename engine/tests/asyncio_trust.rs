@@ -6,35 +6,22 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use mcqio::core::block::BlockQueue;
 use mcqio::{AsyncQueue, QpairOptions};
+use mcqio_fixtures::testing::engine::asyncio::Flag;
 use mcqio_fixtures::testing::engine::nvme;
 use mcqio_fixtures::{ExecMode, FakeConfig};
 
 /// Long enough that only a lost wake-up reaches it.
 const HANG: Duration = Duration::from_secs(10);
 
-/// A task's waker: sets its flag.
-struct Flag(AtomicBool);
-
-impl Wake for Flag {
-    fn wake(self: Arc<Self>) {
-        self.0.store(true, Ordering::Release);
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.store(true, Ordering::Release);
-    }
-}
-
 fn flag() -> (Arc<Flag>, Waker) {
-    let f = Arc::new(Flag(AtomicBool::new(false)));
-    let w = Waker::from(f.clone());
-    (f, w)
+    Flag::new(false)
 }
 
 fn threaded_with_latency(ms: u64) -> FakeConfig {
