@@ -314,8 +314,10 @@ mod tests {
     /// made the device the slower side, so the host found one completion
     /// per poll and rang once per I/O. A signal not yet taken now absorbs
     /// the messages after it: while the wait spins, the device writes the
-    /// eventfd once, not once per completion. Counted, not timed; the
-    /// doorbells and IOPS are measured with mcqio-perf.
+    /// eventfd once, not once per completion (and a burst of entries sends
+    /// one message: the fake's
+    /// `a_burst_of_entries_sends_one_message_after_the_last`). Counted, not
+    /// timed; the doorbells and IOPS are measured with mcqio-perf.
     #[test]
     fn a_spinning_hybrid_wait_costs_the_device_no_write_per_completion() {
         let (fake, ctrl) = setup(threaded());
@@ -358,10 +360,7 @@ mod tests {
             fake.interrupts_raised() - raised,
             fake.interrupt_signals() - signals,
         );
-        assert!(
-            raised >= 2900,
-            "a message after (almost) every entry: {raised}"
-        );
+        assert!(raised > 0, "the vector is enabled: {raised} messages");
         // Each arm takes the signal, so at most one write per arm, and the
         // wait arms only before the first completion (the window is long).
         assert!(
