@@ -296,6 +296,7 @@ impl<B> Table<B> {
     }
 
     /// After recording: wake the waiters for a slot if one freed.
+    #[inline]
     fn settle(&mut self) {
         if self.freed {
             self.freed = false;
@@ -308,6 +309,7 @@ impl<B> Table<B> {
 
     /// A future took its completion (or was dropped after it): free its
     /// slot.
+    #[inline]
     fn free_slot(&mut self, i: u32) {
         self.slots[i as usize] = Slot::Free;
         self.free.push(i);

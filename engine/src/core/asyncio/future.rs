@@ -158,10 +158,25 @@ impl<'a, Q: BlockQueue, C: Command<Q>> IoFuture<'a, Q, C> {
                     Ok(next) => next,
                     Err(out) => return Poll::Ready(out),
                 },
-                State::Submitted(i) => match self.complete(&mut g, cx, i, rounds) {
-                    Ok(next) => next,
-                    Err(c) => return Poll::Ready(Ok(c)),
-                },
+                State::Submitted(i) => {
+                    let i_ = i as usize;
+                    let mut drove = false;
+                    if !matches!(g.t.slots[i_], Slot::Done(_)) && g.should_drive(self.seen, rounds)
+                    {
+                        g.drive_kept();
+                        drove = true;
+                    }
+                    if let Slot::Done(_) = g.t.slots[i_] {
+                        let Slot::Done(c) = std::mem::replace(&mut g.t.slots[i_], Slot::Free)
+                        else {
+                            unreachable!()
+                        };
+                        g.release(i);
+                        self.state = State::Gone;
+                        return Poll::Ready(Ok(c));
+                    }
+                    self.pending(&mut g, cx, i, rounds, drove)
+                }
                 State::Gone => panic!("IoFuture polled after it resolved"),
             };
             match next {
@@ -171,39 +186,23 @@ impl<'a, Q: BlockQueue, C: Command<Q>> IoFuture<'a, Q, C> {
         }
     }
 
-    /// A submitted future: its completion (`Err`, to resolve with), or
-    /// what to do next.
-    fn complete(
+    /// A submitted future whose command has not completed: its task's
+    /// waker in the slot, then what to do next.
+    #[inline]
+    fn pending(
         &mut self,
         g: &mut Inner<Q>,
         cx: &mut Context<'_>,
         i: u32,
         rounds: u32,
-    ) -> std::result::Result<Next, Completion<Q::Buf>> {
-        let i_ = i as usize;
-        let mut drove = false;
-        if !matches!(g.t.slots[i_], Slot::Done(_)) && g.should_drive(self.seen, rounds) {
-            g.drive_kept();
-            drove = true;
-        }
-        let t = &mut g.t;
-        match &mut t.slots[i_] {
-            Slot::Done(_) => {
-                let Slot::Done(c) = std::mem::replace(&mut t.slots[i_], Slot::Free) else {
-                    unreachable!()
-                };
-                g.release(i);
-                self.state = State::Gone;
-                return Err(c);
+        drove: bool,
+    ) -> Next {
+        if let Slot::InFlight(Some(w)) = &mut g.t.slots[i as usize] {
+            if !w.will_wake(cx.waker()) {
+                *w = cx.waker().clone();
             }
-            Slot::InFlight(Some(w)) => {
-                if !w.will_wake(cx.waker()) {
-                    *w = cx.waker().clone();
-                }
-            }
-            _ => unreachable!("slot {i} not in flight under its future"),
         }
-        Ok(g.keep_polled(&mut self.seen, cx, rounds, drove, Cell::Slot(i)))
+        g.keep_polled(&mut self.seen, cx, rounds, drove, Cell::Slot(i))
     }
 
     /// A future not yet submitted: take a slot and queue the command (the
@@ -299,6 +298,7 @@ impl<'a, Q: BlockQueue, C: Command<Q>> IoFuture<'a, Q, C> {
 impl<Q: BlockQueue> Inner<Q> {
     /// A future took its completion (or was dropped after it): free its
     /// slot and let waiters know.
+    #[inline]
     fn release(&mut self, i: u32) {
         self.t.free_slot(i);
         self.t.settle();
@@ -309,16 +309,24 @@ impl<Q: BlockQueue> Inner<Q> {
 
 impl<Q: BlockQueue, C: Command<Q>> Drop for IoFuture<'_, Q, C> {
     fn drop(&mut self) {
+        let i = match self.state {
+            State::Submitted(i) => i,
+            // A waiter's entry in the list is harmless (a spurious wake);
+            // only a waiter cell goes back.
+            #[cfg(feature = "tokio")]
+            State::New(_) if self.cell.is_some() => {
+                if let Ok(mut g) = self.q.inner.try_borrow_mut() {
+                    self.stop_waiting(&mut g);
+                }
+                return;
+            }
+            State::New(_) | State::Gone => return,
+        };
         let Ok(mut g) = self.q.inner.try_borrow_mut() else {
             // Only reachable from a waker run inside the driver, which
             // never happens (wakers run after the borrow ends): the slot
             // and buffer would stay with the queue pair until close.
             return;
-        };
-        let i = match self.state {
-            State::Submitted(i) => i,
-            State::New(_) => return self.stop_waiting(&mut g),
-            State::Gone => return,
         };
         match &mut g.t.slots[i as usize] {
             Slot::Done(_) => {
