@@ -606,3 +606,122 @@ fn a_future_left_unpolled_by_its_task_does_not_stall_the_others() {
         Rc::try_unwrap(aq).ok().unwrap().close().unwrap();
     });
 }
+
+/// Issue 39 item 7 on tokio: tasks that leave their futures alive and
+/// unpolled (up to depth - 1 of them, each holding its slot), drop them
+/// by a timeout mid-flight, or poll them once with a waker of another
+/// context first, beside tasks that simply await theirs, on a threaded
+/// device with random delays. Every plain task resolves while the others
+/// sit unpolled; the abandoned ones resolve once polled again; the
+/// dropped ones' commands end and their buffers go with them.
+#[test]
+fn futures_on_tokio_survive_tasks_that_abandon_drop_and_move_them() {
+    use rand::Rng;
+    for seed in 0..4u64 {
+        let (fake, ctrl) = nvme::open(nvme::config(threaded(), 5));
+        fake.faults()
+            .set_probability(Fault::Delay(Duration::from_millis(2)), 0.3);
+        let rt = runtime();
+        let local = LocalSet::new();
+        local.block_on(&rt, async {
+            let depth = 4u16;
+            let aq = Rc::new(AsyncQueue::tokio(ctrl.create_qpair(irq(depth)).unwrap()).unwrap());
+            let mut rng = nvme::rng(seed);
+            let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+            let mut plain = Vec::new();
+            let mut abandoned = Vec::new();
+            let mut abandons = depth - 1;
+            for i in 0..32u64 {
+                let (aq, mut buf) = (aq.clone(), nvme::buf(&ctrl, 512));
+                buf.write_at(0, &data(i, 512)).unwrap();
+                let fate = match rng.gen_range(0..4) {
+                    1 if abandons > 0 => {
+                        abandons -= 1;
+                        1
+                    }
+                    1 => 0,
+                    f => f,
+                };
+                let polls = rng.gen_range(1..=3);
+                let wait_us = rng.gen_range(50..3000);
+                let mut release = release_rx.clone();
+                let t = tokio::task::spawn_local(async move {
+                    let mut f = aq.write(1u32, i * 8, 1, buf);
+                    match fate {
+                        // Polled a few times, then left alone until the end.
+                        1 => {
+                            let mut out = None;
+                            for _ in 0..polls {
+                                out = std::future::poll_fn(|cx| {
+                                    Poll::Ready(match Pin::new(&mut f).poll(cx) {
+                                        Poll::Ready(o) => Some(o),
+                                        Poll::Pending => None,
+                                    })
+                                })
+                                .await;
+                                if out.is_some() {
+                                    break;
+                                }
+                                tokio::task::yield_now().await;
+                            }
+                            while !*release.borrow() {
+                                release.changed().await.unwrap();
+                            }
+                            ok(match out {
+                                Some(o) => o,
+                                None => f.await,
+                            });
+                        }
+                        // Dropped by a timeout, maybe mid-flight.
+                        2 => {
+                            let r =
+                                tokio::time::timeout(Duration::from_micros(wait_us), &mut f).await;
+                            if let Ok(o) = r {
+                                ok(o);
+                            }
+                        }
+                        // First polled through a waker that never wakes this task.
+                        3 => {
+                            let noop = std::task::Waker::noop();
+                            match Pin::new(&mut f).poll(&mut Context::from_waker(noop)) {
+                                Poll::Ready(o) => ok(o),
+                                Poll::Pending => ok(f.await),
+                            };
+                        }
+                        _ => {
+                            ok(f.await);
+                        }
+                    }
+                });
+                if fate == 1 {
+                    abandoned.push(t);
+                } else {
+                    plain.push(t);
+                }
+            }
+            tokio::time::timeout(HANG, async {
+                for t in plain {
+                    t.await.expect("task");
+                }
+            })
+            .await
+            .expect("a future stalled while others sat unpolled");
+            release_tx.send(true).unwrap();
+            tokio::time::timeout(HANG, async {
+                for t in abandoned {
+                    t.await.expect("task");
+                }
+            })
+            .await
+            .expect("an abandoned future did not resolve once polled again");
+            until(|| {
+                aq.drive().unwrap();
+                aq.in_flight() == 0
+            })
+            .await;
+            Rc::try_unwrap(aq).ok().unwrap().close().unwrap();
+        });
+        assert_eq!(fake.stats().iommu_faults, 0);
+        assert!(fake.iommu().mapped_but_freed().is_empty());
+    }
+}
