@@ -11,7 +11,7 @@ use mcqio::nvme::spec::identify::IdentifyError;
 use mcqio::nvme::spec::opcodes::admin as op;
 use mcqio::nvme::spec::sqe::{Command, GetLogPage, Identify};
 use mcqio::{Controller, ControllerOptions, Error, IoError, QpairOptions, TimeoutPolicy};
-use mcqio_fixtures::hostile::STALE_CID;
+use mcqio_fixtures::nvme::hostile::STALE_CID;
 use mcqio_fixtures::{
     CqeLie, CstsLie, DeviceLies, ExecMode, FakeConfig, FakeController, Fault, HostileBackend,
     NamespaceConfig, RegisterLies,
