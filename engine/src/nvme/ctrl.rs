@@ -98,7 +98,7 @@ use crate::core::io::IoBuf;
 use crate::nvme::admin::AdminQueue;
 pub use crate::nvme::admin::{event_type, AsyncEvent, MAX_ADMIN_READ, MAX_NAMESPACES};
 use crate::nvme::pcie::enable::{disable, read_csts, BarPtr};
-use crate::nvme::pcie::queue::{QpairOptions, QueuePair};
+use crate::nvme::pcie::qpair::{QpairOptions, QueuePair};
 use crate::nvme::pcie::shadow::ShadowPages;
 use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace};
 use crate::nvme::spec::regs::{Cap, Version};

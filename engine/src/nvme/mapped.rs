@@ -8,7 +8,7 @@ use std::sync::Arc;
 use mcqio_vfio::Mapped;
 
 use super::ctrl::Controller;
-use super::queue::{QpairOptions, QpairStats, QueuePair};
+use super::pcie::qpair::{QpairOptions, QpairStats, QueuePair};
 use crate::core::mapped::MappingMode;
 use crate::Result;
 

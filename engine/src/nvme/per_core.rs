@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::ctrl::Controller;
-use super::queue::{QpairOptions, QueuePair};
+use super::pcie::qpair::{QpairOptions, QueuePair};
 use crate::core::io::DmaBuf;
 use crate::core::per_core::PerCore;
 use crate::Result;

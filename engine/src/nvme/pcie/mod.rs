@@ -16,12 +16,21 @@
 //! - `ioq`: Create and Delete I/O SQ/CQ for a queue pair's rings.
 //! - `irq`: an MSI-X vector per I/O queue, for queue pairs that wait on
 //!   interrupts.
-//! - [`queue`]: [`QueuePair`](queue::QueuePair): SQ/CQ rings, doorbells,
-//!   PRP lists, transfers split at MDTS.
+//! - [`queue`]: the SQ/CQ rings and their doorbells.
+//! - [`qpair`]: [`QueuePair`](qpair::QueuePair), one folder with the
+//!   same file per role as every wire's queue pair: `create`, `submit`
+//!   (checks, SQEs, the tail doorbell), `prp` (data pointers), `split`
+//!   (transfers above the per-command limit as child commands that
+//!   complete once), `reap` (polling the CQ), `wire` (the core's
+//!   `Wire` hooks: ring, reap, recovery after a reset or failure),
+//!   `timeouts` (the scan's actions, Abort), `teardown` (close, `Drop`),
+//!   `wait` (the MSI-X vector), `blocking` (the blocking helpers and
+//!   [`BlockQueue`](crate::core::block::BlockQueue)).
 
 pub(super) mod bringup;
 pub(super) mod enable;
 pub(super) mod ioq;
 pub(super) mod irq;
+pub mod qpair;
 pub mod queue;
 pub(super) mod shadow;

@@ -72,7 +72,7 @@ use crate::core::io::IoBuf;
 use crate::core::state::{self, Controlled, StateWord};
 use crate::nvme::admin::active_namespaces_by;
 use crate::nvme::ctrl::Namespace;
-use crate::nvme::pcie::queue::QpairOptions;
+use crate::nvme::pcie::qpair::QpairOptions;
 use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace};
 use crate::nvme::spec::regs::{Cap, Cc, Csts, Version};
 use crate::nvme::spec::sqe::{Command, Identify, SetFeatures};

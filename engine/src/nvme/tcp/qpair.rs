@@ -105,7 +105,7 @@ use crate::core::qpair::{
 use crate::core::state::Stopped;
 use crate::core::timeout::{self, Expired, TimeoutActions, Timeouts};
 use crate::core::tracker::Trackers;
-use crate::nvme::pcie::queue::QpairOptions;
+use crate::nvme::pcie::qpair::QpairOptions;
 use crate::nvme::spec::sqe::{
     Abort, Command, DatasetManagement, DsmRange, Flush, Read, Write, MAX_NLB,
 };
