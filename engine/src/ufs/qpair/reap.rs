@@ -26,7 +26,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let outstanding = self.eng.trackers.outstanding();
         let UfsQueuePair {
             ctrl,
-            transport,
+            hwq,
             eng,
             ucds,
             tag_base,
@@ -54,16 +54,16 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 delivered += 1;
             }
         };
-        let (seen_entries, suspect) = match &mut **transport {
+        let (seen_entries, suspect) = match &mut **hwq {
             // A UCD address that is not the current one of a slot maps to
             // an impossible slot, which `finish` counts as stale.
-            Transport::Mcq(q) => match q.reap(max, outstanding, live, |ucd, ocs| {
+            HwQueue::Mcq(q) => match q.reap(max, outstanding, live, |ucd, ocs| {
                 deliver(ucds_ref.command_of(ucd), ocs)
             }) {
                 Reaped::Entries(n) => (n, false),
                 Reaped::BadTail => (0, true),
             },
-            Transport::Sdb(q) => match q.reap(max, live, &mut deliver) {
+            HwQueue::Legacy(q) => match q.reap(max, live, &mut deliver) {
                 SdbReaped::Entries(n) => (n, false),
                 SdbReaped::AllOnes => (0, true),
             },
@@ -105,7 +105,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             let task_tag = self.tag_base.wrapping_add(slot as u8);
             self.ucds
                 .write_command(slot, cmd.lun, task_tag, cmd.cdb, bytes, bytes > 0);
-            self.transport
+            self.hwq
                 .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
             self.eng
                 .trackers
@@ -114,7 +114,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             posted = true;
         }
         if posted {
-            self.transport.flush();
+            self.hwq.flush();
         }
     }
 }

@@ -222,7 +222,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             self.hpb.dirty_write(slot, lun, lba, blocks);
             DataDir::ToDevice
         };
-        self.transport
+        self.hwq
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
         self.eng.arm(slot, tag, Some(buf));
         Ok(())
@@ -273,7 +273,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             let task_tag = self.tag_base.wrapping_add(c.slot as u8);
             self.ucds
                 .write_command(c.slot, lun, task_tag, cdb, c.bytes as u32, read);
-            self.transport
+            self.hwq
                 .post(c.slot, Utrd::new(self.ucds.iova(c.slot), dir, prdt));
             if !read {
                 self.hpb.note_write(c.slot, lun, c.lba, c.blocks);
@@ -308,7 +308,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         };
         self.ucds
             .write_command(slot, lun, task_tag, cdb, bytes, false);
-        self.transport
+        self.hwq
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
         self.eng.arm(slot, tag, None);
         Ok(slot)

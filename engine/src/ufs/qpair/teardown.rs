@@ -43,8 +43,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
             return Ok(true);
         }
         // Still in flight: withdraw.
-        let withdrawn = match &mut *self.transport {
-            Transport::Sdb(q) => {
+        let withdrawn = match &mut *self.hwq {
+            HwQueue::Legacy(q) => {
                 let bits = q.clear_outstanding();
                 let t = Instant::now();
                 let mut left = q.still_set(bits);
@@ -55,7 +55,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 q.forget_outstanding();
                 left == 0
             }
-            Transport::Mcq(_) => {
+            HwQueue::Mcq(_) => {
                 self.mcq_cleanup(limit, f);
                 self.eng.trackers.outstanding() == 0
             }
@@ -70,7 +70,7 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
         // SAFETY: taken once, here; neither field is used after.
         let (t, u) = unsafe {
             (
-                ManuallyDrop::take(&mut self.transport),
+                ManuallyDrop::take(&mut self.hwq),
                 ManuallyDrop::take(&mut self.ucds),
             )
         };

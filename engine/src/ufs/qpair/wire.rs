@@ -1,6 +1,8 @@
-//! Recovery of a [`UfsQueuePair`] after its controller changed state: a
-//! host controller reset ([`UfsController::reset`]), a fatal controller,
-//! a removed one. The controller's side (disable, bring-up again) is in
+//! UFS's hooks of the shared lifecycle (`core::qpair::Wire`): the
+//! doorbell (`ring`), the completions (`reap`), the health look (IS), the
+//! interrupt's arming, and the recovery of a [`UfsQueuePair`] after its
+//! controller changed state: a host controller reset
+//! ([`UfsController::reset`]), a fatal controller, a removed one. The controller's side (disable, bring-up again) is in
 //! `ctrl/mod.rs` and `ctrl/bringup.rs`; this is what each queue pair does at its next poll.
 //!
 //! The controller's state word carries an epoch that advances only once
@@ -30,7 +32,7 @@
 //! `ControllerFailed` and **no** buffer, and the pair's memory is leaked.
 //!
 //! The state machine itself is the core's (`core::qpair::Wire::recover`,
-//! shared with NVMe); this file holds UFS's hooks: what the controller
+//! shared with every wire); this file holds UFS's hooks: what the controller
 //! posted before it stopped, forgetting the legacy list's record,
 //! re-creating the queue. What recovery ends beyond the poll's `max` waits
 //! in the engine's held completions, which the next polls (and `close`)
@@ -48,18 +50,18 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
     crate::core::qpair::wire_parts!(eng, ctrl);
 
     fn accesses(&self) -> (u64, u64) {
-        match &*self.transport {
-            Transport::Mcq(q) => (
+        match &*self.hwq {
+            HwQueue::Mcq(q) => (
                 q.stats.sq_doorbell_writes + q.stats.cq_doorbell_writes,
                 q.stats.cqtp_reads,
             ),
-            Transport::Sdb(q) => (q.stats.doorbell_writes, q.stats.doorbell_reads),
+            HwQueue::Legacy(q) => (q.stats.doorbell_writes, q.stats.doorbell_reads),
         }
     }
 
     #[inline(always)]
     fn ring(&mut self) -> bool {
-        self.transport.flush()
+        self.hwq.flush()
     }
 
     #[inline(always)]
@@ -79,12 +81,12 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
         if let Some(i) = &self.eng.wait.irq {
             i.clear();
         }
-        let mcq = match &*self.transport {
-            Transport::Mcq(q) => {
+        let mcq = match &*self.hwq {
+            HwQueue::Mcq(q) => {
                 q.arm_interrupt();
                 true
             }
-            Transport::Sdb(_) => false,
+            HwQueue::Legacy(_) => false,
         };
         self.ctrl
             .arm_interrupt(crate::ufs::ctrl::completion_cause(mcq));
@@ -121,7 +123,7 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
         let mut f = f;
         let mut n = 0;
         let UfsQueuePair {
-            transport,
+            hwq,
             eng,
             ucds,
             tag_base,
@@ -129,15 +131,15 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
             ..
         } = self;
         let (ucds, tag_base): (&UcdSlice, u8) = (ucds, *tag_base);
-        match &mut **transport {
-            Transport::Mcq(q) => {
+        match &mut **hwq {
+            HwQueue::Mcq(q) => {
                 q.drain_posted(|ucd, ocs| {
                     if finish(eng, hpb, ucds, tag_base, ucds.command_of(ucd), ocs, &mut f) {
                         n += 1;
                     }
                 });
             }
-            Transport::Sdb(q) => {
+            HwQueue::Legacy(q) => {
                 for slot in 0..eng.trackers.slots() as u16 {
                     if !eng.trackers.slot(slot).busy() {
                         continue;
@@ -169,9 +171,9 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
         0
     }
 
-    /// The transport's own record of what is in flight is void.
+    /// The hwq's own record of what is in flight is void.
     fn forget(&mut self) {
-        if let Transport::Sdb(q) = &mut *self.transport {
+        if let HwQueue::Legacy(q) = &mut *self.hwq {
             q.forget_outstanding();
         }
     }
@@ -217,8 +219,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
         &mut self,
         settled: u64,
     ) -> std::result::Result<bool, super::super::UfsCtrlError> {
-        match &mut *self.transport {
-            Transport::Mcq(q) => {
+        match &mut *self.hwq {
+            HwQueue::Mcq(q) => {
                 q.nullify(Utrd::new(0, DataDir::None, 0).nullified());
                 match self.ctrl.recreate_mcq_queue(settled, q.rings())? {
                     Some((regs, sq_tail, cq_head)) => {
@@ -228,7 +230,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
                     None => Ok(false),
                 }
             }
-            Transport::Sdb(_) => self.ctrl.restart_legacy_list(settled),
+            HwQueue::Legacy(_) => self.ctrl.restart_legacy_list(settled),
         }
     }
 
