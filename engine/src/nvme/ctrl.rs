@@ -94,6 +94,8 @@ use std::time::Duration;
 
 use mcqio_vfio::{Backend, DmaDir, DmaSpace, DoorbellHook};
 
+use crate::core::error::{Error, Result};
+use crate::core::io::DmaBuf;
 use crate::core::io::IoBuf;
 use crate::nvme::admin::AdminQueue;
 pub use crate::nvme::admin::{event_type, AsyncEvent, MAX_ADMIN_READ, MAX_NAMESPACES};
@@ -103,7 +105,6 @@ use crate::nvme::pcie::shadow::ShadowPages;
 use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace};
 use crate::nvme::spec::regs::{Cap, Version};
 use crate::nvme::spec::{Cqe, Sqe};
-use crate::{DmaBuf, Error, Result};
 
 /// Options for [`Controller::new`].
 #[derive(Clone, Debug)]

@@ -9,8 +9,8 @@ use mcqio_vfio::Mapped;
 
 use super::ctrl::Controller;
 use super::pcie::qpair::{QpairOptions, QpairStats, QueuePair};
+use crate::core::error::Result;
 use crate::core::mapped::MappingMode;
-use crate::Result;
 
 /// A queue pair for application buffers mapped per I/O, over any
 /// transport's queue pair `Q` — NVMe's [`QueuePair`] unless named

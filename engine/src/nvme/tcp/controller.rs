@@ -66,18 +66,16 @@ use super::digest::Digests;
 use super::error::TcpError;
 use super::fabrics::{self, property, Connect, ConnectData, FabricsIdentify, PropertySize};
 use super::memory::host_space;
-use super::qpair::TcpQueuePair;
 use crate::core::block::{BlockDevice, BlockUnit};
-use crate::core::io::IoBuf;
+use crate::core::error::{Error, Result};
+use crate::core::io::DmaBuf;
 use crate::core::state::{self, Controlled, StateWord};
 use crate::nvme::admin::active_namespaces_by;
 use crate::nvme::ctrl::Namespace;
-use crate::nvme::pcie::qpair::QpairOptions;
 use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace};
 use crate::nvme::spec::regs::{Cap, Cc, Csts, Version};
 use crate::nvme::spec::sqe::{Command, Identify, SetFeatures};
 use crate::nvme::spec::{Cqe, Sqe};
-use crate::{DmaBuf, Error, Result};
 
 /// How to reach and bring up a target.
 #[derive(Clone, Debug)]
@@ -197,7 +195,7 @@ impl AdminLink {
 }
 
 /// An NVMe controller over NVMe/TCP (see the module docs). Shareable
-/// (`Sync`); one [`TcpQueuePair`] per thread for I/O.
+/// (`Sync`); one [`TcpQueuePair`](super::TcpQueuePair) per thread for I/O.
 pub struct TcpController {
     pub(super) addr: SocketAddr,
     pub(super) opts: TcpOptions,
@@ -832,21 +830,6 @@ impl TcpController {
         self.fabrics.in_capsule_bytes() as usize
     }
 
-    /// Create an I/O queue pair for [`DmaBuf`]s: its own connection, its
-    /// queue Connected under this controller's id.
-    pub fn create_qpair(self: &Arc<Self>, opts: QpairOptions) -> Result<TcpQueuePair<DmaBuf>> {
-        TcpQueuePair::create(self, &opts)
-    }
-
-    /// [`TcpController::create_qpair`] for any buffer type with host
-    /// addresses ([`IoBuf::segment_host`]).
-    pub fn create_qpair_for<B: IoBuf>(
-        self: &Arc<Self>,
-        opts: QpairOptions,
-    ) -> Result<TcpQueuePair<B>> {
-        TcpQueuePair::create(self, &opts)
-    }
-
     pub(super) fn alloc_qid(&self) -> Result<u16> {
         self.health()?;
         self.free_qids
@@ -916,20 +899,5 @@ impl Drop for TcpController {
             }
         }
         a.conn.close();
-    }
-}
-
-/// One [`TcpQueuePair`] (its own connection) per thread, at most as many
-/// as Number of Queues granted ([`crate::core::per_core`]).
-impl crate::core::per_core::PerCore for Arc<TcpController> {
-    type Qpair = TcpQueuePair<DmaBuf>;
-    type Options = QpairOptions;
-
-    fn granted_queues(&self) -> usize {
-        self.granted_io_queues()
-    }
-
-    fn create_for_core(&self, opts: &QpairOptions) -> Result<TcpQueuePair<DmaBuf>> {
-        self.create_qpair(opts.clone())
     }
 }

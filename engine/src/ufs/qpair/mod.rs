@@ -45,6 +45,7 @@ use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
 use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, SLOT_BYTES};
 use crate::core::block;
 use crate::core::deliver;
+use crate::core::error::{Error, Result};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::mapped::{MappedQueuePair, MappingMode};
 use crate::core::qpair::Reaped as CoreReaped;
@@ -53,7 +54,6 @@ use crate::core::split::Routed;
 use crate::core::state::Stopped;
 use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, TimeoutPolicy, Timeouts};
 use crate::core::tracker::Trackers;
-use crate::{Error, Result};
 
 mod blocking;
 mod create;

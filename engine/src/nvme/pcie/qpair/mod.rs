@@ -23,6 +23,7 @@ mod wire;
 use self::prp::{prp_pages_per_slot, prp_region_len, PrpLists};
 use self::split::SplitChild;
 use crate::core::block;
+use crate::core::error::{Error, Result};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::qpair::{Engine, Reaped, Recreated, SplitRequest, WaitPolicy, Wire};
 use crate::core::state::Stopped;
@@ -40,7 +41,6 @@ use crate::nvme::spec::sqe::{
 };
 use crate::nvme::spec::status::{generic, sct};
 use crate::nvme::spec::{Cqe, NvmeStatus, Sqe};
-use crate::{Error, Result};
 
 /// The largest queue depth (outstanding commands per queue pair).
 pub const MAX_DEPTH: u16 = 4096;
