@@ -50,3 +50,12 @@ const _: () = {
     const fn send<T: Send>() {}
     send::<MappedQueuePair>();
 };
+
+impl Controller {
+    /// Create a queue pair for application buffers
+    /// ([`AppBuffer`](mcqio_vfio::AppBuffer)) mapped per I/O in the strict
+    /// or lazy mode `opts.mapping` names; see [`crate::core::mapped`].
+    pub fn create_mapped_qpair(self: &Arc<Self>, opts: QpairOptions) -> Result<MappedQueuePair> {
+        MappedQueuePair::create(self, &opts)
+    }
+}

@@ -1,8 +1,13 @@
 //! The blocking helpers and UFS's block commands for the shared
 //! [`BlockQueue`](crate::core::block::BlockQueue) implementation.
 
-use super::*;
+use super::UfsQueuePair;
+use crate::core::block;
+use crate::core::error::Result;
+use crate::core::io::{Completion, DmaBuf, IoBuf, SubmitError, SubmitErrorKind};
 use crate::core::qpair::Addressed;
+use mcqio_vfio::DmaSpace;
+use std::sync::Arc;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// SYNCHRONIZE CACHE of LU `lun`, and wait. Needs an idle queue pair

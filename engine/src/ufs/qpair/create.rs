@@ -2,7 +2,21 @@
 //! at bring-up (MCQ) or the legacy list, with its command descriptors and
 //! interrupt line; and gives them back when it is dropped.
 
-use super::*;
+use super::{HwQueue, LuGeom, UfsQpairOptions, UfsQueuePair};
+use crate::core::error::{Error, Result};
+use crate::core::io::{DmaBuf, IoBuf};
+use crate::core::mapped::{MappedQueuePair, MappingMode};
+use crate::core::qpair::Engine;
+use crate::ufs::ctrl::{Pool, UfsController, UfsMode, TASK_TAGS};
+use crate::ufs::hpb::qp::HpbQp;
+use crate::ufs::mcq::McqQueue;
+use crate::ufs::sdb::SdbQueue;
+use crate::ufs::spec::utrd::{PrdtEntry, Ucd};
+use crate::ufs::ucd::{UcdSlice, MAX_PRDT_ENTRIES, SLOT_BYTES};
+use mcqio_vfio::{DmaDir, Mapped};
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
 
 impl UfsController {
     /// Create a queue pair for [`DmaBuf`] buffers, as

@@ -30,30 +30,23 @@ use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mcqio_vfio::{DmaDir, DmaSpace, Mapped};
+use mcqio_vfio::DmaSpace;
 
-use super::ctrl::{state, Pool, UfsController, UfsMode, TASK_TAGS};
-use super::hpb::qp::{HpbQp, Overdue, DEV_INFO_HPB};
-use super::mcq::{McqQueue, Reaped};
-use super::sdb::{SdbQueue, SdbReaped};
-use super::spec::regs::sq_op;
-use super::spec::scsi;
+use super::ctrl::UfsController;
+use super::hpb::qp::HpbQp;
+use super::mcq::McqQueue;
+use super::sdb::SdbQueue;
 use super::spec::status::{io_result, UfsError};
-use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
-use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, SLOT_BYTES};
-use crate::core::block;
-use crate::core::deliver;
-use crate::core::error::{Error, Result};
-use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::core::mapped::{MappedQueuePair, MappingMode};
-use crate::core::qpair::Reaped as CoreReaped;
-use crate::core::qpair::{Closing, Engine, Recreated, SplitRequest, WaitPolicy, Wire};
-use crate::core::split::Routed;
+use super::spec::utrd::{Ocs, Utrd};
+use super::ucd::UcdSlice;
+use crate::core::error::Error;
+use crate::core::io::{DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
+use crate::core::mapped::MappingMode;
+use crate::core::qpair::{Engine, WaitPolicy, Wire};
 use crate::core::state::Stopped;
-use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, TimeoutPolicy, Timeouts};
-use crate::core::tracker::Trackers;
+use crate::core::timeout::TimeoutPolicy;
 
 mod blocking;
 mod create;
@@ -280,7 +273,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
 
     /// The counters every wire keeps, in the type shared with NVMe
     /// ([`crate::QueueCounters`]).
-    pub fn counters(&self) -> crate::QueueCounters {
+    pub fn counters(&self) -> crate::core::qpair::QueueCounters {
         self.all_counters()
     }
 

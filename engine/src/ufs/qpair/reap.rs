@@ -2,7 +2,16 @@
 //! belongs to the command in its slot, its decoding and delivery; and the
 //! HPB pass that posts internal map loads.
 
-use super::*;
+use super::{end_internal, failed_result, HwQueue, UfsQueuePair};
+use crate::core::error::Result;
+use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Reaped as CoreReaped;
+use crate::core::qpair::{Engine, Wire};
+use crate::ufs::hpb::qp::{HpbQp, DEV_INFO_HPB};
+use crate::ufs::mcq::Reaped;
+use crate::ufs::sdb::SdbReaped;
+use crate::ufs::spec::utrd::{DataDir, Ocs, Utrd};
+use crate::ufs::ucd::UcdSlice;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// Deliver up to `max` completions to `f`; returns how many. Rings a

@@ -2,7 +2,12 @@
 //! UTRD and command descriptor (UCD) building, splitting above the
 //! per-command limit, and the one doorbell per batch.
 
-use super::*;
+use super::{submit_err, LuGeom, UfsQueuePair};
+use crate::core::io::{IoBuf, SubmitError, SubmitErrorKind};
+use crate::core::qpair::{SplitRequest, Wire};
+use crate::ufs::spec::scsi;
+use crate::ufs::spec::utrd::{DataDir, Utrd};
+use mcqio_vfio::DmaDir;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// Reserve a free slot for a new command and move its command

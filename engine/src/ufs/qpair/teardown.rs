@@ -2,7 +2,13 @@
 //! withdrawal of what is still in flight, and `Drop`, which leaks the
 //! queue's memory when the controller may still hold it.
 
-use super::*;
+use super::{HwQueue, UfsQueuePair};
+use crate::core::error::Result;
+use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Wire;
+use crate::ufs::ucd::SLOT_BYTES;
+use std::mem::ManuallyDrop;
+use std::time::Instant;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// Finish the queue pair: wait (up to `UfsOptions::close_timeout`) for

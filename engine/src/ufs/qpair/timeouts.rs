@@ -2,7 +2,21 @@
 //! commands), the escalation to the controller-reset hook, MCQ cleanup by
 //! nexus, UTRLCLR, `check_timeouts`, `check_health` and `abort`.
 
-use super::*;
+use super::{stopped_error, HwQueue, UfsQueuePair};
+use crate::core::error::{Error, Result};
+use crate::core::io::{Completion, IoBuf, IoError};
+use crate::core::qpair::Wire;
+use crate::core::split::Routed;
+use crate::core::state::Stopped;
+use crate::core::timeout::{Expired, Outstanding, TimeoutActions, Timeouts};
+use crate::core::tracker::Trackers;
+use crate::core::{deliver, timeout};
+use crate::ufs::ctrl::{state, UfsController};
+use crate::ufs::hpb::qp::Overdue;
+use crate::ufs::spec::regs::sq_op;
+use crate::ufs::spec::status::UfsError;
+use crate::ufs::spec::utrd::Ocs;
+use std::time::{Duration, Instant};
 
 impl UfsController {
     /// The timeout policy's escalation hook: reset the host controller

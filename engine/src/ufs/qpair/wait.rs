@@ -2,7 +2,11 @@
 //! (the order that loses no wake-up is `core::qpair::wait`'s; the
 //! acknowledgement and unmask are `ctrl/irq.rs`'s).
 
-use super::*;
+use super::UfsQueuePair;
+use crate::core::error::Result;
+use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Wire;
+use std::time::Duration;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// Poll until something completes or `timeout` passes (`None`: no
@@ -27,9 +31,14 @@ impl<B: IoBuf> UfsQueuePair<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::UfsOptions;
+    use crate::core::qpair::WaitPolicy;
+    use crate::ufs::qpair::Arc;
+    use crate::ufs::UfsController;
+    use crate::ufs::UfsOptions;
+    use crate::ufs::UfsQpairOptions;
     use mcqio_fixtures::ufs::{FakeUfs, UfsConfig};
     use mcqio_fixtures::ExecMode;
+    use mcqio_vfio::DmaDir;
 
     fn setup(mcq: bool) -> (Arc<FakeUfs>, Arc<UfsController>) {
         let fake = FakeUfs::new(UfsConfig {

@@ -39,7 +39,15 @@
 //! hand out first — `poll` never delivers more than `max`.
 
 use super::reap::finish;
-use super::*;
+use super::{stopped_error, HwQueue, UfsQueuePair, HEALTH_CHECK_INTERVAL};
+use crate::core::error::{Error, Result};
+use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Reaped as CoreReaped;
+use crate::core::qpair::{Closing, Recreated, Wire};
+use crate::core::state::Stopped;
+use crate::ufs::ctrl::UfsController;
+use crate::ufs::spec::utrd::{DataDir, Utrd};
+use crate::ufs::ucd::UcdSlice;
 
 impl<B: IoBuf> Wire for UfsQueuePair<B> {
     type Buf = B;
@@ -218,7 +226,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     fn recreate_queue(
         &mut self,
         settled: u64,
-    ) -> std::result::Result<bool, super::super::UfsCtrlError> {
+    ) -> std::result::Result<bool, crate::ufs::UfsCtrlError> {
         match &mut *self.hwq {
             HwQueue::Mcq(q) => {
                 q.nullify(Utrd::new(0, DataDir::None, 0).nullified());
@@ -244,11 +252,16 @@ impl<B: IoBuf> UfsQueuePair<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::io::DmaBuf;
+    use crate::ufs::qpair::Arc;
+    use crate::ufs::qpair::Duration;
     use crate::ufs::{HpbConfig, UfsOptions, UfsQpairOptions};
     use mcqio_fixtures::ufs::{
         FakeUfs, FtlConfig, HpbConfig as DevHpb, HpbControl as DevControl, LuConfig, UfsConfig,
         UfsFault,
     };
+    use mcqio_vfio::DmaDir;
+    use std::time::Instant;
 
     /// Issue 27 item 4: an internal command the controller will not give
     /// up (withdrawal refused, no completion) is given up inside the queue
@@ -295,7 +308,7 @@ mod tests {
             let mut qp = ctrl
                 .create_qpair_for::<DmaBuf>(UfsQpairOptions {
                     io_timeout: Some(Duration::from_millis(40)),
-                    timeout_policy: crate::TimeoutPolicy::Reset,
+                    timeout_policy: crate::core::timeout::TimeoutPolicy::Reset,
                     ..Default::default()
                 })
                 .expect("qpair");

@@ -1,7 +1,13 @@
 //! The blocking convenience API and the shared [`BlockQueue`](crate::core::block::BlockQueue) view.
 
-use super::*;
+use super::QueuePair;
+use crate::core::block;
+use crate::core::error::Result;
+use crate::core::io::{Completion, DmaBuf, IoBuf, SubmitError};
 use crate::core::qpair::Addressed;
+use crate::nvme::spec::sqe::MAX_NLB;
+use mcqio_vfio::DmaSpace;
+use std::sync::Arc;
 
 /// The blocking convenience API, on the default buffer type. It bounces
 /// through one DMA buffer the queue pair keeps (allocated on first use) and

@@ -2,7 +2,54 @@
 //! vector, the Create I/O CQ/SQ commands that hand them to the
 //! controller, and the ring sizes for a depth.
 
-use super::*;
+use super::prp::{prp_pages_per_slot, prp_region_len, PrpLists};
+use super::{NsGeom, QpairOptions, QueuePair, Teardown, MAX_DEPTH};
+use crate::core::error::{Error, Result};
+use crate::core::io::{DmaBuf, IoBuf};
+use crate::core::qpair::Engine;
+use crate::nvme::ctrl::Controller;
+use crate::nvme::pcie::queue::cq::CompQueue;
+use crate::nvme::pcie::queue::doorbell::Doorbell;
+use crate::nvme::pcie::queue::sq::SubQueue;
+use crate::nvme::pcie::queue::PAGE_MASK;
+use crate::nvme::pcie::queue::PAGE_SIZE;
+use crate::nvme::spec::sqe::MAX_NLB;
+use crate::nvme::spec::{regs, Cqe, Sqe};
+use mcqio_vfio::DmaDir;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+
+impl Controller {
+    /// Create an I/O queue pair for [`DmaBuf`] buffers. `opts.mapping`
+    /// must be [`MappingMode::Premapped`](crate::core::mapped::MappingMode::Premapped):
+    /// strict and lazy modes take application buffers, through
+    /// [`Controller::create_mapped_qpair`].
+    pub fn create_qpair(self: &Arc<Self>, opts: QpairOptions) -> Result<QueuePair<DmaBuf>> {
+        Self::premapped_only(&opts)?;
+        QueuePair::create(self, &opts)
+    }
+
+    /// Create an I/O queue pair moving buffers of type `B` (e.g.
+    /// `Vec<DmaBuf>` for vectored I/O, or a mapping layer's buffer type).
+    /// `opts.mapping` must be premapped, as for [`Controller::create_qpair`].
+    pub fn create_qpair_for<B: IoBuf>(
+        self: &Arc<Self>,
+        opts: QpairOptions,
+    ) -> Result<QueuePair<B>> {
+        Self::premapped_only(&opts)?;
+        QueuePair::create(self, &opts)
+    }
+
+    fn premapped_only(opts: &QpairOptions) -> Result<()> {
+        match opts.mapping {
+            crate::core::mapped::MappingMode::Premapped => Ok(()),
+            ref m => Err(Error::InvalidOption(format!(
+                "mapping {m:?} maps application buffers per I/O: create the queue pair with Controller::create_mapped_qpair"
+            ))),
+        }
+    }
+}
 
 impl<B: IoBuf> QueuePair<B> {
     pub(crate) fn create(ctrl: &Arc<Controller>, opts: &QpairOptions) -> Result<Self> {

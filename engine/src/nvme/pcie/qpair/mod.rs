@@ -3,11 +3,10 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace};
+use mcqio_vfio::{DmaRegion, DmaSpace};
 
 mod blocking;
 mod create;
@@ -20,43 +19,28 @@ mod timeouts;
 mod wait;
 mod wire;
 
-use self::prp::{prp_pages_per_slot, prp_region_len, PrpLists};
-use self::split::SplitChild;
-use crate::core::block;
-use crate::core::error::{Error, Result};
-use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::core::qpair::{Engine, Reaped, Recreated, SplitRequest, WaitPolicy, Wire};
-use crate::core::state::Stopped;
-use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, Timeouts};
-use crate::core::tracker::Trackers;
+use self::prp::PrpLists;
+use crate::core::error::Result;
+use crate::core::io::{DmaBuf, IoBuf, SubmitErrorKind};
+use crate::core::qpair::{Engine, WaitPolicy, Wire};
 use crate::nvme::ctrl::{Controller, TimeoutPolicy};
 use crate::nvme::pcie::queue::cq::CompQueue;
-use crate::nvme::pcie::queue::doorbell::Doorbell;
 use crate::nvme::pcie::queue::sq::SubQueue;
-use crate::nvme::pcie::queue::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
-use crate::nvme::spec::regs;
-use crate::nvme::spec::sqe::{
-    Abort, Command, DatasetManagement, DsmRange, Flush, Read, Write, WriteZeroes, DSM_MAX_RANGES,
-    MAX_NLB,
-};
+use crate::nvme::pcie::queue::PAGE_SIZE;
 use crate::nvme::spec::status::{generic, sct};
-use crate::nvme::spec::{Cqe, NvmeStatus, Sqe};
+use crate::nvme::spec::NvmeStatus;
+
+/// NVMe's record per child being built (the shared parent table's `S`):
+/// PRP1, PRP2 (see `split.rs`).
+type SplitChild = (u64, u64);
 
 /// The largest queue depth (outstanding commands per queue pair).
 pub const MAX_DEPTH: u16 = 4096;
-/// PRP entries per list page.
-const PRP_PER_PAGE: usize = (PAGE_SIZE / 8) as usize;
 /// Outstanding commands (this one included) above which SQEs are written
 /// with streaming stores (see `SubQueue::push`).
 const STREAM_MIN_OUTSTANDING: usize = 4;
 /// Empty polls (with commands outstanding) between CSTS health checks.
 const HEALTH_CHECK_INTERVAL: u32 = 4096;
-/// Most PRP list pages reserved per command slot: 64 pages chain
-/// `64 * 511 + 1` entries, enough for 127 MiB per command. A larger
-/// per-command limit (`ControllerOptions::max_transfer` on a controller
-/// without MDTS) is refused at queue creation instead of reserving (or
-/// overflowing the size of) that much DMA memory per slot.
-const MAX_PRP_LIST_PAGES: u64 = 64;
 
 /// Options for [`Controller::create_qpair`].
 #[derive(Clone, Debug)]
@@ -104,7 +88,7 @@ pub struct QpairOptions {
     /// ([`Controller::create_qpair`], the default) or application buffers
     /// mapped per I/O in strict or lazy mode
     /// ([`Controller::create_mapped_qpair`]); see [`crate::core::mapped`].
-    pub mapping: crate::MappingMode,
+    pub mapping: crate::core::mapped::MappingMode,
     /// How [`QueuePair::wait`] waits: spinning ([`WaitPolicy::Poll`], the
     /// default: the CQ is created without interrupts), or sleeping on the
     /// queue's own MSI-X vector (`Interrupt`, `Hybrid`: the CQ is created
@@ -122,7 +106,7 @@ impl Default for QpairOptions {
             blocking_timeout: Duration::from_secs(30),
             io_timeout: Some(Duration::from_secs(30)),
             timeout_policy: TimeoutPolicy::Abort,
-            mapping: crate::MappingMode::Premapped,
+            mapping: crate::core::mapped::MappingMode::Premapped,
             wait: WaitPolicy::Poll,
         }
     }
@@ -347,7 +331,7 @@ impl<B: IoBuf> QueuePair<B> {
 
     /// The counters every wire keeps, in the type shared with UFS
     /// ([`crate::QueueCounters`]).
-    pub fn counters(&self) -> crate::QueueCounters {
+    pub fn counters(&self) -> crate::core::qpair::QueueCounters {
         self.all_counters()
     }
 
@@ -443,6 +427,7 @@ impl<B: IoBuf> QueuePair<B> {
 mod tests {
     use super::create::CQ_HEAD_BATCH;
     use super::*;
+    use mcqio_vfio::DmaDir;
 
     /// An idle queue pair (nothing outstanding, nothing completed) polled
     /// in a loop must not read the clock on every poll: nothing can time

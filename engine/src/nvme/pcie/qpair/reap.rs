@@ -1,7 +1,13 @@
 //! Completion: [`QueuePair::poll`], CQE to tracker (CID = slot |
 //! generation), stale CQEs dropped and counted.
 
-use super::*;
+use super::{QueuePair, ABORT_REQUESTED};
+use crate::core::error::Result;
+use crate::core::io::{Completion, IoBuf, IoError};
+use crate::core::qpair::{Reaped, Wire};
+use crate::core::timeout::Timeouts;
+use crate::core::tracker::Trackers;
+use crate::nvme::spec::{Cqe, NvmeStatus};
 
 impl<B: IoBuf> QueuePair<B> {
     /// Ring pending submissions, then deliver up to `max` completions (and at

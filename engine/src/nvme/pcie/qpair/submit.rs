@@ -2,7 +2,15 @@
 //! (one per batch); NVMe-only commands (Flush, Write Zeroes, Dataset
 //! Management).
 
-use super::*;
+use super::{QueuePair, STREAM_MIN_OUTSTANDING};
+use crate::core::error::Result;
+use crate::core::io::{IoBuf, SubmitError, SubmitErrorKind};
+use crate::core::qpair::Wire;
+use crate::nvme::spec::sqe::{
+    Command, DatasetManagement, DsmRange, Flush, Read, Write, WriteZeroes, DSM_MAX_RANGES, MAX_NLB,
+};
+use crate::nvme::spec::Sqe;
+use mcqio_vfio::DmaDir;
 
 impl<B: IoBuf> QueuePair<B> {
     /// Read `nlb` blocks from `slba` of namespace `nsid` into `buf`.

@@ -2,7 +2,12 @@
 //! command once, free the rings and PRP pages or leak them while the device
 //! may still access them.
 
-use super::*;
+use super::{QueuePair, Teardown};
+use crate::core::error::{Error, Result};
+use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Wire;
+use crate::core::state::Stopped;
+use std::mem::ManuallyDrop;
 
 impl<B: IoBuf> QueuePair<B> {
     /// Delete the queues on the controller, deliver every completion the

@@ -3,7 +3,15 @@
 //! lower-level hooks `check_health`, `check_timeouts`, `abort_command`.
 
 use super::wire::stopped_error;
-use super::*;
+use super::QueuePair;
+use crate::core::error::Result;
+use crate::core::io::IoBuf;
+use crate::core::timeout;
+use crate::core::timeout::{Expired, Outstanding, TimeoutActions, Timeouts};
+use crate::core::tracker::Trackers;
+use crate::nvme::spec::sqe::Abort;
+use crate::nvme::spec::sqe::Command;
+use std::time::Duration;
 
 impl<B: IoBuf> QueuePair<B> {
     /// Act on commands past their timeout (see [`TimeoutPolicy`]); a

@@ -1,9 +1,13 @@
 //! Waiting on the queue's MSI-X vector: [`QueuePair::wait`] (the order
 //! that loses no wake-up is `core::qpair::wait`'s).
 
-use super::*;
+use super::QueuePair;
+use crate::core::error::Result;
+use crate::core::io::{Completion, IoBuf};
 use crate::core::qpair::wait::Waiter;
+use crate::core::qpair::{WaitPolicy, Wire};
 use crate::nvme::pcie::irq::QueueIrq;
+use std::time::Duration;
 
 impl Waiter {
     /// The waiter of an NVMe queue with `policy` interrupting as `irq` says.
@@ -67,7 +71,14 @@ impl<B: IoBuf> QueuePair<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::error::Error;
+    use crate::core::io::DmaBuf;
+    use crate::core::io::IoError;
+    use crate::nvme::ctrl::Controller;
+    use crate::nvme::pcie::qpair::Arc;
+    use crate::nvme::pcie::qpair::QpairOptions;
     use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, Fault};
+    use mcqio_vfio::DmaDir;
 
     fn threaded() -> FakeConfig {
         FakeConfig {

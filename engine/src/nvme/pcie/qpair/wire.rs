@@ -3,7 +3,12 @@
 //! what a controller reset or failure leaves: the CQEs posted before it
 //! stopped, the rings' positions, re-creating the queues.
 
-use super::*;
+use super::{QueuePair, SplitChild, HEALTH_CHECK_INTERVAL};
+use crate::core::error::{Error, Result};
+use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::{Reaped, Recreated, Wire};
+use crate::core::state::Stopped;
+use crate::nvme::ctrl::Controller;
 
 impl<B: IoBuf> Wire for QueuePair<B> {
     type Buf = B;

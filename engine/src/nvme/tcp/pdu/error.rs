@@ -1,6 +1,6 @@
 //! What can be wrong with a PDU received or built.
 
-use super::*;
+use super::fes;
 
 /// A malformed PDU, or one this side must not receive. Each ends the
 /// connection; [`PduError::fes`] gives the TermReq to answer with.

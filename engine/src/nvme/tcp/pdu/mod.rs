@@ -30,7 +30,7 @@ use std::mem::size_of;
 
 use mcqio_vfio::PlainData;
 
-use super::digest::{crc32c, Digests, DIGEST_BYTES};
+use super::digest::Digests;
 use crate::nvme::spec::{Cqe, Sqe};
 
 /// PDU type codes (the common header's `pdu_type`).

@@ -43,7 +43,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
     /// Open the queue's connection and Connect queue `qid` (see
     /// [`TcpController::create_qpair`]).
     pub(super) fn create(ctrl: &Arc<TcpController>, o: &QpairOptions) -> Result<Self> {
-        if !matches!(o.mapping, crate::MappingMode::Premapped) {
+        if !matches!(o.mapping, crate::core::mapped::MappingMode::Premapped) {
             return Err(Error::InvalidOption(
                 "NVMe/TCP queue pairs take premapped buffers (the socket copies; nothing is mapped per I/O)".into(),
             ));
