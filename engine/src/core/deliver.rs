@@ -9,7 +9,7 @@
 //!   loses nothing and ends nothing twice; what was not reached stays busy
 //!   for a later call.
 //! - A child of a split transfer ends through its parent
-//!   ([`super::split`]): the parent completes when its last child ended,
+//!   ([`super::split_table`]): the parent completes when its last child ended,
 //!   with the first error a child reported, else the error that ended the
 //!   rest.
 //! - A buffer goes back to the application only once the device can no
@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 
 use super::io::{Completion, IoBuf, IoError};
-use super::split::Splits;
+use super::split_table::Splits;
 use super::tracker::Trackers;
 
 /// Completions that ended (tracker slot freed, buffer owned by the

@@ -40,7 +40,7 @@ pub mod mapped;
 pub mod per_core;
 pub(crate) mod qpair;
 pub(crate) mod ring;
-pub(crate) mod split;
+pub(crate) mod split_table;
 pub(crate) mod state;
 pub mod timeout;
 pub(crate) mod tracker;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::core::deliver::{self, drain_all, Held};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError};
-use crate::core::split::Splits;
+use crate::core::split_table::Splits;
 use crate::core::state::Stopped;
 use crate::core::timeout::{TimeoutPolicy, Timeouts};
 use crate::core::tracker::Trackers;

@@ -58,17 +58,17 @@ use super::io::{Completion, IoBuf, IoError};
 use super::state::{self, Change, Controlled, Stopped};
 use super::timeout::IDLE_CLOCK_INTERVAL;
 
-mod blocks;
+mod addressed;
 mod engine;
-mod split;
+mod split_plan;
 #[cfg(test)]
 mod tests;
 pub(crate) mod wait;
 
-pub(crate) use self::blocks::Addressed;
+pub(crate) use self::addressed::Addressed;
 pub use self::engine::QueueCounters;
 pub(crate) use self::engine::{Closing, Engine};
-pub(crate) use self::split::{Child, SplitRequest};
+pub(crate) use self::split_plan::{Child, SplitRequest};
 pub use self::wait::{Interrupt, SleepOn, WaitPolicy};
 
 /// What one reaping pass found.

@@ -6,7 +6,7 @@
 //! [`poll`](UfsQueuePair::poll) reaps.
 //!
 //! A read or write above the per-command limit is split into child commands
-//! (the shared `core/split.rs`) and still completes once, with its buffer after every child
+//! (the shared `core/split_table.rs` and `core/qpair/split_plan.rs`) and still completes once, with its buffer after every child
 //! finished.
 //!
 //! The hardware queue (`HwQueue`: an MCQ queue pair or the legacy list) is an enum resolved

@@ -6,7 +6,7 @@ use super::{stopped_error, HwQueue, UfsQueuePair};
 use crate::core::error::{Error, Result};
 use crate::core::io::{Completion, IoBuf, IoError};
 use crate::core::qpair::Wire;
-use crate::core::split::Routed;
+use crate::core::split_table::Routed;
 use crate::core::state::Stopped;
 use crate::core::timeout::{Expired, Outstanding, TimeoutActions, Timeouts};
 use crate::core::tracker::Trackers;

@@ -26,7 +26,6 @@ use crate::core::qpair::{Engine, WaitPolicy, Wire};
 use crate::nvme::ctrl::{Controller, TimeoutPolicy};
 use crate::nvme::pcie::queue::cq::CompQueue;
 use crate::nvme::pcie::queue::sq::SubQueue;
-use crate::nvme::pcie::queue::PAGE_SIZE;
 use crate::nvme::spec::status::{generic, sct};
 use crate::nvme::spec::NvmeStatus;
 

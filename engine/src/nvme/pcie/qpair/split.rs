@@ -13,7 +13,7 @@
 //! for what no split can carry: more children than the queue's depth, or a
 //! block larger than the per-command limit.
 
-use super::{QueuePair, SplitChild, STREAM_MIN_OUTSTANDING};
+use super::{QueuePair, STREAM_MIN_OUTSTANDING};
 use crate::core::error::Result;
 use crate::core::io::{IoBuf, SubmitError};
 use crate::core::qpair::SplitRequest;
