@@ -107,14 +107,14 @@ pub(crate) struct Engine<B: IoBuf, S> {
     pub device_may_access: bool,
     /// A reset removed the queue and it was not re-created (closing).
     pub queue_absent: bool,
-    /// How far closing got (see `Wire::shutdown`).
+    /// How far closing got (see `Lifecycle::shutdown`).
     pub closing: Closing,
     /// Waiting: the policy and the queue's interrupt (read by
-    /// `Wire::wait` only; `poll` never touches it).
+    /// `Lifecycle::wait` only; `poll` never touches it).
     pub wait: super::wait::Waiter,
 }
 
-/// How far [`Wire::shutdown`](super::Wire::shutdown) (close or drop) got.
+/// How far [`Lifecycle::shutdown`](super::Lifecycle::shutdown) (close or drop) got.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Closing {
     /// In use.

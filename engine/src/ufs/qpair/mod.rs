@@ -26,6 +26,7 @@
 //! `wait.rs` (the interrupt) and `blocking.rs` (blocking helpers,
 //! [`BlockQueue`](crate::core::block::BlockQueue)).
 
+use crate::core::qpair::Lifecycle;
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
@@ -44,7 +45,7 @@ use super::ucd::UcdSlice;
 use crate::core::error::Error;
 use crate::core::io::{DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::mapped::MappingMode;
-use crate::core::qpair::{Engine, WaitPolicy, Wire};
+use crate::core::qpair::{Engine, WaitPolicy};
 use crate::core::state::Stopped;
 use crate::core::timeout::TimeoutPolicy;
 

@@ -5,8 +5,9 @@
 use super::{end_internal, failed_result, HwQueue, UfsQueuePair};
 use crate::core::error::Result;
 use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Engine;
+use crate::core::qpair::Lifecycle;
 use crate::core::qpair::Reaped as CoreReaped;
-use crate::core::qpair::{Engine, Wire};
 use crate::ufs::hpb::qp::{HpbQp, DEV_INFO_HPB};
 use crate::ufs::mcq::Reaped;
 use crate::ufs::sdb::SdbReaped;
@@ -21,7 +22,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// [`Error::ControllerFatal`] / [`Error::DeviceGone`].
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
-        Wire::poll(self, max, &mut f)
+        Lifecycle::poll(self, max, &mut f)
     }
 
     /// The reaping pass of `poll` (the wire's `Wire::reap`): one CQTP or

@@ -4,7 +4,8 @@
 
 use super::{submit_err, LuGeom, UfsQueuePair};
 use crate::core::io::{IoBuf, SubmitError, SubmitErrorKind};
-use crate::core::qpair::{SplitRequest, Wire};
+use crate::core::qpair::Lifecycle;
+use crate::core::qpair::SplitRequest;
 use crate::ufs::spec::scsi;
 use crate::ufs::spec::utrd::{DataDir, Utrd};
 use mcqio_vfio::DmaDir;
@@ -354,7 +355,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     pub fn submit(&mut self) -> bool {
         // One relaxed load per batch: no doorbell once a reset began, until
         // the next poll re-created the queue.
-        Wire::submit(self)
+        Lifecycle::submit(self)
     }
 }
 

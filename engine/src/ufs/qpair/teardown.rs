@@ -1,11 +1,11 @@
-//! Teardown, UFS's side of the core's `Wire::shutdown`: `close`, the
+//! Teardown, UFS's side of the core's `Lifecycle::shutdown`: `close`, the
 //! withdrawal of what is still in flight, and `Drop`, which leaks the
 //! queue's memory when the controller may still hold it.
 
 use super::{HwQueue, UfsQueuePair};
 use crate::core::error::Result;
 use crate::core::io::{Completion, IoBuf};
-use crate::core::qpair::Wire;
+use crate::core::qpair::Lifecycle;
 use crate::ufs::ucd::SLOT_BYTES;
 use std::mem::ManuallyDrop;
 use std::time::Instant;
@@ -19,7 +19,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// (leaked, with the queue's memory) if not. After a host controller
     /// reset or failure the commands end as [`poll`](Self::poll) ends them,
     /// and a failed controller is reported as `Err` once every command was
-    /// delivered — the core's `Wire::shutdown`, as on NVMe.
+    /// delivered — the core's `Lifecycle::shutdown`, as on NVMe.
     pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
         self.shutdown(&mut f)
     }

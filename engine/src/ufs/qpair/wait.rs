@@ -5,7 +5,7 @@
 use super::UfsQueuePair;
 use crate::core::error::Result;
 use crate::core::io::{Completion, IoBuf};
-use crate::core::qpair::Wire;
+use crate::core::qpair::Lifecycle;
 use std::time::Duration;
 
 impl<B: IoBuf> UfsQueuePair<B> {
@@ -24,7 +24,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         timeout: Option<Duration>,
         mut f: F,
     ) -> Result<usize> {
-        Wire::wait(self, max, timeout, &mut f)
+        Lifecycle::wait(self, max, timeout, &mut f)
     }
 }
 

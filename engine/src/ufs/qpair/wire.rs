@@ -31,7 +31,7 @@
 //! device may still write the buffers: the commands end with
 //! `ControllerFailed` and **no** buffer, and the pair's memory is leaked.
 //!
-//! The state machine itself is the core's (`core::qpair::Wire::recover`,
+//! The state machine itself is the core's (`core::qpair::Lifecycle::recover`,
 //! shared with every wire); this file holds UFS's hooks: what the controller
 //! posted before it stopped, forgetting the legacy list's record,
 //! re-creating the queue. What recovery ends beyond the poll's `max` waits

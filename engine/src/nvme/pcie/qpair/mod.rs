@@ -1,5 +1,6 @@
 //! [`QueuePair`]: one submission/completion queue pair, owned by one thread.
 
+use crate::core::qpair::Lifecycle;
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
@@ -22,7 +23,7 @@ mod wire;
 use self::prp::PrpLists;
 use crate::core::error::Result;
 use crate::core::io::{DmaBuf, IoBuf, SubmitErrorKind};
-use crate::core::qpair::{Engine, WaitPolicy, Wire};
+use crate::core::qpair::{Engine, WaitPolicy};
 use crate::nvme::ctrl::{Controller, TimeoutPolicy};
 use crate::nvme::pcie::queue::cq::CompQueue;
 use crate::nvme::pcie::queue::sq::SubQueue;

@@ -4,7 +4,8 @@
 use super::{QueuePair, ABORT_REQUESTED};
 use crate::core::error::Result;
 use crate::core::io::{Completion, IoBuf, IoError};
-use crate::core::qpair::{Reaped, Wire};
+use crate::core::qpair::Lifecycle;
+use crate::core::qpair::Reaped;
 use crate::core::timeout::Timeouts;
 use crate::core::tracker::Trackers;
 use crate::nvme::spec::{Cqe, NvmeStatus};
@@ -33,7 +34,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// until a successful [`Controller::reset`].
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
-        Wire::poll(self, max, &mut f)
+        Lifecycle::poll(self, max, &mut f)
     }
 
     /// The reaping pass of `poll` (the wire's `Wire::reap`): up to `max`

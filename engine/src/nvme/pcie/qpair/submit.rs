@@ -5,7 +5,7 @@
 use super::{QueuePair, STREAM_MIN_OUTSTANDING};
 use crate::core::error::Result;
 use crate::core::io::{IoBuf, SubmitError, SubmitErrorKind};
-use crate::core::qpair::Wire;
+use crate::core::qpair::Lifecycle;
 use crate::nvme::spec::sqe::{
     Command, DatasetManagement, DsmRange, Flush, Read, Write, WriteZeroes, DSM_MAX_RANGES, MAX_NLB,
 };
@@ -301,7 +301,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// doorbell write as an asynchronous event); no command is lost.
     #[inline]
     pub fn submit(&mut self) -> bool {
-        Wire::submit(self)
+        Lifecycle::submit(self)
     }
 }
 

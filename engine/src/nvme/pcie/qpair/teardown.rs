@@ -5,6 +5,7 @@
 use super::{QueuePair, Teardown};
 use crate::core::error::{Error, Result};
 use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Lifecycle;
 use crate::core::qpair::Wire;
 use crate::core::state::Stopped;
 use std::mem::ManuallyDrop;

@@ -5,7 +5,8 @@ use super::QueuePair;
 use crate::core::error::Result;
 use crate::core::io::{Completion, IoBuf};
 use crate::core::qpair::wait::Waiter;
-use crate::core::qpair::{WaitPolicy, Wire};
+use crate::core::qpair::Lifecycle;
+use crate::core::qpair::WaitPolicy;
 use crate::nvme::pcie::irq::QueueIrq;
 use std::time::Duration;
 
@@ -59,7 +60,7 @@ impl<B: IoBuf> QueuePair<B> {
         timeout: Option<Duration>,
         mut f: F,
     ) -> Result<usize> {
-        Wire::wait(self, max, timeout, &mut f)
+        Lifecycle::wait(self, max, timeout, &mut f)
     }
 
     /// The MSI-X vector the queue interrupts on (`None`: polled, IEN clear).

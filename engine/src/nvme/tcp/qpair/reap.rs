@@ -6,7 +6,7 @@ use super::data::{buf_of, copy_into};
 use super::send::retire_r2ts;
 use super::{Cmd, Kind, TcpQpairStats, TcpQueuePair, ABORT_REQUESTED};
 use crate::core::io::{Completion, IoBuf, IoError};
-use crate::core::qpair::Wire;
+use crate::core::qpair::Lifecycle;
 use crate::core::qpair::{Engine, Reaped};
 use crate::core::state::Stopped;
 use crate::core::timeout::Timeouts;

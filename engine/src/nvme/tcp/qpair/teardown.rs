@@ -1,10 +1,10 @@
 //! Teardown: [`TcpQueuePair::close`] and `Drop` (the core's
-//! `Wire::shutdown`; the socket is shut down, no Disconnect).
+//! `Lifecycle::shutdown`; the socket is shut down, no Disconnect).
 
 use super::TcpQueuePair;
 use crate::core::error::Result;
 use crate::core::io::{Completion, IoBuf};
-use crate::core::qpair::Wire;
+use crate::core::qpair::Lifecycle;
 
 impl<B: IoBuf> TcpQueuePair<B> {
     /// Close: let the commands in flight finish (bounded by the admin

@@ -3,7 +3,7 @@
 
 use super::TcpQueuePair;
 use crate::core::io::IoBuf;
-use crate::core::qpair::Wire;
+use crate::core::qpair::Lifecycle;
 use crate::core::timeout;
 use crate::core::timeout::{Expired, TimeoutActions, Timeouts};
 use crate::core::tracker::Trackers;

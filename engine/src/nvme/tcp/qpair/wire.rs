@@ -7,6 +7,7 @@ use super::create::open_conn;
 use super::{TcpQueuePair, HEALTH_CHECK_INTERVAL, KEEP_ALIVE_POLLS};
 use crate::core::error::{Error, Result};
 use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Lifecycle;
 use crate::core::qpair::{Reaped, Recreated, Wire};
 use crate::core::state::Stopped;
 use crate::nvme::tcp::controller::TcpController;
