@@ -79,13 +79,17 @@
 //!
 //! # Where the code is
 //!
-//! This file holds what does not depend on the transport: the options, the
-//! state word, namespaces, the admin entry points, reset and failure
-//! bookkeeping, queue ids and leak accounting. The admin queue (command
-//! execution, Asynchronous Event Requests, Identify) is
-//! [`crate::nvme::admin`]; what only NVMe over PCIe has (CC/CSTS bring-up
-//! and shutdown, BAR checks, shadow doorbells, creating I/O queues, the
-//! rings) is under [`crate::nvme::pcie`].
+//! This is the controller of NVMe over PCIe: it holds the BAR, the admin
+//! rings and the shadow doorbell pages, and uses `nvme::pcie`'s enable and
+//! shadow code. Besides those it keeps the options, the state word,
+//! namespaces, the admin entry points, reset and failure bookkeeping,
+//! queue ids and leak accounting, which NVMe over TCP's
+//! [`TcpController`](crate::nvme::tcp::TcpController) keeps again for
+//! itself today (a transport-neutral NVMe layer under both is the next
+//! step). The admin queue (command execution, Asynchronous Event
+//! Requests, Identify) is [`crate::nvme::admin`]; the rest of what only
+//! NVMe over PCIe has (CC/CSTS bring-up and shutdown, BAR checks, creating
+//! I/O queues, the rings, the queue pair) is under [`crate::nvme::pcie`].
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -120,7 +124,7 @@ pub struct ControllerOptions {
     /// be woken anyway — while the controller then reads a shadow doorbell
     /// and writes an EventIdx for every command it fetches and every
     /// completion it posts. On QEMU's NVMe (TCG, intel-iommu) queue pairs
-    /// without them completed more I/Os per second (issue 28; the README's
+    /// without them completed more I/Os per second (the README's
     /// side-by-side).
     pub shadow_doorbells: bool,
     /// Bound on each admin command.

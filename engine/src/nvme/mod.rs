@@ -3,8 +3,8 @@
 //! The NVMe wire and its controller, over the shared [`crate::core`]:
 //!
 //! - [`spec`]: wire formats (registers, SQE/CQE, command builders, identify, status).
-//! - [`ctrl`]: [`Controller`]: options, namespaces, the state word, admin
-//!   entry points, reset, queue ids.
+//! - [`ctrl`]: [`Controller`], the NVMe over PCIe controller: options,
+//!   namespaces, the state word, admin entry points, reset, queue ids.
 //! - [`admin`]: the admin queue: commands, Asynchronous Event Requests
 //!   ([`AsyncEvent`]), Identify, [`Controller::admin_read`].
 //! - [`pcie`]: NVMe over PCIe: [`QueuePair`] (PRP lists, transfers split

@@ -341,7 +341,7 @@ impl DmaBuf {
     /// longer touches and nothing else in safe code can reach:
     /// - a queue pair takes the buffer by value on submit and hands it back
     ///   only once the device is done with it (completed, abort confirmed,
-    ///   or controller disabled by a reset; [`SubmitError`] hands back a
+    ///   or controller disabled by a reset; [`SubmitError`](crate::core::io::SubmitError) hands back a
     ///   buffer never posted); a buffer the device may still reach is
     ///   leaked, its completion comes with `buf: None`, so the application
     ///   never holds it again;
@@ -528,7 +528,7 @@ unsafe impl<B: IoBuf> IoBuf for Vec<B> {
 /// space id's word (bit 0: the device may read, bit 1: it may write), so a
 /// slice is copied with three loads and stores into the tracker and back
 /// (it was 32 bytes with a one-byte field copied piecewise with its
-/// padding; issue 28), and `Option<DmaSlice>` is as small (the word is
+/// padding), and `Option<DmaSlice>` is as small (the word is
 /// never 0).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct DmaSlice {
@@ -668,7 +668,7 @@ unsafe impl IoBuf for DmaSlice {
         }
     }
     /// One or and one compare for both checks, where the direction's test
-    /// and the comparison of ids took seven instructions (issue 28): the
+    /// and the comparison of ids took seven instructions: the
     /// bit the command does not need or-ed in, `space_dir` equals `key`
     /// exactly when the ids match and the needed bit is set.
     #[inline]

@@ -150,7 +150,7 @@ pub enum SubmitErrorKind {
 ///
 /// It is a [`std::error::Error`] for any payload (its message is the
 /// kind's), so `?` can turn it into a `Box<dyn Error + Send + Sync>` when
-/// the payload is `Send + Sync + 'static` (a [`DmaBuf`] is); to keep the
+/// the payload is `Send + Sync + 'static` (a [`DmaBuf`](crate::core::io::DmaBuf) is); to keep the
 /// buffer, take it back with [`into_buf`](Self::into_buf) first, or map the
 /// error to its [`kind`](Self::kind).
 pub struct SubmitError<T> {

@@ -73,7 +73,7 @@ where
 
     // Always inlined, as the wire's submission is: as a call, the buffer
     // and the result go through memory and the call saves registers
-    // (issue 28: 16 of ~150 instructions a read took).
+    // (16 of ~150 instructions a read took).
     #[inline(always)]
     fn read(
         &mut self,

@@ -184,7 +184,7 @@ impl<B: IoBuf, S> Engine<B, S> {
         // With a split in flight, the cold path ends the command and
         // routes its completion. Decided first: decided after the slot was
         // freed, the buffer taken from it was kept in memory for the cold
-        // path's sake on the hot one (issue 28).
+        // path's sake on the hot one.
         if self.splits.active() {
             return self.complete_with_splits(slot, dw0, result, internal, f);
         }
@@ -194,7 +194,7 @@ impl<B: IoBuf, S> Engine<B, S> {
         // A command of its own built straight into the callback's
         // argument, with the result the caller decided (a constant for a
         // success): no `Option` of a completion in memory, and no merge of
-        // two paths' results before the callback (issue 28).
+        // two paths' results before the callback.
         self.completed += 1;
         f(Completion {
             tag,
@@ -343,7 +343,7 @@ impl<B: IoBuf, S> Engine<B, S> {
     /// wire's own): the free list's length against the capacity, one
     /// compare, with the timeout test on the cold path, where a separate
     /// stamp before the checks tested both and counted the outstanding
-    /// commands (issue 28).
+    /// commands.
     #[inline(always)]
     pub fn reserve(&mut self) -> Option<u16> {
         if self.trackers.is_idle() {

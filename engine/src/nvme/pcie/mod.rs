@@ -2,10 +2,10 @@
 //!
 //! What only the PCIe transport of NVMe has: controller registers in BAR0
 //! (CC/CSTS), rings in host memory with doorbells, and the Create/Delete
-//! I/O queue admin commands that hand those rings to the controller. The
-//! generic controller ([`super::ctrl`]), the admin command set
-//! ([`super::admin`]) and the wire formats ([`super::spec`]) are what
-//! another NVMe transport (NVMe/TCP) would reuse.
+//! I/O queue admin commands that hand those rings to the controller. Its
+//! controller is [`super::ctrl`] and its admin queue [`super::admin`]
+//! (both PCIe's today, outside this folder); the wire formats
+//! ([`super::spec`]) are what NVMe over TCP reuses.
 //!
 //! - `bringup`: [`Controller::new`](super::Controller::new) (the sequence
 //!   in [`super::ctrl`]), the disable and re-initialisation of a reset, the

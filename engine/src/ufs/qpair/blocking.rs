@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// SYNCHRONIZE CACHE of LU `lun`, and wait. Needs an idle queue pair
-    /// ([`Error::QueueBusy`] otherwise).
+    /// ([`Error::QueueBusy`](crate::core::error::Error::QueueBusy) otherwise).
     pub fn flush_blocking(&mut self, lun: u8) -> Result<()> {
         block::flush_blocking(self, lun)
     }
@@ -19,13 +19,13 @@ impl<B: IoBuf> UfsQueuePair<B> {
 
 impl UfsQueuePair<DmaBuf> {
     /// Read `dst.len()` bytes (whole blocks) from `lba` of LU `lun` and wait.
-    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    /// Needs an idle queue pair ([`Error::QueueBusy`](crate::core::error::Error::QueueBusy) otherwise).
     pub fn read_blocking(&mut self, lun: u8, lba: u64, dst: &mut [u8]) -> Result<()> {
         block::read_blocking(self, lun, lba, dst)
     }
 
     /// Write `src` (whole blocks) at `lba` of LU `lun` and wait.
-    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    /// Needs an idle queue pair ([`Error::QueueBusy`](crate::core::error::Error::QueueBusy) otherwise).
     pub fn write_blocking(&mut self, lun: u8, lba: u64, src: &[u8]) -> Result<()> {
         block::write_blocking(self, lun, lba, src)
     }

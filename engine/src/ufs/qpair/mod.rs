@@ -1,7 +1,7 @@
 //! [`UfsQueuePair`]: the application's per-thread UFS I/O object, with the
 //! same block operations and semantics as NVMe's [`crate::QueuePair`]:
 //! buffers move in at submission and come back in exactly one
-//! [`Completion`] (or in the [`SubmitError`] of a refused submission),
+//! [`Completion`](crate::core::io::Completion) (or in the [`SubmitError`] of a refused submission),
 //! [`submit`](UfsQueuePair::submit) rings one doorbell per batch,
 //! [`poll`](UfsQueuePair::poll) reaps.
 //!
@@ -71,7 +71,7 @@ struct LuGeom {
     hpb: bool,
     /// The most blocks one command carries without a split (`max_xfer >>
     /// shift`): the hot path's one compare `blocks - 1 < unsplit` stands
-    /// for the zero-count and split checks (issue 28).
+    /// for the zero-count and split checks.
     unsplit: u32,
 }
 
@@ -88,8 +88,7 @@ enum HwQueue {
 
 impl HwQueue {
     // The descriptor is turned into its four words before the match: built
-    // as a struct across it, it went through the stack one field at a time
-    // (issue 28).
+    // as a struct across it, it went through the stack one field at a time.
     #[inline(always)]
     fn post(&mut self, slot: u16, utrd: Utrd) {
         let w = utrd.to_le_words();

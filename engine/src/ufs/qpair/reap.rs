@@ -18,8 +18,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// Deliver up to `max` completions to `f`; returns how many. Rings a
     /// pending doorbell first. When the controller failed or disappeared,
     /// every outstanding command completes with
-    /// [`IoError::ControllerFailed`] and the poll returns
-    /// [`Error::ControllerFatal`] / [`Error::DeviceGone`].
+    /// [`IoError::ControllerFailed`](crate::core::io::IoError::ControllerFailed) and the poll returns
+    /// [`Error::ControllerFatal`](crate::core::error::Error::ControllerFatal) / [`Error::DeviceGone`](crate::core::error::Error::DeviceGone).
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
         Lifecycle::poll(self, max, &mut f)
@@ -157,7 +157,7 @@ pub(super) fn finish<B: IoBuf, F: FnMut(Completion<B>)>(
         }
         // A success built as a constant into the callback's argument: a
         // result decided before the branch went through memory with its
-        // error's bytes (issue 28, as NVMe's `take_cqe`). The HPB check
+        // error's bytes (as NVMe's `take_cqe`). The HPB check
         // inlined: as a call it cost a call, a frame and a return per I/O.
         return eng.complete(
             slot,

@@ -87,7 +87,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// `unsplit` blocks (no split) and the LBA range, after the idle
     /// clock stamp and the stopped flag. `None` sends the command to the
     /// cold path (`submit_data_cold`), which makes every check in turn and
-    /// gives the refusal its reason (issue 28, as NVMe's `check_unsplit`).
+    /// gives the refusal its reason (as NVMe's `check_unsplit`).
     #[inline(always)]
     fn check_unsplit(&mut self, lun: u8, lba: u64, blocks: u32) -> Option<LuGeom> {
         self.eng.stamp_if_idle(self.hpb.inflight());

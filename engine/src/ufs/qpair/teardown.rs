@@ -14,7 +14,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// Finish the queue pair: wait (up to `UfsOptions::close_timeout`) for
     /// commands in flight, then withdraw what is left (MCQ: SQ stop and
     /// cleanup by nexus; legacy: UTRLCLR). Every command ends exactly once
-    /// through `f`: withdrawn ones with [`IoError::Aborted`] — with their
+    /// through `f`: withdrawn ones with [`IoError::Aborted`](crate::core::io::IoError::Aborted) — with their
     /// buffer if the controller confirmed the withdrawal, without it
     /// (leaked, with the queue's memory) if not. After a host controller
     /// reset or failure the commands end as [`poll`](Self::poll) ends them,

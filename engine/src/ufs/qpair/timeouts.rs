@@ -255,7 +255,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// [`QueuePair::check_timeouts`](crate::QueuePair::check_timeouts) does
     /// on NVMe.
     ///
-    /// Reporting only, independent of [`UfsQpairOptions::io_timeout`]
+    /// Reporting only, independent of [`UfsQpairOptions::io_timeout`](crate::ufs::UfsQpairOptions::io_timeout)
     /// (which acts by itself inside [`poll`](Self::poll)); pass a reported
     /// `tag` to [`abort`](Self::abort) to withdraw the command. HPB's own
     /// map loads are not listed. Ages use the queue's coarse clock,

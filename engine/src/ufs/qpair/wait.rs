@@ -10,11 +10,11 @@ use std::time::Duration;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// Poll until something completes or `timeout` passes (`None`: no
-    /// limit), as [`UfsQpairOptions::wait`] says, like NVMe's
+    /// limit), as [`UfsQpairOptions::wait`](crate::ufs::UfsQpairOptions::wait) says, like NVMe's
     /// [`crate::QueuePair::wait`]. Completions reach `f` through
     /// [`poll`](Self::poll), at most `max`; returns how many (0: the
     /// timeout passed, or nothing is outstanding; `max` = 0 is refused with
-    /// [`Error::InvalidOption`]). The line is shared by
+    /// [`Error::InvalidOption`](crate::core::error::Error::InvalidOption)). The line is shared by
     /// every waiting queue pair of the controller, so a sleep lasts at
     /// most 1 ms before the queue polls again. MCQ only: a legacy queue
     /// pair polls.

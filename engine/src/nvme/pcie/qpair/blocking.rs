@@ -14,13 +14,13 @@ use std::sync::Arc;
 /// splits requests larger than the per-command limit.
 impl QueuePair<DmaBuf> {
     /// Read `dst.len()` bytes (a multiple of the block size) from `slba`.
-    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    /// Needs an idle queue pair ([`Error::QueueBusy`](crate::core::error::Error::QueueBusy) otherwise).
     pub fn read_blocking(&mut self, nsid: u32, slba: u64, dst: &mut [u8]) -> Result<()> {
         block::read_blocking(self, nsid, slba, dst)
     }
 
     /// Write `src` (a multiple of the block size) at `slba`.
-    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    /// Needs an idle queue pair ([`Error::QueueBusy`](crate::core::error::Error::QueueBusy) otherwise).
     pub fn write_blocking(&mut self, nsid: u32, slba: u64, src: &[u8]) -> Result<()> {
         block::write_blocking(self, nsid, slba, src)
     }

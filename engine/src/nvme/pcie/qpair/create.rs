@@ -247,7 +247,7 @@ fn unsplit_blocks(max_xfer: u64, lba_shift: u32) -> u32 {
 /// into again, so the controller needs it no sooner than the ring could
 /// fill. The batch was `depth / 4` (at least 1), which at QD1 wrote the
 /// head after every completion: one more MMIO store per I/O, where a
-/// 32-entry batch writes one per 32 (issue 28). The cost is ring memory
+/// 32-entry batch writes one per 32. The cost is ring memory
 /// only: 32 more entries of the SQ (64 B each) and the CQ (16 B each).
 pub(super) const CQ_HEAD_BATCH: u16 = 32;
 
@@ -319,7 +319,7 @@ fn ring_entries(depth: u16, asked: u16, mqes: u32) -> Result<Rings> {
 mod tests {
     use super::*;
 
-    /// Issue 28: the ring sizes and the CQ head batch, their bounds.
+    /// The ring sizes and the CQ head batch, their bounds.
     #[test]
     fn ring_entries_leave_room_for_the_cq_head_batch() {
         let r = |d, a, m| {

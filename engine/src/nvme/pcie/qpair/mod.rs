@@ -66,7 +66,7 @@ pub struct QpairOptions {
     /// Most completions one [`QueuePair::poll`] delivers (0: `depth`).
     pub max_completions_per_poll: usize,
     /// How long blocking calls wait for their completion before returning
-    /// [`IoError::TimedOut`].
+    /// [`IoError::TimedOut`](crate::core::io::IoError::TimedOut).
     pub blocking_timeout: Duration,
     /// Per-command timeout for this queue's I/O (`None`: never time out).
     /// Detected while polling — no timer thread: [`QueuePair::poll`] scans
@@ -93,7 +93,7 @@ pub struct QpairOptions {
     /// default: the CQ is created without interrupts), or sleeping on the
     /// queue's own MSI-X vector (`Interrupt`, `Hybrid`: the CQ is created
     /// with IEN and IV). Creating the queue pair fails with
-    /// [`Error::InvalidOption`] where the device has no MSI-X or MSI.
+    /// [`Error::InvalidOption`](crate::core::error::Error::InvalidOption) where the device has no MSI-X or MSI.
     pub wait: WaitPolicy,
 }
 
@@ -134,13 +134,13 @@ pub struct QpairStats {
     pub timeouts: u64,
     /// Abort commands sent for timed-out commands.
     pub aborts_sent: u64,
-    /// Timed-out commands completed as [`IoError::TimedOut`] (aborted).
+    /// Timed-out commands completed as [`IoError::TimedOut`](crate::core::io::IoError::TimedOut) (aborted).
     pub timed_out: u64,
     /// Controller resets this queue's timeout policy asked for.
     pub resets_requested: u64,
-    /// Commands completed with [`IoError::AbortedByReset`].
+    /// Commands completed with [`IoError::AbortedByReset`](crate::core::io::IoError::AbortedByReset).
     pub aborted_by_reset: u64,
-    /// Commands completed with [`IoError::ControllerFailed`].
+    /// Commands completed with [`IoError::ControllerFailed`](crate::core::io::IoError::ControllerFailed).
     pub failed_by_controller: u64,
     /// Times this queue re-created its queues after a controller reset.
     pub recoveries: u64,
@@ -157,7 +157,7 @@ struct NsGeom {
     /// `MAX_NLB` and the queue's transfer limit), or 0 with `metadata`:
     /// precomputed once per queue pair, so a submission's one compare of
     /// `nlb - 1` against it stands for the zero-count, metadata and split
-    /// checks, which the cold path then makes one by one (issue 28).
+    /// checks, which the cold path then makes one by one.
     unsplit: u32,
 }
 
@@ -183,7 +183,7 @@ struct NsGeom {
 /// A read or write larger than the controller's MDTS (or
 /// [`crate::ControllerOptions::max_transfer`], or 65536 blocks) is split
 /// into child commands, one queue slot each, and completes **once**: one
-/// [`Completion`] with the caller's tag, the first error any child reported
+/// [`Completion`](crate::core::io::Completion) with the caller's tag, the first error any child reported
 /// (else success), and the buffer, handed back only after every child
 /// finished. Splitting is all or nothing: with fewer free slots than
 /// children it is refused with [`SubmitErrorKind::QueueFull`] (buffer handed
@@ -206,7 +206,7 @@ struct NsGeom {
 /// controller failures are handled inside [`poll`](Self::poll): see
 /// [`TimeoutPolicy`] and [the controller docs](crate::nvme::ctrl#reset-and-failure).
 /// After a reset the queue pair re-creates its queues by itself; commands
-/// that were outstanding complete with [`IoError::AbortedByReset`].
+/// that were outstanding complete with [`IoError::AbortedByReset`](crate::core::io::IoError::AbortedByReset).
 pub struct QueuePair<B: IoBuf = DmaBuf> {
     // The rings and the PRP pages are dropped by hand in `Drop` — or
     // leaked, while the device may still access them (`device_may_access`).
@@ -384,8 +384,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// to the cold path (`submit_data_cold`), which checks everything one
     /// by one and gives the refusal its reason. The namespace is looked up
     /// by its index only (a sparse NSID takes the cold path) and read in
-    /// place: returning its whole geometry copied it through the stack
-    /// (issue 28).
+    /// place: returning its whole geometry copied it through the stack.
     #[inline(always)]
     fn check_unsplit(&mut self, nsid: u32, slba: u64, nlb: u32) -> Option<u64> {
         // The idle queue's clock read is `Engine::reserve`'s, in
@@ -493,7 +492,7 @@ mod tests {
         }
     }
 
-    /// Issue 28: the CQ head a poll consumed is written after the SQ tail
+    /// The CQ head a poll consumed is written after the SQ tail
     /// of the commands queued next, so a resubmission reaches the
     /// controller one doorbell store sooner. In a QEMU TCG guest the store
     /// between a completion and the next submission took a median 3 µs of
@@ -556,7 +555,7 @@ mod tests {
         assert_eq!(fake.stats().cq_full, 0);
     }
 
-    /// Issue 28: the CQ head doorbell is written lazily (once
+    /// The CQ head doorbell is written lazily (once
     /// `cq_head_batch` entries were consumed), so up to `cq_head_batch - 1`
     /// consumed entries stay unreleased. On rings of `depth + 1` entries a
     /// controller then found the CQ full whenever the host resubmitted
@@ -598,7 +597,7 @@ mod tests {
         }
     }
 
-    /// Issue 28: the shared counters carry the wire's doorbell stores and
+    /// The shared counters carry the wire's doorbell stores and
     /// the I/O path's register loads (NVMe: only the CSTS health look every
     /// `HEALTH_CHECK_INTERVAL` empty polls), so a tool can report them per
     /// I/O on any wire.
@@ -656,7 +655,7 @@ mod tests {
         assert_eq!(qp2.counters().register_reads, 3);
     }
 
-    /// Issue 28: every poll that completed something read the coarse clock
+    /// Every poll that completed something read the coarse clock
     /// with a system-clock call (`Instant`) — at QD1 one per I/O, a real
     /// system call in a guest without a trusted TSC. Once the CPU counter
     /// is calibrated, a busy queue calls the system clock at most about

@@ -59,7 +59,7 @@ impl<B: IoBuf> QueuePair<B> {
     // buffer (SQE and doorbell lines shared with the device). The command
     // is encoded only where its SQE is written: an `Sqe` argument was
     // built in memory before the checks, for the cold path's sake, and
-    // then written again from registers (issue 28).
+    // then written again from registers.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(super) fn submit_data<C: Command>(
@@ -293,8 +293,8 @@ impl<B: IoBuf> QueuePair<B> {
     /// was nothing to ring, when the queue failed, and also when the
     /// controller was reset or failed since this queue last looked — the
     /// reset deleted the queue, so its doorbell must not be written; the
-    /// next [`poll`](Self::poll) completes the queued commands (with [`IoError::AbortedByReset`] or
-    /// [`IoError::ControllerFailed`]) and re-creates the queue. One relaxed
+    /// next [`poll`](Self::poll) completes the queued commands (with [`IoError::AbortedByReset`](crate::core::io::IoError::AbortedByReset) or
+    /// [`IoError::ControllerFailed`](crate::core::io::IoError::ControllerFailed)) and re-creates the queue. One relaxed
     /// load per batch. A reset that starts between that load and the
     /// doorbell store is not caught: the store then reaches a controller
     /// that has no such queue (it ignores the store or reports an invalid

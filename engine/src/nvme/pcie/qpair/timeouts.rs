@@ -49,7 +49,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// Read CSTS; if the controller is fatal or gone, record that at the
     /// controller (a fatal controller is disabled so no DMA stays in
     /// flight) and return the error. The next [`poll`](Self::poll)
-    /// completes the outstanding commands with [`IoError::ControllerFailed`].
+    /// completes the outstanding commands with [`IoError::ControllerFailed`](crate::core::io::IoError::ControllerFailed).
     pub fn check_health(&mut self) -> Result<()> {
         if let Some(e) = self.eng.stopped {
             return Err(stopped_error(e, self.qid));
@@ -65,7 +65,7 @@ impl<B: IoBuf> QueuePair<B> {
 
     /// Report every command outstanding for longer than `timeout`.
     ///
-    /// Reporting only, independent of [`QpairOptions::io_timeout`] (which
+    /// Reporting only, independent of [`QpairOptions::io_timeout`](crate::nvme::pcie::qpair::QpairOptions::io_timeout) (which
     /// acts by itself inside [`poll`](Self::poll)). Ages use the queue's
     /// coarse clock, refreshed here.
     pub fn check_timeouts(&mut self, timeout: Duration, f: impl FnMut(Outstanding)) -> usize {

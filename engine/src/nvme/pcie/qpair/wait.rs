@@ -27,12 +27,12 @@ impl Waiter {
 
 impl<B: IoBuf> QueuePair<B> {
     /// Poll until something completes or `timeout` passes (`None`: no
-    /// limit), as [`QpairOptions::wait`] says: spinning, or sleeping on the
+    /// limit), as [`QpairOptions::wait`](crate::nvme::pcie::qpair::QpairOptions::wait) says: spinning, or sleeping on the
     /// queue's MSI-X vector once a poll finds nothing (`Interrupt`), or
     /// after spinning a while since the last completion (`Hybrid`).
     /// Completions reach `f` through [`poll`](Self::poll), at most `max`;
     /// returns how many (0: the timeout passed, or nothing is
-    /// outstanding; `max` = 0 is refused with [`Error::InvalidOption`]). A
+    /// outstanding; `max` = 0 is refused with [`Error::InvalidOption`](crate::core::error::Error::InvalidOption)). A
     /// controller that fails or is reset meanwhile ends the wait within
     /// 10 ms as `poll` reports it: the commands' errors, then the stopped
     /// queue's error.

@@ -23,7 +23,7 @@ pub enum Pdu<'a> {
     TermReq {
         /// [`pdu_type::H2C_TERM_REQ`] or [`pdu_type::C2H_TERM_REQ`].
         pdu_type: u8,
-        /// Fatal error status ([`fes`]).
+        /// Fatal error status ([`fes`](crate::nvme::tcp::pdu::fes)).
         fes: u16,
         /// Fatal error information.
         fei: u32,

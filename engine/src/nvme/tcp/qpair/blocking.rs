@@ -58,7 +58,7 @@ impl<B: IoBuf> Addressed for TcpQueuePair<B> {
 
 /// The blocking convenience API (as on the PCIe queue pair): one bounce
 /// buffer kept by the queue pair, requests above the per-command limit
-/// split. Each needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+/// split. Each needs an idle queue pair ([`Error::QueueBusy`](crate::core::error::Error::QueueBusy) otherwise).
 impl TcpQueuePair<DmaBuf> {
     /// Read `dst.len()` bytes (a multiple of the block size) from `slba`.
     pub fn read_blocking(&mut self, nsid: u32, slba: u64, dst: &mut [u8]) -> Result<()> {

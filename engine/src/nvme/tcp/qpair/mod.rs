@@ -27,9 +27,9 @@
 //!   command completes only after its data left (none of it still owed).
 //!   Any violation, a malformed PDU, a TermReq or a closed socket **ends
 //!   the connection** with a typed [`TcpError`]: every command in flight
-//!   ends once with [`IoError::ConnectionLost`] (buffers back: a socket
+//!   ends once with [`IoError::ConnectionLost`](crate::core::io::IoError::ConnectionLost) (buffers back: a socket
 //!   reaches no memory once we stop calling it) and `poll` reports the
-//!   error as [`Error::Transport`].
+//!   error as [`Error::Transport`](crate::core::error::Error::Transport).
 //! - The send queue (`TxQueue`) holds PDU headers in an arena reused from
 //!   its start once everything queued has left: every addition needs room
 //!   and sends only take away, so whenever it is full nothing more is
@@ -47,7 +47,7 @@
 //!   (`TimeoutPolicy::Abort`); what that does not settle resets the
 //!   controller — a reconnect of the association
 //!   ([`TcpController::reset`]) — after which every queue pair ends its
-//!   commands once with [`IoError::AbortedByReset`] and Connects its queue
+//!   commands once with [`IoError::AbortedByReset`](crate::core::io::IoError::AbortedByReset) and Connects its queue
 //!   again. A reset also brings back a queue pair whose own connection
 //!   ended.
 //!

@@ -10,7 +10,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
     /// Close: let the commands in flight finish (bounded by the admin
     /// timeout), shut the connection down (as Linux's initiator closes an
     /// I/O queue: no Disconnect), and end what is left once with
-    /// [`IoError::Aborted`].
+    /// [`IoError::Aborted`](crate::core::io::IoError::Aborted).
     pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
         self.shutdown(&mut f)
     }
