@@ -2,7 +2,8 @@
 //! whole PDU (digests included) once it is.
 
 use super::error::PduError;
-use super::{
+use super::header::pda_alignment;
+use super::header::{
     flags, pdu_type, read_plain, CapsuleCmdHeader, CapsuleRespHeader, CommonHeader, DataHeader,
     Direction, IcReq, IcResp, Negotiated, PduLayout, R2tHeader, TermReqHeader, CAPSULE_CMD_HLEN,
     CAPSULE_RESP_HLEN, COMMON_HEADER_BYTES, DATA_HLEN, IC_BYTES, MAX_PDA, MIN_MAXH2CDATA, PFV,
@@ -10,7 +11,6 @@ use super::{
 };
 use crate::nvme::spec::{Cqe, Sqe};
 use crate::nvme::tcp::digest::{crc32c, DIGEST_BYTES};
-use crate::nvme::tcp::pdu::pda_alignment;
 
 /// One parsed PDU; data borrows the receive buffer.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
