@@ -8,12 +8,16 @@ use crate::core::io::{IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::qpair::Addressed;
 use crate::core::qpair::SplitRequest;
 use crate::nvme::spec::sqe::Command;
+use crate::nvme::spec::sqe::MAX_NLB;
 use crate::nvme::spec::sqe::{DatasetManagement, DsmRange, Flush, Read, Write};
 use crate::nvme::spec::Sqe;
 use crate::nvme::tcp::digest::DataDigest;
 use crate::nvme::tcp::fabrics::FabricsSqe;
 use crate::nvme::tcp::fabrics::SglDescriptor;
 use crate::nvme::tcp::pdu;
+use crate::nvme::tcp::qpair::Arc;
+use crate::Completion;
+use mcqio_vfio::DmaSpace;
 
 impl<B: IoBuf> TcpQueuePair<B> {
     /// Queue a command that the engine does not split.
@@ -237,10 +241,15 @@ impl<B: IoBuf> TcpQueuePair<B> {
         self.eng.arm(slot, tag, None);
         Ok(())
     }
+}
 
-    /// A read or write, checked and queued (the `BlockQueue` entry
-    /// point: `Addressed::read_write`).
-    pub(super) fn submit_rw(
+/// NVMe/TCP's submission API is the shared block interface: its reads,
+/// writes, Flush and Dataset Management are `Addressed`'s (there is no
+/// inherent `read`/`write`, unlike the PCIe queue pair).
+impl<B: IoBuf> Addressed for TcpQueuePair<B> {
+    type Addr = u32;
+
+    fn read_write(
         &mut self,
         nsid: u32,
         lba: u64,
@@ -330,12 +339,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
         Ok(())
     }
 
-    /// A Flush of namespace `nsid`.
-    pub(super) fn submit_flush(
-        &mut self,
-        nsid: u32,
-        tag: u64,
-    ) -> std::result::Result<(), SubmitError<()>> {
+    fn flush_at(&mut self, nsid: u32, tag: u64) -> std::result::Result<(), SubmitError<()>> {
         if self.geom(nsid).is_none() {
             return Err(SubmitError {
                 kind: SubmitErrorKind::UnknownNamespace { nsid },
@@ -346,8 +350,7 @@ impl<B: IoBuf> TcpQueuePair<B> {
         self.queue_internal_data(Flush::new(nsid).sqe(), None, tag)
     }
 
-    /// A Dataset Management deallocate of one range.
-    pub(super) fn submit_deallocate(
+    fn deallocate_at(
         &mut self,
         nsid: u32,
         lba: u64,
@@ -385,5 +388,21 @@ impl<B: IoBuf> TcpQueuePair<B> {
             Some(&bytes),
             tag,
         )
+    }
+
+    fn shift_of(&self, nsid: u32) -> Option<u32> {
+        self.geom(nsid).map(|g| g.shift)
+    }
+
+    fn dma_space(&self) -> &Arc<DmaSpace> {
+        self.ctrl.dma()
+    }
+
+    fn limit_for(&self, shift: u32) -> u64 {
+        self.eng.max_xfer.min(u64::from(MAX_NLB) << shift)
+    }
+
+    fn finish<F: FnMut(Completion<B>)>(self, f: F) -> crate::core::error::Result<()> {
+        self.close(f)
     }
 }
