@@ -7,10 +7,11 @@
 //! no locks and makes no system calls on the I/O path (NVMe over TCP,
 //! [`nvme::tcp`], is the exception a socket forces: one `sendmsg` per
 //! submit batch, one `recv` per poll). The application owns
-//! one queue pair per thread ([`QueuePair`] on NVMe, [`UfsQueuePair`] on
-//! UFS; both implement [`BlockQueue`](core::block::BlockQueue)) and polls
-//! it. The rules below are the same on both transports; where a name is
-//! NVMe's (an Abort command, CSTS), UFS does the same with its own means
+//! one queue pair per thread ([`QueuePair`] on NVMe over PCIe,
+//! [`nvme::tcp::TcpQueuePair`] on NVMe over TCP, [`UfsQueuePair`] on UFS;
+//! each implements [`BlockQueue`](core::block::BlockQueue)) and polls it.
+//! The rules below are the same on every wire; where a name is NVMe's (an
+//! Abort command, CSTS), UFS does the same with its own means
 //! (MCQ cleanup or UTRLCLR, the host controller reset
 //! [`UfsController::reset`], HCS/IS).
 //!
@@ -90,7 +91,7 @@
 //!
 //! ## What a completion's CID can and cannot prove
 //!
-//! A CID is `slot | generation` (see [`nvme::pcie::queue`]). mcqio detects and drops a
+//! A CID is `slot | generation` (see `core::tracker`). mcqio detects and drops a
 //! CQE whose CID names a free slot, a busy slot with another generation (a
 //! late or duplicated completion of an earlier command in that slot, or a
 //! bit flip in the generation bits), or another submission queue (SQ ID
@@ -146,9 +147,10 @@
 //! Lower-level hooks remain: [`QueuePair::check_timeouts`] (list old
 //! commands), [`QueuePair::abort_command`], [`QueuePair::check_health`].
 //!
-//! The tree shows the architecture: one core, two transports.
+//! The tree shows the architecture: one core, two command sets (NVMe, UFS),
+//! three wires (NVMe over PCIe, NVMe over TCP, UFS).
 //!
-//! - [`core`]: written once for both transports: tags with generations
+//! - [`core`]: written once for every wire: tags with generations
 //!   (`core::tracker`), the split parent table, the [`TimeoutPolicy`] with
 //!   its clock and scan ([`core::timeout`]), ending every outstanding
 //!   command exactly once, the I/O API ([`DmaBuf`], the [`IoBuf`] trait,
@@ -161,7 +163,7 @@
 //! - [`nvme`]: the NVMe transport: wire formats ([`nvme::spec`]), the
 //!   [`Controller`] ([`nvme::ctrl`]) and its admin queue ([`nvme::admin`]);
 //!   NVMe over PCIe ([`nvme::pcie`]): bring-up, doorbells, [`QueuePair`]
-//!   with its rings and PRP lists ([`nvme::pcie::queue`]); NVMe over TCP
+//!   with its PRP lists ([`nvme::pcie::qpair`]) and rings ([`nvme::pcie::queue`]); NVMe over TCP
 //!   ([`nvme::tcp`]): [`nvme::tcp::TcpController`] (Fabrics bring-up on
 //!   the admin connection) and [`nvme::tcp::TcpQueuePair`] (one connection
 //!   per queue pair, on the same queue-pair engine). A socket makes system

@@ -1,11 +1,12 @@
-//! [`BlockQueue`]: the block operations every transport's queue pair
+//! [`BlockQueue`]: the block operations every wire's queue pair
 //! offers, and what is built on them once: the blocking helpers.
 //!
-//! NVMe's [`QueuePair`](crate::QueuePair) and UFS's
-//! [`UfsQueuePair`](crate::ufs::UfsQueuePair) both implement it, so code
+//! NVMe's [`QueuePair`](crate::QueuePair) and
+//! [`TcpQueuePair`](crate::nvme::tcp::TcpQueuePair) and UFS's
+//! [`UfsQueuePair`](crate::ufs::UfsQueuePair) each implement it, so code
 //! written against `Q: BlockQueue` — [`run_per_core`](super::per_core::run_per_core),
 //! [`MappedQueuePair`](super::mapped::MappedQueuePair), the blocking
-//! helpers here, an application's job loop — runs on either transport. The
+//! helpers here, an application's job loop — runs on any wire. The
 //! trait is resolved statically (generics): nothing is dispatched
 //! dynamically per I/O, and each method is the queue pair's own inherent
 //! method (`#[inline]`), so going through the trait costs nothing.
@@ -96,7 +97,7 @@ pub trait BlockDevice {
 
 /// The block operations of a queue pair, the same on every transport.
 ///
-/// Semantics (both transports): a submission moves its buffer in and the
+/// Semantics (every wire): a submission moves its buffer in and the
 /// buffer comes back in exactly one [`Completion`] from
 /// [`poll`](Self::poll) or [`close`](Self::close), or at once in the
 /// [`SubmitError`] of a refused submission; [`submit`](Self::submit) rings
@@ -255,7 +256,7 @@ pub(crate) const BLOCKING_TAG: u64 = u64::MAX;
 
 /// What the blocking helpers need beyond [`BlockQueue`]: the queue pair's
 /// bounce buffer (used when it moves [`DmaBuf`]s) and limits. Implemented
-/// by both transports' queue pairs.
+/// by every wire's queue pair.
 pub(crate) trait Blocking: BlockQueue {
     /// The queue pair's bounce buffer (kept between calls).
     fn bounce(&mut self) -> &mut Option<DmaBuf>;

@@ -30,7 +30,7 @@
 //! of ticks had passed: at QD1 in a QEMU TCG guest (hpet clocksource,
 //! 5–15 µs per call there, each an exit to QEMU under its big lock) that
 //! was 0.14–0.31 calls per I/O, each one on the path from a completion to
-//! the next submission (QEMU trace of the guest side-by-side, issue 28).
+//! the next submission (QEMU trace of the guest side-by-side).
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! Exactly-once delivery when the device stops answering: ending every
 //! command still outstanding, and leaking a buffer the device may still
-//! own. Written once for both transports.
+//! own. Written once for every wire.
 //!
 //! The rules (the crate docs' table "How every command ends"):
 //!
@@ -9,7 +9,7 @@
 //!   loses nothing and ends nothing twice; what was not reached stays busy
 //!   for a later call.
 //! - A child of a split transfer ends through its parent
-//!   ([`super::split`]): the parent completes when its last child ended,
+//!   ([`super::split_table`]): the parent completes when its last child ended,
 //!   with the first error a child reported, else the error that ended the
 //!   rest.
 //! - A buffer goes back to the application only once the device can no
@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 
 use super::io::{Completion, IoBuf, IoError};
-use super::split::Splits;
+use super::split_table::Splits;
 use super::tracker::Trackers;
 
 /// Completions that ended (tracker slot freed, buffer owned by the
@@ -96,7 +96,7 @@ impl<B: IoBuf> Held<B> {
 /// just freed (`Trackers::complete`, which handed back `tag` and `buf`):
 /// the completion to deliver — its own, or its parent's when it was the
 /// last child of a split transfer — or `None` for a child whose siblings
-/// are still in flight. The per-I/O delivery path of both transports.
+/// are still in flight. The per-I/O delivery path of every wire.
 #[inline(always)]
 pub(crate) fn route<B: IoBuf, S>(
     splits: &mut Splits<B, S>,

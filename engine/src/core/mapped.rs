@@ -26,7 +26,7 @@
 //! separate type wrapping a queue pair of [`Mapped`] buffers, so a queue
 //! pair of `DmaBuf`s pays no branch for the modes it does not use.
 //!
-//! It is written once for both transports: `MappedQueuePair<Q>` wraps any
+//! It is written once for every wire: `MappedQueuePair<Q>` wraps any
 //! [`BlockQueue`] — NVMe's `QueuePair<Mapped>` (the default,
 //! [`Controller::create_mapped_qpair`](crate::Controller::create_mapped_qpair)) or UFS's `UfsQueuePair<Mapped>`
 //! ([`UfsController::create_mapped_qpair`](crate::UfsController::create_mapped_qpair)).

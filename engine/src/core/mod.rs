@@ -1,4 +1,4 @@
-//! # The shared core: what both transports use, written once
+//! # The shared core: what every wire uses, written once
 //!
 //! Nothing here knows a wire format. NVMe ([`crate::nvme`]) and UFS
 //! ([`crate::ufs`]) build their commands, ring their doorbells and reap
@@ -6,8 +6,8 @@
 //!
 //! - `tracker`: command slots with generations (a stale or duplicate
 //!   completion never reaches a command in flight) and their ages.
-//! - [`block`]: the [`BlockQueue`](block::BlockQueue) trait both transports'
-//!   queue pairs implement (read, write, flush, deallocate, submit, poll,
+//! - [`block`]: the [`BlockQueue`](block::BlockQueue) trait every wire's
+//!   queue pair implements (read, write, flush, deallocate, submit, poll,
 //!   close), and the blocking helpers written once on it.
 //! - [`error`]: the control path's [`Error`](error::Error), one type for
 //!   every transport.
@@ -40,7 +40,7 @@ pub mod mapped;
 pub mod per_core;
 pub(crate) mod qpair;
 pub(crate) mod ring;
-pub(crate) mod split;
+pub(crate) mod split_table;
 pub(crate) mod state;
 pub mod timeout;
 pub(crate) mod tracker;

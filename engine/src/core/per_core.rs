@@ -1,4 +1,4 @@
-//! One queue pair per core: the MCQ model, for both transports.
+//! One queue pair per core: the MCQ model, for every wire.
 //!
 //! [`run_per_core`] creates `threads` queue pairs up front, then runs the
 //! closure once per queue pair on its own thread, pinned to core

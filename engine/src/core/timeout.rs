@@ -1,4 +1,4 @@
-//! Command timeouts, written once for both transports: the policy, the
+//! Command timeouts, written once for every wire: the policy, the
 //! queue's coarse clock, and the scan that finds expired commands.
 //!
 //! There is no timer thread. Each queue pair keeps a coarse clock (ms since
@@ -37,7 +37,7 @@ pub(crate) const IDLE_CLOCK_INTERVAL: u32 = 64;
 /// carries [`crate::IoError::TimedOut`]), or the controller was reset
 /// ([`crate::IoError::AbortedByReset`]).
 ///
-/// The same policy serves both transports: NVMe sends an Abort admin
+/// The same policy serves every wire: NVMe sends an Abort admin
 /// command and resets the controller (CC.EN); UFS withdraws the command
 /// (MCQ: SQ stop and cleanup by nexus; legacy: UTRLCLR) and escalates to a
 /// host controller reset (see [`crate::ufs::UfsQueuePair`]).

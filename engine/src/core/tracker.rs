@@ -21,7 +21,7 @@ pub(crate) struct Slot<B> {
     /// command's CID while it is in flight; when the slot is not busy, the
     /// next command's CID with [`NOT_BUSY`] set, which no 16-bit CID
     /// equals. So a completion is matched with one compare of busy and
-    /// CID together (issue 28).
+    /// CID together.
     expect: u32,
     /// Coarse submit time (queue clock, ms) for timeout scans; once a
     /// timeout was acted on, the time of that action.
@@ -103,8 +103,7 @@ impl FreeList {
         // SAFETY: `n < len <= ids.len()`: `len` starts at `ids.len()`, and
         // only `push` raises it, through a checked index (a push past the
         // end panics before `len` moves). The compare against the slice's
-        // length that `get` made was one more than the hot path needs
-        // (issue 28).
+        // length that `get` made was one more than the hot path needs.
         Some(unsafe { *self.ids.get_unchecked(n) })
     }
 
@@ -301,7 +300,7 @@ impl<B> Trackers<B> {
     /// also neither busy nor free, but its owner still holds it and will
     /// arm or unreserve it: were it freed here too, it would sit on the
     /// free list twice after that and two commands would share it. (No
-    /// caller resets between reserve and arm today — both transports
+    /// caller resets between reserve and arm today — every wire
     /// reserve and arm within one `&mut` submission — but the tracker does
     /// not rely on it.)
     pub fn unretire_all(&mut self) {
@@ -661,7 +660,7 @@ mod tests {
         assert_free_list_sound(&mut t, &[]);
     }
 
-    /// The same as a model over random streams of both transports' moves.
+    /// The same as a model over random streams of every wire's moves.
     #[derive(Clone, Debug)]
     enum Life {
         /// Reserve a slot (held, not armed).

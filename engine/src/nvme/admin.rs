@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use mcqio_vfio::{DmaDir, DmaRegion, Mmio};
 
+use crate::core::error::{Error, Result};
 use crate::nvme::ctrl::{failure_error, Controller};
 use crate::nvme::pcie::enable::read_csts;
 use crate::nvme::pcie::queue::cq::CompQueue;
@@ -19,7 +20,6 @@ use crate::nvme::spec::opcodes::admin as admin_op;
 use crate::nvme::spec::sqe::{AsyncEventRequest, Command, Identify};
 use crate::nvme::spec::status::{generic, sct};
 use crate::nvme::spec::{Cqe, NvmeStatus, Sqe};
-use crate::{Error, Result};
 
 /// The admin queue pair plus a 4 KiB data page for identify and logs.
 pub(in crate::nvme) struct AdminQueue {

@@ -54,7 +54,7 @@
 //! queue memory (enable, Identify — the controller and its namespaces must
 //! be the same device —, Set Features Number of Queues, Doorbell Buffer
 //! Config, Asynchronous Event Requests re-posted). Queue pairs learn about
-//! the reset on their next [`QueuePair::poll`] (one relaxed load of the
+//! the reset on their next [`QueuePair::poll`](crate::nvme::QueuePair::poll) (one relaxed load of the
 //! controller's state word per poll): they deliver the completions the
 //! controller posted before the reset, complete everything else with
 //! [`crate::IoError::AbortedByReset`] (buffers handed back: the device is
@@ -70,7 +70,7 @@
 //! [`Error::DeviceGone`] until a successful [`Controller::reset`]. If a fatal
 //! controller cannot even be disabled, buffers of its outstanding commands
 //! are leaked (their completions carry no buffer): the device might still
-//! write into them. Dropping the last `Arc<Controller>` (every [`QueuePair`] holds
+//! write into them. Dropping the last `Arc<Controller>` (every [`QueuePair`](crate::nvme::QueuePair) holds
 //! one, so they are gone by then) performs a normal shutdown: CC.SHN =
 //! normal, then wait for CSTS.SHST = complete, bounded; then it disables
 //! the controller (which drops its Asynchronous Event Requests) before the
@@ -79,13 +79,17 @@
 //!
 //! # Where the code is
 //!
-//! This file holds what does not depend on the transport: the options, the
-//! state word, namespaces, the admin entry points, reset and failure
-//! bookkeeping, queue ids and leak accounting. The admin queue (command
-//! execution, Asynchronous Event Requests, Identify) is
-//! [`crate::nvme::admin`]; what only NVMe over PCIe has (CC/CSTS bring-up
-//! and shutdown, BAR checks, shadow doorbells, creating I/O queues, the
-//! rings) is under [`crate::nvme::pcie`].
+//! This is the controller of NVMe over PCIe: it holds the BAR, the admin
+//! rings and the shadow doorbell pages, and uses `nvme::pcie`'s enable and
+//! shadow code. Besides those it keeps the options, the state word,
+//! namespaces, the admin entry points, reset and failure bookkeeping,
+//! queue ids and leak accounting, which NVMe over TCP's
+//! [`TcpController`](crate::nvme::tcp::TcpController) keeps again for
+//! itself today (a transport-neutral NVMe layer under both is the next
+//! step). The admin queue (command execution, Asynchronous Event
+//! Requests, Identify) is [`crate::nvme::admin`]; the rest of what only
+//! NVMe over PCIe has (CC/CSTS bring-up and shutdown, BAR checks, creating
+//! I/O queues, the rings, the queue pair) is under [`crate::nvme::pcie`].
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,16 +98,15 @@ use std::time::Duration;
 
 use mcqio_vfio::{Backend, DmaDir, DmaSpace, DoorbellHook};
 
-use crate::core::io::IoBuf;
+use crate::core::error::{Error, Result};
+use crate::core::io::DmaBuf;
 use crate::nvme::admin::AdminQueue;
 pub use crate::nvme::admin::{event_type, AsyncEvent, MAX_ADMIN_READ, MAX_NAMESPACES};
 use crate::nvme::pcie::enable::{disable, read_csts, BarPtr};
-use crate::nvme::pcie::queue::{QpairOptions, QueuePair};
 use crate::nvme::pcie::shadow::ShadowPages;
 use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace};
 use crate::nvme::spec::regs::{Cap, Version};
 use crate::nvme::spec::{Cqe, Sqe};
-use crate::{DmaBuf, Error, Result};
 
 /// Options for [`Controller::new`].
 #[derive(Clone, Debug)]
@@ -121,7 +124,7 @@ pub struct ControllerOptions {
     /// be woken anyway — while the controller then reads a shadow doorbell
     /// and writes an EventIdx for every command it fetches and every
     /// completion it posts. On QEMU's NVMe (TCG, intel-iommu) queue pairs
-    /// without them completed more I/Os per second (issue 28; the README's
+    /// without them completed more I/Os per second (the README's
     /// side-by-side).
     pub shadow_doorbells: bool,
     /// Bound on each admin command.
@@ -236,7 +239,7 @@ impl Namespace {
 }
 
 /// An initialised NVMe controller. Shareable (`Sync`); create one
-/// [`QueuePair`] per thread for I/O.
+/// [`QueuePair`](crate::nvme::QueuePair) per thread for I/O.
 pub struct Controller {
     pub(super) backend: Arc<dyn Backend>,
     pub(super) dma: Arc<DmaSpace>,
@@ -391,7 +394,7 @@ impl Controller {
     /// [`TimeoutPolicy::ReportOnly`], a controller that could not be
     /// disabled), for as long as the controller lives. Queue-creating and
     /// queue-deleting commands must not name queues owned by a
-    /// [`QueuePair`]. (Validation cannot replace this contract: which
+    /// [`QueuePair`](crate::nvme::QueuePair). (Validation cannot replace this contract: which
     /// fields hold host addresses depends on the opcode and, for
     /// vendor-specific commands, on nothing the host can know.)
     pub unsafe fn admin(&self, sqe: Sqe, what: &'static str) -> Result<Cqe> {
@@ -540,45 +543,6 @@ impl Controller {
         let r = self.reset_locked(&mut a);
         self.wake_waiters();
         r
-    }
-
-    /// Create an I/O queue pair for [`DmaBuf`] buffers. `opts.mapping`
-    /// must be [`MappingMode::Premapped`](crate::MappingMode::Premapped):
-    /// strict and lazy modes take application buffers, through
-    /// [`Controller::create_mapped_qpair`].
-    pub fn create_qpair(self: &Arc<Self>, opts: QpairOptions) -> Result<QueuePair<DmaBuf>> {
-        Self::premapped_only(&opts)?;
-        QueuePair::create(self, &opts)
-    }
-
-    /// Create an I/O queue pair moving buffers of type `B` (e.g.
-    /// `Vec<DmaBuf>` for vectored I/O, or a mapping layer's buffer type).
-    /// `opts.mapping` must be premapped, as for [`Controller::create_qpair`].
-    pub fn create_qpair_for<B: IoBuf>(
-        self: &Arc<Self>,
-        opts: QpairOptions,
-    ) -> Result<QueuePair<B>> {
-        Self::premapped_only(&opts)?;
-        QueuePair::create(self, &opts)
-    }
-
-    /// Create a queue pair for application buffers
-    /// ([`AppBuffer`](mcqio_vfio::AppBuffer)) mapped per I/O in the strict
-    /// or lazy mode `opts.mapping` names; see [`crate::core::mapped`].
-    pub fn create_mapped_qpair(
-        self: &Arc<Self>,
-        opts: QpairOptions,
-    ) -> Result<crate::MappedQueuePair> {
-        crate::MappedQueuePair::create(self, &opts)
-    }
-
-    fn premapped_only(opts: &QpairOptions) -> Result<()> {
-        match opts.mapping {
-            crate::MappingMode::Premapped => Ok(()),
-            ref m => Err(Error::InvalidOption(format!(
-                "mapping {m:?} maps application buffers per I/O: create the queue pair with Controller::create_mapped_qpair"
-            ))),
-        }
     }
 
     pub(crate) fn alloc_qid(&self) -> Result<u16> {

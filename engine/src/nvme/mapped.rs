@@ -8,9 +8,9 @@ use std::sync::Arc;
 use mcqio_vfio::Mapped;
 
 use super::ctrl::Controller;
-use super::queue::{QpairOptions, QpairStats, QueuePair};
+use super::pcie::qpair::{QpairOptions, QpairStats, QueuePair};
+use crate::core::error::Result;
 use crate::core::mapped::MappingMode;
-use crate::Result;
 
 /// A queue pair for application buffers mapped per I/O, over any
 /// transport's queue pair `Q` — NVMe's [`QueuePair`] unless named
@@ -50,3 +50,12 @@ const _: () = {
     const fn send<T: Send>() {}
     send::<MappedQueuePair>();
 };
+
+impl Controller {
+    /// Create a queue pair for application buffers
+    /// ([`AppBuffer`](mcqio_vfio::AppBuffer)) mapped per I/O in the strict
+    /// or lazy mode `opts.mapping` names; see [`crate::core::mapped`].
+    pub fn create_mapped_qpair(self: &Arc<Self>, opts: QpairOptions) -> Result<MappedQueuePair> {
+        MappedQueuePair::create(self, &opts)
+    }
+}

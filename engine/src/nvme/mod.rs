@@ -3,18 +3,17 @@
 //! The NVMe wire and its controller, over the shared [`crate::core`]:
 //!
 //! - [`spec`]: wire formats (registers, SQE/CQE, command builders, identify, status).
-//! - [`ctrl`]: [`Controller`]: options, namespaces, the state word, admin
-//!   entry points, reset, queue ids.
+//! - [`ctrl`]: [`Controller`], the NVMe over PCIe controller: options,
+//!   namespaces, the state word, admin entry points, reset, queue ids.
 //! - [`admin`]: the admin queue: commands, Asynchronous Event Requests
 //!   ([`AsyncEvent`]), Identify, [`Controller::admin_read`].
-//! - [`pcie`]: NVMe over PCIe: [`QueuePair`] (rings, doorbells, PRP lists,
-//!   transfers split at MDTS) in [`pcie::queue`].
+//! - [`pcie`]: NVMe over PCIe: [`QueuePair`] (PRP lists, transfers split
+//!   at MDTS) in [`pcie::qpair`], on the rings and doorbells of
+//!   [`pcie::queue`].
 //! - [`tcp`]: NVMe over TCP: [`tcp::TcpController`] and
 //!   [`tcp::TcpQueuePair`] on the same queue-pair engine, reusing [`spec`],
 //!   the namespace checks of [`ctrl`] and the namespace-list walk of
 //!   [`admin`].
-//!
-//! [`queue`] is [`pcie::queue`] under its former path.
 
 pub mod admin;
 pub mod ctrl;
@@ -24,8 +23,18 @@ mod per_core;
 pub mod spec;
 pub mod tcp;
 
+pub use crate::core::timeout::Outstanding;
 pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace};
 pub use mapped::MappedQueuePair;
-pub use pcie::queue;
-pub use queue::{Outstanding, QpairOptions, QpairStats, QueuePair};
+pub use pcie::qpair::{QpairOptions, QpairStats, QueuePair};
+
+/// The former path of [`pcie::qpair::MAX_DEPTH`], kept only while the
+/// frontends in `examples/` still name it; new code uses the new path.
+#[doc(hidden)]
+pub mod queue {
+    /// The former path of [`crate::nvme::pcie::qpair`].
+    pub mod pair {
+        pub use crate::nvme::pcie::qpair::MAX_DEPTH;
+    }
+}
 pub use spec::NvmeStatus;

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use super::ctrl::Controller;
-use super::queue::{QpairOptions, QueuePair};
+use super::pcie::qpair::{QpairOptions, QueuePair};
+use crate::core::error::Result;
 use crate::core::io::DmaBuf;
 use crate::core::per_core::PerCore;
-use crate::Result;
 
 impl PerCore for Arc<Controller> {
     type Qpair = QueuePair<DmaBuf>;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use super::ctrl::{UfsController, UfsMode};
 use super::qpair::{UfsQpairOptions, UfsQueuePair};
+use crate::core::error::Result;
 use crate::core::io::DmaBuf;
 use crate::core::per_core::PerCore;
-use crate::Result;
 
 impl PerCore for Arc<UfsController> {
     type Qpair = UfsQueuePair<DmaBuf>;

@@ -306,8 +306,8 @@ impl UcdSlice {
         bytes: u64,
     ) -> Result<u16, SubmitErrorKind> {
         // The common I/O: the whole transfer in the start of one segment,
-        // one entry. The general walk below set up its loops for it too
-        // (issue 28); whatever this test does not take (offsets, several
+        // one entry. The general walk below set up its loops for it too;
+        // whatever this test does not take (offsets, several
         // segments or entries, a misaligned or empty transfer) goes there
         // and ends as before.
         if offset == 0 && buf.segment_count() == 1 && bytes <= u64::from(PrdtEntry::MAX_BYTES) {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::core::deliver::{self, drain_all, Held};
 use crate::core::io::{Completion, DmaBuf, IoBuf, IoError};
-use crate::core::split::Splits;
+use crate::core::split_table::Splits;
 use crate::core::state::Stopped;
 use crate::core::timeout::{TimeoutPolicy, Timeouts};
 use crate::core::tracker::Trackers;
@@ -107,14 +107,14 @@ pub(crate) struct Engine<B: IoBuf, S> {
     pub device_may_access: bool,
     /// A reset removed the queue and it was not re-created (closing).
     pub queue_absent: bool,
-    /// How far closing got (see `Wire::shutdown`).
+    /// How far closing got (see `Lifecycle::shutdown`).
     pub closing: Closing,
     /// Waiting: the policy and the queue's interrupt (read by
-    /// `Wire::wait` only; `poll` never touches it).
+    /// `Lifecycle::wait` only; `poll` never touches it).
     pub wait: super::wait::Waiter,
 }
 
-/// How far [`Wire::shutdown`](super::Wire::shutdown) (close or drop) got.
+/// How far [`Lifecycle::shutdown`](super::Lifecycle::shutdown) (close or drop) got.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Closing {
     /// In use.
@@ -184,7 +184,7 @@ impl<B: IoBuf, S> Engine<B, S> {
         // With a split in flight, the cold path ends the command and
         // routes its completion. Decided first: decided after the slot was
         // freed, the buffer taken from it was kept in memory for the cold
-        // path's sake on the hot one (issue 28).
+        // path's sake on the hot one.
         if self.splits.active() {
             return self.complete_with_splits(slot, dw0, result, internal, f);
         }
@@ -194,7 +194,7 @@ impl<B: IoBuf, S> Engine<B, S> {
         // A command of its own built straight into the callback's
         // argument, with the result the caller decided (a constant for a
         // success): no `Option` of a completion in memory, and no merge of
-        // two paths' results before the callback (issue 28).
+        // two paths' results before the callback.
         self.completed += 1;
         f(Completion {
             tag,
@@ -343,7 +343,7 @@ impl<B: IoBuf, S> Engine<B, S> {
     /// wire's own): the free list's length against the capacity, one
     /// compare, with the timeout test on the cold path, where a separate
     /// stamp before the checks tested both and counted the outstanding
-    /// commands (issue 28).
+    /// commands.
     #[inline(always)]
     pub fn reserve(&mut self) -> Option<u16> {
         if self.trackers.is_idle() {

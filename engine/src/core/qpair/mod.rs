@@ -1,23 +1,24 @@
 //! The queue pair's lifecycle, written once: [`Engine`] holds what every
-//! wire's queue pair keeps, and [`Wire`]'s provided methods carry what
-//! every wire's queue pair does.
+//! wire's queue pair keeps, [`Wire`] the hooks each wire implements, and
+//! [`Lifecycle`] (implemented for every `Wire` by a blanket impl, so no
+//! wire can override it) what every wire's queue pair does on them.
 //!
-//! A wire (NVMe over PCIe, UFS MCQ or legacy) implements the small
-//! required part of [`Wire`] — ring the doorbell, reap completion entries
+//! A wire (NVMe over PCIe, NVMe over TCP, UFS MCQ or legacy) implements
+//! the small required part of [`Wire`] — ring the doorbell, reap completion entries
 //! and prove each one belongs to the command in its slot, look at the
 //! controller's health, act on a timeout, hand over what the controller
 //! posted before it stopped, forget its rings, re-create its queue — and
 //! gets from the core:
 //!
-//! - the **submit gate** ([`Wire::gate`]): one relaxed load of the
+//! - the **submit gate** ([`Lifecycle::gate`]): one relaxed load of the
 //!   controller's state word per batch; no doorbell once a reset began or
 //!   the queue stopped;
-//! - the **poll skeleton** ([`Wire::poll`]): gate → ring → reap at most
+//! - the **poll skeleton** ([`Lifecycle::poll`]): gate → ring → reap at most
 //!   `max` (each completion counted before the callback runs) → idle ticks
 //!   of the coarse clock → a health look every
 //!   [`Wire::HEALTH_CHECK_INTERVAL`] empty polls → the timeout scan when due
 //!   → the wire's after-poll work;
-//! - **recovery** ([`Wire::recover`]): the one state machine after the state
+//! - **recovery** ([`Lifecycle::recover`]): the one state machine after the state
 //!   word changed (see [`super::state`]): deliver what was posted, end the
 //!   rest once ([`Engine::end_all`]) with or without buffers by the
 //!   fail → disable → leak rule, re-create the queue after a reset;
@@ -25,32 +26,34 @@
 //!   the poll's `max` waits in the engine's held completions, preallocated
 //!   to the queue depth at creation, and the next polls hand them out
 //!   first. `poll` never delivers more than `max`;
-//! - **close and drop** ([`Wire::shutdown`]): held completions first, a
+//! - **close and drop** ([`Lifecycle::shutdown`]): held completions first, a
 //!   reset caught up with, the queue taken off the device
 //!   ([`Wire::withdraw_all`]), the rest ended once with or without buffers;
 //!   resumable after a panic in the callback;
 //! - the split planner ([`Engine::plan_split`]), and [`Addressed`]: one
 //!   `BlockQueue` and blocking-helper implementation for every wire.
 //!
-//! # A third wire, a new frontend
+//! # A fourth wire, a new frontend
 //!
-//! A new wire (NVMe over TCP, say) is a folder beside `nvme/pcie/`
-//! (`nvme/tcp/`), reusing `nvme/{spec, ctrl, admin}`: its queue pair embeds
-//! an [`Engine`] and implements [`Wire`] — `ring` (send the queued capsules),
-//! `reap` (parse received PDUs, prove each by its CID, end it through
-//! [`Engine::complete`]), `check_controller` (the connection's health),
-//! `scan_timeouts` (Abort on the admin queue), `deliver_posted` and `forget`
-//! (what a dropped connection leaves), `recreate` (reconnect the queue),
-//! `withdraw_all` (Disconnect) — and [`Addressed`] (its addresses and block
-//! commands); its controller implements [`super::state::Controlled`] and
-//! its buffers are reached through `IoBuf::segment_host`. A frontend (a
-//! ublk server) uses only the public API — [`super::block::BlockQueue`],
+//! A new wire (NVMe over RDMA, say) is a folder beside `nvme/pcie/` and
+//! `nvme/tcp/`, reusing `nvme/{spec, ctrl, admin}`; its queue pair is a
+//! `qpair/` folder with the same files for the same roles as the other
+//! three (`mod`, `create`, `submit`, `reap`, `wire`, `timeouts`,
+//! `teardown`, `wait`, `blocking`): it embeds an [`Engine`] and
+//! implements [`Wire`] in `qpair/wire.rs` — `ring` (post the queued
+//! commands), `reap` (prove each completion by its CID, end it through
+//! [`Engine::complete`]), `check_controller`, `scan_timeouts` (Abort on
+//! the admin queue), `deliver_posted` and `forget` (what a dropped
+//! connection leaves), `recreate` (reconnect the queue), `withdraw_all` —
+//! and [`Addressed`] (its addresses and block commands); its controller
+//! implements [`super::state::Controlled`]. A frontend (a ublk server)
+//! uses only the public API — [`super::block::BlockQueue`],
 //! [`super::per_core`], the device opener in `examples/open` — beside the
 //! fio engine in `examples/`. Neither changes anything in `core/`.
 //!
 //! Everything is static dispatch: a wire's queue pair embeds an
 //! [`Engine`] and implements [`Wire`]; its public `poll` and `submit` are
-//! the provided methods, monomorphised and inlined for that wire. Nothing
+//! [`Lifecycle`]'s, monomorphised and inlined for that wire. Nothing
 //! here allocates after creation, and nothing names a wire.
 
 use super::error::{Error, Result};
@@ -58,17 +61,17 @@ use super::io::{Completion, IoBuf, IoError};
 use super::state::{self, Change, Controlled, Stopped};
 use super::timeout::IDLE_CLOCK_INTERVAL;
 
-mod blocks;
+mod addressed;
 mod engine;
-mod split;
+mod split_plan;
 #[cfg(test)]
 mod tests;
 pub(crate) mod wait;
 
-pub(crate) use self::blocks::Addressed;
+pub(crate) use self::addressed::Addressed;
 pub use self::engine::QueueCounters;
 pub(crate) use self::engine::{Closing, Engine};
-pub(crate) use self::split::{Child, SplitRequest};
+pub(crate) use self::split_plan::{Child, SplitRequest};
 pub use self::wait::{Interrupt, SleepOn, WaitPolicy};
 
 /// What one reaping pass found.
@@ -160,14 +163,6 @@ pub(crate) trait Wire: Sized {
     fn accesses(&self) -> (u64, u64) {
         (0, 0)
     }
-    /// The shared counters, with the wire's register accesses.
-    fn all_counters(&self) -> QueueCounters {
-        let mut c = self.eng_ref().counters();
-        let (writes, reads) = self.accesses();
-        c.doorbell_writes += writes;
-        c.register_reads += reads;
-        c
-    }
     /// Recovery step 1: deliver what the controller completed before it
     /// stopped (it can post no more), each entry proven as `reap` proves
     /// it. No doorbell. Returns the completions delivered. Also called by
@@ -220,6 +215,23 @@ pub(crate) trait Wire: Sized {
     /// from (NVMe/TCP: receive, whatever its pacing held).
     #[cold]
     fn after_sleep(&mut self) {}
+}
+
+/// The lifecycle the core provides on a [`Wire`]'s hooks (see the module
+/// docs): implemented for every wire by the blanket impl below and by no
+/// wire itself, so a wire cannot override `poll`, `recover`, `shutdown`
+/// or the rest by accident (a second impl would conflict). Static
+/// dispatch as before: each method is monomorphised and inlined for the
+/// wire that calls it.
+pub(crate) trait Lifecycle: Wire {
+    /// The shared counters, with the wire's register accesses.
+    fn all_counters(&self) -> QueueCounters {
+        let mut c = self.eng_ref().counters();
+        let (writes, reads) = self.accesses();
+        c.doorbell_writes += writes;
+        c.register_reads += reads;
+        c
+    }
 
     /// Poll until something completes, or `timeout` passes (`None`: no
     /// limit), spinning or sleeping on the queue's interrupt as its
@@ -626,3 +638,5 @@ pub(crate) trait Wire: Sized {
         }
     }
 }
+
+impl<W: Wire> Lifecycle for W {}

@@ -1,6 +1,6 @@
 //! Waiting for completions without burning a core: [`WaitPolicy`], the
 //! queue's interrupt ([`Interrupt`], kept by [`Waiter`]), and the wait
-//! written once for every wire ([`Wire::wait`](super::Wire::wait)).
+//! written once for every wire ([`Lifecycle::wait`](super::Lifecycle::wait)).
 //!
 //! # What a queue sleeps on
 //!
@@ -305,7 +305,7 @@ pub(crate) struct WaitStats {
 
 /// A queue's side of waiting: its policy and its interrupt, if it has one.
 /// Kept at the end of the [`Engine`](super::Engine), and read only by
-/// [`Wire::wait`](super::Wire::wait): `poll` never looks at it.
+/// [`Lifecycle::wait`](super::Lifecycle::wait): `poll` never looks at it.
 #[derive(Debug)]
 pub(crate) struct Waiter {
     /// What the queue sleeps on (`None`: polling only).

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use mcqio_vfio::{Backend, DmaDir};
 
+use crate::core::error::{Error, Result};
 use crate::nvme::admin::{active_namespaces, identify_page, AdminQueue, AER_CID_BASE};
 use crate::nvme::ctrl::{state, Controller, ControllerOptions, Namespace};
 use crate::nvme::pcie::enable::{
@@ -25,7 +26,6 @@ use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace, IDENTIF
 use crate::nvme::spec::regs::{self, Aqa, Cap, Cc, Csts, Version};
 use crate::nvme::spec::sqe::{Command, DoorbellBufferConfig, Identify, SetFeatures};
 use crate::nvme::spec::{Cqe, Sqe};
-use crate::{Error, Result};
 
 impl Controller {
     /// Bring up the controller behind `backend` (see the module docs for

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use mcqio_vfio::Mmio;
 
+use crate::core::error::{Error, Result};
 use crate::nvme::ctrl::Controller;
 use crate::nvme::spec::regs::{self, Cc, Csts};
-use crate::{Error, Result};
 
 /// BAR base pointer. `Send + Sync`: it is only used to compute doorbell
 /// addresses; stores through it are volatile and made by queue owners.

@@ -2,9 +2,9 @@
 //! commands that hand a queue pair's rings to the controller and take them
 //! back.
 
+use crate::core::error::{Error, Result};
 use crate::nvme::ctrl::{failure_error, state, Controller};
 use crate::nvme::spec::sqe::{Command, CreateIoCq, CreateIoSq, DeleteIoCq, DeleteIoSq};
-use crate::{Error, Result};
 
 impl Controller {
     /// Create I/O CQ then SQ `qid` on rings at the given IOVAs, the CQ

@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use mcqio_vfio::{IrqKind, Notifier};
 
+use crate::core::error::{Error, Result};
 use crate::nvme::ctrl::Controller;
-use crate::{Error, Result};
 
 /// Where an I/O queue interrupts.
 #[derive(Clone, Debug)]

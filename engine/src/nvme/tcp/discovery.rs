@@ -17,8 +17,8 @@ use super::conn::{Conn, SyncData};
 use super::controller::{connect_queue, enable, run_up, AdminLink, TcpOptions};
 use super::error::TcpError;
 use super::fabrics;
+use crate::core::error::{Error, Result};
 use crate::nvme::spec::sqe::{Command, GetLogPage};
-use crate::{Error, Result};
 
 /// The well-known NQN of a discovery controller.
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";

@@ -143,7 +143,7 @@ impl TcpError {
     }
 
     /// In the crate's error type.
-    pub(crate) fn into_error(self) -> crate::Error {
-        crate::Error::Transport(Box::new(self))
+    pub(crate) fn into_error(self) -> crate::core::error::Error {
+        crate::core::error::Error::Transport(Box::new(self))
     }
 }

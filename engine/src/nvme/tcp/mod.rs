@@ -51,6 +51,7 @@ pub mod fabrics;
 mod memory;
 mod pace;
 pub mod pdu;
+mod per_core;
 pub mod qpair;
 mod r2t;
 mod ready;

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use mcqio_vfio::{IrqKind, Notifier};
 
 use super::UfsController;
+use crate::core::error::{Error, Result};
 use crate::ufs::spec::regs::{self, is};
-use crate::{Error, Result};
 
 impl UfsController {
     /// The notifier of the controller's interrupt, routing it the first

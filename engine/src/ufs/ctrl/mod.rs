@@ -336,8 +336,12 @@ impl UfsController {
     }
 
     /// Allocate an I/O buffer in the controller's DMA space.
-    pub fn alloc_buf(&self, len: usize, dir: DmaDir) -> crate::Result<crate::DmaBuf> {
-        Ok(crate::DmaBuf::alloc(self.dma(), len, dir)?)
+    pub fn alloc_buf(
+        &self,
+        len: usize,
+        dir: DmaDir,
+    ) -> crate::core::error::Result<crate::core::io::DmaBuf> {
+        Ok(crate::core::io::DmaBuf::alloc(self.dma(), len, dir)?)
     }
 
     /// Bytes of queue memory and buffers leaked because the device might

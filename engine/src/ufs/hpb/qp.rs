@@ -132,7 +132,7 @@ impl HpbQp {
         maps_by_lun: &[Option<Arc<LuMap>>],
         space: &Arc<DmaSpace>,
         depth: usize,
-    ) -> crate::Result<Self> {
+    ) -> crate::core::error::Result<Self> {
         let mut by_lun = Vec::new();
         let mut maps = Vec::new();
         for (lun, m) in maps_by_lun.iter().enumerate() {

@@ -37,8 +37,7 @@ use super::spec::utrd::{McqCqe, Ocs, Utrd};
 use super::ucd::UcdSlice;
 
 /// Consumed CQ entries a queue leaves unreleased before it stores CQHP
-/// (as NVMe's queue pairs do): one store per poll was one per I/O at QD1
-/// (issue 28).
+/// (as NVMe's queue pairs do): one store per poll was one per I/O at QD1.
 const CQ_HEAD_BATCH: u32 = 32;
 
 /// A 32-bit operational register in the BAR, addressed once at setup.
@@ -465,7 +464,7 @@ impl McqQueue {
 /// The two words of the completion entry at `p` the host uses (the UCD
 /// address with the SQ id, and the status); the other fields read as
 /// zero. A volatile copy of the whole entry loaded each of its eight
-/// fields (issue 28).
+/// fields.
 ///
 /// # Safety
 ///

@@ -1,12 +1,17 @@
 //! The blocking helpers and UFS's block commands for the shared
 //! [`BlockQueue`](crate::core::block::BlockQueue) implementation.
 
-use super::*;
+use super::UfsQueuePair;
+use crate::core::block;
+use crate::core::error::Result;
+use crate::core::io::{Completion, DmaBuf, IoBuf, SubmitError, SubmitErrorKind};
 use crate::core::qpair::Addressed;
+use mcqio_vfio::DmaSpace;
+use std::sync::Arc;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// SYNCHRONIZE CACHE of LU `lun`, and wait. Needs an idle queue pair
-    /// ([`Error::QueueBusy`] otherwise).
+    /// ([`Error::QueueBusy`](crate::core::error::Error::QueueBusy) otherwise).
     pub fn flush_blocking(&mut self, lun: u8) -> Result<()> {
         block::flush_blocking(self, lun)
     }
@@ -14,13 +19,13 @@ impl<B: IoBuf> UfsQueuePair<B> {
 
 impl UfsQueuePair<DmaBuf> {
     /// Read `dst.len()` bytes (whole blocks) from `lba` of LU `lun` and wait.
-    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    /// Needs an idle queue pair ([`Error::QueueBusy`](crate::core::error::Error::QueueBusy) otherwise).
     pub fn read_blocking(&mut self, lun: u8, lba: u64, dst: &mut [u8]) -> Result<()> {
         block::read_blocking(self, lun, lba, dst)
     }
 
     /// Write `src` (whole blocks) at `lba` of LU `lun` and wait.
-    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    /// Needs an idle queue pair ([`Error::QueueBusy`](crate::core::error::Error::QueueBusy) otherwise).
     pub fn write_blocking(&mut self, lun: u8, lba: u64, src: &[u8]) -> Result<()> {
         block::write_blocking(self, lun, lba, src)
     }

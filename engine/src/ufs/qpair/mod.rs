@@ -1,15 +1,15 @@
 //! [`UfsQueuePair`]: the application's per-thread UFS I/O object, with the
 //! same block operations and semantics as NVMe's [`crate::QueuePair`]:
 //! buffers move in at submission and come back in exactly one
-//! [`Completion`] (or in the [`SubmitError`] of a refused submission),
+//! [`Completion`](crate::core::io::Completion) (or in the [`SubmitError`] of a refused submission),
 //! [`submit`](UfsQueuePair::submit) rings one doorbell per batch,
 //! [`poll`](UfsQueuePair::poll) reaps.
 //!
 //! A read or write above the per-command limit is split into child commands
-//! (the shared `core/split.rs`) and still completes once, with its buffer after every child
+//! (the shared `core/split_table.rs` and `core/qpair/split_plan.rs`) and still completes once, with its buffer after every child
 //! finished.
 //!
-//! The transport (an MCQ queue pair or the legacy list) is an enum resolved
+//! The hardware queue (`HwQueue`: an MCQ queue pair or the legacy list) is an enum resolved
 //! once per queue pair; nothing is dispatched dynamically per I/O.
 //!
 //! What is UFS-specific here: the command descriptors (`ucd.rs`), the
@@ -17,49 +17,46 @@
 //! tracking of tags (slot + generation, `crate::core::tracker`) and the
 //! completion delivery rules are the engine's, shared with NVMe.
 //!
-//! File by file: this one holds the options, statistics, the queue pair
-//! itself, its creation and accessors; `submit.rs`, `reap.rs` (the poll),
-//! `recover.rs` (timeouts and withdrawal), `reset.rs` (after a controller
-//! reset or failure), `teardown.rs` (close, drop, leaks) and `blocking.rs`
-//! (blocking helpers, [`BlockQueue`](crate::core::block::BlockQueue)).
+//! File by file, the same roles as every wire's queue pair: this one holds
+//! the options, statistics, the queue pair itself and its accessors;
+//! `create.rs` (taking a hardware queue at creation, giving it back),
+//! `submit.rs`, `reap.rs` (the poll), `wire.rs` (the core's `Wire` hooks,
+//! and recovery after a controller reset or failure), `timeouts.rs`
+//! (timeouts and withdrawal), `teardown.rs` (close, drop, leaks),
+//! `wait.rs` (the interrupt) and `blocking.rs` (blocking helpers,
+//! [`BlockQueue`](crate::core::block::BlockQueue)).
 
+use crate::core::qpair::Lifecycle;
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mcqio_vfio::{DmaDir, DmaSpace, Mapped};
+use mcqio_vfio::DmaSpace;
 
-use super::ctrl::{state, Pool, UfsController, UfsMode, TASK_TAGS};
-use super::hpb::qp::{HpbQp, Overdue, DEV_INFO_HPB};
-use super::mcq::{McqQueue, Reaped};
-use super::sdb::{SdbQueue, SdbReaped};
-use super::spec::regs::sq_op;
-use super::spec::scsi;
+use super::ctrl::UfsController;
+use super::hpb::qp::HpbQp;
+use super::mcq::McqQueue;
+use super::sdb::SdbQueue;
 use super::spec::status::{io_result, UfsError};
-use super::spec::utrd::{DataDir, Ocs, PrdtEntry, Ucd, Utrd};
-use super::ucd::{UcdSlice, MAX_PRDT_ENTRIES, SLOT_BYTES};
-use crate::core::block;
-use crate::core::deliver;
-use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::core::mapped::{MappedQueuePair, MappingMode};
-use crate::core::qpair::Reaped as CoreReaped;
-use crate::core::qpair::{Closing, Engine, Recreated, SplitRequest, WaitPolicy, Wire};
-use crate::core::split::Routed;
+use super::spec::utrd::{Ocs, Utrd};
+use super::ucd::UcdSlice;
+use crate::core::error::Error;
+use crate::core::io::{DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
+use crate::core::mapped::MappingMode;
+use crate::core::qpair::{Engine, WaitPolicy};
 use crate::core::state::Stopped;
-use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, TimeoutPolicy, Timeouts};
-use crate::core::tracker::Trackers;
-use crate::{Error, Result};
+use crate::core::timeout::TimeoutPolicy;
 
 mod blocking;
+mod create;
 mod reap;
-mod recover;
-// Recovery after a host controller reset (`UfsController::reset`).
-mod reset;
 mod submit;
 mod teardown;
+mod timeouts;
 mod wait;
+mod wire;
 
 /// Empty polls (with commands outstanding) between IS health checks.
 const HEALTH_CHECK_INTERVAL: u32 = 1024;
@@ -74,37 +71,38 @@ struct LuGeom {
     hpb: bool,
     /// The most blocks one command carries without a split (`max_xfer >>
     /// shift`): the hot path's one compare `blocks - 1 < unsplit` stands
-    /// for the zero-count and split checks (issue 28).
+    /// for the zero-count and split checks.
     unsplit: u32,
 }
 
-/// The wire a queue pair uses, chosen once at creation.
+/// The kind of hardware queue a queue pair runs on, with that queue: one
+/// of the MCQ queue pairs, or the legacy single-doorbell list (SDB);
+/// chosen once at creation.
 // One per queue pair, built once and never moved on the I/O path: boxing the
 // larger variant would only add a pointer chase to every submit and poll.
 #[allow(clippy::large_enum_variant)]
-enum Transport {
+enum HwQueue {
     Mcq(McqQueue),
-    Sdb(SdbQueue),
+    Legacy(SdbQueue),
 }
 
-impl Transport {
+impl HwQueue {
     // The descriptor is turned into its four words before the match: built
-    // as a struct across it, it went through the stack one field at a time
-    // (issue 28).
+    // as a struct across it, it went through the stack one field at a time.
     #[inline(always)]
     fn post(&mut self, slot: u16, utrd: Utrd) {
         let w = utrd.to_le_words();
         match self {
-            Transport::Mcq(q) => q.post_words(w),
-            Transport::Sdb(q) => q.post_words(slot, w),
+            HwQueue::Mcq(q) => q.post_words(w),
+            HwQueue::Legacy(q) => q.post_words(slot, w),
         }
     }
 
     #[inline]
     fn flush(&mut self) -> bool {
         match self {
-            Transport::Mcq(q) => q.flush(),
-            Transport::Sdb(q) => q.flush(),
+            HwQueue::Mcq(q) => q.flush(),
+            HwQueue::Legacy(q) => q.flush(),
         }
     }
 }
@@ -199,7 +197,7 @@ pub struct UfsQpairStats {
 /// [`UfsQpairOptions::io_timeout`] and [`TimeoutPolicy`] work as for NVMe
 /// (the policy, the clock and the scan are the shared core's,
 /// `core/timeout.rs`). Where NVMe resets the controller, UFS escalates
-/// through one hook, `UfsController::reset_for_timeout` (in this file),
+/// through one hook, `UfsController::reset_for_timeout` (in `timeouts.rs`),
 /// which runs the host controller reset ([`UfsController::reset`]): every
 /// command in flight then ends as after any reset, with
 /// [`IoError::AbortedByReset`] and its buffer. Only if that reset fails
@@ -213,7 +211,7 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     ctrl: Arc<UfsController>,
     // Dropped by hand: returned to the controller, or leaked while the
     // device may still access them.
-    transport: ManuallyDrop<Transport>,
+    hwq: ManuallyDrop<HwQueue>,
     ucds: ManuallyDrop<UcdSlice>,
     /// The state and lifecycle every wire shares (`core::qpair`); a split
     /// child being built keeps its PRDT entry count.
@@ -230,226 +228,6 @@ pub struct UfsQueuePair<B: IoBuf = DmaBuf> {
     /// HPB: the read/write hooks and internal map loads (`super::hpb`).
     hpb: HpbQp,
     _not_sync: PhantomData<Cell<()>>,
-}
-
-impl UfsController {
-    /// Create a queue pair for [`DmaBuf`] buffers, as
-    /// [`Controller::create_qpair`](crate::Controller::create_qpair) does on
-    /// NVMe: in MCQ mode one of the hardware queues set up at bring-up, in
-    /// legacy mode the one list. [`Error::NoFreeQueue`] when every queue is
-    /// taken by a live queue pair. `opts.mapping` must be
-    /// [`MappingMode::Premapped`]: strict and lazy modes take application
-    /// buffers, through [`UfsController::create_mapped_qpair`].
-    pub fn create_qpair(self: &Arc<Self>, opts: UfsQpairOptions) -> Result<UfsQueuePair<DmaBuf>> {
-        self.create_qpair_for(opts)
-    }
-
-    /// Create a queue pair for application buffers mapped per I/O in the
-    /// strict or lazy mode `opts.mapping` names: the same
-    /// [`MappedQueuePair`] as NVMe's, over a UFS queue pair (see
-    /// [`crate::core::mapped`]).
-    pub fn create_mapped_qpair(
-        self: &Arc<Self>,
-        opts: UfsQpairOptions,
-    ) -> Result<MappedQueuePair<UfsQueuePair<Mapped>>> {
-        let mapping = opts.mapping.clone();
-        MappedQueuePair::<UfsQueuePair<Mapped>>::check_mode(&mapping)?;
-        let qp = self.new_qpair::<Mapped>(&opts)?;
-        let max = qp.max_transfer();
-        MappedQueuePair::new(qp, self.dma(), max, &mapping)
-    }
-
-    /// Create a queue pair moving buffers of type `B` (e.g. `Vec<DmaBuf>`
-    /// for vectored I/O), as
-    /// [`Controller::create_qpair_for`](crate::Controller::create_qpair_for)
-    /// on NVMe. `opts.mapping` must be premapped, as for
-    /// [`create_qpair`](Self::create_qpair).
-    pub fn create_qpair_for<B: IoBuf>(
-        self: &Arc<Self>,
-        opts: UfsQpairOptions,
-    ) -> Result<UfsQueuePair<B>> {
-        match opts.mapping {
-            MappingMode::Premapped => self.new_qpair(&opts),
-            ref m => Err(Error::InvalidOption(format!(
-                "mapping {m:?} maps application buffers per I/O: create the queue pair with UfsController::create_mapped_qpair"
-            ))),
-        }
-    }
-
-    fn new_qpair<B: IoBuf>(self: &Arc<Self>, opts: &UfsQpairOptions) -> Result<UfsQueuePair<B>> {
-        // The legacy list's UTRDs do not ask for IS.UTRCS (their
-        // Interrupt bit is clear): a legacy queue pair waits by polling.
-        let mcq = matches!(self.mode(), UfsMode::Mcq { .. });
-        let irq = match opts.wait.wants_interrupt() && mcq {
-            true => Some(self.interrupt_line()?),
-            false => None,
-        };
-        let depth = self.depth();
-        // No reset between taking the queue and noting the state.
-        let reset_guard = self.lock_reset();
-        let seen_state = self.state();
-        let mut pool = self.lock_pool();
-        let hook = self.backend().doorbell_hook();
-        let (transport, tag_base, pooled) = match (&mut *pool, self.mode()) {
-            (Pool::Mcq(rings), UfsMode::Mcq { queues }) => {
-                let Some(mut r) = rings.iter_mut().find_map(|r| r.take()) else {
-                    return Err(Error::NoFreeQueue {
-                        granted: usize::from(queues),
-                    });
-                };
-                // Bring-up bounded queues × depth to the tag space; a queue
-                // whose tags would not fit is refused rather than share them.
-                let end = (u32::from(r.index) + 1) * u32::from(depth);
-                let Some(base) = (end <= u32::from(TASK_TAGS))
-                    .then(|| u8::try_from(end - u32::from(depth)).ok())
-                    .flatten()
-                else {
-                    let index = r.index;
-                    rings[usize::from(index)] = Some(r);
-                    return Err(Error::InvalidOption(format!(
-                        "UFS queue {index} at depth {depth} would need task tags past {}",
-                        TASK_TAGS - 1
-                    )));
-                };
-                let pooled = r.ucds.take();
-                (Transport::Mcq(McqQueue::new(r, hook, depth)), base, pooled)
-            }
-            (Pool::Legacy(list), _) => {
-                let Some(l) = list.take() else {
-                    return Err(Error::NoFreeQueue { granted: 1 });
-                };
-                (
-                    Transport::Sdb(SdbQueue::new(
-                        Arc::clone(self.backend()),
-                        l,
-                        u32::from(depth),
-                    )),
-                    0,
-                    None,
-                )
-            }
-            // The pool always matches the mode.
-            _ => return Err(Error::NoFreeQueue { granted: 0 }),
-        };
-        drop(pool);
-        drop(reset_guard);
-        // MCQ: the descriptors of the queue's previous owner, if any (their
-        // generations go on); else new ones.
-        let ucds = match pooled {
-            Some(u) if u.slots() == usize::from(depth) => u,
-            _ => {
-                let ucd_mem = match self
-                    .dma()
-                    .alloc(usize::from(depth) * SLOT_BYTES, DmaDir::Bidirectional)
-                {
-                    Ok(m) => m,
-                    Err(e) => {
-                        self.give_back(transport, None);
-                        return Err(e.into());
-                    }
-                };
-                if ucd_mem.iova().raw() % Ucd::ALIGN != 0 || ucd_mem.iova().raw() == 0 {
-                    self.give_back(transport, None);
-                    return Err(Error::InvalidOption(format!(
-                        "the DMA space gave command descriptors at IOVA {:#x}: UFSHCI needs {}-byte alignment, \
-                         and address 0 is what a consumed completion entry is cleared to",
-                        ucd_mem.iova().raw(),
-                        Ucd::ALIGN
-                    )));
-                }
-                UcdSlice::new(ucd_mem, usize::from(depth))
-            }
-        };
-        let max_xfer = u64::from(self.options().max_transfer)
-            .min(MAX_PRDT_ENTRIES as u64 * u64::from(PrdtEntry::MAX_BYTES));
-        let mut lus = Vec::new();
-        for l in self.logical_units() {
-            let i = usize::from(l.lun);
-            if lus.len() <= i {
-                lus.resize(i + 1, None);
-            }
-            lus[i] = Some(LuGeom {
-                blocks: l.blocks,
-                shift: l.block_shift(),
-                hpb: self.hpb_maps().get(i).is_some_and(Option::is_some),
-                unsplit: (max_xfer >> l.block_shift()).min(u64::from(u32::MAX)) as u32,
-            });
-        }
-        let hpb = match HpbQp::new(self.hpb_maps(), self.dma(), usize::from(depth)) {
-            Ok(h) => h,
-            Err(e) => {
-                self.give_back(transport, Some(ucds));
-                return Err(e);
-            }
-        };
-        let mut eng = Engine::new(
-            depth,
-            0,
-            max_xfer,
-            opts.io_timeout,
-            opts.timeout_policy,
-            self.options().blocking_timeout,
-            seen_state,
-        );
-        // Every waiting queue pair shares the controller's one line.
-        eng.wait = crate::core::qpair::wait::Waiter::new(
-            opts.wait,
-            irq.map(crate::core::qpair::Interrupt::Notifier),
-            true,
-        );
-        Ok(UfsQueuePair {
-            ctrl: Arc::clone(self),
-            transport: ManuallyDrop::new(transport),
-            ucds: ManuallyDrop::new(ucds),
-            eng,
-            tag_base,
-            lus,
-            space_key: B::space_key(self.dma()),
-            space: Arc::clone(self.dma()),
-            hpb,
-            _not_sync: PhantomData,
-        })
-    }
-
-    /// The timeout policy's escalation hook: reset the host controller
-    /// because a command did not complete and could not be withdrawn
-    /// (policy [`TimeoutPolicy::Reset`], or an abort that was refused or
-    /// not answered). Returns whether a reset happened — it then ends every
-    /// command in flight, on every queue pair, the way any reset does.
-    ///
-    /// When the reset fails (a controller that cannot be disabled), the
-    /// queue pair ends the command without its buffer (see
-    /// [`UfsQueuePair`]).
-    #[cold]
-    pub(crate) fn reset_for_timeout(&self) -> bool {
-        match self.reset() {
-            Ok(()) => true,
-            Err(e) => {
-                log::error!(
-                    "{}: reset after a command timeout failed: {e}",
-                    self.backend().name()
-                );
-                false
-            }
-        }
-    }
-
-    /// Return a queue's memory to the pool (nothing outstanding on it),
-    /// with the command descriptors used on it (MCQ: they stay with the
-    /// queue; legacy: freed).
-    fn give_back(&self, t: Transport, ucds: Option<UcdSlice>) {
-        let mut pool = self.lock_pool();
-        match (&mut *pool, t) {
-            (Pool::Mcq(rings), Transport::Mcq(q)) => {
-                let mut r = q.into_rings();
-                r.ucds = ucds;
-                let i = usize::from(r.index);
-                rings[i] = Some(r);
-            }
-            (Pool::Legacy(list), Transport::Sdb(q)) => *list = Some(q.into_list()),
-            _ => {}
-        }
-    }
 }
 
 fn submit_err<T>(kind: SubmitErrorKind, buf: T) -> SubmitError<T> {
@@ -487,15 +265,15 @@ impl<B: IoBuf> UfsQueuePair<B> {
 
     /// The MCQ hardware queue this pair uses (`None` in legacy mode).
     pub fn hw_queue(&self) -> Option<u16> {
-        match &*self.transport {
-            Transport::Mcq(q) => Some(q.index()),
-            Transport::Sdb(_) => None,
+        match &*self.hwq {
+            HwQueue::Mcq(q) => Some(q.index()),
+            HwQueue::Legacy(_) => None,
         }
     }
 
     /// The counters every wire keeps, in the type shared with NVMe
     /// ([`crate::QueueCounters`]).
-    pub fn counters(&self) -> crate::QueueCounters {
+    pub fn counters(&self) -> crate::core::qpair::QueueCounters {
         self.all_counters()
     }
 
@@ -511,15 +289,15 @@ impl<B: IoBuf> UfsQueuePair<B> {
             resets_requested: self.eng.timeouts.stats.resets_requested,
             ..Default::default()
         };
-        match &*self.transport {
-            Transport::Mcq(q) => {
+        match &*self.hwq {
+            HwQueue::Mcq(q) => {
                 s.doorbell_writes = q.stats.sq_doorbell_writes;
                 s.cq_head_writes = q.stats.cq_doorbell_writes;
                 s.completion_reads = q.stats.cqtp_reads;
                 s.completion_reads_skipped = q.stats.cqtp_reads_skipped;
                 s.bad_tails = q.stats.bad_tails;
             }
-            Transport::Sdb(q) => {
+            HwQueue::Legacy(q) => {
                 s.doorbell_writes = q.stats.doorbell_writes;
                 s.completion_reads = q.stats.doorbell_reads;
             }

@@ -2,17 +2,27 @@
 //! belongs to the command in its slot, its decoding and delivery; and the
 //! HPB pass that posts internal map loads.
 
-use super::*;
+use super::{end_internal, failed_result, HwQueue, UfsQueuePair};
+use crate::core::error::Result;
+use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Engine;
+use crate::core::qpair::Lifecycle;
+use crate::core::qpair::Reaped as CoreReaped;
+use crate::ufs::hpb::qp::{HpbQp, DEV_INFO_HPB};
+use crate::ufs::mcq::Reaped;
+use crate::ufs::sdb::SdbReaped;
+use crate::ufs::spec::utrd::{DataDir, Ocs, Utrd};
+use crate::ufs::ucd::UcdSlice;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// Deliver up to `max` completions to `f`; returns how many. Rings a
     /// pending doorbell first. When the controller failed or disappeared,
     /// every outstanding command completes with
-    /// [`IoError::ControllerFailed`] and the poll returns
-    /// [`Error::ControllerFatal`] / [`Error::DeviceGone`].
+    /// [`IoError::ControllerFailed`](crate::core::io::IoError::ControllerFailed) and the poll returns
+    /// [`Error::ControllerFatal`](crate::core::error::Error::ControllerFatal) / [`Error::DeviceGone`](crate::core::error::Error::DeviceGone).
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
-        Wire::poll(self, max, &mut f)
+        Lifecycle::poll(self, max, &mut f)
     }
 
     /// The reaping pass of `poll` (the wire's `Wire::reap`): one CQTP or
@@ -26,7 +36,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         let outstanding = self.eng.trackers.outstanding();
         let UfsQueuePair {
             ctrl,
-            transport,
+            hwq,
             eng,
             ucds,
             tag_base,
@@ -54,16 +64,16 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 delivered += 1;
             }
         };
-        let (seen_entries, suspect) = match &mut **transport {
+        let (seen_entries, suspect) = match &mut **hwq {
             // A UCD address that is not the current one of a slot maps to
             // an impossible slot, which `finish` counts as stale.
-            Transport::Mcq(q) => match q.reap(max, outstanding, live, |ucd, ocs| {
+            HwQueue::Mcq(q) => match q.reap(max, outstanding, live, |ucd, ocs| {
                 deliver(ucds_ref.command_of(ucd), ocs)
             }) {
                 Reaped::Entries(n) => (n, false),
                 Reaped::BadTail => (0, true),
             },
-            Transport::Sdb(q) => match q.reap(max, live, &mut deliver) {
+            HwQueue::Legacy(q) => match q.reap(max, live, &mut deliver) {
                 SdbReaped::Entries(n) => (n, false),
                 SdbReaped::AllOnes => (0, true),
             },
@@ -105,7 +115,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             let task_tag = self.tag_base.wrapping_add(slot as u8);
             self.ucds
                 .write_command(slot, cmd.lun, task_tag, cmd.cdb, bytes, bytes > 0);
-            self.transport
+            self.hwq
                 .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
             self.eng
                 .trackers
@@ -114,7 +124,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             posted = true;
         }
         if posted {
-            self.transport.flush();
+            self.hwq.flush();
         }
     }
 }
@@ -147,7 +157,7 @@ pub(super) fn finish<B: IoBuf, F: FnMut(Completion<B>)>(
         }
         // A success built as a constant into the callback's argument: a
         // result decided before the branch went through memory with its
-        // error's bytes (issue 28, as NVMe's `take_cqe`). The HPB check
+        // error's bytes (as NVMe's `take_cqe`). The HPB check
         // inlined: as a call it cost a call, a frame and a return per I/O.
         return eng.complete(
             slot,

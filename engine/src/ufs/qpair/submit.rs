@@ -2,7 +2,13 @@
 //! UTRD and command descriptor (UCD) building, splitting above the
 //! per-command limit, and the one doorbell per batch.
 
-use super::*;
+use super::{submit_err, LuGeom, UfsQueuePair};
+use crate::core::io::{IoBuf, SubmitError, SubmitErrorKind};
+use crate::core::qpair::Lifecycle;
+use crate::core::qpair::SplitRequest;
+use crate::ufs::spec::scsi;
+use crate::ufs::spec::utrd::{DataDir, Utrd};
+use mcqio_vfio::DmaDir;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// Reserve a free slot for a new command and move its command
@@ -81,7 +87,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// `unsplit` blocks (no split) and the LBA range, after the idle
     /// clock stamp and the stopped flag. `None` sends the command to the
     /// cold path (`submit_data_cold`), which makes every check in turn and
-    /// gives the refusal its reason (issue 28, as NVMe's `check_unsplit`).
+    /// gives the refusal its reason (as NVMe's `check_unsplit`).
     #[inline(always)]
     fn check_unsplit(&mut self, lun: u8, lba: u64, blocks: u32) -> Option<LuGeom> {
         self.eng.stamp_if_idle(self.hpb.inflight());
@@ -222,7 +228,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             self.hpb.dirty_write(slot, lun, lba, blocks);
             DataDir::ToDevice
         };
-        self.transport
+        self.hwq
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
         self.eng.arm(slot, tag, Some(buf));
         Ok(())
@@ -273,7 +279,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
             let task_tag = self.tag_base.wrapping_add(c.slot as u8);
             self.ucds
                 .write_command(c.slot, lun, task_tag, cdb, c.bytes as u32, read);
-            self.transport
+            self.hwq
                 .post(c.slot, Utrd::new(self.ucds.iova(c.slot), dir, prdt));
             if !read {
                 self.hpb.note_write(c.slot, lun, c.lba, c.blocks);
@@ -308,7 +314,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         };
         self.ucds
             .write_command(slot, lun, task_tag, cdb, bytes, false);
-        self.transport
+        self.hwq
             .post(slot, Utrd::new(self.ucds.iova(slot), dir, prdt));
         self.eng.arm(slot, tag, None);
         Ok(slot)
@@ -349,7 +355,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     pub fn submit(&mut self) -> bool {
         // One relaxed load per batch: no doorbell once a reset began, until
         // the next poll re-created the queue.
-        Wire::submit(self)
+        Lifecycle::submit(self)
     }
 }
 

@@ -1,19 +1,25 @@
-//! Teardown, UFS's side of the core's `Wire::shutdown`: `close`, the
+//! Teardown, UFS's side of the core's `Lifecycle::shutdown`: `close`, the
 //! withdrawal of what is still in flight, and `Drop`, which leaks the
 //! queue's memory when the controller may still hold it.
 
-use super::*;
+use super::{HwQueue, UfsQueuePair};
+use crate::core::error::Result;
+use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Lifecycle;
+use crate::ufs::ucd::SLOT_BYTES;
+use std::mem::ManuallyDrop;
+use std::time::Instant;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// Finish the queue pair: wait (up to `UfsOptions::close_timeout`) for
     /// commands in flight, then withdraw what is left (MCQ: SQ stop and
     /// cleanup by nexus; legacy: UTRLCLR). Every command ends exactly once
-    /// through `f`: withdrawn ones with [`IoError::Aborted`] — with their
+    /// through `f`: withdrawn ones with [`IoError::Aborted`](crate::core::io::IoError::Aborted) — with their
     /// buffer if the controller confirmed the withdrawal, without it
     /// (leaked, with the queue's memory) if not. After a host controller
     /// reset or failure the commands end as [`poll`](Self::poll) ends them,
     /// and a failed controller is reported as `Err` once every command was
-    /// delivered — the core's `Wire::shutdown`, as on NVMe.
+    /// delivered — the core's `Lifecycle::shutdown`, as on NVMe.
     pub fn close(mut self, mut f: impl FnMut(Completion<B>)) -> Result<()> {
         self.shutdown(&mut f)
     }
@@ -43,8 +49,8 @@ impl<B: IoBuf> UfsQueuePair<B> {
             return Ok(true);
         }
         // Still in flight: withdraw.
-        let withdrawn = match &mut *self.transport {
-            Transport::Sdb(q) => {
+        let withdrawn = match &mut *self.hwq {
+            HwQueue::Legacy(q) => {
                 let bits = q.clear_outstanding();
                 let t = Instant::now();
                 let mut left = q.still_set(bits);
@@ -55,7 +61,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
                 q.forget_outstanding();
                 left == 0
             }
-            Transport::Mcq(_) => {
+            HwQueue::Mcq(_) => {
                 self.mcq_cleanup(limit, f);
                 self.eng.trackers.outstanding() == 0
             }
@@ -70,7 +76,7 @@ impl<B: IoBuf> Drop for UfsQueuePair<B> {
         // SAFETY: taken once, here; neither field is used after.
         let (t, u) = unsafe {
             (
-                ManuallyDrop::take(&mut self.transport),
+                ManuallyDrop::take(&mut self.hwq),
                 ManuallyDrop::take(&mut self.ucds),
             )
         };

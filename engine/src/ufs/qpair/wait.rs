@@ -2,15 +2,19 @@
 //! (the order that loses no wake-up is `core::qpair::wait`'s; the
 //! acknowledgement and unmask are `ctrl/irq.rs`'s).
 
-use super::*;
+use super::UfsQueuePair;
+use crate::core::error::Result;
+use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Lifecycle;
+use std::time::Duration;
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// Poll until something completes or `timeout` passes (`None`: no
-    /// limit), as [`UfsQpairOptions::wait`] says, like NVMe's
+    /// limit), as [`UfsQpairOptions::wait`](crate::ufs::UfsQpairOptions::wait) says, like NVMe's
     /// [`crate::QueuePair::wait`]. Completions reach `f` through
     /// [`poll`](Self::poll), at most `max`; returns how many (0: the
     /// timeout passed, or nothing is outstanding; `max` = 0 is refused with
-    /// [`Error::InvalidOption`]). The line is shared by
+    /// [`Error::InvalidOption`](crate::core::error::Error::InvalidOption)). The line is shared by
     /// every waiting queue pair of the controller, so a sleep lasts at
     /// most 1 ms before the queue polls again. MCQ only: a legacy queue
     /// pair polls.
@@ -20,16 +24,21 @@ impl<B: IoBuf> UfsQueuePair<B> {
         timeout: Option<Duration>,
         mut f: F,
     ) -> Result<usize> {
-        Wire::wait(self, max, timeout, &mut f)
+        Lifecycle::wait(self, max, timeout, &mut f)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::UfsOptions;
+    use crate::core::qpair::WaitPolicy;
+    use crate::ufs::qpair::Arc;
+    use crate::ufs::UfsController;
+    use crate::ufs::UfsOptions;
+    use crate::ufs::UfsQpairOptions;
     use mcqio_fixtures::ufs::{FakeUfs, UfsConfig};
     use mcqio_fixtures::ExecMode;
+    use mcqio_vfio::DmaDir;
 
     fn setup(mcq: bool) -> (Arc<FakeUfs>, Arc<UfsController>) {
         let fake = FakeUfs::new(UfsConfig {

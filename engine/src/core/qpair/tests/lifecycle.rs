@@ -3,7 +3,7 @@
 use super::ledger::{Ledger, Shared};
 use super::stub::{StubBuf, StubWire};
 use crate::core::io::Completion;
-use crate::core::qpair::Wire;
+use crate::core::qpair::Lifecycle;
 
 /// A queue of `depth` with `n` reads accepted (tags 1..=n) and rung.
 fn with_reads(depth: u16, per_poll: usize, n: u64) -> (Shared, StubWire) {
@@ -15,7 +15,7 @@ fn with_reads(depth: u16, per_poll: usize, n: u64) -> (Shared, StubWire) {
         q.read(tag, b).map_err(|e| e.kind).expect("accepted");
         ledger.borrow_mut().accepted(tag, Some(st), 1);
     }
-    assert!(Wire::submit(&mut q));
+    assert!(Lifecycle::submit(&mut q));
     (ledger, q)
 }
 
@@ -35,7 +35,10 @@ fn a_reset_ends_every_command_once_with_its_buffer_and_rings_nothing_meanwhile()
     q.read(5, b).map_err(|e| e.kind).unwrap();
     ledger.borrow_mut().accepted(5, Some(st), 1);
     let rung = q.doorbells;
-    assert!(!Wire::submit(&mut q), "no doorbell while the reset runs");
+    assert!(
+        !Lifecycle::submit(&mut q),
+        "no doorbell while the reset runs"
+    );
     assert_eq!(q.doorbells, rung);
     let n = q
         .poll(usize::MAX, &mut |c: Completion<StubBuf>| {

@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use super::ledger::{Ledger, ScriptedPanic, Shared};
 use super::stub::{Recreate, StubBuf, StubWire, Withdraw};
 use crate::core::io::Completion;
-use crate::core::qpair::Wire;
+use crate::core::qpair::Lifecycle;
 
 #[derive(Copy, Clone, Debug)]
 enum Op {
@@ -180,7 +180,7 @@ fn run(
             Op::NextRecreate(r) => q.recreate.push_back(r),
             Op::PanicIn(n) => ledger.borrow_mut().panic_in = Some(n),
         }
-        if returned && Wire::gate(&q) {
+        if returned && Lifecycle::gate(&q) {
             prop_assert_eq!(
                 q.queued(),
                 0,

@@ -11,6 +11,7 @@
 //! disable, or a withdrawal it did not confirm, leaves it holding them for
 //! good ([`BufState`]).
 
+use crate::core::qpair::Lifecycle;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;

@@ -82,7 +82,7 @@ impl CompQueue {
         barrier::loads_after_phase();
         // Two 8-byte loads, the fields cut out in registers: a volatile
         // read of the struct loads each field apart and goes through the
-        // stack (issue 28).
+        // stack.
         let words = slot.cast::<u64>();
         // SAFETY: in bounds; the entry is 16 bytes at a 16-byte aligned
         // slot (page-aligned ring), so both 8-byte loads are aligned and

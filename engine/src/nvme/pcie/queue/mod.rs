@@ -1,22 +1,15 @@
-//! Queue pairs: rings, doorbells, trackers.
+//! The rings of NVMe over PCIe: what the queue pair
+//! ([`super::qpair::QueuePair`]) and the admin queue share.
 //!
 //! - `sq`: the submission ring and its tail doorbell (batched: one store per flush).
 //! - `cq`: the completion ring, phase-bit polling, one head doorbell per poll.
-//! - tags (CID = slot | generation) are the shared core's `crate::core::tracker`.
-//! - [`pair`]: [`QueuePair`], the public per-thread I/O object, one file
-//!   per concern: `submit` (checks, SQEs, the tail doorbell), `prp` (data
-//!   pointers), `split` (transfers above the per-command limit as child
-//!   commands that complete once), `reap` (polling the CQ), `recover`
-//!   (after a reset or failure, timeouts), `teardown` (close, `Drop`),
-//!   `blocking` (the blocking helpers and [`BlockQueue`](crate::core::block::BlockQueue)).
+//! - `doorbell`: a doorbell register, with its shadow slot.
+//!
+//! Tags (CID = slot | generation) are the shared core's `crate::core::tracker`.
 
 pub(crate) mod cq;
 pub(crate) mod doorbell;
-pub mod pair;
 pub(crate) mod sq;
-
-pub use crate::core::timeout::Outstanding;
-pub use pair::{QpairOptions, QpairStats, QueuePair};
 
 /// NVMe memory page size used by mcqio (CC.MPS = 0).
 pub const PAGE_SIZE: u64 = 4096;

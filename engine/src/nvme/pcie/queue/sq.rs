@@ -87,8 +87,7 @@ impl SubQueue {
     pub fn push_with(&mut self, sqe: Sqe, stream: bool) {
         // The tail and ring size are loaded before the entry's stores: the
         // streaming stores are an `asm!` block, which may write any memory
-        // as far as the compiler knows, so they were loaded again after it
-        // (issue 28).
+        // as far as the compiler knows, so they were loaded again after it.
         let (tail, entries) = (self.tail, self.entries);
         // SAFETY: `tail < entries` and the ring holds `entries` SQEs in live
         // DMA memory owned by `self`. The device does not read this slot
@@ -101,7 +100,7 @@ impl SubQueue {
             use std::arch::x86_64::{__m128i, _mm_set_epi64x};
             // The four 16-byte lanes from the entry's fields, in registers:
             // loading them from the entry kept it in memory, built there
-            // first (issue 28).
+            // first.
             let w = |lo: u32, hi: u32| (u64::from(hi) << 32 | u64::from(lo)) as i64;
             // SAFETY: SSE2 is part of the x86_64 baseline; no memory access.
             let lanes: [__m128i; 4] = unsafe {
@@ -115,7 +114,7 @@ impl SubQueue {
             // One block of four MOVNTDQ at constant offsets from the slot:
             // `_mm_stream_si128` is an `asm!` block of its own, so each of
             // its addresses was computed into a register first (three more
-            // instructions per entry, issue 28).
+            // instructions per entry).
             // SAFETY: the slot is 64 bytes, 16-byte aligned (ring base page
             // aligned, 64-byte entries) and ours until the doorbell (see
             // above), so the four 16-byte stores at offsets 0, 16, 32 and 48

@@ -1,6 +1,15 @@
 //! The builders: PDUs written into a caller's buffer, no allocation.
 
-use super::*;
+use super::error::BuildError;
+use super::header::{
+    flags, pdu_type, write_plain, CapsuleCmdHeader, CapsuleRespHeader, CommonHeader, DataHeader,
+    IcReq, IcResp, Negotiated, PduLayout, R2tHeader, TermReqHeader, CAPSULE_CMD_HLEN,
+    CAPSULE_RESP_HLEN, COMMON_HEADER_BYTES, DATA_HLEN, IC_BYTES, MAX_PDA, PFV, TERM_REQ_MAX_BYTES,
+};
+use super::parser::has_header_digest;
+use crate::nvme::spec::{Cqe, Sqe};
+use crate::nvme::tcp::digest::{crc32c, Digests, DIGEST_BYTES};
+use mcqio_vfio::PlainData;
 
 fn room(out: &[u8], need: usize) -> Result<(), BuildError> {
     if out.len() < need {

@@ -1,6 +1,20 @@
 //! What can be wrong with a PDU received or built.
 
-use super::*;
+/// Fatal Error Status codes of H2CTermReq/C2HTermReq.
+pub mod fes {
+    /// Invalid PDU Header Field (FEI: the byte offset of the field).
+    pub const INVALID_HEADER_FIELD: u16 = 0x01;
+    /// PDU Sequence Error.
+    pub const PDU_SEQUENCE_ERROR: u16 = 0x02;
+    /// Header Digest Error.
+    pub const HEADER_DIGEST_ERROR: u16 = 0x03;
+    /// Data Transfer Out of Range.
+    pub const DATA_OUT_OF_RANGE: u16 = 0x04;
+    /// R2T Limit Exceeded.
+    pub const R2T_LIMIT_EXCEEDED: u16 = 0x05;
+    /// Unsupported Parameter (FEI: the byte offset of the field).
+    pub const UNSUPPORTED_PARAMETER: u16 = 0x06;
+}
 
 /// A malformed PDU, or one this side must not receive. Each ends the
 /// connection; [`PduError::fes`] gives the TermReq to answer with.

@@ -1,7 +1,16 @@
 //! The in-place parser: a PDU's header checked as soon as it is there, the
 //! whole PDU (digests included) once it is.
 
-use super::*;
+use super::error::PduError;
+use super::header::pda_alignment;
+use super::header::{
+    flags, pdu_type, read_plain, CapsuleCmdHeader, CapsuleRespHeader, CommonHeader, DataHeader,
+    Direction, IcReq, IcResp, Negotiated, PduLayout, R2tHeader, TermReqHeader, CAPSULE_CMD_HLEN,
+    CAPSULE_RESP_HLEN, COMMON_HEADER_BYTES, DATA_HLEN, IC_BYTES, MAX_PDA, MIN_MAXH2CDATA, PFV,
+    TERM_REQ_MAX_BYTES,
+};
+use crate::nvme::spec::{Cqe, Sqe};
+use crate::nvme::tcp::digest::{crc32c, DIGEST_BYTES};
 
 /// One parsed PDU; data borrows the receive buffer.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -14,7 +23,7 @@ pub enum Pdu<'a> {
     TermReq {
         /// [`pdu_type::H2C_TERM_REQ`] or [`pdu_type::C2H_TERM_REQ`].
         pdu_type: u8,
-        /// Fatal error status ([`fes`]).
+        /// Fatal error status ([`fes`](crate::nvme::tcp::pdu::fes)).
         fes: u16,
         /// Fatal error information.
         fei: u32,

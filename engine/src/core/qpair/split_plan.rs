@@ -1,6 +1,6 @@
 //! The split planner: a read or write above the per-command limit planned,
 //! reserved and refused all or nothing, once for every wire (the parent
-//! table itself is `core::split`).
+//! table itself is `core::split_table`).
 
 use super::Engine;
 use crate::core::io::{IoBuf, SubmitError, SubmitErrorKind};
@@ -20,7 +20,7 @@ pub(crate) struct Child {
     pub bytes: u64,
 }
 
-/// A read or write above the per-command limit (see `super::split`).
+/// A read or write above the per-command limit (see `crate::core::split_table`).
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct SplitRequest {
     /// First block of the whole transfer.

@@ -1,8 +1,47 @@
-//! Timeouts and withdrawal: the timeout scan (application and HPB internal
+//! Timeouts and withdrawal, UFS's side: the timeout scan (application and HPB internal
 //! commands), the escalation to the controller-reset hook, MCQ cleanup by
 //! nexus, UTRLCLR, `check_timeouts`, `check_health` and `abort`.
 
-use super::*;
+use super::{stopped_error, HwQueue, UfsQueuePair};
+use crate::core::error::{Error, Result};
+use crate::core::io::{Completion, IoBuf, IoError};
+use crate::core::qpair::Wire;
+use crate::core::split_table::Routed;
+use crate::core::state::Stopped;
+use crate::core::timeout::{Expired, Outstanding, TimeoutActions, Timeouts};
+use crate::core::tracker::Trackers;
+use crate::core::{deliver, timeout};
+use crate::ufs::ctrl::{state, UfsController};
+use crate::ufs::hpb::qp::Overdue;
+use crate::ufs::spec::regs::sq_op;
+use crate::ufs::spec::status::UfsError;
+use crate::ufs::spec::utrd::Ocs;
+use std::time::{Duration, Instant};
+
+impl UfsController {
+    /// The timeout policy's escalation hook: reset the host controller
+    /// because a command did not complete and could not be withdrawn
+    /// (policy [`TimeoutPolicy::Reset`], or an abort that was refused or
+    /// not answered). Returns whether a reset happened — it then ends every
+    /// command in flight, on every queue pair, the way any reset does.
+    ///
+    /// When the reset fails (a controller that cannot be disabled), the
+    /// queue pair ends the command without its buffer (see
+    /// [`UfsQueuePair`]).
+    #[cold]
+    pub(crate) fn reset_for_timeout(&self) -> bool {
+        match self.reset() {
+            Ok(()) => true,
+            Err(e) => {
+                log::error!(
+                    "{}: reset after a command timeout failed: {e}",
+                    self.backend().name()
+                );
+                false
+            }
+        }
+    }
+}
 
 impl<B: IoBuf> UfsQueuePair<B> {
     /// Act on commands past their timeout (see [`TimeoutPolicy`]): the
@@ -142,7 +181,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// `None` if the SQ did not stop within `limit`.
     #[cold]
     fn mcq_cleanup_slots(&mut self, slots: &[u16], limit: std::time::Duration) -> Option<usize> {
-        let Transport::Mcq(q) = &*self.transport else {
+        let HwQueue::Mcq(q) = &*self.hwq else {
             return None;
         };
         let regs = self.ctrl.backend().regs();
@@ -216,7 +255,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
     /// [`QueuePair::check_timeouts`](crate::QueuePair::check_timeouts) does
     /// on NVMe.
     ///
-    /// Reporting only, independent of [`UfsQpairOptions::io_timeout`]
+    /// Reporting only, independent of [`UfsQpairOptions::io_timeout`](crate::ufs::UfsQpairOptions::io_timeout)
     /// (which acts by itself inside [`poll`](Self::poll)); pass a reported
     /// `tag` to [`abort`](Self::abort) to withdraw the command. HPB's own
     /// map loads are not listed. Ages use the queue's coarse clock,
@@ -265,7 +304,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
         if let Some(s) = self.eng.stopped {
             return Err(self.stopped_error(s));
         }
-        self.transport.flush();
+        self.hwq.flush();
         let hpb = &self.hpb;
         let Some((slot, ..)) = self
             .eng
@@ -284,9 +323,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
     #[cold]
     fn withdraw(&mut self, slot: u16) -> Result<bool> {
         let limit = self.ctrl.options().init_timeout;
-        match &mut *self.transport {
-            Transport::Sdb(q) => Ok(q.withdraw(1 << slot)),
-            Transport::Mcq(_) => match self.mcq_cleanup_slots(&[slot], limit) {
+        match &mut *self.hwq {
+            HwQueue::Legacy(q) => Ok(q.withdraw(1 << slot)),
+            HwQueue::Mcq(_) => match self.mcq_cleanup_slots(&[slot], limit) {
                 Some(n) => Ok(n == 1),
                 None => Err(Error::Timeout {
                     what: "stop the UFS submission queue (SQRTS.STS)",

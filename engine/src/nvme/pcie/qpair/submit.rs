@@ -2,7 +2,15 @@
 //! (one per batch); NVMe-only commands (Flush, Write Zeroes, Dataset
 //! Management).
 
-use super::*;
+use super::{QueuePair, STREAM_MIN_OUTSTANDING};
+use crate::core::error::Result;
+use crate::core::io::{IoBuf, SubmitError, SubmitErrorKind};
+use crate::core::qpair::Lifecycle;
+use crate::nvme::spec::sqe::{
+    Command, DatasetManagement, DsmRange, Flush, Read, Write, WriteZeroes, DSM_MAX_RANGES, MAX_NLB,
+};
+use crate::nvme::spec::Sqe;
+use mcqio_vfio::DmaDir;
 
 impl<B: IoBuf> QueuePair<B> {
     /// Read `nlb` blocks from `slba` of namespace `nsid` into `buf`.
@@ -51,7 +59,7 @@ impl<B: IoBuf> QueuePair<B> {
     // buffer (SQE and doorbell lines shared with the device). The command
     // is encoded only where its SQE is written: an `Sqe` argument was
     // built in memory before the checks, for the cold path's sake, and
-    // then written again from registers (issue 28).
+    // then written again from registers.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(super) fn submit_data<C: Command>(
@@ -285,15 +293,15 @@ impl<B: IoBuf> QueuePair<B> {
     /// was nothing to ring, when the queue failed, and also when the
     /// controller was reset or failed since this queue last looked — the
     /// reset deleted the queue, so its doorbell must not be written; the
-    /// next [`poll`](Self::poll) completes the queued commands (with [`IoError::AbortedByReset`] or
-    /// [`IoError::ControllerFailed`]) and re-creates the queue. One relaxed
+    /// next [`poll`](Self::poll) completes the queued commands (with [`IoError::AbortedByReset`](crate::core::io::IoError::AbortedByReset) or
+    /// [`IoError::ControllerFailed`](crate::core::io::IoError::ControllerFailed)) and re-creates the queue. One relaxed
     /// load per batch. A reset that starts between that load and the
     /// doorbell store is not caught: the store then reaches a controller
     /// that has no such queue (it ignores the store or reports an invalid
     /// doorbell write as an asynchronous event); no command is lost.
     #[inline]
     pub fn submit(&mut self) -> bool {
-        Wire::submit(self)
+        Lifecycle::submit(self)
     }
 }
 

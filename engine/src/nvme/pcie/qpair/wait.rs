@@ -1,9 +1,14 @@
 //! Waiting on the queue's MSI-X vector: [`QueuePair::wait`] (the order
 //! that loses no wake-up is `core::qpair::wait`'s).
 
-use super::*;
+use super::QueuePair;
+use crate::core::error::Result;
+use crate::core::io::{Completion, IoBuf};
 use crate::core::qpair::wait::Waiter;
+use crate::core::qpair::Lifecycle;
+use crate::core::qpair::WaitPolicy;
 use crate::nvme::pcie::irq::QueueIrq;
+use std::time::Duration;
 
 impl Waiter {
     /// The waiter of an NVMe queue with `policy` interrupting as `irq` says.
@@ -22,12 +27,12 @@ impl Waiter {
 
 impl<B: IoBuf> QueuePair<B> {
     /// Poll until something completes or `timeout` passes (`None`: no
-    /// limit), as [`QpairOptions::wait`] says: spinning, or sleeping on the
+    /// limit), as [`QpairOptions::wait`](crate::nvme::pcie::qpair::QpairOptions::wait) says: spinning, or sleeping on the
     /// queue's MSI-X vector once a poll finds nothing (`Interrupt`), or
     /// after spinning a while since the last completion (`Hybrid`).
     /// Completions reach `f` through [`poll`](Self::poll), at most `max`;
     /// returns how many (0: the timeout passed, or nothing is
-    /// outstanding; `max` = 0 is refused with [`Error::InvalidOption`]). A
+    /// outstanding; `max` = 0 is refused with [`Error::InvalidOption`](crate::core::error::Error::InvalidOption)). A
     /// controller that fails or is reset meanwhile ends the wait within
     /// 10 ms as `poll` reports it: the commands' errors, then the stopped
     /// queue's error.
@@ -55,7 +60,7 @@ impl<B: IoBuf> QueuePair<B> {
         timeout: Option<Duration>,
         mut f: F,
     ) -> Result<usize> {
-        Wire::wait(self, max, timeout, &mut f)
+        Lifecycle::wait(self, max, timeout, &mut f)
     }
 
     /// The MSI-X vector the queue interrupts on (`None`: polled, IEN clear).
@@ -67,7 +72,14 @@ impl<B: IoBuf> QueuePair<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::error::Error;
+    use crate::core::io::DmaBuf;
+    use crate::core::io::IoError;
+    use crate::nvme::ctrl::Controller;
+    use crate::nvme::pcie::qpair::Arc;
+    use crate::nvme::pcie::qpair::QpairOptions;
     use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, Fault};
+    use mcqio_vfio::DmaDir;
 
     fn threaded() -> FakeConfig {
         FakeConfig {

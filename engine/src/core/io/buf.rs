@@ -1,23 +1,6 @@
-//! The I/O API's data types: DMA buffers, completions and typed errors.
-//!
-//! # Buffer ownership
-//!
-//! A submission *moves* its buffer into the command's tracker; the buffer
-//! comes back in the [`Completion`] (or in the [`SubmitError`] if the command
-//! was rejected). While the device may access the memory nobody else can
-//! touch it, and nothing is cloned or reference-counted per I/O.
-//!
-//! Any type can carry data if it implements [`IoBuf`]: [`DmaBuf`] (memory
-//! from a [`DmaSpace`]), `Vec<DmaBuf>` (vectored: several buffers, one PRP
-//! list), or a buffer that some other layer mapped (a pool, a strict or lazy
-//! mapping) and describes by IOVA + length.
-//!
-//! # PRP rules enforced at submission
-//!
-//! The first segment may start at any 4-byte aligned IOVA; every later
-//! segment must start on a 4 KiB page boundary, and every segment but the
-//! last must end on one. A buffer breaking these rules is rejected with
-//! [`SubmitErrorKind::Misaligned`].
+//! The buffers of the I/O API: the [`IoBuf`] contract, [`DmaBuf`],
+//! [`DmaSlice`] and their segments ([`IoSeg`]) (see the module docs of
+//! [`crate::core::io`] for ownership and the PRP rules).
 
 use std::fmt;
 use std::num::NonZeroU64;
@@ -25,11 +8,6 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use mcqio_vfio::{DmaDir, DmaError, DmaRegion, DmaSpace, Iova};
-
-// The per-wire statuses are plain data of the transports' leaf `spec`
-// modules (no transport machinery: `.ci/core-is-neutral`).
-use crate::nvme::spec::status::NvmeStatus;
-use crate::ufs::spec::status::UfsError;
 
 /// One IOVA-contiguous piece of an I/O buffer.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -363,7 +341,7 @@ impl DmaBuf {
     /// longer touches and nothing else in safe code can reach:
     /// - a queue pair takes the buffer by value on submit and hands it back
     ///   only once the device is done with it (completed, abort confirmed,
-    ///   or controller disabled by a reset; [`SubmitError`] hands back a
+    ///   or controller disabled by a reset; [`SubmitError`](crate::core::io::SubmitError) hands back a
     ///   buffer never posted); a buffer the device may still reach is
     ///   leaked, its completion comes with `buf: None`, so the application
     ///   never holds it again;
@@ -536,224 +514,6 @@ unsafe impl<B: IoBuf> IoBuf for Vec<B> {
     }
 }
 
-/// How a command ended, when it did not succeed.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum IoError {
-    /// The controller completed the command with an error status.
-    #[error("controller returned {0}")]
-    Nvme(NvmeStatus),
-    /// The command was cancelled by the host (queue deletion, reset); it may be resubmitted.
-    #[error(
-        "command aborted by the host (queue deleted or controller reset); it may be resubmitted"
-    )]
-    Aborted,
-    /// No completion arrived within the timeout. From [`crate::QueuePair::poll`]
-    /// this means the command was aborted (the controller confirmed the Abort
-    /// and posted the command's completion), so the device is done with the
-    /// buffer; it may be resubmitted. From a blocking call it means the wait
-    /// ended: the command stays owned by the queue until it completes, is
-    /// aborted, or the queue is reset.
-    #[error("no completion within the timeout (the command was aborted, or is still owned by the queue); it may be resubmitted")]
-    TimedOut,
-    /// The command was still outstanding when the controller was reset
-    /// (by [`crate::Controller::reset`], or by a timeout policy). The reset
-    /// disabled the controller first, so the device no longer accesses the
-    /// buffer; the command may or may not have executed. Resubmit it.
-    #[error(
-        "command aborted by a controller reset (it may or may not have executed); resubmit it"
-    )]
-    AbortedByReset,
-    /// A UFS command failed: transport status (OCS), target failure, or a
-    /// SCSI status with sense data.
-    #[error("UFS command failed: {0}")]
-    Ufs(UfsError),
-    /// The connection that carried the command (NVMe/TCP: one TCP
-    /// connection per queue pair) ended before its completion arrived:
-    /// the peer closed it, broke the protocol, or did not answer in time.
-    /// No one can touch the buffer any more (a socket moves data only
-    /// while the host sends and receives), so it comes back; the command
-    /// may or may not have executed. The queue pair's `poll` reports why.
-    #[error("the connection carrying the command ended; it may or may not have executed")]
-    ConnectionLost,
-    /// The controller failed (NVMe: CSTS.CFS; UFS: a fatal error bit in
-    /// IS) or disappeared.
-    #[error("the controller failed or was removed; reset the controller (fatal status) or re-attach the device (removal)")]
-    ControllerFailed,
-}
-
-/// Why a submission was rejected. Nothing was sent to the device.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SubmitErrorKind {
-    /// Every tracker is busy: poll completions, then resubmit.
-    #[error("queue full: poll for completions, then resubmit")]
-    QueueFull,
-    /// A zero-block or zero-byte request.
-    #[error("zero-length request")]
-    ZeroLength,
-    /// The LBA range runs past the end of the namespace (NVMe) or logical
-    /// unit (UFS).
-    #[error("LBAs {slba}..{slba}+{nlb} run past the last block ({nsze} blocks)")]
-    LbaOutOfRange {
-        /// Starting LBA.
-        slba: u64,
-        /// Blocks.
-        nlb: u64,
-        /// Namespace (logical unit) size in blocks.
-        nsze: u64,
-    },
-    /// The buffer holds fewer bytes than the transfer needs.
-    #[error("buffer has {available} bytes but the transfer needs {needed}")]
-    BufferTooSmall {
-        /// Bytes needed (blocks × block size).
-        needed: u64,
-        /// Bytes in the buffer.
-        available: u64,
-    },
-    /// A segment breaks the transport's alignment rules: NVMe's PRP rules
-    /// (module docs), UFS's PRDT rule (dword-aligned address and length).
-    #[error("buffer segment {segment} at IOVA {iova} breaks the alignment the transport needs (NVMe PRPs: first segment 4-byte aligned, later ones starting and all but the last ending on a page; UFS PRDT: dword-aligned address and length)")]
-    Misaligned {
-        /// Segment index.
-        segment: usize,
-        /// Its IOVA.
-        iova: Iova,
-    },
-    /// The buffer is not mapped in this controller's DMA space.
-    #[error(
-        "buffer is not DMA-mapped for this controller: allocate it from the controller's DMA space"
-    )]
-    NotDmaMapped,
-    /// The buffer's mapping does not allow the transfer's direction.
-    #[error("buffer is mapped {mapped:?} but the command needs the device to {needs}")]
-    WrongDirection {
-        /// How it is mapped.
-        mapped: DmaDir,
-        /// What the command needs.
-        needs: &'static str,
-    },
-    /// No active namespace (NVMe) or logical unit (UFS: `nsid` is the LUN)
-    /// with this id.
-    #[error("{nsid} names no active namespace of this controller")]
-    UnknownNamespace {
-        /// The id given.
-        nsid: u32,
-    },
-    /// UFS: no usable logical unit has this LUN.
-    #[error("LUN {lun} names no logical unit of this UFS device")]
-    UnknownLun {
-        /// The LUN given.
-        lun: u8,
-    },
-    /// The transfer cannot be carried even split into child commands: it
-    /// needs more children than the queue depth, or one block is larger
-    /// than the per-command limit (a read or write above the limit is
-    /// otherwise split; see [`crate::QueuePair`]). Also for Write Zeroes
-    /// above 65536 blocks, which is never split.
-    #[error("transfer of {bytes} bytes exceeds the maximum of {max} bytes this queue can carry (split into at most its depth of commands); use smaller transfers or a deeper queue")]
-    TransferTooLarge {
-        /// Bytes asked for (blocks, for Write Zeroes).
-        bytes: u64,
-        /// The most this queue accepts.
-        max: u64,
-    },
-    /// Dataset Management with no ranges or more than 256.
-    #[error("{count} ranges given; a Dataset Management command takes 1 to 256")]
-    BadRangeCount {
-        /// Ranges given.
-        count: usize,
-    },
-    /// The controller does not support this command (ONCS).
-    #[error("the controller does not support {0}")]
-    Unsupported(&'static str),
-    /// The controller has failed; no more commands are accepted.
-    #[error("the controller has failed; no more commands are accepted")]
-    ControllerFailed,
-}
-
-/// A rejected submission: why, and the payload handed back untouched.
-///
-/// It is a [`std::error::Error`] for any payload (its message is the
-/// kind's), so `?` can turn it into a `Box<dyn Error + Send + Sync>` when
-/// the payload is `Send + Sync + 'static` (a [`DmaBuf`] is); to keep the
-/// buffer, take it back with [`into_buf`](Self::into_buf) first, or map the
-/// error to its [`kind`](Self::kind).
-pub struct SubmitError<T> {
-    /// Why it was rejected.
-    pub kind: SubmitErrorKind,
-    /// The buffer (or `()` for commands without one), returned to the caller.
-    pub buf: T,
-}
-
-impl<T> SubmitError<T> {
-    /// Take the payload back.
-    pub fn into_buf(self) -> T {
-        self.buf
-    }
-}
-
-impl<T> fmt::Debug for SubmitError<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SubmitError")
-            .field("kind", &self.kind)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<T> fmt::Display for SubmitError<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.kind, f)
-    }
-}
-
-impl<T> std::error::Error for SubmitError<T> {}
-
-/// A finished command.
-#[derive(Debug)]
-pub struct Completion<B> {
-    /// The tag given at submission.
-    pub tag: u64,
-    /// Success, or how it failed.
-    pub result: Result<(), IoError>,
-    /// The data buffer, handed back (`None` for commands without one).
-    pub buf: Option<B>,
-    /// Command-specific result dword 0.
-    pub dw0: u32,
-}
-
-// SAFETY: a `Mapped` owns its buffer (the memory stays allocated while it
-// lives) and describes one IOVA-contiguous mapping of `len()` bytes (we
-// report the `transfer_len()` asked for, which is no more) with
-// direction `dir()` in the space `is_mapped_in` names, which stays mapped
-// until the `Mapped` is handed back to its mapper by value — impossible
-// while a queue pair holds it.
-unsafe impl IoBuf for mcqio_vfio::Mapped {
-    #[inline]
-    fn segment_count(&self) -> usize {
-        1
-    }
-    #[inline]
-    fn segment(&self, _i: usize) -> IoSeg {
-        IoSeg {
-            iova: self.iova(),
-            len: self.transfer_len(),
-        }
-    }
-    #[inline]
-    fn dir(&self) -> DmaDir {
-        mcqio_vfio::Mapped::dir(self)
-    }
-    #[inline]
-    fn segment_host(&self, _i: usize) -> Option<std::ptr::NonNull<u8>> {
-        self.host_ptr()
-    }
-    #[inline]
-    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
-        mcqio_vfio::Mapped::is_mapped_in(self, space)
-    }
-}
-
 /// A slice of DMA memory the application mapped itself, as a queue pair
 /// moves it: an IOVA, a length and the id of the space it is mapped in
 /// with its direction — three words, no reference count, nothing handed
@@ -768,7 +528,7 @@ unsafe impl IoBuf for mcqio_vfio::Mapped {
 /// space id's word (bit 0: the device may read, bit 1: it may write), so a
 /// slice is copied with three loads and stores into the tracker and back
 /// (it was 32 bytes with a one-byte field copied piecewise with its
-/// padding; issue 28), and `Option<DmaSlice>` is as small (the word is
+/// padding), and `Option<DmaSlice>` is as small (the word is
 /// never 0).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct DmaSlice {
@@ -908,7 +668,7 @@ unsafe impl IoBuf for DmaSlice {
         }
     }
     /// One or and one compare for both checks, where the direction's test
-    /// and the comparison of ids took seven instructions (issue 28): the
+    /// and the comparison of ids took seven instructions: the
     /// bit the command does not need or-ed in, `space_dir` equals `key`
     /// exactly when the ids match and the needed bit is set.
     #[inline]
@@ -919,6 +679,38 @@ unsafe impl IoBuf for DmaSlice {
     #[inline]
     fn total_len(&self) -> usize {
         self.len
+    }
+}
+
+// SAFETY: a `Mapped` owns its buffer (the memory stays allocated while it
+// lives) and describes one IOVA-contiguous mapping of `len()` bytes (we
+// report the `transfer_len()` asked for, which is no more) with
+// direction `dir()` in the space `is_mapped_in` names, which stays mapped
+// until the `Mapped` is handed back to its mapper by value — impossible
+// while a queue pair holds it.
+unsafe impl IoBuf for mcqio_vfio::Mapped {
+    #[inline]
+    fn segment_count(&self) -> usize {
+        1
+    }
+    #[inline]
+    fn segment(&self, _i: usize) -> IoSeg {
+        IoSeg {
+            iova: self.iova(),
+            len: self.transfer_len(),
+        }
+    }
+    #[inline]
+    fn dir(&self) -> DmaDir {
+        mcqio_vfio::Mapped::dir(self)
+    }
+    #[inline]
+    fn segment_host(&self, _i: usize) -> Option<std::ptr::NonNull<u8>> {
+        self.host_ptr()
+    }
+    #[inline]
+    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
+        mcqio_vfio::Mapped::is_mapped_in(self, space)
     }
 }
 

@@ -1,6 +1,8 @@
-//! Recovery of a [`UfsQueuePair`] after its controller changed state: a
-//! host controller reset ([`UfsController::reset`]), a fatal controller,
-//! a removed one. The controller's side (disable, bring-up again) is in
+//! UFS's hooks of the shared lifecycle (`core::qpair::Wire`): the
+//! doorbell (`ring`), the completions (`reap`), the health look (IS), the
+//! interrupt's arming, and the recovery of a [`UfsQueuePair`] after its
+//! controller changed state: a host controller reset
+//! ([`UfsController::reset`]), a fatal controller, a removed one. The controller's side (disable, bring-up again) is in
 //! `ctrl/mod.rs` and `ctrl/bringup.rs`; this is what each queue pair does at its next poll.
 //!
 //! The controller's state word carries an epoch that advances only once
@@ -29,15 +31,23 @@
 //! device may still write the buffers: the commands end with
 //! `ControllerFailed` and **no** buffer, and the pair's memory is leaked.
 //!
-//! The state machine itself is the core's (`core::qpair::Wire::recover`,
-//! shared with NVMe); this file holds UFS's hooks: what the controller
+//! The state machine itself is the core's (`core::qpair::Lifecycle::recover`,
+//! shared with every wire); this file holds UFS's hooks: what the controller
 //! posted before it stopped, forgetting the legacy list's record,
 //! re-creating the queue. What recovery ends beyond the poll's `max` waits
 //! in the engine's held completions, which the next polls (and `close`)
 //! hand out first — `poll` never delivers more than `max`.
 
 use super::reap::finish;
-use super::*;
+use super::{stopped_error, HwQueue, UfsQueuePair, HEALTH_CHECK_INTERVAL};
+use crate::core::error::{Error, Result};
+use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Reaped as CoreReaped;
+use crate::core::qpair::{Closing, Recreated, Wire};
+use crate::core::state::Stopped;
+use crate::ufs::ctrl::UfsController;
+use crate::ufs::spec::utrd::{DataDir, Utrd};
+use crate::ufs::ucd::UcdSlice;
 
 impl<B: IoBuf> Wire for UfsQueuePair<B> {
     type Buf = B;
@@ -48,18 +58,18 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
     crate::core::qpair::wire_parts!(eng, ctrl);
 
     fn accesses(&self) -> (u64, u64) {
-        match &*self.transport {
-            Transport::Mcq(q) => (
+        match &*self.hwq {
+            HwQueue::Mcq(q) => (
                 q.stats.sq_doorbell_writes + q.stats.cq_doorbell_writes,
                 q.stats.cqtp_reads,
             ),
-            Transport::Sdb(q) => (q.stats.doorbell_writes, q.stats.doorbell_reads),
+            HwQueue::Legacy(q) => (q.stats.doorbell_writes, q.stats.doorbell_reads),
         }
     }
 
     #[inline(always)]
     fn ring(&mut self) -> bool {
-        self.transport.flush()
+        self.hwq.flush()
     }
 
     #[inline(always)]
@@ -79,12 +89,12 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
         if let Some(i) = &self.eng.wait.irq {
             i.clear();
         }
-        let mcq = match &*self.transport {
-            Transport::Mcq(q) => {
+        let mcq = match &*self.hwq {
+            HwQueue::Mcq(q) => {
                 q.arm_interrupt();
                 true
             }
-            Transport::Sdb(_) => false,
+            HwQueue::Legacy(_) => false,
         };
         self.ctrl
             .arm_interrupt(crate::ufs::ctrl::completion_cause(mcq));
@@ -121,7 +131,7 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
         let mut f = f;
         let mut n = 0;
         let UfsQueuePair {
-            transport,
+            hwq,
             eng,
             ucds,
             tag_base,
@@ -129,15 +139,15 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
             ..
         } = self;
         let (ucds, tag_base): (&UcdSlice, u8) = (ucds, *tag_base);
-        match &mut **transport {
-            Transport::Mcq(q) => {
+        match &mut **hwq {
+            HwQueue::Mcq(q) => {
                 q.drain_posted(|ucd, ocs| {
                     if finish(eng, hpb, ucds, tag_base, ucds.command_of(ucd), ocs, &mut f) {
                         n += 1;
                     }
                 });
             }
-            Transport::Sdb(q) => {
+            HwQueue::Legacy(q) => {
                 for slot in 0..eng.trackers.slots() as u16 {
                     if !eng.trackers.slot(slot).busy() {
                         continue;
@@ -169,9 +179,9 @@ impl<B: IoBuf> Wire for UfsQueuePair<B> {
         0
     }
 
-    /// The transport's own record of what is in flight is void.
+    /// The hwq's own record of what is in flight is void.
     fn forget(&mut self) {
-        if let Transport::Sdb(q) = &mut *self.transport {
+        if let HwQueue::Legacy(q) = &mut *self.hwq {
             q.forget_outstanding();
         }
     }
@@ -216,9 +226,9 @@ impl<B: IoBuf> UfsQueuePair<B> {
     fn recreate_queue(
         &mut self,
         settled: u64,
-    ) -> std::result::Result<bool, super::super::UfsCtrlError> {
-        match &mut *self.transport {
-            Transport::Mcq(q) => {
+    ) -> std::result::Result<bool, crate::ufs::UfsCtrlError> {
+        match &mut *self.hwq {
+            HwQueue::Mcq(q) => {
                 q.nullify(Utrd::new(0, DataDir::None, 0).nullified());
                 match self.ctrl.recreate_mcq_queue(settled, q.rings())? {
                     Some((regs, sq_tail, cq_head)) => {
@@ -228,7 +238,7 @@ impl<B: IoBuf> UfsQueuePair<B> {
                     None => Ok(false),
                 }
             }
-            Transport::Sdb(_) => self.ctrl.restart_legacy_list(settled),
+            HwQueue::Legacy(_) => self.ctrl.restart_legacy_list(settled),
         }
     }
 
@@ -242,11 +252,16 @@ impl<B: IoBuf> UfsQueuePair<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::io::DmaBuf;
+    use crate::ufs::qpair::Arc;
+    use crate::ufs::qpair::Duration;
     use crate::ufs::{HpbConfig, UfsOptions, UfsQpairOptions};
     use mcqio_fixtures::ufs::{
         FakeUfs, FtlConfig, HpbConfig as DevHpb, HpbControl as DevControl, LuConfig, UfsConfig,
         UfsFault,
     };
+    use mcqio_vfio::DmaDir;
+    use std::time::Instant;
 
     /// Issue 27 item 4: an internal command the controller will not give
     /// up (withdrawal refused, no completion) is given up inside the queue
@@ -293,7 +308,7 @@ mod tests {
             let mut qp = ctrl
                 .create_qpair_for::<DmaBuf>(UfsQpairOptions {
                     io_timeout: Some(Duration::from_millis(40)),
-                    timeout_policy: crate::TimeoutPolicy::Reset,
+                    timeout_policy: crate::core::timeout::TimeoutPolicy::Reset,
                     ..Default::default()
                 })
                 .expect("qpair");

@@ -1,20 +1,26 @@
 //! The blocking convenience API and the shared [`BlockQueue`](crate::core::block::BlockQueue) view.
 
-use super::*;
+use super::QueuePair;
+use crate::core::block;
+use crate::core::error::Result;
+use crate::core::io::{Completion, DmaBuf, IoBuf, SubmitError};
 use crate::core::qpair::Addressed;
+use crate::nvme::spec::sqe::MAX_NLB;
+use mcqio_vfio::DmaSpace;
+use std::sync::Arc;
 
 /// The blocking convenience API, on the default buffer type. It bounces
 /// through one DMA buffer the queue pair keeps (allocated on first use) and
 /// splits requests larger than the per-command limit.
 impl QueuePair<DmaBuf> {
     /// Read `dst.len()` bytes (a multiple of the block size) from `slba`.
-    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    /// Needs an idle queue pair ([`Error::QueueBusy`](crate::core::error::Error::QueueBusy) otherwise).
     pub fn read_blocking(&mut self, nsid: u32, slba: u64, dst: &mut [u8]) -> Result<()> {
         block::read_blocking(self, nsid, slba, dst)
     }
 
     /// Write `src` (a multiple of the block size) at `slba`.
-    /// Needs an idle queue pair ([`Error::QueueBusy`] otherwise).
+    /// Needs an idle queue pair ([`Error::QueueBusy`](crate::core::error::Error::QueueBusy) otherwise).
     pub fn write_blocking(&mut self, nsid: u32, slba: u64, src: &[u8]) -> Result<()> {
         block::write_blocking(self, nsid, slba, src)
     }

@@ -1,118 +1,24 @@
-//! Recovery, NVMe's side: the hooks of the shared lifecycle
-//! (`core::qpair::Wire`: what a controller reset or failure leaves in the
-//! CQ, re-creating the queues, the health look), the timeout scan and its
-//! actions (Abort on the admin queue, a controller reset).
+//! Timeouts and health, NVMe over PCIe's side: the actions of the shared
+//! timeout scan (Abort on the admin queue, a controller reset), and the
+//! lower-level hooks `check_health`, `check_timeouts`, `abort_command`.
 
-use super::*;
-
-impl<B: IoBuf> Wire for QueuePair<B> {
-    type Buf = B;
-    type Ctrl = Controller;
-    type Child = SplitChild;
-    const HEALTH_CHECK_INTERVAL: u32 = HEALTH_CHECK_INTERVAL;
-
-    crate::core::qpair::wire_parts!(eng, ctrl);
-
-    fn accesses(&self) -> (u64, u64) {
-        // No register load on the I/O path: the CQ is polled by its phase
-        // bit in host memory.
-        (self.sq.db.mmio_writes + self.cq.db.mmio_writes, 0)
-    }
-
-    #[inline(always)]
-    fn ring(&mut self) -> bool {
-        let rang = self.sq.flush();
-        // The head the last poll consumed, after the tail: a command the
-        // application resubmitted from it is on its way one doorbell store
-        // sooner (the rings have room for the wait: `ring_entries`).
-        if self.cq_head_after_sq {
-            self.cq.flush_lazy(self.cq_head_batch);
-        }
-        rang
-    }
-
-    #[inline(always)]
-    fn reap<F: FnMut(Completion<B>)>(&mut self, max: usize, f: &mut F) -> Reaped {
-        self.reap_cqes(max, f)
-    }
-
-    #[cold]
-    fn check_controller(&mut self) {
-        if let Err(e) = self.ctrl.health() {
-            self.ctrl.note_failure(self.eng.seen_state, &e);
-        }
-    }
-
-    #[cold]
-    fn scan_timeouts(&mut self, _drained: bool, _f: &mut dyn FnMut(Completion<B>)) {
-        self.scan_expired();
-    }
-
-    /// The CQEs the controller left in the ring (it can post no more: the
-    /// queue is deleted or the controller disabled).
-    fn deliver_posted(&mut self, f: &mut dyn FnMut(Completion<B>)) -> usize {
-        let mut n = 0;
-        let mut f = f;
-        for _ in 0..self.sq.entries() {
-            let Some(cqe) = self.cq.peek() else { break };
-            self.cq.advance();
-            if self.take_cqe(cqe, &mut f) {
-                n += 1;
-            }
-        }
-        n
-    }
-
-    fn forget(&mut self) {
-        self.sq.reset();
-        self.cq.reset();
-    }
-
-    fn recreate(&mut self, _settled: u64) -> Recreated {
-        match self.ctrl.create_io_queues(
-            self.qid,
-            self.sq.entries(),
-            self.cq.region().iova().raw(),
-            self.sq.region().iova().raw(),
-            self.eng.wait.vector,
-        ) {
-            Ok(s) => Recreated::Yes(s),
-            Err((e, left)) => Recreated::Failed {
-                error: e.to_string(),
-                left,
-            },
-        }
-    }
-
-    fn note_leak(&self, bytes: u64) {
-        if bytes != 0 {
-            self.ctrl.note_leak(bytes);
-        }
-    }
-
-    fn queue_id(&self) -> u16 {
-        self.qid
-    }
-
-    fn stopped_error(&self, s: Stopped) -> Error {
-        stopped_error(s, self.qid)
-    }
-
-    fn withdraw_all(&mut self, f: &mut dyn FnMut(Completion<B>)) -> Result<bool> {
-        self.delete_queues(f)
-    }
-
-    fn closed(&mut self, gone: bool) {
-        self.release_queue(gone)
-    }
-}
+use super::wire::stopped_error;
+use super::QueuePair;
+use crate::core::error::Result;
+use crate::core::io::IoBuf;
+use crate::core::timeout;
+use crate::core::timeout::{Expired, Outstanding, TimeoutActions, Timeouts};
+use crate::core::tracker::Trackers;
+use crate::nvme::spec::sqe::Abort;
+use crate::nvme::spec::sqe::Command;
+use std::time::Duration;
 
 impl<B: IoBuf> QueuePair<B> {
     /// Act on commands past their timeout (see [`TimeoutPolicy`]); a
     /// reset it asks for is seen by the poll that called it. Cold.
     #[cold]
     #[inline(never)]
-    fn scan_expired(&mut self) {
+    pub(super) fn scan_expired(&mut self) {
         self.eng.timeouts.begin_scan();
         // A command whose completion is already posted in the CQ (not yet
         // consumed: a slow consumer, or `poll` with a small `max`) was
@@ -143,7 +49,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// Read CSTS; if the controller is fatal or gone, record that at the
     /// controller (a fatal controller is disabled so no DMA stays in
     /// flight) and return the error. The next [`poll`](Self::poll)
-    /// completes the outstanding commands with [`IoError::ControllerFailed`].
+    /// completes the outstanding commands with [`IoError::ControllerFailed`](crate::core::io::IoError::ControllerFailed).
     pub fn check_health(&mut self) -> Result<()> {
         if let Some(e) = self.eng.stopped {
             return Err(stopped_error(e, self.qid));
@@ -159,7 +65,7 @@ impl<B: IoBuf> QueuePair<B> {
 
     /// Report every command outstanding for longer than `timeout`.
     ///
-    /// Reporting only, independent of [`QpairOptions::io_timeout`] (which
+    /// Reporting only, independent of [`QpairOptions::io_timeout`](crate::nvme::pcie::qpair::QpairOptions::io_timeout) (which
     /// acts by itself inside [`poll`](Self::poll)). Ages use the queue's
     /// coarse clock, refreshed here.
     pub fn check_timeouts(&mut self, timeout: Duration, f: impl FnMut(Outstanding)) -> usize {
@@ -225,14 +131,5 @@ impl<B: IoBuf> TimeoutActions for NvmeTimeouts<'_, B> {
 
     fn stop(&self) -> bool {
         self.qp.ctrl.state() != self.qp.eng.seen_state
-    }
-}
-
-/// The error of a stopped queue, in NVMe's words.
-pub(super) fn stopped_error(e: Stopped, qid: u16) -> Error {
-    match e {
-        Stopped::Fatal => Error::ControllerFatal,
-        Stopped::Gone => Error::DeviceGone,
-        Stopped::Lost => Error::QueueLost { qid },
     }
 }

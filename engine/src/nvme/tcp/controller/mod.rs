@@ -19,7 +19,7 @@
 //!    [`TcpController::create_qpair`].
 //!
 //! Each I/O queue pair opens its own connection and Connects its queue id
-//! with the controller id from step 2 ([`super::TcpQueuePair`]).
+//! with the controller id from step 2 ([`crate::nvme::tcp::TcpQueuePair`]).
 //!
 //! **Keep Alive** runs from polling, never from a thread, and never waits
 //! inside a poll: every queue pair's poll looks, every few hundred polls,
@@ -61,106 +61,26 @@ use std::time::{Duration, Instant};
 
 use mcqio_vfio::{DmaDir, DmaSpace};
 
-use super::conn::{Conn, SyncData};
-use super::digest::Digests;
-use super::error::TcpError;
-use super::fabrics::{self, property, Connect, ConnectData, FabricsIdentify, PropertySize};
-use super::memory::host_space;
-use super::qpair::TcpQueuePair;
+mod keep_alive;
+mod options;
+
+pub use self::options::TcpOptions;
 use crate::core::block::{BlockDevice, BlockUnit};
-use crate::core::io::IoBuf;
+use crate::core::error::{Error, Result};
+use crate::core::io::DmaBuf;
 use crate::core::state::{self, Controlled, StateWord};
 use crate::nvme::admin::active_namespaces_by;
 use crate::nvme::ctrl::Namespace;
-use crate::nvme::pcie::queue::QpairOptions;
 use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace};
 use crate::nvme::spec::regs::{Cap, Cc, Csts, Version};
 use crate::nvme::spec::sqe::{Command, Identify, SetFeatures};
 use crate::nvme::spec::{Cqe, Sqe};
-use crate::{DmaBuf, Error, Result};
-
-/// How to reach and bring up a target.
-#[derive(Clone, Debug)]
-pub struct TcpOptions {
-    /// The subsystem NQN to connect to.
-    pub subnqn: String,
-    /// Our host NQN.
-    pub hostnqn: String,
-    /// Our host identifier.
-    pub hostid: [u8; 16],
-    /// Ask for header digests (CRC32C over every PDU header).
-    pub header_digest: bool,
-    /// Ask for data digests (CRC32C over every PDU's data).
-    pub data_digest: bool,
-    /// Keep Alive Timeout sent in the admin Connect (`ZERO`: none). Keep
-    /// Alive commands go out every KATO/2 (see the module docs).
-    pub kato: Duration,
-    /// I/O queues to ask for in Set Features (Number of Queues).
-    pub io_queues: u16,
-    /// Bound on connecting, negotiating and each admin command.
-    pub admin_timeout: Duration,
-    /// Cap on bytes per I/O command (the effective limit is the smaller of
-    /// this and MDTS); larger transfers are split.
-    pub max_transfer: u64,
-    /// R2Ts per command we accept outstanding, 0's based (ICReq MAXR2T).
-    pub maxr2t: u32,
-    /// Bound on the shutdown handshake at drop.
-    pub shutdown_timeout: Duration,
-    /// With data digests, cap each command at MAXH2CDATA so its write data
-    /// goes in one H2CData. Linux's nvmet-tcp checks every H2CData's data
-    /// digest against the digest of the command's whole data, and drops
-    /// the association when a write comes in several (its own initiator
-    /// never sends more than 4 MiB, its MAXH2CDATA). Off: commands up to
-    /// `max_transfer` and MDTS, H2CData as the spec allows.
-    pub one_h2c_with_data_digest: bool,
-    /// Cap each command's transfer at the target's MAXH2CDATA (larger
-    /// transfers are split, as above `max_transfer`). Linux's nvmet-tcp,
-    /// once it bounds the buffer it allocates per command (Debian's
-    /// 6.12.117 has it, 6.12.95 not), answers any command whose data SGL is
-    /// longer than its MAXH2CDATA (4 MiB) with Data SGL Length Invalid,
-    /// reads too. Its own initiator never sends more, nor does SPDK's
-    /// (whose MAXH2CDATA is its I/O unit). Off: commands up to
-    /// `max_transfer` and MDTS, as the spec allows.
-    pub within_maxh2cdata: bool,
-    /// Coalesce receives on I/O queue pairs (`tcp::pace`): after a receive
-    /// that brought answers, hold the next for a learnt number of polls so
-    /// one `recv` takes about three quarters of what is in flight (fewer
-    /// system calls per I/O, at the price of up to that hold of delay; a
-    /// lone command is never held). Off: receive on every poll with
-    /// commands in flight, backing off only after empty receives.
-    pub recv_pacing: bool,
-}
-
-impl Default for TcpOptions {
-    fn default() -> Self {
-        TcpOptions {
-            subnqn: String::new(),
-            hostnqn: "nqn.2014-08.org.nvmexpress:uuid:6d637169-6f00-4000-8000-000000000001".into(),
-            hostid: *b"mcqio-host-id-01",
-            header_digest: false,
-            data_digest: false,
-            kato: Duration::from_secs(10),
-            io_queues: 4,
-            admin_timeout: Duration::from_secs(10),
-            max_transfer: 128 << 10,
-            maxr2t: 3,
-            shutdown_timeout: Duration::from_secs(2),
-            one_h2c_with_data_digest: true,
-            within_maxh2cdata: true,
-            recv_pacing: true,
-        }
-    }
-}
-
-impl TcpOptions {
-    /// The digests asked for.
-    pub fn digests(&self) -> Digests {
-        Digests {
-            header: self.header_digest,
-            data: self.data_digest,
-        }
-    }
-}
+use crate::nvme::tcp::conn::{Conn, SyncData};
+use crate::nvme::tcp::error::TcpError;
+use crate::nvme::tcp::fabrics::{
+    self, property, Connect, ConnectData, FabricsIdentify, PropertySize,
+};
+use crate::nvme::tcp::memory::host_space;
 
 /// The admin connection and its command ids.
 pub(crate) struct AdminLink {
@@ -197,7 +117,7 @@ impl AdminLink {
 }
 
 /// An NVMe controller over NVMe/TCP (see the module docs). Shareable
-/// (`Sync`); one [`TcpQueuePair`] per thread for I/O.
+/// (`Sync`); one [`TcpQueuePair`](crate::nvme::tcp::TcpQueuePair) per thread for I/O.
 pub struct TcpController {
     pub(super) addr: SocketAddr,
     pub(super) opts: TcpOptions,
@@ -634,120 +554,6 @@ impl TcpController {
         Ok((c, v))
     }
 
-    /// Send a Keep Alive now and wait for it.
-    pub fn keep_alive(&self) -> Result<()> {
-        self.admin_cmd(fabrics::keep_alive(), "Keep Alive")?;
-        self.keep_alives.fetch_add(1, Ordering::Relaxed);
-        self.ka_last_ms
-            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Look at the Keep Alive from a queue pair's poll, never waiting: if
-    /// one was sent, take its answer if it came (or fail the association
-    /// once KATO, or the admin timeout if shorter, passed without one); else,
-    /// if KATO/2 passed since the last was sent, send one. Skipped while
-    /// another thread holds the admin connection (it then looks itself).
-    pub fn keep_alive_if_due(&self) {
-        if self.ka_interval_ms == 0 {
-            return;
-        }
-        let now = self.epoch.elapsed().as_millis() as u64;
-        let due = |last: u64| now.saturating_sub(last) >= self.ka_interval_ms;
-        if !self.ka_sent.load(Ordering::Relaxed) && !due(self.ka_last_ms.load(Ordering::Relaxed)) {
-            return;
-        }
-        let Ok(mut a) = self.admin.try_lock() else {
-            return;
-        };
-        if self.failure().is_some() {
-            return;
-        }
-        if let Some(k) = a.keep_alive {
-            let r = match a.conn.poll_response(k.cid) {
-                Ok(None) if now.saturating_sub(k.sent_ms) < self.keep_alive_wait_ms() => return,
-                Ok(None) => Err(TcpError::Timeout {
-                    ms: self.keep_alive_wait_ms(),
-                }),
-                Ok(Some(cqe)) => Ok(cqe),
-                Err(e) => Err(e),
-            };
-            a.keep_alive = None;
-            self.ka_sent.store(false, Ordering::Relaxed);
-            match r {
-                Ok(cqe) => self.keep_alive_answered(&cqe, k.sent_ms),
-                Err(e) => self.fail_locked(&a, e),
-            }
-            return;
-        }
-        if !due(self.ka_last_ms.load(Ordering::Relaxed)) {
-            return;
-        }
-        let cid = a.cid();
-        let t = self.opts.admin_timeout;
-        let sent = a.conn.send_command(
-            fabrics::keep_alive(),
-            cid,
-            &SyncData::None,
-            Instant::now() + t,
-            t.as_millis() as u64,
-        );
-        match sent {
-            Ok(()) => {
-                a.keep_alive = Some(SentKeepAlive { cid, sent_ms: now });
-                self.ka_sent.store(true, Ordering::Relaxed);
-            }
-            Err(e) => self.fail_locked(&a, e),
-        }
-    }
-
-    /// How long a Keep Alive's answer may take: KATO, or the admin timeout
-    /// if shorter.
-    fn keep_alive_wait_ms(&self) -> u64 {
-        (self.opts.kato.min(self.opts.admin_timeout).as_millis() as u64).max(1)
-    }
-
-    /// Wait for the answer to a Keep Alive sent from a poll (admin lock
-    /// held), before another command uses the connection.
-    fn settle_keep_alive(&self, a: &mut AdminLink) -> std::result::Result<(), TcpError> {
-        let Some(k) = a.keep_alive.take() else {
-            return Ok(());
-        };
-        self.ka_sent.store(false, Ordering::Relaxed);
-        let now = self.epoch.elapsed().as_millis() as u64;
-        let ms = self.keep_alive_wait_ms();
-        let left = Duration::from_millis(ms.saturating_sub(now.saturating_sub(k.sent_ms)).max(1));
-        let cqe = a
-            .conn
-            .await_response(k.cid, SyncData::None, Instant::now() + left, ms)?;
-        self.keep_alive_answered(&cqe, k.sent_ms);
-        Ok(())
-    }
-
-    /// A Keep Alive sent at `sent_ms` was answered with `cqe`: the next is
-    /// due KATO/2 after it was sent.
-    fn keep_alive_answered(&self, cqe: &Cqe, sent_ms: u64) {
-        let st = cqe.nvme_status();
-        if st.is_success() {
-            self.keep_alives.fetch_add(1, Ordering::Relaxed);
-        } else {
-            log::warn!(
-                "nvme-tcp {}: Keep Alive: {}",
-                self.addr,
-                Error::Command {
-                    command: "Keep Alive",
-                    status: st
-                }
-            );
-        }
-        self.ka_last_ms.store(sent_ms, Ordering::Relaxed);
-    }
-
-    /// Keep Alive commands that succeeded.
-    pub fn keep_alives(&self) -> u64 {
-        self.keep_alives.load(Ordering::Relaxed)
-    }
-
     /// `Err` once the association failed.
     pub fn health(&self) -> Result<()> {
         match self.failure() {
@@ -832,21 +638,6 @@ impl TcpController {
         self.fabrics.in_capsule_bytes() as usize
     }
 
-    /// Create an I/O queue pair for [`DmaBuf`]s: its own connection, its
-    /// queue Connected under this controller's id.
-    pub fn create_qpair(self: &Arc<Self>, opts: QpairOptions) -> Result<TcpQueuePair<DmaBuf>> {
-        TcpQueuePair::create(self, &opts)
-    }
-
-    /// [`TcpController::create_qpair`] for any buffer type with host
-    /// addresses ([`IoBuf::segment_host`]).
-    pub fn create_qpair_for<B: IoBuf>(
-        self: &Arc<Self>,
-        opts: QpairOptions,
-    ) -> Result<TcpQueuePair<B>> {
-        TcpQueuePair::create(self, &opts)
-    }
-
     pub(super) fn alloc_qid(&self) -> Result<u16> {
         self.health()?;
         self.free_qids
@@ -916,20 +707,5 @@ impl Drop for TcpController {
             }
         }
         a.conn.close();
-    }
-}
-
-/// One [`TcpQueuePair`] (its own connection) per thread, at most as many
-/// as Number of Queues granted ([`crate::core::per_core`]).
-impl crate::core::per_core::PerCore for Arc<TcpController> {
-    type Qpair = TcpQueuePair<DmaBuf>;
-    type Options = QpairOptions;
-
-    fn granted_queues(&self) -> usize {
-        self.granted_io_queues()
-    }
-
-    fn create_for_core(&self, opts: &QpairOptions) -> Result<TcpQueuePair<DmaBuf>> {
-        self.create_qpair(opts.clone())
     }
 }

@@ -1,6 +1,6 @@
 //! Reads and writes above the per-command limit: one submission, several
 //! child commands, one completion — the parent table, written once for
-//! both transports.
+//! every wire.
 //!
 //! A transfer larger than the per-command limit (NVMe: MDTS, UFS: the PRDT
 //! limit) is cut into children of at most that size, in LBA order, each
@@ -14,7 +14,7 @@
 //! the device can no longer touch any part of it.
 //!
 //! The transports build the children's commands (NVMe's
-//! `nvme/queue/split.rs`, UFS's `submit_split` in `ufs/qpair.rs`); they
+//! `nvme/pcie/qpair/split.rs`, UFS's `submit_split` in `ufs/qpair/submit.rs`, NVMe/TCP's `split` in `nvme/tcp/qpair/submit.rs`); they
 //! reserve every child's slot and descriptors before posting any, so a
 //! rejection leaves nothing half-submitted. `S` is what a transport keeps
 //! per child while it builds them ([`Splits::scratch`]).

@@ -1,60 +1,46 @@
 //! [`QueuePair`]: one submission/completion queue pair, owned by one thread.
 
+use crate::core::qpair::Lifecycle;
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mcqio_vfio::{DmaDir, DmaRegion, DmaSpace};
+use mcqio_vfio::{DmaRegion, DmaSpace};
 
 mod blocking;
+mod create;
 mod prp;
 mod reap;
-mod recover;
 mod split;
 mod submit;
 mod teardown;
+mod timeouts;
 mod wait;
+mod wire;
 
-use self::prp::{prp_pages_per_slot, prp_region_len, PrpLists};
-use self::split::SplitChild;
-use super::cq::CompQueue;
-use super::doorbell::Doorbell;
-use super::sq::SubQueue;
-use super::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
-use crate::core::block;
-use crate::core::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-use crate::core::qpair::{Engine, Reaped, Recreated, SplitRequest, WaitPolicy, Wire};
-use crate::core::state::Stopped;
-use crate::core::timeout::{self, Expired, Outstanding, TimeoutActions, Timeouts};
-use crate::core::tracker::Trackers;
+use self::prp::PrpLists;
+use crate::core::error::Result;
+use crate::core::io::{DmaBuf, IoBuf, SubmitErrorKind};
+use crate::core::qpair::{Engine, WaitPolicy};
 use crate::nvme::ctrl::{Controller, TimeoutPolicy};
-use crate::nvme::spec::regs;
-use crate::nvme::spec::sqe::{
-    Abort, Command, DatasetManagement, DsmRange, Flush, Read, Write, WriteZeroes, DSM_MAX_RANGES,
-    MAX_NLB,
-};
+use crate::nvme::pcie::queue::cq::CompQueue;
+use crate::nvme::pcie::queue::sq::SubQueue;
 use crate::nvme::spec::status::{generic, sct};
-use crate::nvme::spec::{Cqe, NvmeStatus, Sqe};
-use crate::{Error, Result};
+use crate::nvme::spec::NvmeStatus;
+
+/// NVMe's record per child being built (the shared parent table's `S`):
+/// PRP1, PRP2 (see `split.rs`).
+type SplitChild = (u64, u64);
 
 /// The largest queue depth (outstanding commands per queue pair).
 pub const MAX_DEPTH: u16 = 4096;
-/// PRP entries per list page.
-const PRP_PER_PAGE: usize = (PAGE_SIZE / 8) as usize;
 /// Outstanding commands (this one included) above which SQEs are written
 /// with streaming stores (see `SubQueue::push`).
 const STREAM_MIN_OUTSTANDING: usize = 4;
 /// Empty polls (with commands outstanding) between CSTS health checks.
 const HEALTH_CHECK_INTERVAL: u32 = 4096;
-/// Most PRP list pages reserved per command slot: 64 pages chain
-/// `64 * 511 + 1` entries, enough for 127 MiB per command. A larger
-/// per-command limit (`ControllerOptions::max_transfer` on a controller
-/// without MDTS) is refused at queue creation instead of reserving (or
-/// overflowing the size of) that much DMA memory per slot.
-const MAX_PRP_LIST_PAGES: u64 = 64;
 
 /// Options for [`Controller::create_qpair`].
 #[derive(Clone, Debug)]
@@ -80,7 +66,7 @@ pub struct QpairOptions {
     /// Most completions one [`QueuePair::poll`] delivers (0: `depth`).
     pub max_completions_per_poll: usize,
     /// How long blocking calls wait for their completion before returning
-    /// [`IoError::TimedOut`].
+    /// [`IoError::TimedOut`](crate::core::io::IoError::TimedOut).
     pub blocking_timeout: Duration,
     /// Per-command timeout for this queue's I/O (`None`: never time out).
     /// Detected while polling — no timer thread: [`QueuePair::poll`] scans
@@ -102,12 +88,12 @@ pub struct QpairOptions {
     /// ([`Controller::create_qpair`], the default) or application buffers
     /// mapped per I/O in strict or lazy mode
     /// ([`Controller::create_mapped_qpair`]); see [`crate::core::mapped`].
-    pub mapping: crate::MappingMode,
+    pub mapping: crate::core::mapped::MappingMode,
     /// How [`QueuePair::wait`] waits: spinning ([`WaitPolicy::Poll`], the
     /// default: the CQ is created without interrupts), or sleeping on the
     /// queue's own MSI-X vector (`Interrupt`, `Hybrid`: the CQ is created
     /// with IEN and IV). Creating the queue pair fails with
-    /// [`Error::InvalidOption`] where the device has no MSI-X or MSI.
+    /// [`Error::InvalidOption`](crate::core::error::Error::InvalidOption) where the device has no MSI-X or MSI.
     pub wait: WaitPolicy,
 }
 
@@ -120,7 +106,7 @@ impl Default for QpairOptions {
             blocking_timeout: Duration::from_secs(30),
             io_timeout: Some(Duration::from_secs(30)),
             timeout_policy: TimeoutPolicy::Abort,
-            mapping: crate::MappingMode::Premapped,
+            mapping: crate::core::mapped::MappingMode::Premapped,
             wait: WaitPolicy::Poll,
         }
     }
@@ -148,13 +134,13 @@ pub struct QpairStats {
     pub timeouts: u64,
     /// Abort commands sent for timed-out commands.
     pub aborts_sent: u64,
-    /// Timed-out commands completed as [`IoError::TimedOut`] (aborted).
+    /// Timed-out commands completed as [`IoError::TimedOut`](crate::core::io::IoError::TimedOut) (aborted).
     pub timed_out: u64,
     /// Controller resets this queue's timeout policy asked for.
     pub resets_requested: u64,
-    /// Commands completed with [`IoError::AbortedByReset`].
+    /// Commands completed with [`IoError::AbortedByReset`](crate::core::io::IoError::AbortedByReset).
     pub aborted_by_reset: u64,
-    /// Commands completed with [`IoError::ControllerFailed`].
+    /// Commands completed with [`IoError::ControllerFailed`](crate::core::io::IoError::ControllerFailed).
     pub failed_by_controller: u64,
     /// Times this queue re-created its queues after a controller reset.
     pub recoveries: u64,
@@ -171,7 +157,7 @@ struct NsGeom {
     /// `MAX_NLB` and the queue's transfer limit), or 0 with `metadata`:
     /// precomputed once per queue pair, so a submission's one compare of
     /// `nlb - 1` against it stands for the zero-count, metadata and split
-    /// checks, which the cold path then makes one by one (issue 28).
+    /// checks, which the cold path then makes one by one.
     unsplit: u32,
 }
 
@@ -197,7 +183,7 @@ struct NsGeom {
 /// A read or write larger than the controller's MDTS (or
 /// [`crate::ControllerOptions::max_transfer`], or 65536 blocks) is split
 /// into child commands, one queue slot each, and completes **once**: one
-/// [`Completion`] with the caller's tag, the first error any child reported
+/// [`Completion`](crate::core::io::Completion) with the caller's tag, the first error any child reported
 /// (else success), and the buffer, handed back only after every child
 /// finished. Splitting is all or nothing: with fewer free slots than
 /// children it is refused with [`SubmitErrorKind::QueueFull`] (buffer handed
@@ -220,7 +206,7 @@ struct NsGeom {
 /// controller failures are handled inside [`poll`](Self::poll): see
 /// [`TimeoutPolicy`] and [the controller docs](crate::nvme::ctrl#reset-and-failure).
 /// After a reset the queue pair re-creates its queues by itself; commands
-/// that were outstanding complete with [`IoError::AbortedByReset`].
+/// that were outstanding complete with [`IoError::AbortedByReset`](crate::core::io::IoError::AbortedByReset).
 pub struct QueuePair<B: IoBuf = DmaBuf> {
     // The rings and the PRP pages are dropped by hand in `Drop` — or
     // leaked, while the device may still access them (`device_may_access`).
@@ -239,7 +225,7 @@ pub struct QueuePair<B: IoBuf = DmaBuf> {
     cq_head_batch: u16,
     /// The CQ head doorbell is written at the next ring, after the SQ tail
     /// doorbell, instead of at the end of the poll that consumed the
-    /// entries (see [`ring_entries`]).
+    /// entries (see [`create::ring_entries`]).
     cq_head_after_sq: bool,
     oncs: u16,
     space: Arc<DmaSpace>,
@@ -288,185 +274,6 @@ const ABORT_REQUESTED: NvmeStatus = NvmeStatus::new(sct::GENERIC, generic::ABORT
 unsafe impl<B: IoBuf> Send for QueuePair<B> {}
 
 impl<B: IoBuf> QueuePair<B> {
-    pub(crate) fn create(ctrl: &Arc<Controller>, opts: &QpairOptions) -> Result<Self> {
-        let mqes = ctrl.cap().max_queue_entries();
-        let rings = ring_entries(opts.depth, opts.queue_entries, mqes)?;
-        let qid = ctrl.alloc_qid()?;
-        match Self::create_with_qid(ctrl, opts, qid, rings) {
-            Ok(qp) => Ok(qp),
-            Err((e, queue_left)) => {
-                // A queue the controller may still have keeps its id.
-                if !queue_left {
-                    ctrl.release_qid(qid);
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// `Err((e, true))`: the controller may still have a queue `qid` on
-    /// the rings, which were leaked.
-    fn create_with_qid(
-        ctrl: &Arc<Controller>,
-        opts: &QpairOptions,
-        qid: u16,
-        rings: Rings,
-    ) -> Result<Self, (Error, bool)> {
-        let Rings {
-            entries,
-            cq_head_batch,
-            cq_head_after_sq,
-        } = rings;
-        // Errors before the Create commands leave nothing on the controller.
-        let none_left = |e: Error| (e, false);
-        let dstrd = ctrl.cap().dstrd();
-        let bar_len = ctrl.backend().regs().len();
-        if regs::cq_head_doorbell(qid, dstrd) + 4 > bar_len {
-            return Err(none_left(Error::InvalidOption(format!(
-                "queue {qid}'s doorbell lies beyond the {bar_len}-byte BAR; the controller granted more queues than its BAR has doorbells for"
-            ))));
-        }
-        let space = Arc::clone(ctrl.dma());
-        let max_xfer = ctrl.max_transfer();
-        let prp_pages = prp_pages_per_slot(ctrl, max_xfer).map_err(none_left)?;
-        let prp_bytes = prp_region_len(opts.depth, prp_pages, space.granule())
-            .ok_or_else(|| {
-                Error::InvalidOption(format!(
-                    "{} PRP list pages for each of {} commands do not fit in memory",
-                    prp_pages, opts.depth
-                ))
-            })
-            .map_err(none_left)?;
-        let alloc = |len: usize, dir| space.alloc(len, dir).map_err(|e| none_left(e.into()));
-        let cq_mem = alloc(entries as usize * size_of::<Cqe>(), DmaDir::Bidirectional)?;
-        let sq_mem = alloc(entries as usize * size_of::<Sqe>(), DmaDir::ToDevice)?;
-        let prp_mem = alloc(prp_bytes, DmaDir::ToDevice)?;
-        if prp_mem.iova().raw() & PAGE_MASK != 0 {
-            return Err(none_left(Error::InvalidOption(format!(
-                "the DMA space placed the PRP lists at IOVA {}, not on a {PAGE_SIZE}-byte controller page",
-                prp_mem.iova()
-            ))));
-        }
-        let (sq_shadow, cq_shadow) = ctrl.shadow_slots(qid);
-        let hook = ctrl.backend().doorbell_hook();
-        // SAFETY: doorbell offsets computed from CAP.DSTRD for a granted qid
-        // lie inside BAR0, which `ctrl` (kept alive by this queue) maps;
-        // shadow slots are inside the controller's shadow pages.
-        let (sq_db, cq_db) = unsafe {
-            (
-                Doorbell::new(
-                    ctrl.bar(),
-                    regs::sq_tail_doorbell(qid, dstrd),
-                    sq_shadow,
-                    false,
-                    hook.clone(),
-                ),
-                Doorbell::new(
-                    ctrl.bar(),
-                    regs::cq_head_doorbell(qid, dstrd),
-                    cq_shadow,
-                    false,
-                    hook,
-                ),
-            )
-        };
-        let irq = match opts.wait.wants_interrupt() {
-            true => Some(ctrl.queue_irq(qid).map_err(none_left)?),
-            false => None,
-        };
-        let cq = CompQueue::new(cq_mem, entries, cq_db);
-        let sq = SubQueue::new(sq_mem, entries, sq_db);
-
-        let seen_state = match ctrl.create_io_queues(
-            qid,
-            entries,
-            cq.region().iova().raw(),
-            sq.region().iova().raw(),
-            irq.as_ref().map(|i| i.vector),
-        ) {
-            Ok(s) => s,
-            Err((e, false)) => return Err((e, false)),
-            Err((e, true)) => {
-                // The controller may have the queues on these rings.
-                let bytes = sq.region().len() + cq.region().len();
-                log::error!("queue {qid}: creating the queues failed ({e}) and they may exist on the controller; leaking their {bytes}-byte rings");
-                ctrl.note_leak(bytes as u64);
-                std::mem::forget(sq);
-                std::mem::forget(cq);
-                return Err((e, true));
-            }
-        };
-
-        // Sorted by NSID (as the controller keeps them): NSIDs may be
-        // sparse (any value up to FFFFFFFEh), so no table indexed by NSID.
-        let ns: Vec<(u32, NsGeom)> = ctrl
-            .namespaces()
-            .iter()
-            .map(|n| {
-                let metadata = n.identify.metadata_size() > 0;
-                (
-                    n.id,
-                    NsGeom {
-                        nsze: n.nsze,
-                        lba_shift: n.lba_shift,
-                        metadata,
-                        // At most the namespace's size too: then `nlb <=
-                        // nsze` on the hot path, whose range check
-                        // subtracts without a wrap (a larger count is out
-                        // of range, which the cold path says).
-                        unsplit: if metadata {
-                            0
-                        } else {
-                            unsplit_blocks(max_xfer, n.lba_shift)
-                                .min(n.nsze.min(u64::from(u32::MAX)) as u32)
-                        },
-                    },
-                )
-            })
-            .collect();
-        let mut eng = Engine::new(
-            opts.depth,
-            opts.max_completions_per_poll,
-            max_xfer,
-            opts.io_timeout,
-            opts.timeout_policy,
-            opts.blocking_timeout,
-            seen_state,
-        );
-        eng.wait = crate::core::qpair::wait::Waiter::of(opts.wait, irq);
-        Ok(QueuePair {
-            sq: ManuallyDrop::new(sq),
-            cq: ManuallyDrop::new(cq),
-            eng,
-            prp: PrpLists {
-                ptr: prp_mem.as_ptr().cast(),
-                iova: prp_mem.iova().raw(),
-                pages: prp_pages,
-                max_xfer,
-            },
-            first_ns: ns.first().copied().unwrap_or((
-                0,
-                NsGeom {
-                    nsze: 0,
-                    lba_shift: 0,
-                    metadata: false,
-                    unsplit: 0,
-                },
-            )),
-            ns: ns.into_boxed_slice(),
-            cq_head_batch,
-            cq_head_after_sq,
-            oncs: ctrl.identify().oncs,
-            space_key: B::space_key(&space),
-            space,
-            qid,
-            teardown: Teardown::Live,
-            prp_mem: ManuallyDrop::new(prp_mem),
-            ctrl: Arc::clone(ctrl),
-            _not_sync: PhantomData,
-        })
-    }
-
     /// The queue id (1-based; 0 is the admin queue).
     pub fn qid(&self) -> u16 {
         self.qid
@@ -524,7 +331,7 @@ impl<B: IoBuf> QueuePair<B> {
 
     /// The counters every wire keeps, in the type shared with UFS
     /// ([`crate::QueueCounters`]).
-    pub fn counters(&self) -> crate::QueueCounters {
+    pub fn counters(&self) -> crate::core::qpair::QueueCounters {
         self.all_counters()
     }
 
@@ -577,8 +384,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// to the cold path (`submit_data_cold`), which checks everything one
     /// by one and gives the refusal its reason. The namespace is looked up
     /// by its index only (a sparse NSID takes the cold path) and read in
-    /// place: returning its whole geometry copied it through the stack
-    /// (issue 28).
+    /// place: returning its whole geometry copied it through the stack.
     #[inline(always)]
     fn check_unsplit(&mut self, nsid: u32, slba: u64, nlb: u32) -> Option<u64> {
         // The idle queue's clock read is `Engine::reserve`'s, in
@@ -616,138 +422,11 @@ impl<B: IoBuf> QueuePair<B> {
     }
 }
 
-/// The most blocks of `1 << lba_shift` bytes one command carries without
-/// a split under a `max_xfer`-byte limit: the largest `nlb` with
-/// `nlb <= MAX_NLB` and `nlb << lba_shift <= max_xfer`.
-fn unsplit_blocks(max_xfer: u64, lba_shift: u32) -> u32 {
-    let by_bytes = max_xfer.checked_shr(lba_shift).unwrap_or(0);
-    by_bytes.min(u64::from(MAX_NLB)) as u32
-}
-
-/// Consumed CQ entries a queue pair leaves unreleased before it writes the
-/// CQ head doorbell, at any depth (rings permitting, see [`ring_entries`]).
-///
-/// A polled CQ's head tells the controller only which entries it may post
-/// into again, so the controller needs it no sooner than the ring could
-/// fill. The batch was `depth / 4` (at least 1), which at QD1 wrote the
-/// head after every completion: one more MMIO store per I/O, where a
-/// 32-entry batch writes one per 32 (issue 28). The cost is ring memory
-/// only: 32 more entries of the SQ (64 B each) and the CQ (16 B each).
-const CQ_HEAD_BATCH: u16 = 32;
-
-/// Ring sizes and CQ head policy of a queue pair (see [`ring_entries`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Rings {
-    entries: u16,
-    cq_head_batch: u16,
-    cq_head_after_sq: bool,
-}
-
-/// Ring entries and CQ head policy for `depth` commands, `asked` entries
-/// (0: automatic) and a controller allowing `mqes` entries (CAP.MQES + 1).
-///
-/// The controller finds the CQ full when every entry but one is posted and
-/// not released. Released lags consumed by fewer than `batch` entries after
-/// every poll, and consumed-or-not, at most `depth` commands are
-/// outstanding: `entries >= depth + batch` keeps one entry free for every
-/// command the controller may fetch.
-///
-/// Writing a poll's head only at the next ring (after the SQ tail, so a
-/// command resubmitted from what the poll reaped reaches the controller
-/// first) leaves up to `batch - 1` plus everything that poll consumed, at
-/// most `depth`, unreleased while the application queues and rings the
-/// commands that replace them: `entries >= 2 * depth + batch` keeps the
-/// same free entry, and only then is the head written after the SQ tail.
-fn ring_entries(depth: u16, asked: u16, mqes: u32) -> Result<Rings> {
-    let most = mqes.min(u32::from(u16::MAX)) as u16;
-    if depth == 0 || depth > MAX_DEPTH {
-        return Err(Error::InvalidOption(format!(
-            "queue depth {depth} is outside 1..={MAX_DEPTH}"
-        )));
-    }
-    if u32::from(depth) + 1 > mqes {
-        return Err(Error::InvalidOption(format!(
-            "queue depth {depth} needs {} ring entries but the controller supports at most {mqes} (CAP.MQES); use depth <= {}",
-            u32::from(depth) + 1,
-            mqes - 1
-        )));
-    }
-    let want = CQ_HEAD_BATCH;
-    // Room for the head after the SQ tail (a smaller batch never makes
-    // room: with fewer entries it is `entries - depth`, short by `depth`).
-    let roomy = 2 * u32::from(depth) + u32::from(want);
-    let entries = match asked {
-        0 => {
-            if roomy <= u32::from(most) {
-                roomy as u16
-            } else {
-                depth.saturating_add(want).min(most)
-            }
-        }
-        n if n <= depth || n > most => {
-            return Err(Error::InvalidOption(format!(
-                "{n} I/O queue entries for queue depth {depth}: must be {}..={most} (depth + 1 up to CAP.MQES + 1)",
-                u32::from(depth) + 1
-            )))
-        }
-        n => n,
-    };
-    Ok(Rings {
-        entries,
-        cq_head_batch: want.min(entries - depth),
-        cq_head_after_sq: u32::from(entries) >= roomy,
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use super::create::CQ_HEAD_BATCH;
     use super::*;
-
-    /// Issue 28: the ring sizes and the CQ head batch, their bounds.
-    #[test]
-    fn ring_entries_leave_room_for_the_cq_head_batch() {
-        let r = |d, a, m| {
-            let r = ring_entries(d, a, m).unwrap();
-            (r.entries, r.cq_head_batch, r.cq_head_after_sq)
-        };
-        // Automatic: 2 * depth + batch (the head written after the SQ
-        // tail), the batch 32 at every depth.
-        assert_eq!(r(1, 0, 1024), (34, 32, true));
-        assert_eq!(r(16, 0, 1024), (64, 32, true));
-        assert_eq!(r(128, 0, 1024), (288, 32, true));
-        // A small MQES: the batch shrinks to what is left over the depth.
-        assert_eq!(r(1, 0, 16), (16, 15, false));
-        // Where MQES has no room for that: depth + batch, the head written
-        // by the poll; the batch shrinks to what fits (at least 1).
-        assert_eq!(r(500, 0, 1024), (532, 32, false));
-        assert_eq!(r(1000, 0, 1024), (1024, 24, false));
-        assert_eq!(r(1023, 0, 1024), (1024, 1, false));
-        // Asked for: the batch fits in what is left over the depth; the
-        // head after the SQ tail only with room for twice the depth.
-        assert_eq!(r(128, 129, 1024), (129, 1, false));
-        assert_eq!(r(128, 140, 1024), (140, 12, false));
-        assert_eq!(r(128, 287, 1024), (287, 32, false));
-        assert_eq!(r(128, 288, 1024), (288, 32, true));
-        assert_eq!(r(128, 1024, 1024), (1024, 32, true));
-        assert_eq!(r(1, 2, 1024), (2, 1, false));
-        // Bounds: more than the depth, at most MQES + 1, a depth that fits.
-        for (depth, asked, mqes) in [
-            (128, 128, 1024),
-            (128, 64, 1024),
-            (128, 1025, 1024),
-            (1024, 0, 1024),
-            (0, 0, 1024),
-            (4097, 0, 65536),
-        ] {
-            assert!(
-                matches!(
-                    ring_entries(depth, asked, mqes),
-                    Err(Error::InvalidOption(_))
-                ),
-                "depth {depth}, {asked} entries, MQES+1 {mqes}"
-            );
-        }
-    }
+    use mcqio_vfio::DmaDir;
 
     /// An idle queue pair (nothing outstanding, nothing completed) polled
     /// in a loop must not read the clock on every poll: nothing can time
@@ -813,7 +492,7 @@ mod tests {
         }
     }
 
-    /// Issue 28: the CQ head a poll consumed is written after the SQ tail
+    /// The CQ head a poll consumed is written after the SQ tail
     /// of the commands queued next, so a resubmission reaches the
     /// controller one doorbell store sooner. In a QEMU TCG guest the store
     /// between a completion and the next submission took a median 3 µs of
@@ -876,7 +555,7 @@ mod tests {
         assert_eq!(fake.stats().cq_full, 0);
     }
 
-    /// Issue 28: the CQ head doorbell is written lazily (once
+    /// The CQ head doorbell is written lazily (once
     /// `cq_head_batch` entries were consumed), so up to `cq_head_batch - 1`
     /// consumed entries stay unreleased. On rings of `depth + 1` entries a
     /// controller then found the CQ full whenever the host resubmitted
@@ -918,7 +597,7 @@ mod tests {
         }
     }
 
-    /// Issue 28: the shared counters carry the wire's doorbell stores and
+    /// The shared counters carry the wire's doorbell stores and
     /// the I/O path's register loads (NVMe: only the CSTS health look every
     /// `HEALTH_CHECK_INTERVAL` empty polls), so a tool can report them per
     /// I/O on any wire.
@@ -976,7 +655,7 @@ mod tests {
         assert_eq!(qp2.counters().register_reads, 3);
     }
 
-    /// Issue 28: every poll that completed something read the coarse clock
+    /// Every poll that completed something read the coarse clock
     /// with a system-clock call (`Instant`) — at QD1 one per I/O, a real
     /// system call in a guest without a trusted TSC. Once the CPU counter
     /// is calibrated, a busy queue calls the system clock at most about

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use mcqio_vfio::DmaSpace;
 
-use super::Wire;
+use super::{Lifecycle, Wire};
 use crate::core::block::{BlockQueue, Blocking};
 use crate::core::error::Result;
 use crate::core::io::{Completion, DmaBuf, IoBuf, SubmitError, SubmitErrorKind};
@@ -73,7 +73,7 @@ where
 
     // Always inlined, as the wire's submission is: as a call, the buffer
     // and the result go through memory and the call saves registers
-    // (issue 28: 16 of ~150 instructions a read took).
+    // (16 of ~150 instructions a read took).
     #[inline(always)]
     fn read(
         &mut self,
@@ -114,12 +114,12 @@ where
 
     #[inline]
     fn submit(&mut self) -> bool {
-        Wire::submit(self)
+        Lifecycle::submit(self)
     }
 
     #[inline]
     fn poll<F: FnMut(Completion<Self::Buf>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
-        Wire::poll(self, max, &mut f)
+        Lifecycle::poll(self, max, &mut f)
     }
 
     fn wait<F: FnMut(Completion<Self::Buf>)>(
@@ -128,7 +128,7 @@ where
         timeout: Option<Duration>,
         mut f: F,
     ) -> Result<usize> {
-        Wire::wait(self, max, timeout, &mut f)
+        Lifecycle::wait(self, max, timeout, &mut f)
     }
 
     fn interrupt(&self) -> Option<super::Interrupt> {
@@ -136,11 +136,11 @@ where
     }
 
     fn arm_sleep(&mut self) -> Option<super::SleepOn> {
-        Wire::arm_sleep(self)
+        Lifecycle::arm_sleep(self)
     }
 
     fn slept(&mut self, woken: bool) {
-        Wire::slept(self, woken)
+        Lifecycle::slept(self, woken)
     }
 
     #[inline]

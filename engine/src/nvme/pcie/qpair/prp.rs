@@ -2,7 +2,21 @@
 //! describes them (PRP1, PRP2, or a chained list in pages each slot
 //! reserves at queue creation).
 
-use super::*;
+use crate::core::error::{Error, Result};
+use crate::core::io::{IoBuf, SubmitErrorKind};
+use crate::nvme::ctrl::Controller;
+use crate::nvme::pcie::queue::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
+use crate::nvme::spec::sqe::MAX_NLB;
+use std::ptr::NonNull;
+
+/// PRP entries per list page.
+const PRP_PER_PAGE: usize = (PAGE_SIZE / 8) as usize;
+/// Most PRP list pages reserved per command slot: 64 pages chain
+/// `64 * 511 + 1` entries, enough for 127 MiB per command. A larger
+/// per-command limit (`ControllerOptions::max_transfer` on a controller
+/// without MDTS) is refused at queue creation instead of reserving (or
+/// overflowing the size of) that much DMA memory per slot.
+const MAX_PRP_LIST_PAGES: u64 = 64;
 
 pub(super) struct PrpWriter {
     pub(super) list: *mut u64,

@@ -13,11 +13,12 @@
 //! for what no split can carry: more children than the queue's depth, or a
 //! block larger than the per-command limit.
 
-use super::*;
-
-/// NVMe's record per child being built (the shared parent table's `S`):
-/// PRP1, PRP2.
-pub(super) type SplitChild = (u64, u64);
+use super::{QueuePair, STREAM_MIN_OUTSTANDING};
+use crate::core::error::Result;
+use crate::core::io::{IoBuf, SubmitError};
+use crate::core::qpair::SplitRequest;
+use crate::nvme::spec::sqe::MAX_NLB;
+use crate::nvme::spec::Sqe;
 
 /// The SQE of one child: the parent's command (opcode, flags, namespace)
 /// over `nlb` blocks from `slba`.

@@ -2,12 +2,18 @@
 //! command once, free the rings and PRP pages or leak them while the device
 //! may still access them.
 
-use super::*;
+use super::{QueuePair, Teardown};
+use crate::core::error::{Error, Result};
+use crate::core::io::{Completion, IoBuf};
+use crate::core::qpair::Lifecycle;
+use crate::core::qpair::Wire;
+use crate::core::state::Stopped;
+use std::mem::ManuallyDrop;
 
 impl<B: IoBuf> QueuePair<B> {
     /// Delete the queues on the controller, deliver every completion the
     /// controller still posts, and complete every remaining command with
-    /// [`IoError::Aborted`]: each submitted command completes exactly once.
+    /// [`IoError::Aborted`](crate::core::io::IoError::Aborted): each submitted command completes exactly once.
     ///
     /// After a controller reset or failure the queues are already gone on
     /// the device: the commands complete as [`poll`](Self::poll) would
@@ -15,10 +21,10 @@ impl<B: IoBuf> QueuePair<B> {
     /// every command was delivered).
     ///
     /// If deleting a queue fails (an error status, or an admin timeout
-    /// under [`TimeoutPolicy::ReportOnly`]), the controller still owns the
-    /// queue: the remaining commands complete with [`IoError::Aborted`] but
+    /// under [`TimeoutPolicy::ReportOnly`](crate::core::timeout::TimeoutPolicy::ReportOnly)), the controller still owns the
+    /// queue: the remaining commands complete with [`IoError::Aborted`](crate::core::io::IoError::Aborted) but
     /// without their buffers, which are leaked like the rings and PRP pages
-    /// ([`Controller::leaked_bytes`]), and the queue id is not reused;
+    /// ([`Controller::leaked_bytes`](crate::nvme::ctrl::Controller::leaked_bytes)), and the queue id is not reused;
     /// the error is returned.
     ///
     /// A panic in `f` does not skip any of this: dropping the queue pair

@@ -1,7 +1,14 @@
 //! Completion: [`QueuePair::poll`], CQE to tracker (CID = slot |
 //! generation), stale CQEs dropped and counted.
 
-use super::*;
+use super::{QueuePair, ABORT_REQUESTED};
+use crate::core::error::Result;
+use crate::core::io::{Completion, IoBuf, IoError};
+use crate::core::qpair::Lifecycle;
+use crate::core::qpair::Reaped;
+use crate::core::timeout::Timeouts;
+use crate::core::tracker::Trackers;
+use crate::nvme::spec::{Cqe, NvmeStatus};
 
 impl<B: IoBuf> QueuePair<B> {
     /// Ring pending submissions, then deliver up to `max` completions (and at
@@ -11,23 +18,23 @@ impl<B: IoBuf> QueuePair<B> {
     /// Also where recovery happens (cold paths, off the per-I/O path): a
     /// controller reset since the last poll completes every outstanding
     /// command ([`IoError::AbortedByReset`]) and re-creates the queues; the
-    /// timeout scan runs when due ([`QpairOptions::io_timeout`]).
+    /// timeout scan runs when due ([`QpairOptions::io_timeout`](crate::nvme::pcie::qpair::QpairOptions::io_timeout)).
     ///
     /// `max` is honoured on every path, recovery included: `poll(0)`
     /// delivers nothing (it rings pending submissions), and the completions
     /// a reset or failure produces are spread over as many polls as `max`
     /// requires (the queue is re-created once they are all delivered).
     ///
-    /// `Err` means the controller failed ([`Error::ControllerFatal`]) or
-    /// disappeared ([`Error::DeviceGone`]) — checked from time to time while
+    /// `Err` means the controller failed ([`Error::ControllerFatal`](crate::core::error::Error::ControllerFatal)) or
+    /// disappeared ([`Error::DeviceGone`](crate::core::error::Error::DeviceGone)) — checked from time to time while
     /// commands are outstanding and nothing completes — or this queue could
-    /// not be re-created after a reset ([`Error::QueueLost`]). Every
+    /// not be re-created after a reset ([`Error::QueueLost`](crate::core::error::Error::QueueLost)). Every
     /// outstanding command has then been completed (with
     /// [`IoError::ControllerFailed`]), and later calls fail the same way
-    /// until a successful [`Controller::reset`].
+    /// until a successful [`Controller::reset`](crate::nvme::ctrl::Controller::reset).
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
-        Wire::poll(self, max, &mut f)
+        Lifecycle::poll(self, max, &mut f)
     }
 
     /// The reaping pass of `poll` (the wire's `Wire::reap`): up to `max`
@@ -39,7 +46,7 @@ impl<B: IoBuf> QueuePair<B> {
     pub(super) fn reap_cqes<F: FnMut(Completion<B>)>(&mut self, max: usize, f: &mut F) -> Reaped {
         // The CQEs that delivered nothing (stale, a split's child) are
         // counted instead of those delivered: they leave the loop on cold
-        // paths, so a delivering CQE moves one counter, not two (issue 28).
+        // paths, so a delivering CQE moves one counter, not two.
         let mut undelivered = 0;
         let mut seen = 0;
         while seen < max {
@@ -69,7 +76,7 @@ impl<B: IoBuf> QueuePair<B> {
     #[inline(always)]
     pub(super) fn take_cqe<F: FnMut(Completion<B>)>(&mut self, cqe: Cqe, f: &mut F) -> bool {
         // The queue id first, on its own: tested after the lookup, it was
-        // kept as a flag across it (issue 28).
+        // kept as a flag across it.
         if cqe.sq_id != self.qid {
             self.stale(cqe.cid, cqe.sq_id, cqe.status);
             return false;
@@ -77,7 +84,7 @@ impl<B: IoBuf> QueuePair<B> {
         match self.eng.trackers.lookup(cqe.cid) {
             // A success built as a constant into the callback's argument:
             // a result decided inside `complete` went through memory with
-            // its error's bytes (issue 28).
+            // its error's bytes.
             Some(slot) if NvmeStatus::raw_is_success(cqe.status) => {
                 self.eng
                     .complete(slot, cqe.dw0, |_, _| Ok(()), |_, _| false, f)
@@ -93,7 +100,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// End the command in `slot` whose CQE (DW0 `dw0`, status halfword
     /// `status`) reports an error. The cold calls take the CQE's fields,
     /// not the entry: a 16-byte struct is passed through memory, and the
-    /// hot path stored every CQE for them (issue 28).
+    /// hot path stored every CQE for them.
     #[cold]
     #[inline(never)]
     fn take_failed<F: FnMut(Completion<B>)>(
