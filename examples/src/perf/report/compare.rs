@@ -155,7 +155,7 @@ mod tests {
         assert!(c.ratio_text(true).contains("IOPS 1.50x"));
         let back: CompareReport = serde_json::from_value(v).unwrap();
         assert_eq!(back, c);
-        // Issue 16 item 7: one JSON shape for single and compared runs.
+        // One JSON shape for single and compared runs.
         let single = serde_json::to_value(sample_run("fake:null", 3e6, 1.0)).unwrap();
         let both = serde_json::to_value(c.clone().into_report()).unwrap();
         let keys = |v: &serde_json::Value| {

@@ -51,7 +51,7 @@ impl RunReport {
             (None, Some(t)) => format!("{t} s"),
             _ => String::new(),
         };
-        // What was measured, not what was asked for (issue 29 item 9).
+        // What was measured, not what was asked for.
         let bound = if self.interrupted {
             format!(
                 "interrupted after {:.2} s (asked: {bound})",
