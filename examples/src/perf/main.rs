@@ -31,10 +31,10 @@
 mod clock;
 mod corelat;
 mod dmabench;
+mod error;
 mod interrupt;
 mod job;
 mod minimal;
-mod nvme;
 mod output;
 mod plot;
 mod progress;
@@ -48,8 +48,6 @@ mod setup;
 mod slots;
 mod spec;
 mod target;
-mod tcp;
-mod ufs;
 mod uring;
 mod verify;
 mod workload;
@@ -60,13 +58,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser};
-use mcqio::nvme::queue::pair::MAX_DEPTH;
 
 use crate::interrupt::Interrupt;
 use crate::report::CompareReport;
 use crate::report::LatOpts;
 use crate::run::{DmaMode, PerfError, RunOpts};
 use crate::spec::{parse_cpus, parse_duration, parse_size, DeviceKind, DeviceSpec};
+use crate::target::MAX_DEPTH;
 use crate::workload::{Distribution, Pattern};
 
 /// A percentile list (`50,99,99.9`).

@@ -1,7 +1,7 @@
 //! What the NVMe and UFS job queues share: one DMA region per job,
 //! allocated and mapped once (premapped mode) and cut into one [`SlotBuf`]
 //! per slot, and [`BlockJobQueue`], the job queue over any queue pair of
-//! the engine ([`BlockQueue`]: NVMe's `QueuePair`, UFS's `UfsQueuePair`).
+//! the engine ([`BlockQueue`], whatever the wire).
 //!
 //! The queue pair moves a [`SlotBuf`] (the engine's [`DmaSlice`]: the
 //! slice's IOVA and length) instead of a [`DmaBuf`] (which carries an `Arc`

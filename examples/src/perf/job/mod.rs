@@ -120,7 +120,7 @@ pub struct JobSpec {
     /// Record a latency histogram.
     pub histogram: bool,
     /// How buffers are mapped for the device (mcqio devices).
-    pub dma: crate::run::DmaMode,
+    pub dma: crate::queue::DmaMode,
     /// Lazy flush batch (`--dma-batch`).
     pub dma_batch: Option<usize>,
     /// How random positions are spread.

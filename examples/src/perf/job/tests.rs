@@ -106,7 +106,7 @@ fn spec(verify: bool, ios: u64) -> JobSpec {
         seed: 99,
         verify,
         histogram: true,
-        dma: crate::run::DmaMode::Premapped,
+        dma: crate::queue::DmaMode::Premapped,
         dma_batch: None,
         distribution: Distribution::Uniform,
         rate_iops: None,

@@ -285,23 +285,6 @@ pub struct HpbReport {
     pub memory_budget: u64,
 }
 
-impl From<&mcqio::ufs::HpbStats> for HpbReport {
-    fn from(s: &mcqio::ufs::HpbStats) -> Self {
-        HpbReport {
-            lun: s.lun,
-            control: if s.host_control { "host" } else { "device" }.into(),
-            hpb_reads: s.hpb_reads,
-            normal_reads: s.normal_reads,
-            map_loads: s.map_loads,
-            stale_fallbacks: s.stale_fallbacks,
-            evictions: s.evictions,
-            host_map_bytes: s.host_map_bytes,
-            host_map_bytes_peak: s.host_map_bytes_peak,
-            memory_budget: s.memory_budget,
-        }
-    }
-}
-
 /// Verification summary.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct VerifyReport {

@@ -5,10 +5,8 @@
 //! This file is the run controller ([`run_devices`]); `plan` opens each
 //! device and gives each row its range, `samples` holds the per-second
 //! stretches and the time series, `warnings` judges whether the figures
-//! can be trusted, `opts` and `error` are what a run is given and how it
-//! fails.
+//! can be trusted, `opts` is what a run is given.
 
-mod error;
 mod opts;
 mod plan;
 mod samples;
@@ -33,8 +31,9 @@ use crate::report::{
 use crate::spec::{DeviceKind, DeviceSpec};
 use crate::target::Target;
 
-pub use error::PerfError;
-pub use opts::{DmaMode, PollPause, RunOpts};
+pub use crate::error::PerfError;
+pub use crate::queue::DmaMode;
+pub use opts::{PollPause, RunOpts};
 use plan::plan_device;
 use samples::{time_series, Interval, MIN_SAMPLE_S};
 use warnings::{rate_note, starved, StarveInput};
@@ -616,11 +615,7 @@ pub fn run_devices(
             d.mapped_bytes += b.mapped_bytes;
         }
     }
-    let hpb = targets
-        .iter()
-        .flat_map(|t| t.hpb_stats())
-        .map(|s| crate::report::HpbReport::from(&s))
-        .collect();
+    let hpb = targets.iter().flat_map(|t| t.hpb_stats()).collect();
     Ok(RunReport {
         warnings,
         hpb,

@@ -5,30 +5,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::queue::DmaMode;
 use crate::report::LatOpts;
 use crate::workload::{Distribution, Pattern};
-
-/// How job buffers are mapped for the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DmaMode {
-    /// Buffers allocated and mapped once per job; no IOMMU work per I/O.
-    Premapped,
-    /// Map before each I/O, unmap with invalidation at completion.
-    Strict,
-    /// Unmaps batched in per-CPU flush queues.
-    Lazy,
-}
-
-impl DmaMode {
-    /// Lower-case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            DmaMode::Premapped => "premapped",
-            DmaMode::Strict => "strict",
-            DmaMode::Lazy => "lazy",
-        }
-    }
-}
 
 /// Everything a run needs besides the device.
 #[derive(Debug, Clone)]

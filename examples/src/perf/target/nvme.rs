@@ -18,10 +18,10 @@ use mcqio_vfio::{
     MapperConfig, OpenOptions as VfioOpenOptions, QueueMapper, Returned,
 };
 
+use super::{CtrlInfo, FakeThread, Namespace, OpenPlan};
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::slots::{BlockJobQueue, SlotBuf, SlotBuffers};
 use crate::spec::{DeviceKind, DeviceSpec};
-use crate::target::{CtrlInfo, FakeThread, Namespace, OpenPlan};
 use crate::workload::Op;
 
 /// The most I/O queue pairs the fake offers when `qpairs=` does not say:
@@ -505,7 +505,7 @@ mod tests {
             writes: false,
             job_cores: Vec::new(),
             seed: 1,
-            dma: crate::run::DmaMode::Premapped,
+            dma: crate::queue::DmaMode::Premapped,
             hpb: None,
             wait: mcqio::WaitPolicy::Poll,
         };

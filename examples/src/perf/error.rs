@@ -1,4 +1,5 @@
-//! Why a run could not happen.
+//! Why a run could not happen: the one error type of the run, its
+//! planning and the targets.
 
 use crate::spec::SpecError;
 use crate::uring::UringError;
