@@ -10,6 +10,8 @@
 //!   written once against [`mcqio::core::block::BlockQueue`].
 //!
 //! ```
+//! use mcqio::BlockDevice;
+//!
 //! let spec: mcqio_open::DeviceSpec = "fake-ufs,sync=1".parse()?;
 //! let opened = spec.open("doc")?;
 //! assert_eq!(opened.device.units().len(), 1);
@@ -22,7 +24,9 @@ pub mod devstr;
 pub mod open;
 
 pub use devstr::{DeviceKind, DeviceSpec, Filename, FilenameError, SpecError, Unit};
+/// The engine's description of a namespace or logical unit, which
+/// [`Device`]'s [`BlockDevice`] lists.
+pub use mcqio::{BlockDevice, BlockUnit};
 pub use open::{
-    discover_tcp, Attached, Backing, BlockUnit, CtrlOptions, Device, Fake, OnQueue, OpenError,
-    Opened,
+    discover_tcp, Attached, Backing, CtrlOptions, Device, Fake, OnQueue, OpenError, Opened,
 };
