@@ -7,7 +7,10 @@
 //!   defaults a fake is built from;
 //! - [`open`]: from a device string or a fake's configuration to an open
 //!   NVMe or UFS controller ([`Device`]), whose queue pairs run code
-//!   written once against [`mcqio::core::block::BlockQueue`].
+//!   written once against [`mcqio::core::block::BlockQueue`];
+//! - [`queue`]: one queue type for any wire ([`Queue`], from
+//!   [`Device::create_queue`]), for a frontend that keeps one type for
+//!   its queue pair whatever the device.
 //!
 //! ```
 //! use mcqio::BlockDevice;
@@ -22,6 +25,7 @@
 
 pub mod devstr;
 pub mod open;
+pub mod queue;
 
 pub use devstr::{DeviceKind, DeviceSpec, Filename, FilenameError, SpecError, Unit};
 /// The engine's description of a namespace or logical unit, which
@@ -30,3 +34,4 @@ pub use mcqio::{BlockDevice, BlockUnit};
 pub use open::{
     discover_tcp, Attached, Backing, CtrlOptions, Device, Fake, OnQueue, OpenError, Opened,
 };
+pub use queue::Queue;

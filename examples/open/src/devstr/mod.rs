@@ -48,8 +48,10 @@
 //! a `vfio-`/`vfio:` address, then at most a selector of the unit the file
 //! is — `ns=<N>` an NVMe namespace id, `lun=<N>` a UFS logical unit
 //! number — and no device options (the fio engine takes those as engine
-//! options). In a device string `ns=` is the fake's namespace *count*; in
-//! a filename it *selects* one, as in SPDK's fio plugin.
+//! options); a `tcp:` filename is the device string with its options and
+//! at most an `ns=` selector. In a device string `ns=` is the fake's
+//! namespace *count*; in a filename it *selects* one, as in SPDK's fio
+//! plugin.
 //!
 //! Defaults of `fake` are the library's ([`mcqio_fixtures::FakeConfig::default`]): one RAM
 //! namespace of [`FAKE_SIZE`] bytes in [`FAKE_BLOCK_SIZE`]-byte blocks;
