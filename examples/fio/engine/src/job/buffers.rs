@@ -1,6 +1,6 @@
 //! The job's buffers: the one DMA region fio's `xfer_buf`s point into, the
-//! views a command carries (on NVMe/TCP with the host address beside the
-//! IOVA), and the count of buffers the device may still access.
+//! view a command carries (the IOVA and the host address of its bytes),
+//! and the count of buffers the device may still access.
 
 use std::sync::Arc;
 
@@ -12,8 +12,12 @@ use super::Job;
 #[cfg(doc)]
 use crate::device::Device;
 
-/// A view into the job's DMA region: fio's `xfer_buf` for one command (the
-/// engine's [`DmaSlice`]).
+/// A view into the job's DMA region: fio's `xfer_buf` for one command,
+/// as the engine's [`DmaSlice`] (its IOVA and length) and the host address
+/// of the same bytes. The PCIe and UFS wires hand the IOVA to the device;
+/// NVMe/TCP copies from (writes) and into (reads) the host address, since
+/// a socket reaches no memory by IOVA ([`IoBuf::segment_host`]). Built per
+/// I/O on the stack; nothing is allocated.
 ///
 /// Only created by [`Job::queue`], from a range checked to lie inside the
 /// job's region; the only place it lives after that is the job's queue
@@ -23,16 +27,9 @@ use crate::device::Device;
 /// not be disabled, a withdrawal the controller did not confirm) poisons
 /// the region: it is then leaked, never unmapped or reused (the
 /// [`DmaSlice::new`] contract), and counted ([`Device::leaked_bytes`]).
-pub(super) type FioBuf = DmaSlice;
-
-/// fio's buffer for an NVMe/TCP queue pair: the [`FioBuf`] and the host
-/// address of the same bytes, which the wire copies from (writes) and
-/// into (reads) — a socket reaches no memory by IOVA
-/// ([`IoBuf::segment_host`]). Two more words than a `FioBuf`, built per
-/// I/O on the stack; nothing is allocated.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct TcpBuf {
-    pub(super) slice: FioBuf,
+pub(super) struct FioBuf {
+    pub(super) slice: DmaSlice,
     /// Host address of the slice's first byte (an integer, so the buffer
     /// stays `Send` as the slice is).
     pub(super) host: usize,
@@ -46,7 +43,7 @@ pub(super) struct TcpBuf {
 // addresses the same `len` bytes, inside the region, for as long as the
 // slice's memory stays allocated. All answers come from fields that never
 // change.
-unsafe impl IoBuf for TcpBuf {
+unsafe impl IoBuf for FioBuf {
     #[inline]
     fn segment_count(&self) -> usize {
         1

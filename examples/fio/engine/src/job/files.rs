@@ -1,6 +1,8 @@
 //! The job's files: what fio learns of each (its unit, block size and
 //! capacity) and the block-size check made before the job runs.
 
+use mcqio::BlockDevice;
+
 use crate::device::{Ctrl, Device};
 use crate::spec::Unit;
 use crate::EngineError;
@@ -66,81 +68,55 @@ pub(super) fn file_info(dev: &Device, unit: Unit, name: &str) -> Result<FileInfo
         device: dev.key().to_string(),
         want,
     };
-    match dev.ctrl() {
-        Ctrl::Tcp(ctrl) => {
-            let nsid = match unit {
-                Unit::Default => 1,
-                Unit::Ns(n) => n,
-                Unit::Lun(_) => {
-                    return Err(wrong("an NVMe/TCP target: select a namespace with ns=<N>"))
-                }
-            };
-            let Some(ns) = ctrl.namespace(nsid) else {
-                return Err(EngineError::NoNamespace {
-                    file: name.to_string(),
-                    nsid,
-                    have: ctrl.namespaces().iter().map(|n| n.id).collect(),
-                });
-            };
-            Ok(FileInfo {
-                unit: ns.id,
-                lba_shift: ns.lba_shift,
-                size: ns.size_bytes(),
-            })
+    let ctrl = dev.ctrl();
+    let ufs = matches!(ctrl, Ctrl::Ufs(_));
+    let id = match (unit, ctrl) {
+        (Unit::Default, _) => u32::from(!ufs),
+        (Unit::Lun(n), Ctrl::Ufs(_)) => u32::from(n),
+        (Unit::Ns(n), Ctrl::Nvme(_) | Ctrl::Tcp(_)) => n,
+        (Unit::Ns(_), Ctrl::Ufs(_)) => {
+            return Err(wrong(
+                "a UFS host controller: select a logical unit with lun=<N>",
+            ))
         }
-        Ctrl::Nvme(ctrl) => {
-            let nsid = match unit {
-                Unit::Default => 1,
-                Unit::Ns(n) => n,
-                Unit::Lun(_) => {
-                    return Err(wrong("an NVMe controller: select a namespace with ns=<N>"))
-                }
-            };
-            let Some(ns) = ctrl.namespace(nsid) else {
-                return Err(EngineError::NoNamespace {
-                    file: name.to_string(),
-                    nsid,
-                    have: ctrl.namespaces().iter().map(|n| n.id).collect(),
-                });
-            };
-            Ok(FileInfo {
-                unit: ns.id,
-                lba_shift: ns.lba_shift,
-                size: ns.size_bytes(),
-            })
+        (Unit::Lun(_), Ctrl::Tcp(_)) => {
+            return Err(wrong("an NVMe/TCP target: select a namespace with ns=<N>"))
         }
-        Ctrl::Ufs(ctrl) => {
-            let lun = match unit {
-                Unit::Default => 0,
-                Unit::Lun(n) => n,
-                Unit::Ns(_) => {
-                    return Err(wrong(
-                        "a UFS host controller: select a logical unit with lun=<N>",
-                    ))
-                }
-            };
-            let have = || ctrl.logical_units().iter().map(|l| l.lun).collect();
-            let Some(lu) = ctrl.logical_unit(lun) else {
-                return Err(EngineError::NoLogicalUnit {
-                    file: name.to_string(),
-                    lun,
-                    have: have(),
-                });
-            };
-            let size = lu
-                .blocks
-                .checked_mul(u64::from(lu.block_len))
-                .ok_or_else(|| {
-                    EngineError::Controller(format!(
-                        "LU {lun}: {} blocks of {} bytes overflow 64 bits",
-                        lu.blocks, lu.block_len
-                    ))
-                })?;
-            Ok(FileInfo {
-                unit: u32::from(lun),
-                lba_shift: lu.block_shift(),
-                size,
-            })
+        (Unit::Lun(_), Ctrl::Nvme(_)) => {
+            return Err(wrong("an NVMe controller: select a namespace with ns=<N>"))
         }
-    }
+    };
+    let Some(u) = ctrl.unit(id) else {
+        let have = ctrl.units().into_iter().map(|u| u.id);
+        return Err(if ufs {
+            EngineError::NoLogicalUnit {
+                file: name.to_string(),
+                // LUNs are bytes (the unit ids of a UFS controller).
+                lun: id as u8,
+                have: have.map(|l| l as u8).collect(),
+            }
+        } else {
+            EngineError::NoNamespace {
+                file: name.to_string(),
+                nsid: id,
+                have: have.collect(),
+            }
+        });
+    };
+    let size = u
+        .blocks
+        .checked_mul(u64::from(u.block_size))
+        .ok_or_else(|| {
+            EngineError::Controller(format!(
+                "{} {id}: {} blocks of {} bytes overflow 64 bits",
+                if ufs { "LU" } else { "namespace" },
+                u.blocks,
+                u.block_size
+            ))
+        })?;
+    Ok(FileInfo {
+        unit: u.id,
+        lba_shift: u.block_size.trailing_zeros(),
+        size,
+    })
 }

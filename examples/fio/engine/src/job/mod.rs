@@ -7,10 +7,10 @@
 //! `cleanup`. The queue pair is created in `init`, on the thread that uses
 //! it; nothing on the I/O path locks, allocates or makes a system call.
 //!
-//! The queue pair is NVMe's, UFS's or NVMe/TCP's, chosen once in `init` by the device's
-//! transport (`Qp`); each I/O call matches on it once and runs code that
-//! is generic over [`BlockQueue`], monomorphised per transport (no dynamic
-//! dispatch per I/O).
+//! The queue pair is NVMe's, UFS's or NVMe/TCP's, chosen once in `init` by
+//! the device's wire: the opener's one queue type ([`mcqio_open::Queue`]),
+//! whose [`BlockQueue`] calls match on the wire once and run its own code
+//! (no dynamic dispatch per I/O).
 
 mod buffers;
 mod files;
@@ -22,18 +22,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mcqio::core::block::BlockQueue;
-use mcqio::ufs::UfsQpairOptions;
 use mcqio::{DmaSlice, QpairOptions, SubmitErrorKind, TimeoutPolicy};
 use mcqio_vfio::DmaDir;
 
 use crate::device::{Ctrl, Device};
-use crate::spec::{parse_filename, DeviceOptions, Target};
+use crate::spec::{DeviceOptions, SpecError, Target};
 use crate::EngineError;
 
-use buffers::{Buffers, BufsOut, FioBuf, TcpBuf};
+use buffers::{Buffers, BufsOut, FioBuf};
 use files::file_info;
 pub use files::{check_block_sizes, FileInfo};
-use qpair::{reap, reap_waiting, submit, Qp};
+use qpair::{close, reap, reap_waiting, submit, Qp};
 
 /// What fio asks a command to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +104,7 @@ impl Job {
         }
         let targets = names
             .iter()
-            .map(|n| parse_filename(n))
+            .map(|n| Target::parse(n).map_err(SpecError::from))
             .collect::<Result<Vec<_>, _>>()?;
         let kind = &targets[0].device;
         if let Some(t) = targets.iter().find(|t| t.device != *kind) {
@@ -176,62 +175,32 @@ impl Job {
             why: e.to_string(),
             granted: self.dev.granted_queues(),
         };
-        let qp = match self.dev.ctrl() {
-            // The job's own connection. Its depth is capped to the
-            // target's queues (CAP.MQES; Linux's nvmet-tcp and the fake
-            // offer 128 entries): a deeper iodepth gets `Busy` when the
-            // queue is full, as on UFS.
-            Ctrl::Tcp(ctrl) => {
-                let most =
-                    (ctrl.cap().max_queue_entries().saturating_sub(1)).clamp(1, 4096) as usize;
-                if ordered_verify && usize::from(depth) > most {
-                    return Err(EngineError::TcpDepth {
-                        iodepth: u32::from(depth),
-                        depth: most,
-                    });
-                }
-                let qopts = QpairOptions {
-                    // `most` is at most 4096.
-                    depth: depth.min(most as u16),
-                    io_timeout: o.io_timeout,
-                    timeout_policy: TimeoutPolicy::Abort,
-                    wait: o.wait,
-                    ..QpairOptions::default()
-                };
-                Qp::Tcp(ctrl.create_qpair_for::<TcpBuf>(qopts).map_err(qerr)?)
-            }
-            Ctrl::Nvme(ctrl) => {
-                let qopts = QpairOptions {
-                    depth,
-                    io_timeout: o.io_timeout,
-                    timeout_policy: TimeoutPolicy::Abort,
-                    wait: o.wait,
-                    ..QpairOptions::default()
-                };
-                Qp::Nvme(ctrl.create_qpair_for::<FioBuf>(qopts).map_err(qerr)?)
-            }
-            // The UFS queue depth is the controller's (set when it was
-            // opened); a deeper iodepth gets `Busy` when the queue is full.
-            Ctrl::Ufs(ctrl) => {
-                let qopts = UfsQpairOptions {
-                    io_timeout: o.io_timeout,
-                    timeout_policy: TimeoutPolicy::Abort,
-                    wait: o.wait,
-                    ..Default::default()
-                };
-                let q = ctrl.create_qpair_for::<FioBuf>(qopts).map_err(qerr)?;
-                // fio queues up to iodepth commands; above the queue's
-                // depth the engine answers busy, which fio handles, except
-                // in the verify of an ordered-verify job (see `init_with`).
-                if ordered_verify && usize::from(depth) > q.depth() {
-                    return Err(EngineError::UfsDepth {
-                        iodepth: u32::from(depth),
-                        depth: q.depth(),
-                    });
-                }
-                Qp::Ufs(q)
-            }
+        let qopts = QpairOptions {
+            depth,
+            io_timeout: o.io_timeout,
+            timeout_policy: TimeoutPolicy::Abort,
+            wait: o.wait,
+            ..QpairOptions::default()
         };
+        // The NVMe/TCP depth is capped to the target's queues (CAP.MQES;
+        // Linux's nvmet-tcp and the fake offer 128 entries), the UFS depth
+        // is the controller's (set when it was opened): a deeper iodepth
+        // gets `Busy` when the queue is full, which fio handles, except in
+        // the verify of an ordered-verify job (see above).
+        let qp = self
+            .dev
+            .ctrl()
+            .create_queue::<FioBuf>(qopts)
+            .map_err(qerr)?;
+        if ordered_verify && usize::from(depth) > qp.depth() {
+            let (iodepth, depth) = (u32::from(depth), qp.depth());
+            match self.dev.ctrl() {
+                Ctrl::Ufs(_) => return Err(EngineError::UfsDepth { iodepth, depth }),
+                Ctrl::Tcp(_) => return Err(EngineError::TcpDepth { iodepth, depth }),
+                // The depth asked for, or the queue pair was refused.
+                Ctrl::Nvme(_) => {}
+            }
+        }
         self.events = vec![Event::default(); usize::from(depth)];
         self.qp = Some(qp);
         Ok(())
@@ -271,10 +240,10 @@ impl Job {
         }
         if self.qp.as_ref().is_some_and(|q| q.outstanding() > 0) {
             if let Some(qp) = self.qp.take() {
-                let _ = qp.close(&mut self.out);
+                let _ = close(qp, &mut self.out);
             }
         }
-        let outstanding = self.qp.as_ref().map_or(0, Qp::outstanding);
+        let outstanding = self.qp.as_ref().map_or(0, |q| q.outstanding());
         self.out.check(outstanding);
         if let Some(b) = self.bufs.take() {
             if self.out.poisoned {
@@ -358,20 +327,11 @@ impl Job {
             }
             Op::Trim | Op::Flush => None,
         };
-        let r = match qp {
-            Qp::Nvme(q) => submit(q, unit, op, slba, nlb, slice, tag),
-            // The slice's host address: the region's, plus the same offset
-            // its IOVA has (checked inside the region above).
-            Qp::Tcp(q) => {
-                let host = buf as usize;
-                let b = slice.map(|slice| TcpBuf { slice, host });
-                submit(q, unit, op, slba, nlb, b, tag)
-            }
-            Qp::Ufs(q) => match u8::try_from(unit) {
-                Ok(lun) => submit(q, lun, op, slba, nlb, slice, tag),
-                Err(_) => return Queued::Failed(libc::EINVAL),
-            },
-        };
+        // The buffer's host address: the region's, plus the same offset its
+        // IOVA has (checked inside the region above).
+        let host = buf as usize;
+        let b = slice.map(|slice| FioBuf { slice, host });
+        let r = submit(qp, unit, op, slba, nlb, b, tag);
         match r {
             Ok(()) => {
                 if matches!(op, Op::Read | Op::Write) {
@@ -389,17 +349,8 @@ impl Job {
     /// Ring the doorbell once for everything queued since the last commit.
     #[inline]
     pub fn commit(&mut self) {
-        match self.qp.as_mut() {
-            Some(Qp::Nvme(q)) => {
-                q.submit();
-            }
-            Some(Qp::Ufs(q)) => {
-                q.submit();
-            }
-            Some(Qp::Tcp(q)) => {
-                q.submit();
-            }
-            None => {}
+        if let Some(q) = self.qp.as_mut() {
+            q.submit();
         }
     }
 
@@ -413,24 +364,11 @@ impl Job {
         max: usize,
         timeout: Option<Duration>,
     ) -> Result<usize, EngineError> {
-        if self.waits {
-            return match self.qp.as_mut() {
-                Some(Qp::Nvme(q)) => {
-                    reap_waiting(q, &mut self.out, &mut self.events, min, max, timeout)
-                }
-                Some(Qp::Ufs(q)) => {
-                    reap_waiting(q, &mut self.out, &mut self.events, min, max, timeout)
-                }
-                Some(Qp::Tcp(q)) => {
-                    reap_waiting(q, &mut self.out, &mut self.events, min, max, timeout)
-                }
-                None => Err(EngineError::NotInitialised),
-            };
-        }
         match self.qp.as_mut() {
-            Some(Qp::Nvme(q)) => reap(q, &mut self.out, &mut self.events, min, max, timeout),
-            Some(Qp::Ufs(q)) => reap(q, &mut self.out, &mut self.events, min, max, timeout),
-            Some(Qp::Tcp(q)) => reap(q, &mut self.out, &mut self.events, min, max, timeout),
+            Some(q) if self.waits => {
+                reap_waiting(q, &mut self.out, &mut self.events, min, max, timeout)
+            }
+            Some(q) => reap(q, &mut self.out, &mut self.events, min, max, timeout),
             None => Err(EngineError::NotInitialised),
         }
     }
@@ -446,9 +384,9 @@ impl Job {
     /// [`Job::free_buffers`]).
     pub fn close(mut self) -> Result<(), EngineError> {
         let r = match self.qp.take() {
-            Some(qp) => qp
-                .close(&mut self.out)
-                .map_err(|e| EngineError::Controller(e.to_string())),
+            Some(qp) => {
+                close(qp, &mut self.out).map_err(|e| EngineError::Controller(e.to_string()))
+            }
             None => Ok(()),
         };
         self.free_buffers();
@@ -462,7 +400,7 @@ impl Drop for Job {
         // still end before the region is freed, and a region the device may
         // still access must still be leaked.
         if let Some(qp) = self.qp.take() {
-            let _ = qp.close(&mut self.out);
+            let _ = close(qp, &mut self.out);
         }
         self.free_buffers();
     }

@@ -1,53 +1,27 @@
-//! The job's queue pair, of the device's transport, and the submit and
-//! reap code written once over [`BlockQueue`] and monomorphised per
-//! transport.
+//! The job's queue pair, of the device's wire, and the submit and reap
+//! code written once over [`BlockQueue`].
 
 use std::time::{Duration, Instant};
 
 use mcqio::core::block::BlockQueue;
-use mcqio::nvme::tcp::TcpQueuePair;
-use mcqio::ufs::UfsQueuePair;
-use mcqio::{IoError, QueuePair, SubmitErrorKind};
+use mcqio::{IoError, SubmitErrorKind};
+use mcqio_open::Queue;
 
-use super::buffers::{BufsOut, FioBuf, TcpBuf};
+use super::buffers::{BufsOut, FioBuf};
 use super::{Event, Op};
 use crate::EngineError;
 
 /// Empty polls between two looks at the clock while `getevents` waits.
 const CLOCK_EVERY: u32 = 1024;
 
-/// The job's queue pair, of the device's transport.
-// One per job, held in place for the job's life: boxing the larger variant
-// would save a few hundred bytes once and cost a pointer chase per I/O.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Qp {
-    /// NVMe: commands address a namespace id.
-    Nvme(QueuePair<FioBuf>),
-    /// UFS: commands address a logical unit.
-    Ufs(UfsQueuePair<FioBuf>),
-    /// NVMe/TCP: commands address a namespace id; the job's own
-    /// connection.
-    Tcp(TcpQueuePair<TcpBuf>),
-}
+/// The job's queue pair: the opener's one queue type, of whichever wire
+/// the device is on.
+pub(super) type Qp = Queue<FioBuf>;
 
-impl Qp {
-    pub(super) fn outstanding(&self) -> usize {
-        match self {
-            Qp::Nvme(q) => q.outstanding(),
-            Qp::Ufs(q) => q.outstanding(),
-            Qp::Tcp(q) => q.outstanding(),
-        }
-    }
-
-    /// Close: every command still in flight ends here, those that carried
-    /// a buffer and got it back are counted off `bufs`.
-    pub(super) fn close(self, bufs: &mut BufsOut) -> mcqio::Result<()> {
-        match self {
-            Qp::Nvme(q) => BlockQueue::close(q, |c| bufs.returned(c.buf.is_some())),
-            Qp::Ufs(q) => BlockQueue::close(q, |c| bufs.returned(c.buf.is_some())),
-            Qp::Tcp(q) => BlockQueue::close(q, |c| bufs.returned(c.buf.is_some())),
-        }
-    }
+/// Close `qp`: every command still in flight ends here, those that carried
+/// a buffer and got it back are counted off `bufs`.
+pub(super) fn close(qp: Qp, bufs: &mut BufsOut) -> mcqio::Result<()> {
+    BlockQueue::close(qp, |c| bufs.returned(c.buf.is_some()))
 }
 
 /// Submit one command on `qp` (no doorbell). `buf` is `Some` for reads and
