@@ -10,7 +10,7 @@
 //!
 //! A [`Device`] gives its controller for the transport's own API, the
 //! common facts (units, DMA space, queues granted), and runs code written
-//! once against [`BlockQueue`] on either transport: one queue pair
+//! once against [`BlockQueue`] on any wire: one queue pair
 //! ([`Device::with_queue`]) or one per core ([`Device::run_per_core`]).
 
 use std::sync::Arc;
@@ -51,7 +51,7 @@ pub enum Backing {
     },
 }
 
-/// Controller options for either transport: the one that fits the device
+/// Controller options for every wire: the one that fits the device
 /// is used.
 #[derive(Debug, Clone, Default)]
 pub struct CtrlOptions {
@@ -539,7 +539,7 @@ mod tests {
     use mcqio::vfio::DmaDir;
 
     /// Write one block per queue pair with its index, read it back: the
-    /// same code on both transports.
+    /// same code on NVMe and UFS.
     struct Stamp(Arc<DmaSpace>);
 
     impl OnQueue for Stamp {
@@ -585,7 +585,7 @@ mod tests {
     }
 
     #[test]
-    fn one_body_on_both_transports() {
+    fn one_body_on_nvme_and_ufs() {
         for s in ["fake,sync=1", "fake-ufs,sync=1"] {
             let spec: DeviceSpec = s.parse().unwrap();
             let dev = spec.open("test").unwrap().device;

@@ -616,7 +616,7 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
         .filter(|r| r.failed())
         .cloned()
         .collect();
-    // A run in which nothing completed measured nothing (issue 29 item 4):
+    // A run in which nothing completed measured nothing:
     // the figures are zeros, not a result.
     let empty: Vec<String> = std::iter::once(&base)
         .chain(other.as_ref())

@@ -214,8 +214,8 @@ mod tests {
         }
     }
 
-    /// Issue 28 item 3: the minimal loop completes exactly the I/Os asked
-    /// for on both wires, and reports the engine's doorbells: at QD1 one
+    /// The minimal loop completes exactly the I/Os asked
+    /// for on NVMe and UFS, and reports the engine's doorbells: at QD1 one
     /// SQ tail per I/O and one CQ head per 32 consumed entries (NVMe stores
     /// it at the next ring, so 31 in 1000 I/Os; UFS MCQ in the poll that
     /// consumed the 32nd, so 31 too).

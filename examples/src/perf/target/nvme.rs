@@ -491,7 +491,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// Issue 12 item 2: when the controller refuses to delete the queue, a
+    /// When the controller refuses to delete the queue, a
     /// command in flight keeps its slot of the region; the region must stay
     /// mapped (the device may still write into it) after the queue drops.
     #[test]

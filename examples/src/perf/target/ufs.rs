@@ -530,7 +530,7 @@ mod tests {
         }
     }
 
-    /// Issue 13 item 7: legacy mode hands out one queue pair, so two jobs
+    /// Legacy mode hands out one queue pair, so two jobs
     /// share it; each gets back exactly its own completions.
     #[test]
     fn legacy_jobs_share_the_one_list_and_get_their_own_completions() {
