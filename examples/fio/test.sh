@@ -29,7 +29,7 @@ ncpu=$(nproc)
 rows=()
 failed=0
 
-# Issue 29 item 7: build.sh honours CARGO_TARGET_DIR (it used to build there,
+# build.sh honours CARGO_TARGET_DIR (it used to build there,
 # then look for the library under target/). A fresh directory, so the
 # release build of mcqio-fio runs once more (FIO_TEST_TARGET_DIR=0 skips it);
 # the configured fio tree is reused.
@@ -60,10 +60,10 @@ refuse() {
 }
 refuse bs-unaligned "bs 1024 is not a multiple of the device's 4096-byte logical block" --bs=1k
 refuse bsrange-unaligned "bs 6144 is not a multiple of the device's 4096-byte logical block" --bsrange=4k-6k
-# Issue 29 item 4: a duration needs its unit, as in mcqio-perf's device strings.
+# A duration needs its unit, as in mcqio-perf's device strings.
 refuse latency-unit 'option `fake_latency=10` needs a unit' --fake_latency=10
 refuse timeout-unit 'option `io_timeout=30` needs a unit' --io_timeout=30
-# Issue 26: fio's hipri asks for polling; it cannot come with wait=irq.
+# fio's hipri asks for polling; it cannot come with wait=irq.
 refuse hipri-irq 'it contradicts wait=irq|hybrid' --hipri --wait=irq
 
 # fio's JSON output file, minus any warning fio printed into it first
@@ -187,7 +187,7 @@ f="$work/mixed.fio"
 } >"$f"
 run mixed "$f"
 
-# Issue 26: the same verify jobs with getevents sleeping on the queue's
+# The same verify jobs with getevents sleeping on the queue's
 # interrupt (wait=irq, hybrid), and with fio's hipri (polling), NVMe and UFS.
 for w in wait=irq wait=hybrid:20us hipri; do
 	for dev in fake fake-ufs; do
@@ -292,7 +292,7 @@ EOF
 } >"$f"
 run ufs-legacy-qd16 "$f"
 
-# Issue 24: an NVMe/TCP target, the fixtures' fake as a process
+# An NVMe/TCP target, the fixtures' fake as a process
 # (mcqio-fake-tcp ram: 64 MiB in 4 KiB blocks on a loopback port; filename
 # tcp\:127.0.0.1\:PORT/NQN, colons escaped for fio), each job on its own
 # connection: verify at QD 1 and 32 with 2 jobs, with and without digests,
@@ -337,7 +337,7 @@ verify=crc32c
 EOF
 	} >"$f"
 	run tcp-randrw-qd32-j2 "$f"
-	# Issue 26: getevents sleeping on the connection's socket.
+	# getevents sleeping on the connection's socket.
 	for w in wait=irq wait=hybrid:20us; do
 		f="$work/tcp-${w//[=:]/-}.fio"
 		{

@@ -1,4 +1,4 @@
-//! Runs the `app_buffers` example (issue 16 item 18): application buffers
+//! Runs the `app_buffers` example: application buffers
 //! through the engine's strict and lazy DMA modes on the fake controller.
 
 mod support;

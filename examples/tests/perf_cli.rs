@@ -287,7 +287,7 @@ fn dma_modes_count_iommu_work() {
     assert!(maps >= 1000, "{}", v["dma"]);
     assert!(calls * 8 < maps, "lazy batches unmaps: {}", v["dma"]);
 
-    // --verify works in every DMA mode (issue 16 item 5; perf_traps.rs).
+    // --verify works in every DMA mode (see also perf_traps.rs).
     let (code, _, err) = perf(&[
         "-d",
         "fake,size=1M",
@@ -385,7 +385,7 @@ fn dma_bench_table_json() {
     }
 }
 
-/// Issue 12 item 12: 1 MiB I/Os on the default fake (MDTS 128 KiB, no
+/// 1 MiB I/Os on the default fake (MDTS 128 KiB, no
 /// longer raised to the I/O size) go through the engine's split path, at
 /// queue depth 1 too, and verify.
 #[test]
@@ -402,7 +402,7 @@ fn one_mib_ios_split_on_the_default_fake() {
     }
 }
 
-/// Issue 29 item 4: a run in which nothing completed is not a result. With
+/// A run in which nothing completed is not a result. With
 /// a 1.5 s device latency and 0.5 s measured, no I/O ends in the measured
 /// phase: the run exits non-zero and says why, instead of 0 with 0 IOPS.
 #[test]

@@ -1,4 +1,4 @@
-//! The fio / spdk_nvme_perf features of issue 16 items 8-15, end to end on
+//! The fio / spdk_nvme_perf features, end to end on
 //! the built `mcqio-perf` (short runs on the in-process fake).
 
 mod support;
@@ -41,7 +41,7 @@ fn temp(name: &str) -> std::path::PathBuf {
     dir.join(name)
 }
 
-/// Issue 16 item 8: a mixed workload reports reads and writes apart, per
+/// A mixed workload reports reads and writes apart, per
 /// job and in the total, and they add up.
 #[test]
 fn mixed_workloads_report_reads_and_writes_apart() {
@@ -66,7 +66,7 @@ fn mixed_workloads_report_reads_and_writes_apart() {
     assert!(out.contains("  read ") && out.contains("  write "), "{out}");
 }
 
-/// Issue 16 item 9: a chosen percentile list, and -LL's bucketed histogram.
+/// A chosen percentile list, and -LL's bucketed histogram.
 #[test]
 fn chosen_percentiles_and_the_latency_histogram() {
     let v = json(&["-n", "2000", "--percentiles", "50,99.9", "-LL"]);
@@ -91,7 +91,7 @@ fn chosen_percentiles_and_the_latency_histogram() {
     usage_error(&["--percentiles", "50,101"], "outside");
 }
 
-/// Issue 16 item 10: distributions by name, seeded, bad ones refused.
+/// Distributions by name, seeded, bad ones refused.
 #[test]
 fn random_distributions_are_selectable() {
     for d in ["zipf:1.2", "pareto:0.2", "normal:5", "uniform"] {
@@ -104,7 +104,7 @@ fn random_distributions_are_selectable() {
     usage_error(&["--random-distribution", "gauss"], "not a distribution");
 }
 
-/// Issue 16 item 11: the region under test, checked against the namespace.
+/// The region under test, checked against the namespace.
 #[test]
 fn offset_and_size_of_the_region() {
     let v = json(&[
@@ -119,7 +119,7 @@ fn offset_and_size_of_the_region() {
     usage_error(&["--offset", "64M"], "does not fit");
 }
 
-/// Issue 16 item 12 (namespace selection): -N picks namespaces.
+/// -N picks namespaces.
 #[test]
 fn namespaces_are_selectable() {
     let v = json(&["-d", "fake,ns=3", "-N", "2,3", "-j", "2", "-n", "100"]);
@@ -134,7 +134,7 @@ fn namespaces_are_selectable() {
     usage_error(&["-N", "0"], "NSIDs start at 1");
 }
 
-/// Issue 16 item 13: a size-based run moves exactly the bytes asked for; a
+/// A size-based run moves exactly the bytes asked for; a
 /// rate limit caps the IOPS.
 #[test]
 fn size_based_runs_and_rate_limits() {
@@ -171,7 +171,7 @@ fn size_based_runs_and_rate_limits() {
     assert_eq!(v["workload"]["rate_iops"], 400);
 }
 
-/// Issue 16 item 14: --output writes the report to a file; the JSON holds
+/// --output writes the report to a file; the JSON holds
 /// a per-second series with IOPS, MiB/s and latency percentiles.
 #[test]
 fn output_file_and_time_series() {
@@ -218,7 +218,7 @@ fn svg_texts(path: &std::path::Path) -> (Vec<String>, usize) {
     (texts, lines)
 }
 
-/// Issue 16 item 15: --plot writes an SVG with both charts and a series per run.
+/// --plot writes an SVG with both charts and a series per run.
 #[test]
 fn plot_writes_an_svg_with_the_series() {
     let f = temp("run.svg");
@@ -279,7 +279,7 @@ fn perf_dma(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// Issue 13 item 6: `devices` lists UFS host controllers beside NVMe ones,
+/// `devices` lists UFS host controllers beside NVMe ones,
 /// with the transport each speaks (a fake sysfs tree under `--root`).
 #[test]
 fn devices_lists_ufs_host_controllers() {
@@ -316,7 +316,7 @@ fn devices_lists_ufs_host_controllers() {
     assert!(line("0000:00:05.0").is_none(), "{text}");
 }
 
-/// Issue 29 item 9: with `-N` left out every namespace is driven, as
+/// With `-N` left out every namespace is driven, as
 /// spdk_nvme_perf associates workers with namespaces (max(jobs,
 /// namespaces) rows, row r on job r mod jobs and namespace r mod
 /// namespaces): one job drives all three namespaces, each on its own queue
@@ -367,7 +367,7 @@ fn every_namespace_is_driven_from_the_jobs_there_are() {
     );
 }
 
-/// Issue 16 item 12: several devices in one run, a row per device,
+/// Several devices in one run, a row per device,
 /// namespace and core; the total adds them up.
 #[test]
 fn several_devices_in_one_run() {
@@ -384,7 +384,7 @@ fn several_devices_in_one_run() {
             )
         })
         .collect();
-    // The first device's thread drives both its namespaces (issue 29 item 9).
+    // The first device's thread drives both its namespaces.
     assert_eq!(
         rows,
         [

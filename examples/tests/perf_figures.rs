@@ -1,5 +1,5 @@
 //! The derived figures of a `mcqio-perf` report agree with each other
-//! (issue 29 item 1): a row's IOPS lies within its own per-second min/max,
+//! a row's IOPS lies within its own per-second min/max,
 //! comes from the same completions as the samples, and the read and write
 //! IOPS add up to the row's.
 
@@ -93,7 +93,7 @@ fn a_timed_mixed_run_has_consistent_figures() {
     check_report(&v);
 }
 
-/// Issue 29 item 2: a run with fewer than three per-second samples says
+/// A run with fewer than three per-second samples says
 /// its min/max/avg rest on too little, in the JSON and in the table.
 #[test]
 fn too_few_samples_are_warned_about() {
@@ -147,7 +147,7 @@ fn warnings_on_one_cpu(args: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Issue 29 item 2: three busy-polling jobs squeezed onto one CPU each get
+/// Three busy-polling jobs squeezed onto one CPU each get
 /// about a third of it; the report says so instead of presenting the
 /// figures as valid.
 #[test]
@@ -160,7 +160,7 @@ fn a_starved_job_is_warned_about() {
     );
 }
 
-/// Issue 29 item 2: the fake's device thread sharing the job's one CPU
+/// The fake's device thread sharing the job's one CPU
 /// waits for it; the report says the device answered late.
 #[test]
 fn a_descheduled_device_thread_is_warned_about() {
@@ -172,7 +172,7 @@ fn a_descheduled_device_thread_is_warned_about() {
     );
 }
 
-/// Issue 29 item 6: a rate the device cannot give (QD 1 at 10 ms is at
+/// A rate the device cannot give (QD 1 at 10 ms is at
 /// most 100 I/Os per second) is reported as achieved against requested,
 /// with a warning, instead of no word.
 #[test]

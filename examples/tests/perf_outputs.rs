@@ -1,4 +1,4 @@
-//! Issue 29 item 5: `--output` and `--plot` are checked before anything
+//! `--output` and `--plot` are checked before anything
 //! runs. A path that cannot be written used to cost the whole run (and
 //! lose its report), then failed with plotters' "Drawing backend error".
 

@@ -1,4 +1,4 @@
-//! Issue 29 item 8: charts a person wants to look at. Each kind is drawn,
+//! Charts a person wants to look at. Each kind is drawn,
 //! checked in its SVG text (readable tick labels, the workload in the
 //! title, no colour shared), and rendered to PNG with librsvg's
 //! `rsvg-convert` where it is installed, to prove the SVG is a picture.

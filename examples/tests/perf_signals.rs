@@ -1,4 +1,4 @@
-//! Issue 29 item 3: every subcommand that runs for a while obeys SIGINT
+//! Every subcommand that runs for a while obeys SIGINT
 //! and SIGTERM. The first signal ends the table after the row in progress
 //! (a run: after the I/O in flight) and prints what ran, marked partial;
 //! a second ends the process at once; the exit code is 128 + the signal.
@@ -185,7 +185,7 @@ fn an_interrupted_compare_says_its_ratio_is_partial() {
     );
 }
 
-/// Issue 29 item 9: an interrupted run's header gives the time measured,
+/// An interrupted run's header gives the time measured,
 /// not only the time asked for.
 #[test]
 fn an_interrupted_header_shows_the_time_measured() {

@@ -1,4 +1,4 @@
-//! Issue 29 item 9: the smaller things a new user trips on first.
+//! The smaller things a new user trips on first.
 
 mod support;
 
@@ -70,7 +70,7 @@ fn spdk_core_mask_selects_the_cores() {
 
 /// The help says NVMe and UFS, and lists every fake-ufs option.
 #[test]
-fn help_names_both_transports() {
+fn help_names_nvme_and_ufs() {
     let (_, out, _) = perf(&["--help"]);
     assert!(
         out.lines().next().unwrap().contains("NVMe and UFS"),

@@ -116,7 +116,7 @@ fn an_unreachable_target_is_an_error_not_a_hang() {
     assert!(err.contains("tcp:"), "{err}");
 }
 
-/// Issue 26 on NVMe/TCP: `--wait irq` and `--wait hybrid` sleep on the
+/// On NVMe/TCP: `--wait irq` and `--wait hybrid` sleep on the
 /// connection's socket (the report counts the sleeps, most of them ended
 /// by the socket), `--wait poll` never sleeps; the data verifies.
 #[test]

@@ -1,4 +1,4 @@
-//! Issue 16, "Traps": each test runs a built example binary the way a new
+//! Traps: each test runs a built example binary the way a new
 //! user would and checks that it neither hangs, nor misleads, nor silently
 //! ignores what it was told. Every child process runs under a timeout so a
 //! regression shows as a failure, not a stuck test run.
@@ -226,7 +226,7 @@ fn hello_and_identify_take_fake_options() {
     assert!(o.stderr.contains("corrupt"), "{}", o.stderr);
 }
 
-/// Issue 23 item 6: one language for every frontend, so the fio engine's
+/// One language for every frontend, so the fio engine's
 /// dotted address (`vfio-0000.7f.1f.7`) names the same device in
 /// mcqio-perf and hello as `vfio:0000:7f:1f.7` does.
 #[test]

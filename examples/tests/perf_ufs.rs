@@ -1,4 +1,4 @@
-//! Issue 13 item 7: `mcqio-perf` drives UFS like NVMe. Runs the built
+//! `mcqio-perf` drives UFS like NVMe. Runs the built
 //! binary on the fake UFS host controller (short runs; only shapes and
 //! exact counts are checked, never speeds).
 
@@ -285,7 +285,7 @@ fn hello_and_identify_on_fake_ufs() {
     assert!(out.contains("LU   1:"), "{out}");
 }
 
-/// Issue 13 item 7 (found by `seed mcq`): on the threaded fake in legacy
+/// On the threaded fake in legacy
 /// mode, a host UTRLDBR read racing the device thread's move of freshly
 /// rung bits out of the doorbell mailbox saw them clear before the
 /// command ran, and the engine then read the host's OCS pre-fill (0xF).
@@ -299,7 +299,7 @@ fn legacy_threaded_fake_completes_every_io() {
     assert_eq!(v["total"]["errors"], 0, "{}", v["failures"]);
 }
 
-/// Issue 14 item 4 and its Done-when, on a short deterministic run: `seed
+/// `seed
 /// hpb --json` (modelled clock, ranges and device map cache divided by 16)
 /// has the six rows with their fields, HPB off falls with the range, HPB on
 /// stays within 10 % of its first row, the last row is at least 1.8x, the
@@ -343,7 +343,7 @@ fn seed_hpb_json_meets_the_issue_criteria() {
     assert!(v["hpb"]["hpb_reads"].as_u64().unwrap() > 0);
 }
 
-/// Issue 14 item 4: `--hpb` on fake-ufs turns on the engine's HPB; the
+/// `--hpb` on fake-ufs turns on the engine's HPB; the
 /// report carries its counters (JSON and table), and reads over a range
 /// larger than the device's map cache go out as HPB READ once loaded.
 #[test]
@@ -408,7 +408,7 @@ fn the_cores_distance_is_noted_for_threaded_fakes_only() {
     }
 }
 
-/// Issue 26: `--wait irq` reaches UFS MCQ queue pairs (they sleep on the
+/// `--wait irq` reaches UFS MCQ queue pairs (they sleep on the
 /// fake's INTx line, the report counts the sleeps), `--wait poll` never
 /// sleeps, and legacy mode polls whatever `--wait` says, with a note.
 #[test]

@@ -24,7 +24,7 @@ fn ok(args: &[&str]) -> String {
     text
 }
 
-/// The IOMMU check on both transports: the fake IOMMU blocks the read into
+/// The IOMMU check on NVMe and UFS: the fake IOMMU blocks the read into
 /// the unmapped buffer and the controller reads correctly after.
 #[test]
 fn dma_after_unmap_on_both_fakes() {
@@ -87,7 +87,7 @@ fn a_check_on_a_device_it_cannot_open_fails() {
     let (code, text) = vm_tests(&["ufs-dma-after-unmap", "fake"]);
     assert_ne!(code, 0, "{text}");
     assert!(text.contains("unknown device"), "{text}");
-    // Run shapes are checked the same way on both transports.
+    // Run shapes are checked the same way on NVMe and UFS.
     for args in [
         &["rw", "fake", "--qd", "0"][..],
         &["ufs-rw", "fake-ufs", "--qd", "0"],

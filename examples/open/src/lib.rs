@@ -7,9 +7,14 @@
 //!   defaults a fake is built from;
 //! - [`open`]: from a device string or a fake's configuration to an open
 //!   NVMe or UFS controller ([`Device`]), whose queue pairs run code
-//!   written once against [`mcqio::core::block::BlockQueue`].
+//!   written once against [`mcqio::core::block::BlockQueue`];
+//! - [`queue`]: one queue type for any wire ([`Queue`], from
+//!   [`Device::create_queue`]), for a frontend that keeps one type for
+//!   its queue pair whatever the device.
 //!
 //! ```
+//! use mcqio::BlockDevice;
+//!
 //! let spec: mcqio_open::DeviceSpec = "fake-ufs,sync=1".parse()?;
 //! let opened = spec.open("doc")?;
 //! assert_eq!(opened.device.units().len(), 1);
@@ -20,9 +25,13 @@
 
 pub mod devstr;
 pub mod open;
+pub mod queue;
 
 pub use devstr::{DeviceKind, DeviceSpec, Filename, FilenameError, SpecError, Unit};
+/// The engine's description of a namespace or logical unit, which
+/// [`Device`]'s [`BlockDevice`] lists.
+pub use mcqio::{BlockDevice, BlockUnit};
 pub use open::{
-    discover_tcp, Attached, Backing, BlockUnit, CtrlOptions, Device, Fake, OnQueue, OpenError,
-    Opened,
+    discover_tcp, Attached, Backing, CtrlOptions, Device, Fake, OnQueue, OpenError, Opened,
 };
+pub use queue::Queue;

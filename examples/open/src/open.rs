@@ -10,7 +10,7 @@
 //!
 //! A [`Device`] gives its controller for the transport's own API, the
 //! common facts (units, DMA space, queues granted), and runs code written
-//! once against [`BlockQueue`] on either transport: one queue pair
+//! once against [`BlockQueue`] on any wire: one queue pair
 //! ([`Device::with_queue`]) or one per core ([`Device::run_per_core`]).
 
 use std::sync::Arc;
@@ -18,6 +18,7 @@ use std::sync::Arc;
 use mcqio::core::block::BlockQueue;
 use mcqio::nvme::tcp::{TcpController, TcpOptions};
 use mcqio::ufs::UfsMode;
+use mcqio::{BlockDevice, BlockUnit};
 use mcqio::{Controller, ControllerOptions, DmaBuf, UfsController, UfsOptions};
 use mcqio_fixtures::ufs::{FakeUfs, UfsConfig};
 use mcqio_fixtures::{FakeConfig, FakeController};
@@ -50,7 +51,7 @@ pub enum Backing {
     },
 }
 
-/// Controller options for either transport: the one that fits the device
+/// Controller options for every wire: the one that fits the device
 /// is used.
 #[derive(Debug, Clone, Default)]
 pub struct CtrlOptions {
@@ -417,18 +418,19 @@ impl DeviceSpec {
     }
 }
 
-/// A namespace (NVMe) or logical unit (UFS), as a block device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockUnit {
-    /// NVMe namespace id or UFS LUN.
-    pub id: u32,
-    /// Size in logical blocks.
-    pub blocks: u64,
-    /// Logical block size in bytes.
-    pub block_size: u32,
+/// Its namespaces (NVMe, active ones) or logical units (UFS), as the
+/// engine describes them for every wire.
+impl BlockDevice for Device {
+    fn units(&self) -> Vec<BlockUnit> {
+        match self {
+            Device::Nvme(c) => c.units(),
+            Device::Ufs(c) => c.units(),
+            Device::Tcp(c) => c.units(),
+        }
+    }
 }
 
-/// Code run on a queue pair of either transport: a closure generic over
+/// Code run on a queue pair of any wire: a closure generic over
 /// the queue pair's type, which Rust closures cannot be. Resolved
 /// statically: each transport gets its own copy, nothing is dispatched
 /// per I/O.
@@ -437,7 +439,7 @@ pub trait OnQueue: Sync {
     type Output: Send;
     /// Run on queue pair number `index` (from 0); `units` are the device's
     /// namespaces or logical units as that queue pair addresses them, in
-    /// the order of [`Device::units`].
+    /// the order of [`BlockDevice::units`].
     fn run<Q: BlockQueue<Buf = DmaBuf>>(
         &self,
         index: usize,
@@ -452,39 +454,6 @@ impl Device {
         match self {
             Device::Nvme(_) | Device::Tcp(_) => Transport::Nvme,
             Device::Ufs(_) => Transport::Ufs,
-        }
-    }
-
-    /// The active namespaces, or the logical units.
-    pub fn units(&self) -> Vec<BlockUnit> {
-        match self {
-            Device::Nvme(c) => c
-                .namespaces()
-                .iter()
-                .map(|n| BlockUnit {
-                    id: n.id,
-                    blocks: n.nsze,
-                    block_size: n.lba_size as u32,
-                })
-                .collect(),
-            Device::Tcp(c) => c
-                .namespaces()
-                .iter()
-                .map(|n| BlockUnit {
-                    id: n.id,
-                    blocks: n.nsze,
-                    block_size: n.lba_size as u32,
-                })
-                .collect(),
-            Device::Ufs(c) => c
-                .logical_units()
-                .iter()
-                .map(|l| BlockUnit {
-                    id: u32::from(l.lun),
-                    blocks: l.blocks,
-                    block_size: l.block_len,
-                })
-                .collect(),
         }
     }
 
@@ -570,7 +539,7 @@ mod tests {
     use mcqio::vfio::DmaDir;
 
     /// Write one block per queue pair with its index, read it back: the
-    /// same code on both transports.
+    /// same code on NVMe and UFS.
     struct Stamp(Arc<DmaSpace>);
 
     impl OnQueue for Stamp {
@@ -616,7 +585,7 @@ mod tests {
     }
 
     #[test]
-    fn one_body_on_both_transports() {
+    fn one_body_on_nvme_and_ufs() {
         for s in ["fake,sync=1", "fake-ufs,sync=1"] {
             let spec: DeviceSpec = s.parse().unwrap();
             let dev = spec.open("test").unwrap().device;

@@ -16,7 +16,7 @@
 //! emulated CPU (QEMU TCG) may not say although the guest kernel runs its
 //! own clock on the TSC (`tsc=reliable`): the job loop then fell back to
 //! `clock_gettime` (171 ns a read in that guest, against a few ns for the
-//! TSC; issue 28). So when quanta declines but the kernel's current
+//! TSC). So when quanta declines but the kernel's current
 //! clocksource is `tsc`, the TSC is read directly and calibrated here
 //! against the monotonic clock (20 ms at start-up). A kernel on another
 //! clocksource (hpet, acpi_pm) distrusts the TSC; then the clock stays
@@ -35,7 +35,7 @@
 //! ([`Clock::rate_error`]) and warns past 1 %.
 //!
 //! The job loop reads the clock twice per I/O: just before it pushes the
-//! I/O and when the poll hands back its completion (issue 29 item 1).
+//! I/O and when the poll hands back its completion.
 //! Measured against one read per batch and one per poll (callgrind,
 //! `fake:null,sync=1 -q 128`, release profile, instructions per I/O as
 //! the difference of `-n 300000` and `-n 100000` over 200,000): 899 -> 928
@@ -246,7 +246,7 @@ impl Clock {
     pub fn now(&self) -> u64 {
         // Both TSC sources, quanta's counter and the direct one, are one
         // RDTSC: one compare instead of the two-level match (twice per
-        // I/O; issue 28).
+        // I/O).
         #[cfg(target_arch = "x86_64")]
         if self.source == ClockSource::Tsc {
             return tsc();
@@ -269,7 +269,7 @@ impl Clock {
 
     /// [`now`](Self::now) for a caller that asked [`is_tsc`](Self::is_tsc)
     /// once: `TSC` must be its answer. Two stamps per I/O, each one
-    /// compare and branch fewer (issue 28).
+    /// compare and branch fewer.
     #[inline(always)]
     pub fn read<const TSC: bool>(&self) -> u64 {
         debug_assert_eq!(TSC, self.is_tsc());
@@ -330,7 +330,7 @@ mod tests {
         assert!(b >= a);
     }
 
-    /// Issue 16 item 23: the quanta clock is monotonic and converts ticks
+    /// The quanta clock is monotonic and converts ticks
     /// at the rate it reports (bounds generous: only the ratio is checked).
     #[test]
     fn quanta_clock_is_calibrated() {
@@ -349,7 +349,7 @@ mod tests {
         );
     }
 
-    /// Issue 28: the TSC is taken when the kernel keeps its time on it,
+    /// The TSC is taken when the kernel keeps its time on it,
     /// even where quanta declines it; and the conversion of a rate.
     #[test]
     fn the_tsc_is_used_when_the_kernel_uses_it() {

@@ -1,5 +1,4 @@
-//! `mcqio-perf dma-bench`: the map → I/O → unmap throughput table of issue 6
-//! (rows: premapped, strict, lazy at several batch sizes; columns: total
+//! `mcqio-perf dma-bench`: the map → I/O → unmap throughput table (rows: premapped, strict, lazy at several batch sizes; columns: total
 //! requests, average per thread, difference vs the best row), run by
 //! `mcqio_vfio::mapping::bench` on the fake IOMMU (with its invalidation
 //! cost model) or on a real VFIO container.

@@ -31,10 +31,10 @@
 mod clock;
 mod corelat;
 mod dmabench;
+mod error;
 mod interrupt;
 mod job;
 mod minimal;
-mod nvme;
 mod output;
 mod plot;
 mod progress;
@@ -48,8 +48,6 @@ mod setup;
 mod slots;
 mod spec;
 mod target;
-mod tcp;
-mod ufs;
 mod uring;
 mod verify;
 mod workload;
@@ -60,13 +58,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser};
-use mcqio::nvme::queue::pair::MAX_DEPTH;
 
 use crate::interrupt::Interrupt;
 use crate::report::CompareReport;
 use crate::report::LatOpts;
 use crate::run::{DmaMode, PerfError, RunOpts};
 use crate::spec::{parse_cpus, parse_duration, parse_size, DeviceKind, DeviceSpec};
+use crate::target::MAX_DEPTH;
 use crate::workload::{Distribution, Pattern};
 
 /// A percentile list (`50,99,99.9`).
@@ -618,7 +616,7 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
         .filter(|r| r.failed())
         .cloned()
         .collect();
-    // A run in which nothing completed measured nothing (issue 29 item 4):
+    // A run in which nothing completed measured nothing:
     // the figures are zeros, not a result.
     let empty: Vec<String> = std::iter::once(&base)
         .chain(other.as_ref())

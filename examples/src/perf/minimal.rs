@@ -18,10 +18,11 @@ use std::time::Instant;
 
 use mcqio::core::block::BlockQueue;
 
-use crate::run::{DmaMode, PerfError};
+use crate::error::PerfError;
+use crate::queue::DmaMode;
 use crate::slots::{BlockJobQueue, SlotBuf};
 use crate::spec::DeviceSpec;
-use crate::target::{OpenPlan, Target};
+use crate::target::{OnSlotQueue, OpenPlan, Target};
 use crate::workload::Rng;
 
 /// What one minimal run did.
@@ -102,35 +103,31 @@ pub fn run(spec: &DeviceSpec, o: &MinimalOpts) -> Result<MinimalReport, PerfErro
     let positions = (ns.blocks / u64::from(nlb)).min(1 << 20);
     let buf_len = o.io_size as usize;
     let depth = o.depth;
-    let r = match &target {
-        Target::Nvme(t) => {
-            let q = t
-                .queue(ns.nsid, depth, buf_len)
-                .map_err(PerfError::Device)?;
-            spin(q, nlb, positions, ios, o.random)
-        }
-        Target::Ufs(t) => {
-            let q = t
-                .queue(ns.nsid, depth, buf_len)
-                .map_err(PerfError::Device)?;
-            spin(q, nlb, positions, ios, o.random)
-        }
-        Target::Uring(_) => {
-            return Err(PerfError::Usage(
-                "--minimal drives the mcqio engine: give an NVMe or UFS device (fake…, vfio:…)"
-                    .into(),
-            ))
-        }
-        // The loop's slot buffers are device addresses only; a socket
-        // needs host memory (the TCP job queue moves DmaBufs instead).
-        Target::Tcp(_) => {
-            return Err(PerfError::Usage(
-                "--minimal runs on PCIe NVMe and UFS devices (fake…, vfio:…), not yet on tcp:"
-                    .into(),
-            ))
-        }
+    let spin = Spin {
+        nlb,
+        positions,
+        ios,
+        random: o.random,
     };
-    r.map_err(PerfError::Device)
+    target
+        .with_slot_queue(ns.nsid, depth, buf_len, spin)?
+        .map_err(PerfError::Device)
+}
+
+/// [`spin`] with its arguments, for [`Target::with_slot_queue`].
+struct Spin {
+    nlb: u32,
+    positions: u64,
+    ios: u64,
+    random: bool,
+}
+
+impl OnSlotQueue for Spin {
+    type Output = Result<MinimalReport, String>;
+
+    fn run<Q: BlockQueue<Buf = SlotBuf>>(self, q: BlockJobQueue<Q>) -> Self::Output {
+        spin(q, self.nlb, self.positions, self.ios, self.random)
+    }
 }
 
 /// The loop: keep `depth` reads in flight until `ios` completed, at random
@@ -217,8 +214,8 @@ mod tests {
         }
     }
 
-    /// Issue 28 item 3: the minimal loop completes exactly the I/Os asked
-    /// for on both wires, and reports the engine's doorbells: at QD1 one
+    /// The minimal loop completes exactly the I/Os asked
+    /// for on NVMe and UFS, and reports the engine's doorbells: at QD1 one
     /// SQ tail per I/O and one CQ head per 32 consumed entries (NVMe stores
     /// it at the next ring, so 31 in 1000 I/Os; UFS MCQ in the poll that
     /// consumed the 32nd, so 31 too).

@@ -1,7 +1,7 @@
 //! Files a run writes (`--output`, `--plot`), checked before the run.
 //!
 //! A path that cannot be written used to be found only at the end, after
-//! the whole run, and the report was lost with it (issue 29 item 5). Each
+//! the whole run, and the report was lost with it. Each
 //! subcommand claims its files first: [`claim`] creates the file (or opens
 //! an existing one without truncating it), so a missing directory or a
 //! read-only file is refused before any I/O starts.

@@ -429,7 +429,7 @@ pub fn bar_chart(
 mod tests {
     use super::*;
 
-    /// Issue 29 item 8: tick labels a person reads.
+    /// Tick labels a person reads.
     #[test]
     fn si_labels() {
         assert_eq!(si(4_500_000.0), "4.5M");
@@ -440,7 +440,7 @@ mod tests {
         assert_eq!(si(1_250.0), "1.25k");
     }
 
-    /// Issue 29 item 8: no two series share a colour, however many.
+    /// No two series share a colour, however many.
     #[test]
     fn colours_are_distinct() {
         for n in [2, 6, 10, 11, 24] {

@@ -129,3 +129,25 @@ pub trait JobQueue {
         0
     }
 }
+
+/// How job buffers are mapped for the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DmaMode {
+    /// Buffers allocated and mapped once per job; no IOMMU work per I/O.
+    Premapped,
+    /// Map before each I/O, unmap with invalidation at completion.
+    Strict,
+    /// Unmaps batched in per-CPU flush queues.
+    Lazy,
+}
+
+impl DmaMode {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DmaMode::Premapped => "premapped",
+            DmaMode::Strict => "strict",
+            DmaMode::Lazy => "lazy",
+        }
+    }
+}

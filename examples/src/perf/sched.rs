@@ -4,7 +4,7 @@
 //!
 //! A busy-polling thread (a job, or a fake's device thread) never sleeps,
 //! so any wait there is time the scheduler gave its core to someone else:
-//! the run's figures then measure the scheduler (issue 29 item 2). On a
+//! the run's figures then measure the scheduler. On a
 //! kernel without schedstat the snapshot is empty and nothing is judged.
 
 use std::collections::BTreeMap;

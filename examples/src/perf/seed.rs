@@ -7,7 +7,7 @@
 //!
 //! Each row is an ordinary run of the perf tool ([`crate::run::run_device`])
 //! on the device with `mcq=on` or `mcq=off`. In legacy mode the jobs share
-//! the one 32-slot list behind a lock (see [`crate::ufs`]).
+//! the one 32-slot list behind a lock (see [`crate::target`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

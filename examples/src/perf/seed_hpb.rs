@@ -131,7 +131,8 @@ pub struct HpbRow {
     pub host_map_bytes: u64,
 }
 
-/// Whether the table meets issue 14's criteria.
+/// Whether the table has the published shape: HPB off falls with the
+/// range, HPB on holds, and the host map stays in its budget.
 #[derive(Debug, Clone, Serialize)]
 pub struct Criteria {
     /// HPB off falls with the range (each row below the previous).
@@ -169,7 +170,7 @@ pub struct HpbReport {
     pub host_map_bytes_peak: u64,
     /// The engine's HPB counters at the end (HPB on).
     pub hpb: HpbCounters,
-    /// Issue 14's criteria on this table.
+    /// The criteria ([`Criteria`]) on this table.
     pub criteria: Criteria,
     /// Wall time of the whole run, s (information only).
     pub wall_s: f64,

@@ -1,7 +1,7 @@
 //! What the NVMe and UFS job queues share: one DMA region per job,
 //! allocated and mapped once (premapped mode) and cut into one [`SlotBuf`]
 //! per slot, and [`BlockJobQueue`], the job queue over any queue pair of
-//! the engine ([`BlockQueue`]: NVMe's `QueuePair`, UFS's `UfsQueuePair`).
+//! the engine ([`BlockQueue`], whatever the wire).
 //!
 //! The queue pair moves a [`SlotBuf`] (the engine's [`DmaSlice`]: the
 //! slice's IOVA and length) instead of a [`DmaBuf`] (which carries an `Arc`
@@ -194,7 +194,7 @@ impl<Q: BlockQueue<Buf = SlotBuf>> JobQueue for BlockJobQueue<Q> {
         self.mem.ptrs[slot]
     }
 
-    // Always inlined into the job loop (issue 28): as a call, its
+    // Always inlined into the job loop: as a call, its
     // prologue, epilogue and the result returned through memory cost 20 of
     // the ~170 instructions a push took.
     #[inline(always)]
@@ -217,7 +217,7 @@ impl<Q: BlockQueue<Buf = SlotBuf>> JobQueue for BlockJobQueue<Q> {
     fn reap<F: FnMut(usize, IoStatus)>(&mut self, mut done: F) -> Result<usize, QueueError> {
         let lost = &mut self.device_may_access;
         // The callback inlined into the engine's reaping loop: as a call it
-        // takes each completion through memory (issue 28). `move`: it holds
+        // takes each completion through memory. `move`: it holds
         // `done` itself, not its address. A buffer that did not come back
         // is rare: a branch, not a flag or-ed in at every completion.
         self.qp
@@ -229,7 +229,7 @@ impl<Q: BlockQueue<Buf = SlotBuf>> JobQueue for BlockJobQueue<Q> {
                     // cold call of its own, so the inlined `done` below
                     // knows the status is not `Lost`: with one `done` for
                     // both, the buffer was tested twice per completion,
-                    // once for the flag and once in the job (issue 28).
+                    // once for the flag and once in the job.
                     match status_of(&c) {
                         IoStatus::Lost(why) => deliver_lost(lost, &mut done, c.tag, why),
                         status => done(c.tag as usize, status),

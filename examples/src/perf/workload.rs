@@ -426,7 +426,7 @@ mod tests {
         (0..n).map(|_| s.rank(&mut rng, positions)).collect()
     }
 
-    /// Issue 16 item 10: zipf:θ gives rank k the weight k^-θ.
+    /// Zipf:θ gives rank k the weight k^-θ.
     #[test]
     fn zipf_matches_its_weights() {
         let (n, draws) = (1000u64, 200_000usize);
@@ -445,7 +445,7 @@ mod tests {
         }
     }
 
-    /// Issue 16 item 10: pareto:0.2 sends about 80 % of I/Os to 20 % of positions.
+    /// Pareto:0.2 sends about 80 % of I/Os to 20 % of positions.
     #[test]
     fn pareto_is_eighty_twenty() {
         let n = 10_000u64;
@@ -454,7 +454,7 @@ mod tests {
         assert!((0.75..0.85).contains(&hot), "{hot}");
     }
 
-    /// Issue 16 item 10: normal:σ is centred with the asked deviation.
+    /// Normal:σ is centred with the asked deviation.
     #[test]
     fn normal_is_centred_with_the_asked_deviation() {
         let n = 100_000u64;
@@ -466,7 +466,7 @@ mod tests {
         assert!((0.09..0.11).contains(&sd), "{sd}");
     }
 
-    /// Issue 16 item 10: uniform fills every bucket about evenly; the stream
+    /// Uniform fills every bucket about evenly; the stream
     /// is a function of the seed.
     #[test]
     fn uniform_is_flat_and_seeded() {

@@ -12,7 +12,7 @@ use mcqio::nvme::spec::sqe::{Command, Identify};
 use mcqio::nvme::tcp::TcpController;
 use mcqio::ufs::UfsQpairOptions;
 use mcqio::{Controller, QpairOptions, TimeoutPolicy, WaitPolicy};
-use mcqio_open::{BlockUnit, Device};
+use mcqio_open::{BlockDevice, BlockUnit, Device};
 
 use crate::null::{NullMode, NullTarget};
 use crate::queue::KernelQueue;

@@ -961,7 +961,7 @@ fn tcp_write_read_roundtrip() {
     }
 }
 
-/// Issue 26 on NVMe/TCP: an idle server whose engine queue pair waits
+/// On NVMe/TCP: an idle server whose engine queue pair waits
 /// on its socket sleeps on the ublk ring and the queue's descriptor (its
 /// epoll set) together, and loses no wake-up, against a target that
 /// takes 100 us per command.

@@ -111,8 +111,8 @@ unsafe fn opt_str<'a>(p: *const c_char) -> Result<&'a str, EngineError> {
 /// `fake_core=-2`, the default: pin the fake's device thread to the
 /// highest CPU this process may use, as mcqio-perf keeps it off the job
 /// cores (fio's job threads start on the low ones). An unpinned device
-/// thread gave 576k, 533k, then 8k IOPS for the same job on a busy machine
-/// (issue 29 item 7).
+/// thread gave 576k, 533k, then 8k IOPS for the same job on a busy
+/// machine.
 const FAKE_CORE_AUTO: i64 = -2;
 
 /// The highest CPU in this process's affinity mask (`None` if unknown).
@@ -521,7 +521,7 @@ mod tests {
         unsafe { device_options(&config(io_timeout, fake_latency)) }
     }
 
-    /// fio's polling convention (issue 26): `hipri` is polling, `wait=`
+    /// fio's polling convention: `hipri` is polling, `wait=`
     /// names the policy, and the two cannot contradict each other.
     #[test]
     fn wait_and_hipri_options() {
@@ -554,7 +554,7 @@ mod tests {
         assert!(e.contains("wait"), "{e}");
     }
 
-    /// Issue 29 item 4: `fake_latency=10` was 10 µs here (fio's rule for a
+    /// `fake_latency=10` was 10 µs here (fio's rule for a
     /// bare time) and `latency=10` 10 s in mcqio-perf. Both now need a
     /// unit, parsed by the one device-string function.
     #[test]
@@ -564,7 +564,7 @@ mod tests {
         assert_eq!(o.io_timeout, Some(Duration::from_secs(30)));
         let o = options(c"0", c"0").unwrap();
         assert_eq!((o.fake_latency, o.io_timeout), (Duration::ZERO, None));
-        // Issue 29 item 7: the default fake is pinned, as mcqio-perf's is.
+        // The default fake is pinned, as mcqio-perf's is.
         assert_eq!(o.fake_core, highest_allowed_cpu());
         assert!(o.fake_core.is_some());
         for (t, l, bad) in [

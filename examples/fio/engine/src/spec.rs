@@ -19,11 +19,9 @@
 //! A `tcp:` filename takes the options of the device string before its
 //! selector (`hdgst`, `ddgst`, `qpairs=`, `kato=`, `pace=`), e.g.
 //! `tcp\:127.0.0.1\:4420/nqn.x,hdgst,ddgst,ns=2`; jobs that share the
-//! target must give it the same ones. It is parsed here
-//! ([`parse_filename`]): the shared filename parser knows the PCIe and
-//! fake kinds only.
+//! target must give it the same ones.
 //!
-//! followed by an optional selector of the file's unit on that controller:
+//! The device part is followed by an optional selector of the file's unit on that controller:
 //!
 //! - NVMe: `,ns=<N>`, a namespace id (default 1), e.g. `fake,ns=2` or
 //!   `vfio-0000.01.00.0,ns=1`. Note that in mcqio-perf `fake,ns=2` means
@@ -57,14 +55,6 @@ pub enum SpecError {
     /// A duration option without its unit, or not a duration.
     #[error("option {0}")]
     Duration(#[from] mcqio_open::devstr::SpecError),
-    /// A `tcp:` filename the device-string parser refuses.
-    #[error("`{name}`: {why}")]
-    Tcp {
-        /// The whole filename.
-        name: String,
-        /// The parser's reason.
-        why: String,
-    },
     /// An engine option value that is not allowed.
     #[error("option {option}={value}: {why}")]
     BadOption {
@@ -75,42 +65,6 @@ pub enum SpecError {
         /// What is allowed.
         why: &'static str,
     },
-}
-
-/// Parse a filename as fio hands it over (`\:` already unescaped): a
-/// `tcp:` target here, every other kind by [`Target::parse`].
-pub fn parse_filename(name: &str) -> Result<Target, SpecError> {
-    let trimmed = name.trim();
-    if !trimmed.starts_with("tcp:") {
-        return Ok(Target::parse(name)?);
-    }
-    let mut unit = Unit::Default;
-    let mut spec = Vec::new();
-    for (i, p) in trimmed.split(',').enumerate() {
-        let bad = || FilenameError::BadNumber(p.to_string());
-        match p.split_once('=').map(|(k, v)| (k.trim(), v.trim())) {
-            Some(("ns", v)) if i > 0 => {
-                unit = Unit::Ns(v.parse::<u32>().ok().filter(|&n| n >= 1).ok_or_else(bad)?)
-            }
-            Some(("lun", _)) if i > 0 => {
-                return Err(FilenameError::BadSelector {
-                    name: trimmed.to_string(),
-                    key: p.to_string(),
-                    allowed: "ns=<N> (NVMe namespace id) and the tcp: options",
-                }
-                .into())
-            }
-            _ => spec.push(p),
-        }
-    }
-    let device = spec
-        .join(",")
-        .parse::<mcqio_open::DeviceSpec>()
-        .map_err(|e| SpecError::Tcp {
-            name: trimmed.to_string(),
-            why: e.to_string(),
-        })?;
-    Ok(Target { device, unit })
 }
 
 /// How the fake's device side runs.

@@ -13,7 +13,7 @@ pub(crate) struct DevArgs {
     pub(crate) no_shadow_doorbells: bool,
 }
 
-/// The shape of an `rw`/`ufs-rw` run, the same on both transports.
+/// The shape of an `rw`/`ufs-rw` run, the same on NVMe and UFS.
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct RwShape {
     /// Bytes to write and read back in total, over all threads.

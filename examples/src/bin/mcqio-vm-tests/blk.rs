@@ -3,7 +3,7 @@
 use super::*;
 
 /// The block operations [`phase`] needs, on an NVMe queue pair (namespace
-/// 1) or a UFS one (LU 0): the same checks run on both transports.
+/// 1) or a UFS one (LU 0): the same checks run on both.
 pub(crate) trait Blk {
     type B;
     /// Queue a write (`write`) or a read of `blocks` blocks at `lba`.

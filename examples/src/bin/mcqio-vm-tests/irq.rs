@@ -1,5 +1,4 @@
-//! `irq`: the device's interrupt vectors through VFIO as eventfds (issue 26,
-//! first part). The admin queue always interrupts on vector 0, so routing
+//! `irq`: the device's interrupt vectors through VFIO as eventfds. The admin queue always interrupts on vector 0, so routing
 //! the vectors and running admin commands must signal vector 0's eventfd
 //! once per completion — delivered by the real MSI-X path (QEMU's NVMe
 //! writes the message, the vIOMMU remaps it, the kernel's VFIO handler

@@ -87,7 +87,7 @@ enum Cmd {
     Reset(DevArgs),
     /// Show that the IOMMU stops the device writing to a buffer after it was unmapped.
     DmaAfterUnmap(DevArgs),
-    /// Map → touch → unmap throughput of each DMA mode on the device's IOMMU (issue 6's table).
+    /// Map → touch → unmap throughput of each DMA mode on the device's IOMMU.
     MapBench(MapBenchArgs),
     /// Write the cross-check pattern to a byte range of namespace 1.
     WritePattern(DevPatternArgs),

@@ -1,5 +1,5 @@
 //! `ufs-irq`: the UFS host controller's interrupt through VFIO as an
-//! eventfd (issue 26, first part). QEMU's UFS controller has INTx only: a
+//! eventfd. QEMU's UFS controller has INTx only: a
 //! UIC command completion sets IS.UCCS, which with IE.UCCE asserts the
 //! line; VFIO masks it on delivery, and the check clears IS (write 1 to
 //! clear) and unmasks before the next round, as an interrupt-driven

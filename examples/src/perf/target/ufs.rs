@@ -6,7 +6,7 @@
 //! namespace `n + 1` (`-N` counts from 1 for every device) and rows say
 //! `LU<n>`.
 //!
-//! Buffers are premapped as in [`crate::nvme`]: one DMA region per job,
+//! Buffers are premapped as in [`super::nvme`]: one DMA region per job,
 //! allocated and mapped once, cut into one [`SlotBuf`] per slot.
 //!
 //! In MCQ mode each job owns one hardware SQ/CQ pair. In legacy
@@ -30,10 +30,11 @@ use mcqio_fixtures::ufs::{
 use mcqio_open::{Backing, CtrlOptions, Device, Fake, OpenError};
 use mcqio_vfio::{IommuStats, OpenOptions as VfioOpenOptions};
 
+use super::{CtrlInfo, FakeThread, Namespace, OpenPlan};
 use crate::queue::{IoReq, IoStatus, JobQueue, PushError, QueueError};
+use crate::report::HpbReport;
 use crate::slots::{push_err, status_of, BlockJobQueue, SlotBuf, SlotBuffers};
 use crate::spec::{DeviceKind, DeviceSpec};
-use crate::target::{CtrlInfo, FakeThread, Namespace, OpenPlan};
 use crate::workload::Op;
 
 /// The most commands per queue the engine keeps outstanding on UFS.
@@ -492,6 +493,24 @@ impl JobQueue for SharedJobQueue {
     }
 }
 
+/// The report's copy of the engine's HPB counters of one LU.
+impl From<&HpbStats> for HpbReport {
+    fn from(s: &HpbStats) -> Self {
+        HpbReport {
+            lun: s.lun,
+            control: if s.host_control { "host" } else { "device" }.into(),
+            hpb_reads: s.hpb_reads,
+            normal_reads: s.normal_reads,
+            map_loads: s.map_loads,
+            stale_fallbacks: s.stale_fallbacks,
+            evictions: s.evictions,
+            host_map_bytes: s.host_map_bytes,
+            host_map_bytes_peak: s.host_map_bytes_peak,
+            memory_budget: s.memory_budget,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -505,13 +524,13 @@ mod tests {
             writes: true,
             job_cores: Vec::new(),
             seed: 1,
-            dma: crate::run::DmaMode::Premapped,
+            dma: crate::queue::DmaMode::Premapped,
             hpb: None,
             wait: mcqio::WaitPolicy::Poll,
         }
     }
 
-    /// Issue 13 item 7: legacy mode hands out one queue pair, so two jobs
+    /// Legacy mode hands out one queue pair, so two jobs
     /// share it; each gets back exactly its own completions.
     #[test]
     fn legacy_jobs_share_the_one_list_and_get_their_own_completions() {

@@ -17,10 +17,10 @@ use mcqio::{Completion, ControllerOptions, DmaBuf, IoError, QpairOptions};
 use mcqio_open::{CtrlOptions, Device};
 use mcqio_vfio::DmaDir;
 
+use super::{CtrlInfo, Namespace, OpenPlan};
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::slots::push_err;
 use crate::spec::DeviceSpec;
-use crate::target::{CtrlInfo, Namespace, OpenPlan};
 use crate::workload::Op;
 
 /// An NVMe/TCP controller driven by the engine.

@@ -1,21 +1,37 @@
-//! A device opened for a run, shared by its jobs.
+//! A device opened for a run, shared by its jobs: the one place in
+//! mcqio-perf that names a wire.
 //!
 //! [`Target::run_jobs`] holds the one `match` on the device kind: it builds the
 //! queues of a thread's jobs, of the concrete type, and calls the generic job loop
-//! with them.
+//! with them. Each wire's target is a file here — `nvme` (the fake and
+//! `vfio:` NVMe), `ufs` (the fake UFS and `vfio:` UFS), `tcp` (NVMe/TCP) —
+//! and the io_uring baseline is `crate::uring`; the run, the job loop and
+//! the report see only [`Target`], [`JobQueue`] and the neutral slot
+//! queue (`crate::slots`).
+
+mod nvme;
+mod tcp;
+mod ufs;
 
 use std::sync::Arc;
 
+use mcqio::core::block::BlockQueue;
+
 use crate::clock::Clock;
+use crate::error::PerfError;
 use crate::job::{self, JobResult, JobSpec, Shared};
-use crate::nvme::NvmeTarget;
-use crate::queue::JobQueue;
-use crate::run::DmaMode;
-use crate::run::PerfError;
+use crate::queue::{DmaMode, JobQueue};
+use crate::slots::{BlockJobQueue, SlotBuf};
 use crate::spec::{DeviceKind, DeviceSpec};
-use crate::tcp::TcpTarget;
-use crate::ufs::{UfsOpenError, UfsTarget};
 use crate::uring::UringTarget;
+use nvme::NvmeTarget;
+use tcp::TcpTarget;
+use ufs::{UfsOpenError, UfsTarget};
+
+/// The deepest queue `-q` may ask for: the engine's NVMe queue-pair
+/// limit, the deepest of the wires (UFS and NVMe/TCP queues take what
+/// their controller offers and answer busy beyond it).
+pub const MAX_DEPTH: u16 = mcqio::nvme::queue::pair::MAX_DEPTH;
 
 /// What an NVMe or UFS controller target tells the run and the report,
 /// kept the same way for both.
@@ -230,7 +246,7 @@ impl Target {
                 if matches!(spec.kind, DeviceKind::Fake { .. }) {
                     // Known before building anything: say so instead of
                     // starting the jobs and failing one of them.
-                    let offered = crate::nvme::fake_queue_pairs(spec, jobs) as usize;
+                    let offered = nvme::fake_queue_pairs(spec, jobs) as usize;
                     if offered < jobs {
                         return Err(PerfError::QueueCount {
                             device: spec.label(),
@@ -316,9 +332,9 @@ impl Target {
     }
 
     /// HPB counters per LU (UFS with `--hpb`; empty otherwise).
-    pub fn hpb_stats(&self) -> Vec<mcqio::ufs::HpbStats> {
+    pub fn hpb_stats(&self) -> Vec<crate::report::HpbReport> {
         match self {
-            Target::Ufs(t) => t.hpb_stats(),
+            Target::Ufs(t) => t.hpb_stats().iter().map(Into::into).collect(),
             _ => Vec::new(),
         }
     }
@@ -423,6 +439,50 @@ impl Target {
                     )
                 }
             },
+        }
+    }
+}
+
+/// Code run on one of the engine's queue pairs with premapped slot
+/// buffers, whatever its wire (`--minimal`): a closure generic over the
+/// queue pair's type, which Rust closures cannot be, resolved statically.
+pub trait OnSlotQueue {
+    /// What the run returns.
+    type Output;
+    /// Run on `q`.
+    fn run<Q: BlockQueue<Buf = SlotBuf>>(self, q: BlockJobQueue<Q>) -> Self::Output;
+}
+
+impl Target {
+    /// Build one queue pair for `nsid` with `depth` slots of `buf_len`
+    /// bytes on the calling thread and run `f` on it: the engine alone,
+    /// without the job loop (`--minimal`).
+    pub fn with_slot_queue<F: OnSlotQueue>(
+        &self,
+        nsid: u32,
+        depth: usize,
+        buf_len: usize,
+        f: F,
+    ) -> Result<F::Output, PerfError> {
+        match self {
+            Target::Nvme(t) => {
+                let q = t.queue(nsid, depth, buf_len).map_err(PerfError::Device)?;
+                Ok(f.run(q))
+            }
+            Target::Ufs(t) => {
+                let q = t.queue(nsid, depth, buf_len).map_err(PerfError::Device)?;
+                Ok(f.run(q))
+            }
+            Target::Uring(_) => Err(PerfError::Usage(
+                "--minimal drives the mcqio engine: give an NVMe or UFS device (fake…, vfio:…)"
+                    .into(),
+            )),
+            // The loop's slot buffers are device addresses only; a socket
+            // needs host memory (the TCP job queue moves DmaBufs instead).
+            Target::Tcp(_) => Err(PerfError::Usage(
+                "--minimal runs on PCIe NVMe and UFS devices (fake…, vfio:…), not yet on tcp:"
+                    .into(),
+            )),
         }
     }
 }

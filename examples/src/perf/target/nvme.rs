@@ -18,10 +18,10 @@ use mcqio_vfio::{
     MapperConfig, OpenOptions as VfioOpenOptions, QueueMapper, Returned,
 };
 
+use super::{CtrlInfo, FakeThread, Namespace, OpenPlan};
 use crate::queue::{Failure, IoReq, IoStatus, JobQueue, PushError, QueueError};
 use crate::slots::{BlockJobQueue, SlotBuf, SlotBuffers};
 use crate::spec::{DeviceKind, DeviceSpec};
-use crate::target::{CtrlInfo, FakeThread, Namespace, OpenPlan};
 use crate::workload::Op;
 
 /// The most I/O queue pairs the fake offers when `qpairs=` does not say:
@@ -491,7 +491,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// Issue 12 item 2: when the controller refuses to delete the queue, a
+    /// When the controller refuses to delete the queue, a
     /// command in flight keeps its slot of the region; the region must stay
     /// mapped (the device may still write into it) after the queue drops.
     #[test]
@@ -505,7 +505,7 @@ mod tests {
             writes: false,
             job_cores: Vec::new(),
             seed: 1,
-            dma: crate::run::DmaMode::Premapped,
+            dma: crate::queue::DmaMode::Premapped,
             hpb: None,
             wait: mcqio::WaitPolicy::Poll,
         };
