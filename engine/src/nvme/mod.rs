@@ -28,13 +28,4 @@ pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace};
 pub use mapped::MappedQueuePair;
 pub use pcie::qpair::{QpairOptions, QpairStats, QueuePair};
 
-/// The former path of [`pcie::qpair::MAX_DEPTH`], kept only while the
-/// frontends in `examples/` still name it; new code uses the new path.
-#[doc(hidden)]
-pub mod queue {
-    /// The former path of [`crate::nvme::pcie::qpair`].
-    pub mod pair {
-        pub use crate::nvme::pcie::qpair::MAX_DEPTH;
-    }
-}
 pub use spec::NvmeStatus;

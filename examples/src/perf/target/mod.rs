@@ -31,7 +31,7 @@ use ufs::{UfsOpenError, UfsTarget};
 /// The deepest queue `-q` may ask for: the engine's NVMe queue-pair
 /// limit, the deepest of the wires (UFS and NVMe/TCP queues take what
 /// their controller offers and answer busy beyond it).
-pub const MAX_DEPTH: u16 = mcqio::nvme::queue::pair::MAX_DEPTH;
+pub const MAX_DEPTH: u16 = mcqio::nvme::pcie::qpair::MAX_DEPTH;
 
 /// What an NVMe or UFS controller target tells the run and the report,
 /// kept the same way for both.

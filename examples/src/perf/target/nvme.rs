@@ -99,7 +99,7 @@ impl NvmeTarget {
                     mqes: plan
                         .depth
                         .max(usize::from(plan.io_queue_size.unwrap_or(0)))
-                        .clamp(1023, mcqio::nvme::queue::pair::MAX_DEPTH as usize)
+                        .clamp(1023, mcqio::nvme::pcie::qpair::MAX_DEPTH as usize)
                         as u16,
                     ..cfg
                 };
@@ -229,7 +229,7 @@ impl NvmeTarget {
         let children = (io as u64).div_ceil(self.ctrl.max_transfer().max(1)).max(1);
         let most = (self.ctrl.cap().max_queue_entries() as usize)
             .saturating_sub(1)
-            .min(usize::from(mcqio::nvme::queue::pair::MAX_DEPTH));
+            .min(usize::from(mcqio::nvme::pcie::qpair::MAX_DEPTH));
         depth
             .saturating_mul(children as usize)
             .min(most)
