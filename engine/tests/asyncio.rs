@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use mcqio::core::block::BlockQueue;
 use mcqio::ufs::UfsQpairOptions;
-use mcqio::vfio::{DmaDir, DmaSpace};
+use mcqio::vfio::DmaDir;
 use mcqio::{
-    AsyncQueue, Completion, DmaBuf, IoBuf, IoError, IoSeg, QpairOptions, SubmitError,
-    SubmitErrorKind, TimeoutPolicy,
+    AsyncQueue, Completion, DmaBuf, IoError, QpairOptions, SubmitError, SubmitErrorKind,
+    TimeoutPolicy,
 };
-use mcqio_fixtures::testing::engine::asyncio::Flag;
+use mcqio_fixtures::testing::engine::asyncio::{Flag, Tracked};
 use mcqio_fixtures::testing::engine::{nvme, ufs};
 use mcqio_fixtures::ufs::UfsFault;
 use mcqio_fixtures::{ExecMode, Fault};
@@ -226,35 +226,6 @@ fn bad_input_resolves_once_with_the_buffer() {
     aq.close().unwrap();
 }
 
-/// A DMA buffer that records when it is dropped.
-struct Tracked {
-    buf: DmaBuf,
-    dropped: Arc<AtomicBool>,
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        self.dropped.store(true, Ordering::Release);
-    }
-}
-
-// SAFETY: every answer is the wrapped `DmaBuf`'s, which holds the
-// contract, and the `DmaBuf` lives exactly as long as the wrapper.
-unsafe impl IoBuf for Tracked {
-    fn segment_count(&self) -> usize {
-        self.buf.segment_count()
-    }
-    fn segment(&self, i: usize) -> IoSeg {
-        self.buf.segment(i)
-    }
-    fn dir(&self) -> DmaDir {
-        self.buf.dir()
-    }
-    fn is_mapped_in(&self, space: &DmaSpace) -> bool {
-        self.buf.is_mapped_in(space)
-    }
-}
-
 #[test]
 fn a_future_dropped_early_leaves_its_buffer_with_the_queue_until_the_completion() {
     for mode in nvme::modes() {
@@ -277,6 +248,7 @@ fn a_future_dropped_early_leaves_its_buffer_with_the_queue_until_the_completion(
             (
                 Tracked {
                     buf,
+                    id: 0,
                     dropped: dropped.clone(),
                 },
                 dropped,
@@ -720,6 +692,7 @@ fn futures_dropped_at_random_points_never_free_a_buffer_the_device_still_holds()
             drops.push(dropped.clone());
             let buf = Tracked {
                 buf: nvme::buf(&ctrl, 512),
+                id: i,
                 dropped,
             };
             let t = Box::pin(aq.read(1u32, i as u64 % 128, 1, buf)) as Task<'_, Tracked>;
