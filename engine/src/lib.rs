@@ -160,9 +160,12 @@
 //!   buffers mapped per I/O ([`MappedQueuePair`], strict and lazy DMA modes;
 //!   [`core::mapped`]), one queue pair per core ([`run_per_core`];
 //!   [`core::per_core`]).
-//! - [`nvme`]: the NVMe transport: wire formats ([`nvme::spec`]), the
-//!   [`Controller`] ([`nvme::ctrl`]) and its admin queue ([`nvme::admin`]);
-//!   NVMe over PCIe ([`nvme::pcie`]): bring-up, doorbells, [`QueuePair`]
+//! - [`nvme`]: NVMe: wire formats ([`nvme::spec`]); the layer every NVMe
+//!   wire shares ([`nvme::host`]: [`nvme::NvmeController`] over a
+//!   [`nvme::Link`] — identify, namespaces, the state word, queue ids,
+//!   enable/disable/shutdown —, [`QpairOptions`], the NVM command checks
+//!   and Abort on timeout); NVMe over PCIe ([`nvme::pcie`]): [`Controller`]
+//!   (its bring-up, admin rings, doorbells), [`QueuePair`]
 //!   with its PRP lists ([`nvme::pcie::qpair`]) and rings ([`nvme::pcie::queue`]); NVMe over TCP
 //!   ([`nvme::tcp`]): [`nvme::tcp::TcpController`] (Fabrics bring-up on
 //!   the admin connection) and [`nvme::tcp::TcpQueuePair`] (one connection

@@ -174,11 +174,11 @@ fn asynchronous_events_reach_the_application() {
         let (fake, ctrl) = open(config(mode, 5));
         assert_eq!(ctrl.async_event_requests_posted(), 1);
         assert!(ctrl.async_events().is_empty());
-        fake.raise_async_event(mcqio::nvme::ctrl::event_type::NOTICE, 0x00, 0x04);
+        fake.raise_async_event(mcqio::nvme::event_type::NOTICE, 0x00, 0x04);
         // Events arrive whenever the admin queue is looked at: here while a
         // queue pair is created (an admin command is waited on) ...
         let qp = ctrl.create_qpair(Default::default()).unwrap();
-        fake.raise_async_event(mcqio::nvme::ctrl::event_type::SMART_HEALTH, 0x01, 0x02);
+        fake.raise_async_event(mcqio::nvme::event_type::SMART_HEALTH, 0x01, 0x02);
         // ... or by asking.
         let mut evs = Vec::new();
         for _ in 0..100_000 {

@@ -285,7 +285,7 @@ fn reset_aborts_every_queue_once_and_queues_recover() {
             works(qp, base + 50, base as u8 + 1);
         }
         // Events still reach the application after the reset.
-        fake.raise_async_event(mcqio::nvme::ctrl::event_type::NOTICE, 0, 0x04);
+        fake.raise_async_event(mcqio::nvme::event_type::NOTICE, 0, 0x04);
         let start = Instant::now();
         let mut evs = Vec::new();
         while evs.is_empty() {
@@ -293,7 +293,7 @@ fn reset_aborts_every_queue_once_and_queues_recover() {
             assert!(start.elapsed() < HANG, "the event never arrived");
             std::thread::yield_now();
         }
-        assert_eq!(evs[0].event_type, mcqio::nvme::ctrl::event_type::NOTICE);
+        assert_eq!(evs[0].event_type, mcqio::nvme::event_type::NOTICE);
         assert_eq!(evs[0].log_page, 0x04);
         // Queue ids and teardown are intact.
         a.close(|_| panic!("nothing outstanding")).unwrap();

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use mcqio_vfio::Mapped;
 
-use super::ctrl::Controller;
-use super::pcie::qpair::{QpairOptions, QpairStats, QueuePair};
+use super::host::QpairOptions;
+use super::pcie::controller::Controller;
+use super::pcie::qpair::{QpairStats, QueuePair};
 use crate::core::error::Result;
 use crate::core::mapped::MappingMode;
 

@@ -1,31 +1,36 @@
-//! # NVMe transport
+//! # NVMe
 //!
-//! The NVMe wire and its controller, over the shared [`crate::core`]:
+//! NVMe over its wires, over the shared [`crate::core`]:
 //!
 //! - [`spec`]: wire formats (registers, SQE/CQE, command builders, identify, status).
-//! - [`ctrl`]: [`Controller`], the NVMe over PCIe controller: options,
-//!   namespaces, the state word, admin entry points, reset, queue ids.
-//! - [`admin`]: the admin queue: commands, Asynchronous Event Requests
-//!   ([`AsyncEvent`]), Identify, [`Controller::admin_read`].
-//! - [`pcie`]: NVMe over PCIe: [`QueuePair`] (PRP lists, transfers split
-//!   at MDTS) in [`pcie::qpair`], on the rings and doorbells of
+//! - [`host`]: the NVMe layer every wire shares — [`NvmeController`]
+//!   (identify, namespaces, the state word, queue ids, the enable/disable
+//!   /shutdown handshakes) over a [`Link`], one [`QpairOptions`], the NVM
+//!   command semantics and Abort-on-timeout of every queue pair.
+//! - [`pcie`]: NVMe over PCIe: [`Controller`] (`NvmeController<PcieLink>`:
+//!   the BAR, the admin rings, shadow doorbells, MSI-X) and [`QueuePair`]
+//!   (PRP lists, transfers split at MDTS) on the rings and doorbells of
 //!   [`pcie::queue`].
-//! - [`tcp`]: NVMe over TCP: [`tcp::TcpController`] and
-//!   [`tcp::TcpQueuePair`] on the same queue-pair engine, reusing [`spec`],
-//!   the namespace checks of [`ctrl`] and the namespace-list walk of
-//!   [`admin`].
+//! - [`tcp`]: NVMe over TCP: [`tcp::TcpController`]
+//!   (`NvmeController<TcpLink>`: the association's admin connection,
+//!   Property Get/Set, Keep Alive) and [`tcp::TcpQueuePair`].
+//!
+//! `pcie/` and `tcp/` implement [`Link`] and their queue mechanics and
+//! never name each other; both reach the layer under them through
+//! [`host`].
 
-pub mod admin;
-pub mod ctrl;
+pub mod host;
 mod mapped;
 pub mod pcie;
-mod per_core;
 pub mod spec;
 pub mod tcp;
 
 pub use crate::core::timeout::Outstanding;
-pub use ctrl::{AsyncEvent, Controller, ControllerOptions, Namespace};
+pub use host::{Link, Namespace, NvmeController, QpairOptions, MAX_NAMESPACES};
 pub use mapped::MappedQueuePair;
-pub use pcie::qpair::{QpairOptions, QpairStats, QueuePair};
+pub use pcie::admin::{event_type, AsyncEvent, MAX_ADMIN_READ};
+pub use pcie::controller::{Controller, ControllerOptions, PcieLink, TimeoutPolicy};
+pub use pcie::qpair::{QpairStats, QueuePair};
+pub use tcp::controller::TcpLink;
 
 pub use spec::NvmeStatus;

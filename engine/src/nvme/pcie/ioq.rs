@@ -3,7 +3,7 @@
 //! back.
 
 use crate::core::error::{Error, Result};
-use crate::nvme::ctrl::{failure_error, state, Controller};
+use crate::nvme::pcie::controller::{failure_error, state, Controller};
 use crate::nvme::spec::sqe::{Command, CreateIoCq, CreateIoSq, DeleteIoCq, DeleteIoSq};
 
 impl Controller {

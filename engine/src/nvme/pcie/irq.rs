@@ -21,7 +21,7 @@ use std::sync::Arc;
 use mcqio_vfio::{IrqKind, Notifier};
 
 use crate::core::error::{Error, Result};
-use crate::nvme::ctrl::Controller;
+use crate::nvme::pcie::controller::Controller;
 
 /// Where an I/O queue interrupts.
 #[derive(Clone, Debug)]
@@ -39,24 +39,24 @@ impl Controller {
     /// vectors the first time (see the module docs).
     pub(crate) fn queue_irq(&self, qid: u16) -> Result<QueueIrq> {
         let no = |why: String| Error::InvalidOption(format!("waiting on interrupts: {why}"));
-        let mut routed = self.irqs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut routed = self.link.irqs.lock().unwrap_or_else(|p| p.into_inner());
         let notifiers = match &*routed {
             Some(n) => Arc::clone(n),
             None => {
-                let irqs = self
-                    .backend
-                    .interrupts()
-                    .ok_or_else(|| no(format!("{} has no interrupts", self.backend.name())))?;
+                let irqs =
+                    self.link.backend.interrupts().ok_or_else(|| {
+                        no(format!("{} has no interrupts", self.link.backend.name()))
+                    })?;
                 let vectors = match irqs.kind() {
                     IrqKind::MsiX { vectors } | IrqKind::Msi { vectors } if vectors > 0 => vectors,
                     k => {
                         return Err(no(format!(
                             "{} offers {k:?}; an NVMe queue needs MSI-X or MSI",
-                            self.backend.name()
+                            self.link.backend.name()
                         )))
                     }
                 };
-                let n = vectors.min(u32::from(self.granted) + 1) as usize;
+                let n = vectors.min(u32::from(self.qids.granted()) + 1) as usize;
                 let n: Arc<[Arc<Notifier>]> = (0..n)
                     .map(|_| Notifier::new().map(Arc::new))
                     .collect::<std::io::Result<Vec<_>>>()
@@ -65,14 +65,14 @@ impl Controller {
                 irqs.route(&n).map_err(|e| no(e.to_string()))?;
                 log::info!(
                     "{}: {} interrupt vectors routed for waiting queue pairs",
-                    self.backend.name(),
+                    self.link.backend.name(),
                     n.len()
                 );
                 *routed = Some(Arc::clone(&n));
                 n
             }
         };
-        let (vector, shared) = vector_of(qid, notifiers.len(), self.granted);
+        let (vector, shared) = vector_of(qid, notifiers.len(), self.qids.granted());
         Ok(QueueIrq {
             vector,
             notifier: Arc::clone(&notifiers[usize::from(vector)]),
@@ -87,7 +87,7 @@ impl Controller {
     /// recovers) instead of at the end of its slice.
     #[cold]
     pub(crate) fn wake_waiters(&self) {
-        let routed = self.irqs.lock().unwrap_or_else(|p| p.into_inner());
+        let routed = self.link.irqs.lock().unwrap_or_else(|p| p.into_inner());
         for n in routed.iter().flat_map(|n| n.iter()) {
             n.signal();
         }

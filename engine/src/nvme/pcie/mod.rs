@@ -1,17 +1,20 @@
 //! # NVMe over PCIe
 //!
-//! What only the PCIe transport of NVMe has: controller registers in BAR0
-//! (CC/CSTS), rings in host memory with doorbells, and the Create/Delete
-//! I/O queue admin commands that hand those rings to the controller. Its
-//! controller is [`super::ctrl`] and its admin queue [`super::admin`]
-//! (both PCIe's today, outside this folder); the wire formats
-//! ([`super::spec`]) are what NVMe over TCP reuses.
+//! What only the PCIe wire of NVMe has: controller registers in BAR0,
+//! rings in host memory with doorbells, and the Create/Delete I/O queue
+//! admin commands that hand those rings to the controller — under the
+//! NVMe layer of [`super::host`], which holds what every wire shares.
 //!
-//! - `bringup`: [`Controller::new`](super::Controller::new) (the sequence
-//!   in [`super::ctrl`]), the disable and re-initialisation of a reset, the
-//!   CC.SHN shutdown when the controller is dropped.
-//! - `enable`: CSTS reads and waits, the CC configuration, disabling, the
-//!   checks that doorbells lie inside BAR0.
+//! - [`controller`]: [`PcieLink`](controller::PcieLink), the
+//!   [`Link`](super::Link) of [`Controller`](super::Controller)
+//!   (`NvmeController<PcieLink>`): the BAR, the admin rings, failure
+//!   (a fatal controller is disabled at once); its `bringup`:
+//!   [`Controller::new`](super::Controller::new), the disable and
+//!   re-initialisation of a reset, the shutdown when it is dropped.
+//! - `admin`: the admin rings: commands, Asynchronous Event Requests, the
+//!   layer's `Exchange`, `admin_read`.
+//! - `bar`: BAR0's registers as the layer's `Registers`, doorbells'
+//!   bounds.
 //! - `shadow`: shadow doorbells (Doorbell Buffer Config).
 //! - `ioq`: Create and Delete I/O SQ/CQ for a queue pair's rings.
 //! - `irq`: an MSI-X vector per I/O queue, for queue pairs that wait on
@@ -27,10 +30,12 @@
 //!   `wait` (the MSI-X vector), `blocking` (the blocking helpers and
 //!   [`BlockQueue`](crate::core::block::BlockQueue)).
 
-pub(super) mod bringup;
-pub(super) mod enable;
+pub(super) mod admin;
+pub(super) mod bar;
+pub mod controller;
 pub(super) mod ioq;
 pub(super) mod irq;
+mod link;
 pub mod qpair;
 pub mod queue;
 pub(super) mod shadow;

@@ -3,7 +3,6 @@
 
 use mcqio_vfio::DmaRegion;
 
-use crate::nvme::ctrl::Controller;
 use crate::nvme::pcie::queue::doorbell::Shadow;
 use crate::nvme::spec::regs;
 
@@ -65,15 +64,5 @@ impl ShadowPages {
                 event_idx: at(&self.event_idx, cq_off),
             }),
         )
-    }
-}
-
-impl Controller {
-    /// Shadow doorbell slots for queue `qid` (SQ tail, CQ head), zeroed.
-    pub(crate) fn shadow_slots(&self, qid: u16) -> (Option<Shadow>, Option<Shadow>) {
-        match &self.shadow {
-            Some(s) => s.slots(qid, self.cap.dstrd(), true),
-            None => (None, None),
-        }
     }
 }

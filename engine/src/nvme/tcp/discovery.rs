@@ -13,11 +13,12 @@
 
 use std::net::SocketAddr;
 
-use super::conn::{Conn, SyncData};
-use super::controller::{connect_queue, enable, run_up, AdminLink, TcpOptions};
+use super::conn::Conn;
+use super::controller::{connect_queue, enable, AdminConn, TcpOptions};
 use super::error::TcpError;
 use super::fabrics;
 use crate::core::error::{Error, Result};
+use crate::nvme::host::identify::Exchange;
 use crate::nvme::spec::sqe::{Command, GetLogPage};
 
 /// The well-known NQN of a discovery controller.
@@ -150,19 +151,17 @@ fn bad(detail: String) -> Error {
 
 /// Read `out.len()` bytes of the discovery log from `offset`, in pieces of
 /// at most [`CHUNK`].
-fn read_log(a: &mut AdminLink, offset: usize, out: &mut [u8], opts: &TcpOptions) -> Result<()> {
+fn read_log(a: &mut AdminConn, offset: usize, out: &mut [u8]) -> Result<()> {
     let mut at = 0;
     while at < out.len() {
         let n = (out.len() - at).min(CHUNK);
         let cmd = GetLogPage::new(LOG_DISCOVERY, n as u32)
             .nsid(0)
             .offset((offset + at) as u64);
-        run_up(
-            a,
+        a.exchange(
             cmd.sqe(),
-            SyncData::Out(&mut out[at..at + n]),
+            Some(&mut out[at..at + n]),
             "Get Log Page (Discovery)",
-            opts.admin_timeout,
         )?;
         at += n;
     }
@@ -171,11 +170,11 @@ fn read_log(a: &mut AdminLink, offset: usize, out: &mut [u8], opts: &TcpOptions)
 
 /// Read the discovery log whole (see the module docs) on an enabled
 /// discovery controller.
-fn read_whole(a: &mut AdminLink, opts: &TcpOptions) -> Result<DiscoveryLog> {
+fn read_whole(a: &mut AdminConn) -> Result<DiscoveryLog> {
     let mut h = [0u8; RECORD_BYTES];
     let mut last = None;
     for _ in 0..DISCOVERY_ATTEMPTS {
-        read_log(a, 0, &mut h, opts)?;
+        read_log(a, 0, &mut h)?;
         let (genctr, numrec, _) = header(&h);
         if numrec > MAX_RECORDS {
             return Err(bad(format!(
@@ -184,8 +183,8 @@ fn read_whole(a: &mut AdminLink, opts: &TcpOptions) -> Result<DiscoveryLog> {
         }
         // `numrec <= MAX_RECORDS`: the product is at most 1 MiB.
         let mut log = vec![0u8; (numrec as usize + 1) * RECORD_BYTES];
-        read_log(a, 0, &mut log, opts)?;
-        read_log(a, 0, &mut h, opts)?;
+        read_log(a, 0, &mut log)?;
+        read_log(a, 0, &mut h)?;
         let (g_all, n_all, recfmt) = header(&log[..RECORD_BYTES]);
         let (g_after, n_after, _) = header(&h);
         if (g_all, n_all) == (genctr, numrec) && (g_after, n_after) == (genctr, numrec) {
@@ -220,8 +219,8 @@ pub fn discover(addr: SocketAddr, opts: &TcpOptions) -> Result<DiscoveryLog> {
     };
     // KATO 0: this connection lives only for the few commands below.
     connect_queue(&mut conn, &o, 0, 32, fabrics::CNTLID_DYNAMIC, 0)?;
-    let mut a = AdminLink::new(conn);
-    let r = enable(&mut a, t).and_then(|_| read_whole(&mut a, &o));
+    let mut a = AdminConn::new(conn, t);
+    let r = enable(&mut a).and_then(|_| read_whole(&mut a));
     a.conn.close();
     r
 }

@@ -3,11 +3,12 @@
 //! controller, and the ring sizes for a depth.
 
 use super::prp::{prp_pages_per_slot, prp_region_len, PrpLists};
-use super::{NsGeom, QpairOptions, QueuePair, Teardown, MAX_DEPTH};
+use super::{NsGeom, QueuePair, Teardown, MAX_DEPTH};
 use crate::core::error::{Error, Result};
 use crate::core::io::{DmaBuf, IoBuf};
 use crate::core::qpair::Engine;
-use crate::nvme::ctrl::Controller;
+use crate::nvme::host::QpairOptions;
+use crate::nvme::pcie::controller::Controller;
 use crate::nvme::pcie::queue::cq::CompQueue;
 use crate::nvme::pcie::queue::doorbell::Doorbell;
 use crate::nvme::pcie::queue::sq::SubQueue;
@@ -119,14 +120,14 @@ impl<B: IoBuf> QueuePair<B> {
         let (sq_db, cq_db) = unsafe {
             (
                 Doorbell::new(
-                    ctrl.bar(),
+                    ctrl.link.bar.0,
                     regs::sq_tail_doorbell(qid, dstrd),
                     sq_shadow,
                     false,
                     hook.clone(),
                 ),
                 Doorbell::new(
-                    ctrl.bar(),
+                    ctrl.link.bar.0,
                     regs::cq_head_doorbell(qid, dstrd),
                     cq_shadow,
                     false,

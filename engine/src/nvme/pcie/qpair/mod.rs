@@ -5,7 +5,6 @@ use std::cell::Cell;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
-use std::time::Duration;
 
 use mcqio_vfio::{DmaRegion, DmaSpace};
 
@@ -23,12 +22,11 @@ mod wire;
 use self::prp::PrpLists;
 use crate::core::error::Result;
 use crate::core::io::{DmaBuf, IoBuf, SubmitErrorKind};
-use crate::core::qpair::{Engine, WaitPolicy};
-use crate::nvme::ctrl::{Controller, TimeoutPolicy};
+use crate::core::qpair::Engine;
+use crate::nvme::host::nvm;
+use crate::nvme::pcie::controller::Controller;
 use crate::nvme::pcie::queue::cq::CompQueue;
 use crate::nvme::pcie::queue::sq::SubQueue;
-use crate::nvme::spec::status::{generic, sct};
-use crate::nvme::spec::NvmeStatus;
 
 /// NVMe's record per child being built (the shared parent table's `S`):
 /// PRP1, PRP2 (see `split.rs`).
@@ -41,76 +39,6 @@ pub const MAX_DEPTH: u16 = 4096;
 const STREAM_MIN_OUTSTANDING: usize = 4;
 /// Empty polls (with commands outstanding) between CSTS health checks.
 const HEALTH_CHECK_INTERVAL: u32 = 4096;
-
-/// Options for [`Controller::create_qpair`].
-#[derive(Clone, Debug)]
-pub struct QpairOptions {
-    /// Commands that may be outstanding at once (1..=4096).
-    pub depth: u16,
-    /// Entries of the I/O SQ and CQ (`spdk_nvme_perf -i`'s io-queue-size);
-    /// 0 (the default): twice `depth` plus the CQ head batch where CAP.MQES
-    /// allows, else `depth` plus the batch. The CQ head doorbell is written
-    /// once 32 consumed entries have piled up (at any depth: a polled CQ's
-    /// head is only flow control, so the controller needs it no sooner),
-    /// or once `entries - depth` have if that is smaller, so fewer than
-    /// that many consumed entries are ever unreleased; with at most `depth`
-    /// commands outstanding the controller then never finds the CQ full (a
-    /// full CQ would make it hold commands back). With at least twice
-    /// `depth` plus the batch, the head a poll consumed is written at the
-    /// next submit or poll, after the SQ tail doorbell of the commands the
-    /// application queued meanwhile (so a resubmission reaches the
-    /// controller one doorbell store sooner); with fewer, at the end of the
-    /// poll. Must be `depth + 1 ..= CAP.MQES + 1`; `depth + 1` writes the
-    /// head on every poll that consumed something.
-    pub queue_entries: u16,
-    /// Most completions one [`QueuePair::poll`] delivers (0: `depth`).
-    pub max_completions_per_poll: usize,
-    /// How long blocking calls wait for their completion before returning
-    /// [`IoError::TimedOut`](crate::core::io::IoError::TimedOut).
-    pub blocking_timeout: Duration,
-    /// Per-command timeout for this queue's I/O (`None`: never time out).
-    /// Detected while polling — no timer thread: [`QueuePair::poll`] scans
-    /// the outstanding commands once the queue's coarse clock (read once per
-    /// poll that completes something, every 64 empty polls while commands
-    /// are outstanding, and when a command arrives on an idle queue) has
-    /// moved a quarter of the timeout since the last scan, so a command is
-    /// acted on about 1 to 1.25 timeouts after submission, as measured on
-    /// that clock (and only while the queue is polled). A command is stamped
-    /// with the clock's last reading: on a busy queue that is the last poll,
-    /// so leave a busy queue unpolled for no longer than the timeout. A
-    /// command whose completion is already posted in the CQ (a slow
-    /// callback, a small `max`) is never taken for timed out. The admin
-    /// queue has its own [`crate::ControllerOptions::admin_timeout`].
-    pub io_timeout: Option<Duration>,
-    /// What a timeout does; see [`TimeoutPolicy`].
-    pub timeout_policy: TimeoutPolicy,
-    /// How buffers get their device addresses: premapped [`DmaBuf`]s
-    /// ([`Controller::create_qpair`], the default) or application buffers
-    /// mapped per I/O in strict or lazy mode
-    /// ([`Controller::create_mapped_qpair`]); see [`crate::core::mapped`].
-    pub mapping: crate::core::mapped::MappingMode,
-    /// How [`QueuePair::wait`] waits: spinning ([`WaitPolicy::Poll`], the
-    /// default: the CQ is created without interrupts), or sleeping on the
-    /// queue's own MSI-X vector (`Interrupt`, `Hybrid`: the CQ is created
-    /// with IEN and IV). Creating the queue pair fails with
-    /// [`Error::InvalidOption`](crate::core::error::Error::InvalidOption) where the device has no MSI-X or MSI.
-    pub wait: WaitPolicy,
-}
-
-impl Default for QpairOptions {
-    fn default() -> Self {
-        QpairOptions {
-            depth: 256,
-            queue_entries: 0,
-            max_completions_per_poll: 0,
-            blocking_timeout: Duration::from_secs(30),
-            io_timeout: Some(Duration::from_secs(30)),
-            timeout_policy: TimeoutPolicy::Abort,
-            mapping: crate::core::mapped::MappingMode::Premapped,
-            wait: WaitPolicy::Poll,
-        }
-    }
-}
 
 /// Counters of one queue pair.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -202,9 +130,9 @@ struct NsGeom {
 /// buffers are then leaked, never freed
 /// ([`Controller::leaked_bytes`]).
 ///
-/// Timeouts ([`QpairOptions::io_timeout`]), controller resets and
+/// Timeouts ([`QpairOptions::io_timeout`](crate::nvme::QpairOptions::io_timeout)), controller resets and
 /// controller failures are handled inside [`poll`](Self::poll): see
-/// [`TimeoutPolicy`] and [the controller docs](crate::nvme::ctrl#reset-and-failure).
+/// [`TimeoutPolicy`](crate::TimeoutPolicy) and [the controller docs](crate::nvme::pcie::controller#reset-and-failure).
 /// After a reset the queue pair re-creates its queues by itself; commands
 /// that were outstanding complete with [`IoError::AbortedByReset`](crate::core::io::IoError::AbortedByReset).
 pub struct QueuePair<B: IoBuf = DmaBuf> {
@@ -263,9 +191,6 @@ enum Teardown {
     /// Both queues deleted: the device touches none of the queue's memory.
     Deleted,
 }
-
-/// Status of a command the controller aborted at our request.
-const ABORT_REQUESTED: NvmeStatus = NvmeStatus::new(sct::GENERIC, generic::ABORT_REQUESTED);
 
 // SAFETY: every raw pointer in a QueuePair (rings, PRP pages, doorbells)
 // points into memory this value owns or keeps alive (its DmaRegions, the BAR
@@ -365,17 +290,7 @@ impl<B: IoBuf> QueuePair<B> {
         let Some(g) = self.geom(nsid) else {
             return Err(SubmitErrorKind::UnknownNamespace { nsid });
         };
-        if nlb == 0 {
-            return Err(SubmitErrorKind::ZeroLength);
-        }
-        match slba.checked_add(nlb as u64) {
-            Some(end) if end <= g.nsze => Ok(g),
-            _ => Err(SubmitErrorKind::LbaOutOfRange {
-                slba,
-                nlb: nlb as u64,
-                nsze: g.nsze,
-            }),
-        }
+        nvm::check_blocks(slba, nlb, g.nsze).map(|()| g)
     }
 
     /// The hot submission's check of a read or write: the namespace, a
@@ -426,7 +341,9 @@ impl<B: IoBuf> QueuePair<B> {
 mod tests {
     use super::create::CQ_HEAD_BATCH;
     use super::*;
+    use crate::nvme::host::QpairOptions;
     use mcqio_vfio::DmaDir;
+    use std::time::Duration;
 
     /// An idle queue pair (nothing outstanding, nothing completed) polled
     /// in a loop must not read the clock on every poll: nothing can time

@@ -4,7 +4,7 @@
 
 use crate::core::error::{Error, Result};
 use crate::core::io::{IoBuf, SubmitErrorKind};
-use crate::nvme::ctrl::Controller;
+use crate::nvme::pcie::controller::Controller;
 use crate::nvme::pcie::queue::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::nvme::spec::sqe::MAX_NLB;
 use std::ptr::NonNull;

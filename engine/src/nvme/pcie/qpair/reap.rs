@@ -1,13 +1,14 @@
 //! Completion: [`QueuePair::poll`], CQE to tracker (CID = slot |
 //! generation), stale CQEs dropped and counted.
 
-use super::{QueuePair, ABORT_REQUESTED};
+use super::QueuePair;
 use crate::core::error::Result;
 use crate::core::io::{Completion, IoBuf, IoError};
 use crate::core::qpair::Lifecycle;
 use crate::core::qpair::Reaped;
 use crate::core::timeout::Timeouts;
 use crate::core::tracker::Trackers;
+use crate::nvme::host::nvm;
 use crate::nvme::spec::{Cqe, NvmeStatus};
 
 impl<B: IoBuf> QueuePair<B> {
@@ -18,7 +19,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// Also where recovery happens (cold paths, off the per-I/O path): a
     /// controller reset since the last poll completes every outstanding
     /// command ([`IoError::AbortedByReset`]) and re-creates the queues; the
-    /// timeout scan runs when due ([`QpairOptions::io_timeout`](crate::nvme::pcie::qpair::QpairOptions::io_timeout)).
+    /// timeout scan runs when due ([`QpairOptions::io_timeout`](crate::nvme::QpairOptions::io_timeout)).
     ///
     /// `max` is honoured on every path, recovery included: `poll(0)`
     /// delivers nothing (it rings pending submissions), and the completions
@@ -31,7 +32,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// not be re-created after a reset ([`Error::QueueLost`](crate::core::error::Error::QueueLost)). Every
     /// outstanding command has then been completed (with
     /// [`IoError::ControllerFailed`]), and later calls fail the same way
-    /// until a successful [`Controller::reset`](crate::nvme::ctrl::Controller::reset).
+    /// until a successful [`Controller::reset`](crate::nvme::Controller::reset).
     #[inline]
     pub fn poll<F: FnMut(Completion<B>)>(&mut self, max: usize, mut f: F) -> Result<usize> {
         Lifecycle::poll(self, max, &mut f)
@@ -132,10 +133,8 @@ impl<B: IoBuf> QueuePair<B> {
     }
 }
 
-/// The error of a failed completion (of the command just completed in
-/// `slot`, whose timeout state stays until it is armed again; `status` is
-/// its CQE's status halfword): a command we aborted because it timed out
-/// reports [`IoError::TimedOut`].
+/// The error of a failed completion whose CQE status halfword is
+/// `status` (see `host::nvm::error_of`).
 #[cold]
 fn error_of<B: IoBuf>(
     timeouts: &mut Timeouts,
@@ -143,10 +142,10 @@ fn error_of<B: IoBuf>(
     slot: u16,
     status: u16,
 ) -> IoError {
-    let st = NvmeStatus::from_cqe_status(status);
-    if st == ABORT_REQUESTED && timeouts.was_aborted(trackers, slot) {
-        IoError::TimedOut
-    } else {
-        IoError::Nvme(st)
-    }
+    nvm::error_of(
+        timeouts,
+        trackers,
+        slot,
+        NvmeStatus::from_cqe_status(status),
+    )
 }

@@ -24,7 +24,7 @@ impl<B: IoBuf> QueuePair<B> {
     /// under [`TimeoutPolicy::ReportOnly`](crate::core::timeout::TimeoutPolicy::ReportOnly)), the controller still owns the
     /// queue: the remaining commands complete with [`IoError::Aborted`](crate::core::io::IoError::Aborted) but
     /// without their buffers, which are leaked like the rings and PRP pages
-    /// ([`Controller::leaked_bytes`](crate::nvme::ctrl::Controller::leaked_bytes)), and the queue id is not reused;
+    /// ([`Controller::leaked_bytes`](crate::nvme::Controller::leaked_bytes)), and the queue id is not reused;
     /// the error is returned.
     ///
     /// A panic in `f` does not skip any of this: dropping the queue pair

@@ -27,7 +27,7 @@ impl Waiter {
 
 impl<B: IoBuf> QueuePair<B> {
     /// Poll until something completes or `timeout` passes (`None`: no
-    /// limit), as [`QpairOptions::wait`](crate::nvme::pcie::qpair::QpairOptions::wait) says: spinning, or sleeping on the
+    /// limit), as [`QpairOptions::wait`](crate::nvme::QpairOptions::wait) says: spinning, or sleeping on the
     /// queue's MSI-X vector once a poll finds nothing (`Interrupt`), or
     /// after spinning a while since the last completion (`Hybrid`).
     /// Completions reach `f` through [`poll`](Self::poll), at most `max`;
@@ -75,9 +75,9 @@ mod tests {
     use crate::core::error::Error;
     use crate::core::io::DmaBuf;
     use crate::core::io::IoError;
-    use crate::nvme::ctrl::Controller;
+    use crate::nvme::host::QpairOptions;
+    use crate::nvme::pcie::controller::Controller;
     use crate::nvme::pcie::qpair::Arc;
-    use crate::nvme::pcie::qpair::QpairOptions;
     use mcqio_fixtures::{ExecMode, FakeConfig, FakeController, Fault};
     use mcqio_vfio::DmaDir;
 

@@ -8,7 +8,7 @@ use crate::core::error::{Error, Result};
 use crate::core::io::{Completion, IoBuf};
 use crate::core::qpair::{Reaped, Recreated, Wire};
 use crate::core::state::Stopped;
-use crate::nvme::ctrl::Controller;
+use crate::nvme::pcie::controller::Controller;
 
 impl<B: IoBuf> Wire for QueuePair<B> {
     type Buf = B;

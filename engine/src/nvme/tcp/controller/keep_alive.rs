@@ -2,7 +2,7 @@
 //! queue pairs' polls when due (`keep_alive_if_due`) and settled before a
 //! reset or shutdown uses the admin connection.
 
-use super::{AdminLink, SentKeepAlive, TcpController};
+use super::{AdminConn, SentKeepAlive, TcpController};
 use crate::core::error::{Error, Result};
 use crate::nvme::spec::Cqe;
 use crate::nvme::tcp::conn::SyncData;
@@ -15,9 +15,11 @@ impl TcpController {
     /// Send a Keep Alive now and wait for it.
     pub fn keep_alive(&self) -> Result<()> {
         self.admin_cmd(fabrics::keep_alive(), "Keep Alive")?;
-        self.keep_alives.fetch_add(1, Ordering::Relaxed);
-        self.ka_last_ms
-            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.link.keep_alives.fetch_add(1, Ordering::Relaxed);
+        self.link.ka_last_ms.store(
+            self.link.epoch.elapsed().as_millis() as u64,
+            Ordering::Relaxed,
+        );
         Ok(())
     }
 
@@ -27,15 +29,17 @@ impl TcpController {
     /// if KATO/2 passed since the last was sent, send one. Skipped while
     /// another thread holds the admin connection (it then looks itself).
     pub fn keep_alive_if_due(&self) {
-        if self.ka_interval_ms == 0 {
+        if self.link.ka_interval_ms == 0 {
             return;
         }
-        let now = self.epoch.elapsed().as_millis() as u64;
-        let due = |last: u64| now.saturating_sub(last) >= self.ka_interval_ms;
-        if !self.ka_sent.load(Ordering::Relaxed) && !due(self.ka_last_ms.load(Ordering::Relaxed)) {
+        let now = self.link.epoch.elapsed().as_millis() as u64;
+        let due = |last: u64| now.saturating_sub(last) >= self.link.ka_interval_ms;
+        if !self.link.ka_sent.load(Ordering::Relaxed)
+            && !due(self.link.ka_last_ms.load(Ordering::Relaxed))
+        {
             return;
         }
-        let Ok(mut a) = self.admin.try_lock() else {
+        let Ok(mut a) = self.link.admin.try_lock() else {
             return;
         };
         if self.failure().is_some() {
@@ -51,14 +55,14 @@ impl TcpController {
                 Err(e) => Err(e),
             };
             a.keep_alive = None;
-            self.ka_sent.store(false, Ordering::Relaxed);
+            self.link.ka_sent.store(false, Ordering::Relaxed);
             match r {
                 Ok(cqe) => self.keep_alive_answered(&cqe, k.sent_ms),
                 Err(e) => self.fail_locked(&a, e),
             }
             return;
         }
-        if !due(self.ka_last_ms.load(Ordering::Relaxed)) {
+        if !due(self.link.ka_last_ms.load(Ordering::Relaxed)) {
             return;
         }
         let cid = a.cid();
@@ -73,7 +77,7 @@ impl TcpController {
         match sent {
             Ok(()) => {
                 a.keep_alive = Some(SentKeepAlive { cid, sent_ms: now });
-                self.ka_sent.store(true, Ordering::Relaxed);
+                self.link.ka_sent.store(true, Ordering::Relaxed);
             }
             Err(e) => self.fail_locked(&a, e),
         }
@@ -87,12 +91,12 @@ impl TcpController {
 
     /// Wait for the answer to a Keep Alive sent from a poll (admin lock
     /// held), before another command uses the connection.
-    pub(super) fn settle_keep_alive(&self, a: &mut AdminLink) -> std::result::Result<(), TcpError> {
+    pub(super) fn settle_keep_alive(&self, a: &mut AdminConn) -> std::result::Result<(), TcpError> {
         let Some(k) = a.keep_alive.take() else {
             return Ok(());
         };
-        self.ka_sent.store(false, Ordering::Relaxed);
-        let now = self.epoch.elapsed().as_millis() as u64;
+        self.link.ka_sent.store(false, Ordering::Relaxed);
+        let now = self.link.epoch.elapsed().as_millis() as u64;
         let ms = self.keep_alive_wait_ms();
         let left = Duration::from_millis(ms.saturating_sub(now.saturating_sub(k.sent_ms)).max(1));
         let cqe = a
@@ -107,22 +111,22 @@ impl TcpController {
     fn keep_alive_answered(&self, cqe: &Cqe, sent_ms: u64) {
         let st = cqe.nvme_status();
         if st.is_success() {
-            self.keep_alives.fetch_add(1, Ordering::Relaxed);
+            self.link.keep_alives.fetch_add(1, Ordering::Relaxed);
         } else {
             log::warn!(
                 "nvme-tcp {}: Keep Alive: {}",
-                self.addr,
+                self.link.addr,
                 Error::Command {
                     command: "Keep Alive",
                     status: st
                 }
             );
         }
-        self.ka_last_ms.store(sent_ms, Ordering::Relaxed);
+        self.link.ka_last_ms.store(sent_ms, Ordering::Relaxed);
     }
 
     /// Keep Alive commands that succeeded.
     pub fn keep_alives(&self) -> u64 {
-        self.keep_alives.load(Ordering::Relaxed)
+        self.link.keep_alives.load(Ordering::Relaxed)
     }
 }

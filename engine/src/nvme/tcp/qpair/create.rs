@@ -10,7 +10,7 @@ use crate::core::error::{Error, Result};
 use crate::core::io::{DmaBuf, IoBuf};
 use crate::core::qpair::wait::Waiter;
 use crate::core::qpair::{Engine, Interrupt};
-use crate::nvme::pcie::qpair::QpairOptions;
+use crate::nvme::host::QpairOptions;
 use crate::nvme::tcp::conn::{Conn, TxQueue};
 use crate::nvme::tcp::controller::{connect_queue, TcpController};
 use crate::nvme::tcp::error::TcpError;
@@ -26,7 +26,7 @@ pub(super) fn open_conn(ctrl: &TcpController, qid: u16, entries: u16) -> Result<
     let max_data = u32::try_from(ctrl.max_transfer).unwrap_or(u32::MAX);
     let rx_extra = usize::from(entries).min(RX_ENTRIES_MAX) * RX_PER_ENTRY;
     let mut conn = Conn::open(
-        ctrl.addr,
+        ctrl.addr(),
         ctrl.opts.digests(),
         ctrl.opts.maxr2t,
         max_data,

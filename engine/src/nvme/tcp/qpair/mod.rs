@@ -98,8 +98,6 @@ use std::sync::Arc;
 
 use crate::core::io::{DmaBuf, IoBuf};
 use crate::core::qpair::{Engine, QueueCounters};
-use crate::nvme::spec::status::{generic, sct};
-use crate::nvme::spec::NvmeStatus;
 use crate::nvme::tcp::conn::{Conn, TxQueue};
 use crate::nvme::tcp::controller::TcpController;
 use crate::nvme::tcp::error::TcpError;
@@ -131,8 +129,6 @@ const OWED_ROUNDS: usize = 16;
 /// R2Ts per command the R2T queue is sized for at most (a larger MAXR2T
 /// still works; the queue then grows the first time it is needed).
 const R2TS_SIZED: u32 = 16;
-
-const ABORT_REQUESTED: NvmeStatus = NvmeStatus::new(sct::GENERIC, generic::ABORT_REQUESTED);
 
 /// What a command in a slot moves.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]

@@ -4,13 +4,12 @@
 
 use super::data::{buf_of, copy_into};
 use super::send::retire_r2ts;
-use super::{Cmd, Kind, TcpQpairStats, TcpQueuePair, ABORT_REQUESTED};
+use super::{Cmd, Kind, TcpQpairStats, TcpQueuePair};
 use crate::core::io::{Completion, IoBuf, IoError};
 use crate::core::qpair::Lifecycle;
 use crate::core::qpair::{Engine, Reaped};
 use crate::core::state::Stopped;
-use crate::core::timeout::Timeouts;
-use crate::core::tracker::Trackers;
+use crate::nvme::host::nvm::error_of;
 use crate::nvme::spec::NvmeStatus;
 use crate::nvme::tcp::conn::{Conn, TxQueue};
 use crate::nvme::tcp::error::{TcpError, Violation};
@@ -298,21 +297,5 @@ impl<B: IoBuf> TcpQueuePair<B> {
             r.seen += n;
         }
         r
-    }
-}
-
-/// The error of a failed completion: a command we aborted because it timed
-/// out reports [`IoError::TimedOut`].
-#[cold]
-pub(super) fn error_of<B>(
-    timeouts: &mut Timeouts,
-    trackers: &Trackers<B>,
-    slot: u16,
-    st: NvmeStatus,
-) -> IoError {
-    if st == ABORT_REQUESTED && timeouts.was_aborted(trackers, slot) {
-        IoError::TimedOut
-    } else {
-        IoError::Nvme(st)
     }
 }

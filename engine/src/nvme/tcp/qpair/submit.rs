@@ -7,6 +7,7 @@ use super::{Cmd, Kind, TcpQueuePair, HEADER_ROOM};
 use crate::core::io::{IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::qpair::Addressed;
 use crate::core::qpair::SplitRequest;
+use crate::nvme::host::nvm::check_blocks;
 use crate::nvme::spec::sqe::Command;
 use crate::nvme::spec::sqe::MAX_NLB;
 use crate::nvme::spec::sqe::{DatasetManagement, DsmRange, Flush, Read, Write};
@@ -265,21 +266,8 @@ impl<B: IoBuf> Addressed for TcpQueuePair<B> {
         let Some(g) = self.geom(nsid) else {
             return refuse(SubmitErrorKind::UnknownNamespace { nsid }, buf);
         };
-        if blocks == 0 {
-            return refuse(SubmitErrorKind::ZeroLength, buf);
-        }
-        if lba
-            .checked_add(u64::from(blocks))
-            .is_none_or(|end| end > g.nsze)
-        {
-            return refuse(
-                SubmitErrorKind::LbaOutOfRange {
-                    slba: lba,
-                    nlb: u64::from(blocks),
-                    nsze: g.nsze,
-                },
-                buf,
-            );
+        if let Err(kind) = check_blocks(lba, blocks, g.nsze) {
+            return refuse(kind, buf);
         }
         let bytes = u64::from(blocks) << g.shift;
         if !g.usable {
@@ -361,18 +349,8 @@ impl<B: IoBuf> Addressed for TcpQueuePair<B> {
         let Some(g) = self.geom(nsid) else {
             return refuse(SubmitErrorKind::UnknownNamespace { nsid });
         };
-        if blocks == 0 {
-            return refuse(SubmitErrorKind::ZeroLength);
-        }
-        if lba
-            .checked_add(u64::from(blocks))
-            .is_none_or(|end| end > g.nsze)
-        {
-            return refuse(SubmitErrorKind::LbaOutOfRange {
-                slba: lba,
-                nlb: u64::from(blocks),
-                nsze: g.nsze,
-            });
+        if let Err(kind) = check_blocks(lba, blocks, g.nsze) {
+            return refuse(kind);
         }
         let range = DsmRange {
             cattr: 0,

@@ -8,7 +8,7 @@ use crate::core::block::BlockQueue;
 use crate::core::io::SubmitErrorKind;
 use crate::core::qpair::WaitPolicy;
 use crate::core::qpair::Wire;
-use crate::nvme::pcie::qpair::QpairOptions;
+use crate::nvme::host::QpairOptions;
 use crate::nvme::tcp::TcpOptions;
 use mcqio_fixtures::tcp::{FakeTcpTarget, TcpFault, TcpTargetConfig, TcpTargetStats};
 use mcqio_vfio::DmaDir;

@@ -1,5 +1,5 @@
 //! Bring-up, reset and shutdown of an NVMe controller over PCIe: the
-//! sequence of [`Controller::new`] (see [`crate::nvme::ctrl`]), the disable
+//! sequence of [`Controller::new`] (see [`crate::nvme::pcie::controller`]), the disable
 //! and re-initialisation of [`Controller::reset`], and the CC.SHN shutdown
 //! at drop.
 
@@ -11,20 +11,23 @@ use std::time::Duration;
 
 use mcqio_vfio::{Backend, DmaDir};
 
+use super::{state, Controller, ControllerOptions, PcieLink};
 use crate::core::error::{Error, Result};
-use crate::nvme::admin::{active_namespaces, identify_page, AdminQueue, AER_CID_BASE};
-use crate::nvme::ctrl::{state, Controller, ControllerOptions, Namespace};
-use crate::nvme::pcie::enable::{
-    disable, doorbells_fit, io_config, quiesced, wait_csts, BarPtr, READY_BEFORE_DISABLE,
-};
+use crate::core::state::StateWord;
+use crate::nvme::host::identify::{check_same, identify, number_of_queues, Identified};
+use crate::nvme::host::qids::QidPool;
+use crate::nvme::host::regs::{disable, enable, quiesced, shutdown, READY_BEFORE_DISABLE};
+use crate::nvme::host::NvmeController;
+use crate::nvme::pcie::admin::{AdminQueue, AER_CID_BASE};
+use crate::nvme::pcie::bar::{doorbells_fit, Bar, BarPtr};
 use crate::nvme::pcie::queue::cq::CompQueue;
 use crate::nvme::pcie::queue::doorbell::Doorbell;
 use crate::nvme::pcie::queue::sq::SubQueue;
 use crate::nvme::pcie::queue::PAGE_SIZE;
 use crate::nvme::pcie::shadow::ShadowPages;
-use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
-use crate::nvme::spec::regs::{self, Aqa, Cap, Cc, Csts, Version};
-use crate::nvme::spec::sqe::{Command, DoorbellBufferConfig, Identify, SetFeatures};
+use crate::nvme::spec::identify::IDENTIFY_LEN;
+use crate::nvme::spec::regs::{self, Aqa, Cap, Version};
+use crate::nvme::spec::sqe::{Command, DoorbellBufferConfig};
 use crate::nvme::spec::{Cqe, Sqe};
 
 impl Controller {
@@ -104,7 +107,7 @@ impl Controller {
         // 1. Disable. No memory of ours is at stake yet: a controller left
         // enabling by someone else that never became ready but is disabled
         // now is usable.
-        match disable(regs, ready_timeout) {
+        match disable(&mut Bar(regs), ready_timeout) {
             Err(Error::Timeout { what, .. }) if what == READY_BEFORE_DISABLE => {
                 log::warn!(
                     "{}: the controller was enabling and never became ready; disabled it anyway",
@@ -171,7 +174,7 @@ impl Controller {
                 // The controller may be enabled, holding Asynchronous Event
                 // Requests and the admin and shadow doorbell pages: stop it
                 // before those pages go back to the allocator, or leak them.
-                let r = disable(regs, ready_timeout);
+                let r = disable(&mut Bar(regs), ready_timeout);
                 if !quiesced(&r) {
                     log::error!(
                         "{}: bring-up failed ({e}) and the controller could not be disabled ({}); leaking its admin queue memory",
@@ -185,10 +188,14 @@ impl Controller {
             }
         };
         let BringUp {
-            identify,
-            namespaces,
+            found:
+                Identified {
+                    identify,
+                    namespaces,
+                    max_transfer,
+                    ..
+                },
             granted,
-            max_transfer,
         } = up;
         log::info!(
             "{}: {} {} fw {} NVMe {version}, {} namespaces, {granted} I/O queues, max transfer {max_transfer} B, shadow doorbells {}",
@@ -199,37 +206,41 @@ impl Controller {
             namespaces.len(),
             shadow.is_some()
         );
-        Ok(Arc::new(Controller {
+        let link = PcieLink {
             backend,
+            bar,
+            admin: ManuallyDrop::new(Mutex::new(admin)),
+            shadow,
+            ready_timeout,
+            shutdown_timeout: opts.shutdown_timeout,
+            irqs: Mutex::new(None),
+        };
+        Ok(Arc::new(NvmeController {
+            link,
+            opts,
             dma,
             cap,
             version,
-            bar,
             identify,
             namespaces,
-            granted,
-            free_qids: Mutex::new((1..=granted).rev().collect()),
-            admin: ManuallyDrop::new(Mutex::new(admin)),
-            shadow,
+            qids: QidPool::new(granted),
             max_transfer,
-            opts,
-            state: crate::core::state::StateWord::default(),
+            state: StateWord::default(),
             resets: AtomicU64::new(0),
-            ready_timeout,
             leaked_bytes: AtomicU64::new(0),
-            irqs: Mutex::new(None),
         }))
     }
 
     pub(in crate::nvme) fn reset_locked(&self, a: &mut AdminQueue) -> Result<()> {
-        let regs = self.backend.regs();
+        let regs = self.link.backend.regs();
+        let name = self.link.backend.name();
         let s = self.state();
         if regs.read64(regs::CAP) == u64::MAX {
             self.fail_locked(state::GONE);
             return Err(Error::DeviceGone);
         }
-        log::warn!("{}: resetting the controller", self.backend.name());
-        if let Err(e) = disable(regs, self.ready_timeout) {
+        log::warn!("{name}: resetting the controller");
+        if let Err(e) = disable(&mut Bar(regs), self.link.ready_timeout) {
             match e {
                 Error::DeviceGone => self.fail_locked(state::GONE),
                 _ => self.state.store(state::kept(s, state::FATAL)),
@@ -243,83 +254,44 @@ impl Controller {
             Ok(()) => {
                 self.state.store(state::next(s, state::OK));
                 self.resets.fetch_add(1, Ordering::Relaxed);
-                log::warn!("{}: reset complete", self.backend.name());
+                log::warn!("{name}: reset complete");
                 Ok(())
             }
             Err(e) => {
                 if matches!(e, Error::DeviceGone) {
                     self.state.store(state::next(s, state::GONE));
                 }
-                log::error!("{}: bring-up after reset failed: {e}", self.backend.name());
+                log::error!("{name}: bring-up after reset failed: {e}");
                 Err(e)
             }
         }
     }
 
-    /// Bring-up on the existing admin queue memory, after a disable.
-    pub(in crate::nvme) fn reinit_locked(&self, a: &mut AdminQueue) -> Result<()> {
-        let regs = self.backend.regs();
+    /// Bring-up on the existing admin queue memory, after a disable: the
+    /// same controller, namespaces and grant must answer.
+    fn reinit_locked(&self, a: &mut AdminQueue) -> Result<()> {
+        let regs = self.link.backend.regs();
         let t = self.opts.admin_timeout;
         a.sq.reset();
         a.cq.reset();
         a.next_cid = 0;
         a.aers = 0;
         a.aer_out = [0; 4];
-        if let Some(sh) = &self.shadow {
+        if let Some(sh) = &self.link.shadow {
             // Only the admin slots: I/O queue slots are zeroed by their
             // owners when they re-create their queues.
             let _ = sh.slots(0, self.cap.dstrd(), true);
         }
-        regs.write32(regs::AQA, Aqa::new(a.entries, a.entries).0);
-        regs.write64(regs::ASQ, a.sq.region().iova().raw());
-        regs.write64(regs::ACQ, a.cq.region().iova().raw());
-        let cc = io_config();
-        regs.write32(regs::CC, cc.0);
-        regs.write32(regs::CC, cc.enable().0);
-        wait_csts(
-            regs,
-            self.ready_timeout,
-            "become ready (CSTS.RDY=1)",
-            true,
-            |c| c.rdy(),
+        program_admin_queues(regs, a);
+        enable(&mut Bar(regs), self.link.ready_timeout)?;
+        let mut x = a.exchange_on(regs, t);
+        let found = identify(&mut x, self.opts.max_transfer)?;
+        let granted = number_of_queues(&mut x, self.opts.io_queues)?;
+        check_same(
+            (&self.identify, &self.namespaces, self.qids.granted()),
+            (&found, granted),
         )?;
-
-        let page = identify_page(a, regs, Identify::controller(), "Identify Controller", t)?;
-        let id = IdentifyController::parse(&page)?;
-        if id.serial != self.identify.serial || id.model != self.identify.model {
-            return Err(Error::DeviceChanged(format!(
-                "controller {} {} answered instead of {} {}",
-                id.model, id.serial, self.identify.model, self.identify.serial
-            )));
-        }
-        for ns in &self.namespaces {
-            let page = identify_page(a, regs, Identify::namespace(ns.id), "Identify Namespace", t)?;
-            let n = IdentifyNamespace::parse(&page)?;
-            if n.nsze != ns.nsze || n.lba_shift() != ns.lba_shift {
-                return Err(Error::DeviceChanged(format!(
-                    "namespace {} changed from {} blocks of {} B to {} blocks of {} B",
-                    ns.id,
-                    ns.nsze,
-                    ns.lba_size,
-                    n.nsze,
-                    n.lba_size()
-                )));
-            }
-        }
-        let cqe = a.exec(
-            regs,
-            SetFeatures::number_of_queues(self.opts.io_queues, self.opts.io_queues).sqe(),
-            "Set Features (Number of Queues)",
-            t,
-        )?;
-        let granted = ((cqe.dw0 & 0xFFFF) + 1).min((cqe.dw0 >> 16) + 1);
-        if granted < self.granted as u32 {
-            return Err(Error::DeviceChanged(format!(
-                "the controller now grants {granted} I/O queues instead of {}",
-                self.granted
-            )));
-        }
-        if let Some(sh) = &self.shadow {
+        if let Some(sh) = &self.link.shadow {
             let sqe = DoorbellBufferConfig
                 .sqe()
                 .with_prp(sh.shadow.iova().raw(), sh.event_idx.iova().raw());
@@ -332,16 +304,21 @@ impl Controller {
     }
 }
 
-/// What [`bring_up`] learned.
-pub(in crate::nvme) struct BringUp {
-    identify: IdentifyController,
-    namespaces: Vec<Namespace>,
-    granted: u16,
-    max_transfer: u64,
+/// Point the controller at the admin rings (AQA, ASQ, ACQ), before CC.EN.
+fn program_admin_queues(regs: &dyn mcqio_vfio::Mmio, a: &AdminQueue) {
+    regs.write32(regs::AQA, Aqa::new(a.entries, a.entries).0);
+    regs.write64(regs::ASQ, a.sq.region().iova().raw());
+    regs.write64(regs::ACQ, a.cq.region().iova().raw());
 }
 
-/// Steps 3 to 7 of bring-up (see the module docs), on admin queues whose
-/// registers are programmed. Shadow doorbell pages handed to the controller
+/// What [`bring_up`] learned.
+pub(in crate::nvme) struct BringUp {
+    found: Identified,
+    granted: u16,
+}
+
+/// Steps 2 to 7 of bring-up (see the module docs), on admin queues not yet
+/// given to the controller. Shadow doorbell pages handed to the controller
 /// are stored in `shadow` before the command that hands them over, so that
 /// the caller can leak them if this fails and the controller cannot be
 /// disabled.
@@ -357,78 +334,17 @@ pub(in crate::nvme) fn bring_up(
 ) -> Result<BringUp> {
     let regs = backend.regs();
     let dstrd = cap.dstrd();
-    let entries = admin.entries;
-    regs.write32(regs::AQA, Aqa::new(entries, entries).0);
-    regs.write64(regs::ASQ, admin.sq.region().iova().raw());
-    regs.write64(regs::ACQ, admin.cq.region().iova().raw());
+    program_admin_queues(regs, admin);
 
     // 3. Enable.
-    let cc = io_config();
-    regs.write32(regs::CC, cc.0);
-    regs.write32(regs::CC, cc.enable().0);
-    wait_csts(
-        regs,
-        ready_timeout,
-        "become ready (CSTS.RDY=1)",
-        true,
-        |c| c.rdy(),
-    )?;
+    enable(&mut Bar(regs), ready_timeout)?;
 
+    // 4. Identify; 5. Number of queues. The grant is capped to the queues
+    // whose doorbells fit in BAR0.
     let t = opts.admin_timeout;
-    // 4. Identify.
-    let page = identify_page(
-        admin,
-        regs,
-        Identify::controller(),
-        "Identify Controller",
-        t,
-    )?;
-    let identify = IdentifyController::parse(&page)?;
-    let mdts = identify.max_transfer_bytes(12).unwrap_or(u64::MAX);
-    let max_transfer = mdts.min(opts.max_transfer).max(PAGE_SIZE);
-    let nsids = active_namespaces(admin, regs, &identify, t)?;
-    let mut namespaces = Vec::with_capacity(nsids.len());
-    for id in nsids {
-        let page = identify_page(
-            admin,
-            regs,
-            Identify::namespace(id),
-            "Identify Namespace",
-            t,
-        )?;
-        let ns = IdentifyNamespace::parse(&page)?;
-        if ns.nsze == 0 {
-            continue;
-        }
-        let ns = Namespace::new(id, ns, max_transfer)?;
-        // A block must fit in one command, or no I/O to it can be built.
-        // Below the caller's own cap that is the caller's mistake; above
-        // what the controller allows (MDTS) it is this namespace's alone:
-        // the controller and its other namespaces stay usable.
-        if !ns.usable {
-            let detail = format!(
-                "namespace {id} has {} B blocks but one command moves at most {max_transfer} B",
-                ns.lba_size
-            );
-            if ns.lba_size <= mdts {
-                return Err(Error::InvalidOption(format!("max_transfer: {detail}")));
-            }
-            log::warn!("{detail} (LBADS above MDTS): reads and writes to it are refused");
-        }
-        namespaces.push(ns);
-    }
-
-    // 5. Number of queues. A grant above the request is capped to it, and
-    // the grant to the queues whose doorbells fit in BAR0.
-    let cqe = admin.exec(
-        regs,
-        SetFeatures::number_of_queues(opts.io_queues, opts.io_queues).sqe(),
-        "Set Features (Number of Queues)",
-        t,
-    )?;
-    let nsqa = (cqe.dw0 & 0xFFFF) + 1;
-    let ncqa = (cqe.dw0 >> 16) + 1;
-    let mut granted = nsqa.min(ncqa).min(opts.io_queues as u32).min(65534) as u16;
+    let mut x = admin.exchange_on(regs, t);
+    let found = identify(&mut x, opts.max_transfer)?;
+    let mut granted = number_of_queues(&mut x, opts.io_queues)?;
     let bar_len = regs.len();
     if !doorbells_fit(granted, dstrd, bar_len) {
         let fit = (1..granted)
@@ -451,7 +367,7 @@ pub(in crate::nvme) fn bring_up(
     }
 
     // 6. Shadow doorbells.
-    if opts.shadow_doorbells && identify.supports_doorbell_buffer() {
+    if opts.shadow_doorbells && found.identify.supports_doorbell_buffer() {
         let dma = backend.dma();
         let mut s = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
         let mut e = dma.alloc(PAGE_SIZE as usize, DmaDir::Bidirectional)?;
@@ -487,22 +403,17 @@ pub(in crate::nvme) fn bring_up(
     // 7. Asynchronous events: keep a few requests posted (never more
     // than AERL + 1, and leave admin SQ room for the command being run).
     let aers = (opts.async_event_requests as u16)
-        .min(identify.aerl as u16 + 1)
-        .min(entries.saturating_sub(2))
+        .min(found.identify.aerl as u16 + 1)
+        .min(admin.entries.saturating_sub(2))
         .min(0xFF);
     admin.aer_target = aers;
     for i in 0..aers {
         admin.post_aer(AER_CID_BASE + i);
     }
-    Ok(BringUp {
-        identify,
-        namespaces,
-        granted,
-        max_transfer,
-    })
+    Ok(BringUp { found, granted })
 }
 
-impl Drop for Controller {
+impl Drop for PcieLink {
     /// Normal shutdown (CC.SHN, bounded by
     /// [`ControllerOptions::shutdown_timeout`]), then disable (CC.EN = 0,
     /// CSTS.RDY = 0, bounded by CAP.TO): only a disabled controller has
@@ -510,42 +421,21 @@ impl Drop for Controller {
     /// rings and shadow doorbell pages, so only then are they freed. A
     /// controller that cannot be disabled keeps them (leaked).
     fn drop(&mut self) {
-        let regs = self.backend.regs();
-        let cc = Cc(regs.read32(regs::CC));
-        let csts = Csts(regs.read32(regs::CSTS));
-        let gone = cc.0 == u32::MAX || csts.is_all_ones();
-        if !gone && cc.enabled() && csts.rdy() && !csts.cfs() {
-            regs.write32(regs::CC, cc.shn(Cc::SHN_NORMAL).0);
-            let r = wait_csts(
-                regs,
-                self.opts.shutdown_timeout,
-                "complete shutdown (CSTS.SHST)",
-                false,
-                |c| c.shst() == Csts::SHST_COMPLETE,
-            );
-            if let Err(e) = r {
-                log::warn!("{}: shutdown: {e}", self.backend.name());
-            }
-        } else if csts.cfs() && !gone {
-            // A fatal controller does not process shutdown; don't wait for it.
-            log::warn!(
-                "{}: controller fatal at drop; skipping shutdown",
-                self.backend.name()
-            );
+        let name = self.backend.name();
+        let mut bar = Bar(self.backend.regs());
+        match shutdown(&mut bar, self.shutdown_timeout) {
+            Ok(true) | Err(Error::DeviceGone) => {}
+            Ok(false) => log::debug!("{name}: not enabled and healthy at drop; no shutdown"),
+            Err(e) => log::warn!("{name}: shutdown: {e}"),
         }
-        let r = if gone {
-            Err(Error::DeviceGone)
-        } else {
-            disable(regs, self.ready_timeout)
-        };
+        let r = disable(&mut bar, self.ready_timeout);
         if quiesced(&r) {
             // SAFETY: `admin` is not used after this point (this is `drop`),
             // and it is dropped exactly once.
             unsafe { ManuallyDrop::drop(&mut self.admin) };
         } else {
             log::error!(
-                "{}: the controller could not be disabled at drop ({}); leaking its admin queue and shadow doorbell memory",
-                self.backend.name(),
+                "{name}: the controller could not be disabled at drop ({}); leaking its admin queue and shadow doorbell memory",
                 r.err().map_or_else(String::new, |e| e.to_string())
             );
             std::mem::forget(self.shadow.take());

@@ -27,12 +27,12 @@
 //! # Values from the device
 //!
 //! Nothing the controller reports is trusted: a doorbell outside BAR0, a
-//! namespace whose size overflows 64 bits or more than [`MAX_NAMESPACES`]
+//! namespace whose size overflows 64 bits or more than [`MAX_NAMESPACES`](crate::nvme::MAX_NAMESPACES)
 //! active namespaces are [`Error::BadDevice`]; the active namespace list is
 //! sorted and deduplicated and may be sparse (any NSID up to FFFFFFFEh);
 //! malformed Identify data is [`Error::Identify`]. A namespace whose blocks
 //! are larger than one command may move (LBADS above MDTS) is kept with
-//! [`Namespace::usable`] = `false` — its reads and writes are refused with
+//! [`Namespace::usable`](crate::nvme::Namespace::usable) = `false` — its reads and writes are refused with
 //! [`crate::SubmitErrorKind::TransferTooLarge`] — rather than failing the
 //! bring-up of the controller and its other namespaces. An admin command waits
 //! at most [`ControllerOptions::admin_timeout`] however many completions
@@ -79,33 +79,31 @@
 //!
 //! # Where the code is
 //!
-//! This is the controller of NVMe over PCIe: it holds the BAR, the admin
-//! rings and the shadow doorbell pages, and uses `nvme::pcie`'s enable and
-//! shadow code. Besides those it keeps the options, the state word,
-//! namespaces, the admin entry points, reset and failure bookkeeping,
-//! queue ids and leak accounting, which NVMe over TCP's
-//! [`TcpController`](crate::nvme::tcp::TcpController) keeps again for
-//! itself today (a transport-neutral NVMe layer under both is the next
-//! step). The admin queue (command execution, Asynchronous Event
-//! Requests, Identify) is [`crate::nvme::admin`]; the rest of what only
-//! NVMe over PCIe has (CC/CSTS bring-up and shutdown, BAR checks, creating
-//! I/O queues, the rings, the queue pair) is under [`crate::nvme::pcie`].
+//! [`Controller`] is the NVMe layer's [`NvmeController`] over
+//! [`PcieLink`]: what every NVMe wire shares (identify, namespaces, the
+//! state word, queue ids, the enable/disable/shutdown handshakes) is in
+//! [`crate::nvme::host`]; this folder holds what only PCIe has — the BAR,
+//! the admin rings (`pcie::admin`: commands, Asynchronous Event Requests,
+//! [`Controller::admin_read`]), shadow doorbells, MSI-X vectors, and the
+//! failure and reset handling that disabling a controller needs
+//! (`bringup`: bring-up, reset, shutdown at drop).
+
+mod admin_read;
+mod bringup;
 
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mcqio_vfio::{Backend, DmaDir, DmaSpace, DoorbellHook};
+use mcqio_vfio::{Backend, DoorbellHook};
 
 use crate::core::error::{Error, Result};
-use crate::core::io::DmaBuf;
-use crate::nvme::admin::AdminQueue;
-pub use crate::nvme::admin::{event_type, AsyncEvent, MAX_ADMIN_READ, MAX_NAMESPACES};
-use crate::nvme::pcie::enable::{disable, read_csts, BarPtr};
+use crate::nvme::host::regs::disable;
+use crate::nvme::host::{NvmeController, Sealed};
+use crate::nvme::pcie::admin::AdminQueue;
+use crate::nvme::pcie::bar::{Bar, BarPtr};
+use crate::nvme::pcie::queue::doorbell::Shadow;
 use crate::nvme::pcie::shadow::ShadowPages;
-use crate::nvme::spec::identify::{IdentifyController, IdentifyNamespace};
-use crate::nvme::spec::regs::{Cap, Version};
 use crate::nvme::spec::{Cqe, Sqe};
 
 /// Options for [`Controller::new`].
@@ -178,194 +176,45 @@ pub(super) fn failure_error(s: u64) -> Option<Error> {
     }
 }
 
-/// An active namespace.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Namespace {
-    /// Namespace id.
-    pub id: u32,
-    /// Size in blocks.
-    pub nsze: u64,
-    /// Block size in bytes.
-    pub lba_size: u64,
-    /// log2 of the block size.
-    pub lba_shift: u32,
-    /// The full identify data.
-    pub identify: IdentifyNamespace,
-    /// Whether reads and writes can reach it. `false` when one block is
-    /// larger than the controller lets one command move (LBADS above
-    /// MDTS): bring-up keeps the controller and its other namespaces, and
-    /// every read or write to this one is refused before submission with
-    /// [`crate::SubmitErrorKind::TransferTooLarge`] (commands that move no
-    /// data — Flush, Write Zeroes, Dataset Management — still go through).
-    pub usable: bool,
-}
+/// An initialised NVMe controller over PCIe. Shareable (`Sync`); create
+/// one [`QueuePair`](crate::nvme::QueuePair) per thread for I/O.
+pub type Controller = NvmeController<PcieLink>;
 
-impl Namespace {
-    /// Check what the controller reported for namespace `id`: its capacity
-    /// in bytes must fit in a `u64`. Usable if one block fits in
-    /// `max_transfer` bytes.
-    pub(super) fn new(id: u32, identify: IdentifyNamespace, max_transfer: u64) -> Result<Self> {
-        let ns = Namespace {
-            id,
-            nsze: identify.nsze,
-            lba_size: identify.lba_size(),
-            lba_shift: identify.lba_shift(),
-            usable: identify.lba_size() <= max_transfer,
-            identify,
-        };
-        if ns.checked_size_bytes().is_none() {
-            return Err(Error::BadDevice {
-                what: "namespace size (NSZE)",
-                detail: format!(
-                    "namespace {id}: {} blocks of {} B overflow 64 bits",
-                    ns.nsze, ns.lba_size
-                ),
-            });
-        }
-        Ok(ns)
-    }
-
-    /// Capacity in bytes, `None` if it does not fit in a `u64` (never for a
-    /// namespace from [`Controller::namespaces`]: bring-up rejects those).
-    pub fn checked_size_bytes(&self) -> Option<u64> {
-        self.nsze.checked_mul(1u64.checked_shl(self.lba_shift)?)
-    }
-
-    /// Capacity in bytes, saturating at `u64::MAX` (see
-    /// [`Self::checked_size_bytes`]).
-    pub fn size_bytes(&self) -> u64 {
-        self.checked_size_bytes().unwrap_or(u64::MAX)
-    }
-}
-
-/// An initialised NVMe controller. Shareable (`Sync`); create one
-/// [`QueuePair`](crate::nvme::QueuePair) per thread for I/O.
-pub struct Controller {
-    pub(super) backend: Arc<dyn Backend>,
-    pub(super) dma: Arc<DmaSpace>,
-    pub(super) cap: Cap,
-    pub(super) version: Version,
-    pub(super) bar: BarPtr,
-    pub(super) identify: IdentifyController,
-    pub(super) namespaces: Vec<Namespace>,
-    pub(super) granted: u16,
-    pub(super) free_qids: Mutex<Vec<u16>>,
-    /// Dropped in `Drop for Controller` only once the controller is
+/// NVMe over PCIe under the NVMe layer: the BAR and its admin rings.
+pub struct PcieLink {
+    pub(in crate::nvme) backend: Arc<dyn Backend>,
+    pub(in crate::nvme) bar: BarPtr,
+    /// Dropped in `Drop for PcieLink` only once the controller is
     /// disabled; leaked otherwise (the device may still write its rings).
-    pub(super) admin: ManuallyDrop<Mutex<AdminQueue>>,
-    pub(super) shadow: Option<ShadowPages>,
-    pub(super) max_transfer: u64,
-    pub(super) opts: ControllerOptions,
-    /// See [`state`]. Written only with the admin lock held.
-    pub(super) state: crate::core::state::StateWord,
-    /// Successful resets.
-    pub(super) resets: AtomicU64,
+    pub(in crate::nvme) admin: ManuallyDrop<Mutex<AdminQueue>>,
+    pub(in crate::nvme) shadow: Option<ShadowPages>,
     /// Bound on CSTS.RDY transitions (CAP.TO, at least 500 ms).
-    pub(super) ready_timeout: Duration,
-    /// Bytes of queue memory (rings, PRP pages, in-flight buffers) leaked
-    /// because the device might still access them.
-    pub(super) leaked_bytes: AtomicU64,
+    pub(in crate::nvme) ready_timeout: Duration,
+    /// Bound on the shutdown handshake at drop.
+    pub(in crate::nvme) shutdown_timeout: Duration,
     /// The notifiers of the MSI-X vectors, routed when the first queue
     /// pair that waits on an interrupt is created (`pcie::irq`).
-    pub(super) irqs: Mutex<Option<Arc<[Arc<mcqio_vfio::Notifier>]>>>,
+    pub(in crate::nvme) irqs: Mutex<Option<Arc<[Arc<mcqio_vfio::Notifier>]>>>,
 }
 
-impl std::fmt::Debug for Controller {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Controller")
-            .field("backend", &self.backend.name())
-            .field("version", &self.version)
-            .field("model", &self.identify.model)
-            .field("serial", &self.identify.serial)
-            .field("namespaces", &self.namespaces.len())
-            .field("granted_io_queues", &self.granted)
-            .finish_non_exhaustive()
+impl Sealed for PcieLink {}
+
+impl PcieLink {
+    /// BAR0's registers.
+    pub(in crate::nvme) fn regs(&self) -> Bar<'_> {
+        Bar(self.backend.regs())
     }
 }
 
 impl Controller {
     /// The backend (cold path only).
     pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
-    }
-
-    /// The DMA space buffers must come from.
-    pub fn dma(&self) -> &Arc<DmaSpace> {
-        &self.dma
-    }
-
-    /// Allocate a DMA buffer of `len` bytes usable with this controller.
-    pub fn alloc_buf(&self, len: usize, dir: DmaDir) -> Result<DmaBuf> {
-        Ok(DmaBuf::alloc(&self.dma, len, dir)?)
-    }
-
-    /// CAP.
-    pub fn cap(&self) -> Cap {
-        self.cap
-    }
-
-    /// VS.
-    pub fn version(&self) -> Version {
-        self.version
-    }
-
-    /// Identify Controller data.
-    pub fn identify(&self) -> &IdentifyController {
-        &self.identify
-    }
-
-    /// Active namespaces, by ascending id.
-    pub fn namespaces(&self) -> &[Namespace] {
-        &self.namespaces
-    }
-
-    /// Namespace `id`, if active (a binary search: NSIDs may be sparse).
-    pub fn namespace(&self, id: u32) -> Option<&Namespace> {
-        self.namespaces
-            .binary_search_by_key(&id, |n| n.id)
-            .ok()
-            .map(|i| &self.namespaces[i])
-    }
-
-    /// I/O queue pairs the controller granted.
-    pub fn granted_io_queues(&self) -> usize {
-        self.granted as usize
-    }
-
-    /// I/O queue pairs not currently in use.
-    pub fn free_io_queues(&self) -> usize {
-        self.free_qids
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
-    }
-
-    /// Largest transfer per I/O command in bytes (MDTS and options).
-    pub fn max_transfer(&self) -> u64 {
-        self.max_transfer
+        &self.link.backend
     }
 
     /// Whether shadow doorbells are in use.
     pub fn shadow_doorbells(&self) -> bool {
-        self.shadow.is_some()
-    }
-
-    /// The options the controller was created with.
-    pub fn options(&self) -> &ControllerOptions {
-        &self.opts
-    }
-
-    /// Read CSTS: `Err` if the controller is fatal or gone (or was found
-    /// so earlier and has not been reset since).
-    pub fn health(&self) -> Result<()> {
-        if let Some(e) = failure_error(self.state()) {
-            return Err(e);
-        }
-        let c = read_csts(self.backend.regs())?;
-        if c.cfs() {
-            return Err(Error::ControllerFatal);
-        }
-        Ok(())
+        self.link.shadow.is_some()
     }
 
     /// Execute one admin command exactly as given (data pointers included)
@@ -386,7 +235,7 @@ impl Controller {
     /// descriptor list of Set Features, vendor-specific commands). The
     /// caller must guarantee that every such address is an IOVA of memory
     /// mapped in [`Controller::dma`] that nothing else uses — not a
-    /// [`DmaBuf`] owned by the application or in flight on a queue pair,
+    /// [`DmaBuf`](crate::DmaBuf) owned by the application or in flight on a queue pair,
     /// not memory of this controller — large enough for the transfer the
     /// command describes, and that stays mapped and unused for as long as
     /// the device may access it: until this call returns `Ok` or
@@ -402,17 +251,8 @@ impl Controller {
         self.admin_locked(&mut a, sqe, what)
     }
 
-    /// An admin command that names no host memory (Abort, Delete I/O
-    /// SQ/CQ, Set Features without data): its data and metadata pointers
-    /// are cleared.
-    pub(crate) fn admin_cmd(&self, mut sqe: Sqe, what: &'static str) -> Result<Cqe> {
-        sqe.mptr = 0;
-        let mut a = self.lock_admin();
-        self.admin_locked(&mut a, sqe.with_prp(0, 0), what)
-    }
-
     pub(super) fn lock_admin(&self) -> std::sync::MutexGuard<'_, AdminQueue> {
-        self.admin.lock().unwrap_or_else(|p| p.into_inner())
+        self.link.admin.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(super) fn admin_locked(
@@ -424,14 +264,17 @@ impl Controller {
         if let Some(e) = failure_error(self.state()) {
             return Err(e);
         }
-        match a.exec(self.backend.regs(), sqe, what, self.opts.admin_timeout) {
+        match a.exec(self.link.backend.regs(), sqe, what, self.opts.admin_timeout) {
             Err(e @ Error::Timeout { .. }) => {
                 if self.opts.admin_timeout_policy != TimeoutPolicy::ReportOnly {
-                    log::warn!("{}: {e}; resetting the controller", self.backend.name());
+                    log::warn!(
+                        "{}: {e}; resetting the controller",
+                        self.link.backend.name()
+                    );
                     if let Err(r) = self.reset_locked(a) {
                         log::error!(
                             "{}: reset after an admin timeout failed: {r}",
-                            self.backend.name()
+                            self.link.backend.name()
                         );
                     }
                 }
@@ -447,17 +290,6 @@ impl Controller {
             }
             r => r,
         }
-    }
-
-    /// The state word (see [`state`]); one relaxed load, read by every poll.
-    #[inline]
-    pub(crate) fn state(&self) -> u64 {
-        self.state.load()
-    }
-
-    /// Successful controller resets so far.
-    pub fn resets(&self) -> u64 {
-        self.resets.load(Ordering::Relaxed)
     }
 
     /// A queue pair saw CSTS.CFS or all-ones registers: record it for
@@ -486,14 +318,14 @@ impl Controller {
         }
         let mut quiesced = failure == state::GONE;
         if !quiesced {
-            match disable(self.backend.regs(), self.ready_timeout) {
+            match disable(&mut self.link.regs(), self.link.ready_timeout) {
                 Ok(()) => quiesced = true,
                 Err(Error::DeviceGone) => {
                     return self.fail_locked(state::GONE);
                 }
                 Err(e) => log::error!(
                     "{}: a failed controller could not be disabled ({e}); buffers of outstanding commands will be leaked",
-                    self.backend.name()
+                    self.link.backend.name()
                 ),
             }
         }
@@ -504,7 +336,7 @@ impl Controller {
         };
         log::error!(
             "{}: controller {}; outstanding commands fail",
-            self.backend.name(),
+            self.link.backend.name(),
             if failure == state::GONE {
                 "removed (registers read all ones)"
             } else {
@@ -515,100 +347,18 @@ impl Controller {
         self.wake_waiters();
     }
 
-    /// Reset the controller and bring it up again (see the module docs).
-    ///
-    /// Every command outstanding on any queue pair completes — at that queue
-    /// pair's next poll — with [`crate::IoError::AbortedByReset`] (or
-    /// normally, if the controller completed it before the reset), and the
-    /// queue pairs re-create their queues; Asynchronous Event Requests are
-    /// re-posted. Also clears a fatal state. Fails with
-    /// [`Error::DeviceGone`] for a removed device, [`Error::Timeout`] if the
-    /// controller does not become disabled or ready within CAP.TO, and
-    /// [`Error::DeviceChanged`] if a different device answers.
-    pub fn reset(&self) -> Result<()> {
-        let mut a = self.lock_admin();
-        let r = self.reset_locked(&mut a);
-        self.wake_waiters();
-        r
-    }
-
-    /// Reset unless the state moved on from `seen` (another thread already
-    /// reset the controller, or it failed): used by timeout policies so
-    /// several queues timing out together cause one reset.
-    pub(crate) fn reset_if(&self, seen: u64) -> Result<()> {
-        let mut a = self.lock_admin();
-        if self.state() != seen {
-            return Ok(());
-        }
-        let r = self.reset_locked(&mut a);
-        self.wake_waiters();
-        r
-    }
-
-    pub(crate) fn alloc_qid(&self) -> Result<u16> {
-        self.free_qids
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-            .ok_or(Error::NoFreeQueue {
-                granted: self.granted as usize,
-            })
-    }
-
-    pub(crate) fn release_qid(&self, qid: u16) {
-        self.free_qids
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(qid);
-    }
-
-    /// Bytes of DMA memory (queue rings, PRP list pages, buffers of commands
-    /// in flight) that queue pairs leaked instead of freeing, because the
-    /// controller might still access it: deleting the queues failed, or a
-    /// fatal controller could not be disabled. Never unmapped, so the device
-    /// cannot write into memory reused for something else. Normally 0.
-    pub fn leaked_bytes(&self) -> u64 {
-        self.leaked_bytes.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn note_leak(&self, bytes: u64) {
-        self.leaked_bytes.fetch_add(bytes, Ordering::Relaxed);
-    }
-
     /// The doorbell hook of the backend, if any.
     pub fn doorbell_hook(&self) -> Option<Arc<dyn DoorbellHook>> {
-        self.backend.doorbell_hook()
+        self.link.backend.doorbell_hook()
     }
 }
 
-impl state::Controlled for Controller {
-    #[inline(always)]
-    fn state_word(&self) -> &state::StateWord {
-        &self.state
-    }
-
-    /// Taken under the admin lock, which a reset holds throughout.
-    fn settled_state(&self) -> u64 {
-        let _a = self.lock_admin();
-        self.state()
-    }
-}
-
-impl From<&Namespace> for crate::core::block::BlockUnit {
-    fn from(n: &Namespace) -> Self {
-        crate::core::block::BlockUnit {
-            id: n.id,
-            blocks: n.nsze,
-            // Bring-up keeps LBADS below 32 (the block size fits 32 bits).
-            block_size: u32::try_from(n.lba_size).unwrap_or(u32::MAX),
-            usable: n.usable,
+impl Controller {
+    /// Shadow doorbell slots for queue `qid` (SQ tail, CQ head), zeroed.
+    pub(crate) fn shadow_slots(&self, qid: u16) -> (Option<Shadow>, Option<Shadow>) {
+        match &self.link.shadow {
+            Some(s) => s.slots(qid, self.cap.dstrd(), true),
+            None => (None, None),
         }
-    }
-}
-
-/// Its active namespaces.
-impl crate::core::block::BlockDevice for Controller {
-    fn units(&self) -> Vec<crate::core::block::BlockUnit> {
-        self.namespaces().iter().map(Into::into).collect()
     }
 }
