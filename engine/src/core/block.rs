@@ -59,7 +59,7 @@ use mcqio_vfio::{DmaDir, DmaSpace};
 
 use super::error::{Error, Result};
 use super::io::{Completion, DmaBuf, IoBuf, IoError, SubmitError, SubmitErrorKind};
-pub use super::qpair::{Interrupt, SleepOn};
+pub use super::qpair::wait::{Interrupt, SleepOn};
 
 /// A namespace (NVMe) or logical unit (UFS), as every wire describes it:
 /// what a frontend (the fio engine, a ublk server) needs to expose it.

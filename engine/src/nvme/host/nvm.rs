@@ -1,8 +1,10 @@
 //! The NVM command set's semantics every NVMe queue pair shares, whatever
-//! carries the command: a request's namespace range checks and a failed
-//! completion's status as an [`IoError`].
+//! carries the command: a request's namespace range checks, a failed
+//! completion's status as an [`IoError`], a stopped queue's error.
 
+use crate::core::error::Error;
 use crate::core::io::{IoError, SubmitErrorKind};
+use crate::core::state::Stopped;
 use crate::core::timeout::Timeouts;
 use crate::core::tracker::Trackers;
 use crate::nvme::spec::status::{generic, sct};
@@ -44,6 +46,16 @@ pub(in crate::nvme) fn error_of<B>(
         IoError::TimedOut
     } else {
         IoError::Nvme(st)
+    }
+}
+
+/// The error of a stopped queue pair, in NVMe's words (a wire that knows
+/// more, such as a lost connection, says that first).
+pub(in crate::nvme) fn stopped_error(s: Stopped, qid: u16) -> Error {
+    match s {
+        Stopped::Fatal => Error::ControllerFatal,
+        Stopped::Gone => Error::DeviceGone,
+        Stopped::Lost => Error::QueueLost { qid },
     }
 }
 

@@ -3,11 +3,11 @@
 //! are the NVMe layer's, `host::timeouts`), and the lower-level hooks
 //! `check_health`, `check_timeouts`, `abort_command`.
 
-use super::wire::stopped_error;
 use super::QueuePair;
 use crate::core::error::Result;
 use crate::core::io::IoBuf;
 use crate::core::timeout::Outstanding;
+use crate::nvme::host::nvm::stopped_error;
 use crate::nvme::host::timeouts;
 use std::time::Duration;
 

@@ -8,6 +8,7 @@ use crate::core::error::{Error, Result};
 use crate::core::io::{Completion, IoBuf};
 use crate::core::qpair::{Reaped, Recreated, Wire};
 use crate::core::state::Stopped;
+use crate::nvme::host::nvm;
 use crate::nvme::pcie::controller::Controller;
 
 impl<B: IoBuf> Wire for QueuePair<B> {
@@ -100,7 +101,7 @@ impl<B: IoBuf> Wire for QueuePair<B> {
     }
 
     fn stopped_error(&self, s: Stopped) -> Error {
-        stopped_error(s, self.qid)
+        nvm::stopped_error(s, self.qid)
     }
 
     fn withdraw_all(&mut self, f: &mut dyn FnMut(Completion<B>)) -> Result<bool> {
@@ -109,14 +110,5 @@ impl<B: IoBuf> Wire for QueuePair<B> {
 
     fn closed(&mut self, gone: bool) {
         self.release_queue(gone)
-    }
-}
-
-/// The error of a stopped queue, in NVMe's words.
-pub(super) fn stopped_error(e: Stopped, qid: u16) -> Error {
-    match e {
-        Stopped::Fatal => Error::ControllerFatal,
-        Stopped::Gone => Error::DeviceGone,
-        Stopped::Lost => Error::QueueLost { qid },
     }
 }

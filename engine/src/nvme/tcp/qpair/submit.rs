@@ -4,6 +4,7 @@
 
 use super::data::{capsule_pieces, queue_capsule};
 use super::{Cmd, Kind, TcpQueuePair, HEADER_ROOM};
+use crate::core::io::Completion;
 use crate::core::io::{IoBuf, IoError, SubmitError, SubmitErrorKind};
 use crate::core::qpair::Addressed;
 use crate::core::qpair::SplitRequest;
@@ -16,9 +17,8 @@ use crate::nvme::tcp::digest::DataDigest;
 use crate::nvme::tcp::fabrics::FabricsSqe;
 use crate::nvme::tcp::fabrics::SglDescriptor;
 use crate::nvme::tcp::pdu;
-use crate::nvme::tcp::qpair::Arc;
-use crate::Completion;
 use mcqio_vfio::DmaSpace;
+use std::sync::Arc;
 
 impl<B: IoBuf> TcpQueuePair<B> {
     /// Queue a command that the engine does not split.

@@ -10,6 +10,7 @@ use crate::core::io::{Completion, IoBuf};
 use crate::core::qpair::Lifecycle;
 use crate::core::qpair::{Reaped, Recreated, Wire};
 use crate::core::state::Stopped;
+use crate::nvme::host::nvm;
 use crate::nvme::tcp::controller::TcpController;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -136,11 +137,7 @@ impl<B: IoBuf> Wire for TcpQueuePair<B> {
         if let Some(e) = self.failed.or_else(|| self.ctrl.failure()) {
             return e.into_error();
         }
-        match s {
-            Stopped::Fatal => Error::ControllerFatal,
-            Stopped::Gone => Error::DeviceGone,
-            Stopped::Lost => Error::QueueLost { qid: self.qid },
-        }
+        nvm::stopped_error(s, self.qid)
     }
 
     /// Let what is in flight finish (bounded), then shut the socket down,
