@@ -17,7 +17,23 @@
 //!
 //! `pcie/` and `tcp/` implement [`Link`] and their queue mechanics and
 //! never name each other; both reach the layer under them through
-//! [`host`].
+//! [`host`] (`.ci/import-cycles` checks it).
+//!
+//! # Where new things go
+//!
+//! - **A fourth NVMe wire** (NVMe over RDMA, vfio-user) is a folder beside
+//!   `pcie/` and `tcp/`: a link struct implementing [`Link`] (its admin
+//!   queue as `host::identify::Exchange`, its registers as
+//!   `host::regs::Registers`, its reset and failure), a constructor that
+//!   runs `host`'s bring-up steps, and a queue pair folder with the same
+//!   files as the others (`create`, `submit`, `reap`, `wire`, `timeouts`,
+//!   `teardown`, `blocking`) implementing `core::qpair::Wire`. It touches
+//!   neither `core/` nor the other wires.
+//! - **An NVMe feature** (zoned namespaces, metadata/PI, passthrough) is
+//!   its command builders in [`spec`], its identify data and namespace
+//!   checks in [`host`] (written once), and on each wire only what the
+//!   wire must carry differently (PCIe's PRP/SGL and metadata pointer,
+//!   TCP's in-capsule or R2T data).
 
 pub mod host;
 mod mapped;
