@@ -419,3 +419,32 @@ fn a_run_that_completed_nothing_is_an_error() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("needs a unit"), "{err}");
 }
+
+/// `--compare` opens and checks its device before the base run measures:
+/// a device that cannot be opened fails the command at once, not after the
+/// first device ran its whole `-t` (whose results were then thrown away).
+#[test]
+fn a_bad_compare_device_fails_before_anything_is_measured() {
+    let t = std::time::Instant::now();
+    let (code, out, err) = perf(&[
+        "-d",
+        "fake:null",
+        "-t",
+        "60",
+        "--compare",
+        "vfio:0000:99:00.0",
+    ]);
+    assert_ne!(code, 0, "stdout: {out} stderr: {err}");
+    assert!(
+        err.contains("0000:99:00.0"),
+        "the error names the device: {err}"
+    );
+    assert!(out.is_empty(), "nothing was reported: {out}");
+    // Generous: the 60 s run must not have happened (a slow emulated start
+    // still takes seconds, not a minute).
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(45),
+        "failed only after {:?}: the base run measured first",
+        t.elapsed()
+    );
+}

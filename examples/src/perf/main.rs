@@ -576,6 +576,11 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
         ));
     }
     let clock = clock::Clock::choose(args.clock).map_err(PerfError::Usage)?;
+    if let Some(c) = &args.compare {
+        // Opened and closed here, reopened for its own run: the two may
+        // be one device with other options (`--compare vfio:X,mcq=off`).
+        run::check_devices(std::slice::from_ref(c), &o)?;
+    }
     let mut bases = Vec::new();
     let mut others = Vec::new();
     for _ in 0..args.repeat {

@@ -49,15 +49,26 @@ pub fn run_device(spec: &DeviceSpec, o: &RunOpts, clock: Clock) -> Result<RunRep
     run_devices(std::slice::from_ref(spec), o, clock)
 }
 
-/// Plan, run and report several devices at once (`-d A -d B`): job `i`
-/// runs on device `i % devices.len()`, and within a device the jobs take
-/// its namespaces round-robin, so the table has a row per device,
-/// namespace and core, as spdk_nvme_perf prints.
-pub fn run_devices(
-    devices: &[DeviceSpec],
-    o: &RunOpts,
-    clock: Clock,
-) -> Result<RunReport, PerfError> {
+/// What planning devices opened and decided.
+struct Planned {
+    targets: Vec<Arc<Target>>,
+    notes: Vec<String>,
+    specs: Vec<JobSpec>,
+    /// Per row: its device's index.
+    job_dev: Vec<usize>,
+}
+
+/// Open and check every device of a run (its options, namespaces, sizes)
+/// and close it again: `--compare`'s device is checked this way before the
+/// base run measures, so a device that cannot run fails the command at
+/// once rather than after the first run's whole `-t`.
+pub fn check_devices(devices: &[DeviceSpec], o: &RunOpts) -> Result<(), PerfError> {
+    plan_devices(devices, o).map(drop)
+}
+
+/// Open each device and plan its rows (job `i` runs on device `i %
+/// devices.len()`).
+fn plan_devices(devices: &[DeviceSpec], o: &RunOpts) -> Result<Planned, PerfError> {
     let ndev = devices.len().max(1);
     if o.jobs < devices.len() {
         return Err(PerfError::Usage(format!(
@@ -74,7 +85,6 @@ pub fn run_devices(
     // One spec per row: a (thread, namespace) pair, as spdk_nvme_perf
     // associates workers with namespaces.
     let mut specs: Vec<JobSpec> = Vec::with_capacity(o.jobs);
-    // Per row: its device's index.
     let mut job_dev = Vec::with_capacity(o.jobs);
     for (d, spec) in devices.iter().enumerate() {
         // This device's threads (job i runs on device i mod ndev).
@@ -94,6 +104,31 @@ pub fn run_devices(
         specs.extend(dev_specs);
         targets.push(target);
     }
+    Ok(Planned {
+        targets,
+        notes,
+        specs,
+        job_dev,
+    })
+}
+
+/// Plan, run and report several devices at once (`-d A -d B`): job `i`
+/// runs on device `i % devices.len()`, and within a device the jobs take
+/// its namespaces round-robin, so the table has a row per device,
+/// namespace and core, as spdk_nvme_perf prints.
+pub fn run_devices(
+    devices: &[DeviceSpec],
+    o: &RunOpts,
+    clock: Clock,
+) -> Result<RunReport, PerfError> {
+    let ndev = devices.len().max(1);
+    let Planned {
+        targets,
+        mut notes,
+        mut specs,
+        job_dev,
+    } = plan_devices(devices, o)?;
+    let pct = o.pattern.read_pct(o.mix);
     let rows = specs.len();
     // I/O counts and rates are shares of the whole run, per row.
     for spec in &mut specs {
