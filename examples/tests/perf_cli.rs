@@ -448,3 +448,26 @@ fn a_bad_compare_device_fails_before_anything_is_measured() {
         t.elapsed()
     );
 }
+
+/// Output into a pipe its reader closed (`mcqio-perf devices | head`)
+/// ends the program quietly, as it does a C tool: no panic message.
+#[test]
+fn a_closed_pipe_on_stdout_ends_quietly() {
+    for sub in ["doctor", "devices"] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        // Closed before the program starts: its first write fails.
+        drop(reader);
+        let out = support::command(env!("CARGO_BIN_EXE_mcqio-perf"))
+            .arg(sub)
+            .stdout(writer)
+            .output()
+            .expect("mcqio-perf runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{sub}: {err}");
+        assert!(
+            out.status.code() != Some(101),
+            "{sub}: exit {:?}: {err}",
+            out.status
+        );
+    }
+}

@@ -680,6 +680,7 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
 }
 
 fn main() -> ExitCode {
+    quiet_on_closed_pipe();
     // The library logs through `log`; RUST_LOG=debug (or warn, trace) shows it.
     env_logger::init();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -698,5 +699,20 @@ fn main() -> ExitCode {
             eprintln!("mcqio-perf: error: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Output into a pipe whose reader has gone (`mcqio-perf devices | head`)
+/// ends the program quietly, as it ends a C tool: SIGPIPE goes back to its
+/// default action, where Rust's runtime ignores it and every `println!`
+/// after the reader left would panic. Sockets are not affected: the
+/// engine's sends pass MSG_NOSIGNAL (std's do too), so a closed NVMe/TCP
+/// connection is still an error, not a signal.
+fn quiet_on_closed_pipe() {
+    // SAFETY: setting a signal's disposition to SIG_DFL installs no
+    // handler (no code runs in signal context); done first in `main`,
+    // before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
