@@ -471,3 +471,16 @@ fn a_closed_pipe_on_stdout_ends_quietly() {
         );
     }
 }
+
+/// An I/O larger than the fake's namespace is refused with the fix: the
+/// largest -o that fits, or a larger fake.
+#[test]
+fn an_io_larger_than_the_fake_says_how_to_fix_it() {
+    let (code, out, err) = perf(&["-o", "100M", "-t", "0.2"]);
+    assert_eq!(code, 2, "stdout: {out} stderr: {err}");
+    assert!(err.contains("use -o 64 MiB or less"), "{err}");
+    assert!(err.contains("fake,size=1G"), "{err}");
+    // The fix works.
+    let (code, _, err) = perf(&["-d", "fake,size=1G", "-o", "100M", "-n", "20"]);
+    assert_eq!(code, 0, "{err}");
+}

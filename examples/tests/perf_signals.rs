@@ -119,8 +119,14 @@ fn a_second_signal_ends_seed_mcq_at_once() {
     assert_eq!(code, Some(130), "{out}\n{err}");
 }
 
-/// Wait for the `--compare` run's fake UFS device thread.
+/// Wait for the `--compare` run's fake UFS device thread. The compare
+/// device is opened and closed once before the first run (its check), so
+/// its thread counts only once the first run's fake NVMe thread was seen.
 fn second_run_started(c: &Child) {
+    assert!(
+        support::thread_started(c.id(), "fake-nvme", HANG),
+        "the first run never started"
+    );
     assert!(
         support::thread_started(c.id(), "fake-ufs", HANG),
         "the --compare run never started"
@@ -134,15 +140,15 @@ fn an_interrupted_compare_marks_the_run_that_was_cut() {
     let c = start(&[
         "-d",
         "fake:null",
-        "-n",
-        "2000",
+        "-t",
+        "1",
         "--compare",
         "fake-ufs,latency=100ms",
         "--json",
     ]);
-    // The first run's 2000 I/Os take milliseconds natively (seconds under
-    // qemu-user); the second's, 100 ms each at QD 32, about 6 s. Its fake
-    // UFS device thread shows that the second run has begun.
+    // Each run takes 1 s (the second at 100 ms per I/O). The second's fake
+    // UFS device thread, seen after the first run's fake NVMe thread, shows
+    // that the second run has begun.
     second_run_started(&c);
     signal(&c, libc::SIGINT);
     let (code, out, err) = finish(c, HANG);
@@ -166,8 +172,8 @@ fn an_interrupted_compare_says_its_ratio_is_partial() {
     let c = start(&[
         "-d",
         "fake:null",
-        "-n",
-        "2000",
+        "-t",
+        "1",
         "--compare",
         "fake-ufs,latency=100ms",
     ]);

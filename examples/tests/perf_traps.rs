@@ -269,7 +269,7 @@ fn every_program_builds_the_same_default_fake() {
         hello.stdout
     );
     assert!(
-        backend.contains("1 ns x 67108864 B, 512 B blocks"),
+        backend.contains("1 namespace × 64 MiB, 512 B blocks"),
         "{backend}"
     );
 }

@@ -110,7 +110,7 @@ pub fn run(a: &DmaBenchArgs) -> ExitCode {
     if a.time.is_zero() {
         return fail("-t 0: give a positive time per row (e.g. 1, 300ms)".into());
     }
-    if let Err(e) = crate::output::claim_all([a.plot.as_deref()]) {
+    if let Err(e) = crate::output::claim_plot(a.plot.as_deref()) {
         return fail(e);
     }
     // A row runs to its end (the map/unmap loop has no stop flag); a signal

@@ -157,6 +157,14 @@ const FOREIGN_FLAGS: &[(&str, &str)] = &[
     ("--iodepth", "fio's; use -q/--qd"),
     ("--numjobs", "fio's; use -j/--jobs"),
     ("--runtime", "fio's; use -t/--time"),
+    (
+        "--filename",
+        "fio's; name the device with -d (uring:/dev/nvme0n1, uring:<file>, vfio:<BDF>)",
+    ),
+    (
+        "-r",
+        "spdk_nvme_perf's transport ID; name the device with -d (vfio:<BDF> for trtype:PCIe traddr:<BDF>, tcp:<addr>:<port>/<subnqn> for trtype:TCP)",
+    ),
 ];
 
 /// The message for a foreign flag among `args`, if there is one.
@@ -164,6 +172,12 @@ fn foreign_flag(args: &[std::ffi::OsString]) -> Option<String> {
     args.iter().skip(1).find_map(|a| {
         let a = a.to_str()?;
         let name = a.split('=').next()?;
+        // `-r'trtype:PCIe ...'` written without a space.
+        let name = if name.starts_with("-r") && !name.starts_with("--") {
+            "-r"
+        } else {
+            name
+        };
         FOREIGN_FLAGS
             .iter()
             .find(|(f, _)| *f == name)
@@ -569,7 +583,8 @@ fn perf(args: &RunArgs) -> Result<ExitCode, PerfError> {
         println!("{}", r.line(&spec.raw, o.depth));
         return Ok(ExitCode::SUCCESS);
     }
-    output::claim_all([args.output.as_deref(), args.plot.as_deref()]).map_err(PerfError::Usage)?;
+    output::claim_all([args.output.as_deref()]).map_err(PerfError::Usage)?;
+    output::claim_plot(args.plot.as_deref()).map_err(PerfError::Usage)?;
     if o.time.is_some_and(|t| t.is_zero()) && o.ios.is_none() && o.bytes.is_none() {
         return Err(PerfError::Usage(
             "-t 0 measures nothing; give a time or -n <count>".into(),

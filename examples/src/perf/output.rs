@@ -24,9 +24,36 @@ pub fn claim_all<'a>(paths: impl IntoIterator<Item = Option<&'a Path>>) -> Resul
     paths.into_iter().flatten().try_for_each(claim)
 }
 
+/// Claim a `--plot` file: the charts are SVG (no bitmap renderer is
+/// built in), so a name that says otherwise (`x.png`) is refused rather
+/// than given SVG under a `.png` name.
+pub fn claim_plot(path: Option<&Path>) -> Result<(), String> {
+    let Some(path) = path else { return Ok(()) };
+    let svg = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+    if !svg {
+        return Err(format!(
+            "--plot writes SVG: name the file .svg (e.g. {}), and convert it if you need a bitmap (rsvg-convert -o x.png x.svg)",
+            path.with_extension("svg").display()
+        ));
+    }
+    claim(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plot_must_be_named_svg() {
+        let e = claim_plot(Some(Path::new("/nonexistent/x.png"))).unwrap_err();
+        assert!(e.contains("x.svg"), "{e}");
+        assert!(claim_plot(Some(Path::new("/nonexistent/dir/x.SVG")))
+            .unwrap_err()
+            .starts_with("cannot write"));
+        assert_eq!(claim_plot(None), Ok(()));
+    }
 
     #[test]
     fn claim_creates_or_refuses() {

@@ -85,18 +85,10 @@ pub fn workload_title(r: &RunReport) -> String {
     format!(
         "{}{mix} {}, QD {} x {} job(s)",
         w.pattern,
-        size(w.io_size),
+        crate::report::bytes_text(w.io_size),
         w.queue_depth,
         w.jobs
     )
-}
-
-fn size(b: u64) -> String {
-    match b {
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
-        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
-        b => format!("{b} B"),
-    }
 }
 
 /// Draw into an SVG document in memory, then write it to `path`: a file

@@ -169,7 +169,7 @@ pub fn run(a: &SeedArgs) -> ExitCode {
 const WORKLOADS: [Pattern; 2] = [Pattern::Randread, Pattern::Randwrite];
 
 fn mcq(a: &McqArgs) -> Result<ExitCode, PerfError> {
-    crate::output::claim_all([a.plot.as_deref()]).map_err(PerfError::Usage)?;
+    crate::output::claim_plot(a.plot.as_deref()).map_err(PerfError::Usage)?;
     if !a.device.is_ufs(&mcqio_vfio::SysRoots::default()) {
         return Err(PerfError::Usage(format!(
             "seed mcq compares UFS MCQ with the legacy single doorbell: `{}` is not a UFS device (use fake-ufs, fake-ufs:null or vfio:<BDF> of a UFS host controller)",

@@ -38,6 +38,22 @@
 mod compare;
 mod latency;
 mod table;
+/// A byte count as people write it: `64 MiB`, `4 KiB`, `1000 B` (exact
+/// binary units only, so nothing is rounded away).
+pub fn bytes_text(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+/// `n` things, singular or plural: `1 namespace`, `4 namespaces`.
+pub fn count_of(n: usize, thing: &str) -> String {
+    format!("{n} {thing}{}", if n == 1 { "" } else { "s" })
+}
+
 #[cfg(test)]
 mod tests;
 

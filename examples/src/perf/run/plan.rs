@@ -181,9 +181,23 @@ pub(super) fn plan_device(
         let peers = (rows - 1 - k % nns) / nns + 1;
         let rank = (k / nns) as u64;
         if ns.blocks < nlb as u64 {
+            let have = ns.blocks * lbads;
+            let fix = if spec.fake_config().is_some() || spec.fake_ufs_config().is_some() {
+                format!(
+                    "use -o {} or less, or a larger fake (size= in the device string, e.g. {},size=1G)",
+                    crate::report::bytes_text(have),
+                    spec.label()
+                )
+            } else {
+                format!("use -o {} or less", crate::report::bytes_text(have))
+            };
             return Err(PerfError::Usage(format!(
-                "namespace {} has {} blocks, fewer than one {}-byte I/O",
-                ns.nsid, ns.blocks, o.io_size
+                "namespace {} of {} holds {} ({} blocks), less than one {} I/O: {fix}",
+                ns.nsid,
+                spec.label(),
+                crate::report::bytes_text(have),
+                ns.blocks,
+                crate::report::bytes_text(o.io_size)
             )));
         }
         let (first, blocks, seq_start) = if o.verify {

@@ -104,8 +104,10 @@ impl NvmeTarget {
                     ..cfg
                 };
                 let d = format!(
-                    "mcqio engine on the fake controller ({}, {ns} ns x {size} B, {lbads} B blocks, device thread on {})",
+                    "mcqio engine on the fake controller ({}, {} × {}, {lbads} B blocks, device thread on {})",
                     if *null { "null namespaces" } else { "RAM namespaces" },
+                    crate::report::count_of(ns, "namespace"),
+                    crate::report::bytes_text(size),
                     thread.describe()
                 );
                 (Backing::FakeNvme(cfg), Some(d))

@@ -107,8 +107,10 @@ impl UfsTarget {
                     ..base
                 };
                 let d = format!(
-                    "fake UFS host controller ({}, {lus} LU x {lu_bytes} B, 4096 B blocks, device thread on {})",
+                    "fake UFS host controller ({}, {} × {}, 4096 B blocks, device thread on {})",
                     if *null { "null LUs" } else { "RAM LUs" },
+                    crate::report::count_of(lus, "LU"),
+                    crate::report::bytes_text(lu_bytes),
                     thread.describe()
                 );
                 (Backing::FakeUfs(cfg), Some(d))
