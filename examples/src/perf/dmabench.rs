@@ -92,7 +92,7 @@ fn space_for(
         }
         _ => {
             return Err(format!(
-                "dma-bench needs an IOMMU: use fake or vfio:<BDF>, not `{}`",
+                "dma-bench needs an IOMMU: use fake or vfio:<BDF>, not `{}` (uring: and tcp: devices have none)",
                 spec.label()
             ))
         }

@@ -19,7 +19,7 @@ pub enum Unit {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FilenameError {
     /// The device part names no known kind.
-    #[error("`{0}`: unknown device; use fake, fake-ufs, vfio-<domain>.<bus>.<dev>.<fn> (e.g. vfio-0000.01.00.0) or vfio\\:0000\\:01\\:00.0")]
+    #[error("`{0}`: unknown device; use fake, fake-ufs, vfio-<domain>.<bus>.<dev>.<fn> (e.g. vfio-0000.01.00.0), vfio\\:0000\\:01\\:00.0 or tcp\\:<addr>\\:<port>/<subsystem NQN>")]
     UnknownDevice(String),
     /// A malformed PCI address.
     #[error("`{0}` is not a PCI address like 0000.01.00.0 or 01.00.0")]

@@ -72,8 +72,8 @@ impl std::str::FromStr for DeviceSpec {
             ("uring", _) => return err("`uring` needs a path or `null`: uring:/dev/nvme0n1, uring:/tmp/file, uring:null"),
             ("tcp", Some(a)) => (parse_tcp(a)?, TCP_KEYS),
             ("tcp", None) => return err("`tcp` needs an address and a subsystem: tcp:127.0.0.1:4420/nqn.2026-01.io.example:sub1"),
-            ("", _) => return err("empty device spec: use fake, fake:null, fake-ufs, fake-ufs:null, vfio:<BDF>, uring:<path> or uring:null"),
-            (k, _) => return err(format!("unknown device kind `{k}`: use fake, fake:null, fake-ufs, fake-ufs:null, vfio:<BDF>, uring:<path> or uring:null")),
+            ("", _) => return err("empty device spec: use fake, fake:null, fake-ufs, fake-ufs:null, vfio:<BDF>, tcp:<addr>:<port>/<subsystem NQN>, uring:<path> or uring:null"),
+            (k, _) => return err(format!("unknown device kind `{k}`: use fake, fake:null, fake-ufs, fake-ufs:null, vfio:<BDF>, tcp:<addr>:<port>/<subsystem NQN>, uring:<path> or uring:null")),
         };
         let mut opts = DeviceOpts::default();
         let mut keys_given = Vec::new();
