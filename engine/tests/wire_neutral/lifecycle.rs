@@ -278,6 +278,18 @@ fn quiet<Q: BlockQueue<Buf = DmaBuf>>(q: &mut Q, what: &str) {
     }
 }
 
+/// A read of one block on `q` completes, then `q` closes with nothing
+/// left in flight.
+fn works_then_closes<R: Rig>(rig: &R, mut q: R::Q, start: Instant, what: &str) {
+    let bs = 1usize << q.block_shift(rig.at()).unwrap();
+    q.read(rig.at(), 0, 1, rig.buf(bs), 99).unwrap();
+    q.submit();
+    let mut back = Vec::new();
+    poll_until(&mut q, 1, &mut back, start, what);
+    assert_eq!(back[0].result, Ok(()), "{what}");
+    q.close(|c| panic!("{what}: close found {c:?}")).unwrap();
+}
+
 /// Every command ends exactly once, the ones the device failed with their
 /// error, and nothing else arrives: 64 writes, every fourth of them
 /// failed by the device, then a read of each block.
@@ -406,12 +418,7 @@ impl Property for ResetEndsEachOnce {
         );
         assert_eq!(after.completed, plain + held, "{what}");
         // The queue was re-created: it works.
-        q.read(rig.at(), 0, 1, rig.buf(bs), 99).unwrap();
-        q.submit();
-        let mut back = Vec::new();
-        poll_until(&mut q, 1, &mut back, start, what);
-        assert_eq!(back[0].result, Ok(()), "{what}");
-        q.close(|c| panic!("{what}: close found {c:?}")).unwrap();
+        works_then_closes(rig, q, start, what);
     }
 }
 
@@ -463,12 +470,7 @@ impl Property for TimeoutWithdraws {
         );
         quiet(&mut q, what);
         // The queue carries on.
-        q.read(rig.at(), 0, 1, rig.buf(bs), 3).unwrap();
-        q.submit();
-        let mut back = Vec::new();
-        poll_until(&mut q, 1, &mut back, start, what);
-        assert_eq!(back[0].result, Ok(()), "{what}");
-        q.close(|c| panic!("{what}: close found {c:?}")).unwrap();
+        works_then_closes(rig, q, start, what);
     }
 }
 
