@@ -7,7 +7,6 @@
 //! futures pending.
 //!
 //! Built only with `--features tokio` (`.ci/run` runs it).
-#![cfg(feature = "tokio")]
 
 use std::future::Future;
 use std::pin::Pin;

@@ -580,7 +580,7 @@ fn a_restarted_queue_rings_its_first_doorbell() {
 /// `poll(max, ..)` delivers at most `max` also when a reset or a failure
 /// ends many commands at once, and `outstanding()` counts what is still to
 /// come (the `BlockQueue::poll` contract; UFS has the same test in
-/// `ufs_reset.rs`).
+/// `ufs/reset.rs`).
 #[test]
 fn poll_after_a_reset_or_failure_delivers_at_most_max() {
     for mode in modes() {

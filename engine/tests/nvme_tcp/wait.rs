@@ -24,8 +24,7 @@ use mcqio::{
 };
 use mcqio_fixtures::tcp::{FakeTcpTarget, TcpFault, TcpTargetConfig, TcpTargetStats};
 
-mod tcp_common;
-use tcp_common::{connect, pattern, qpair, start, tcp_error};
+use mcqio_fixtures::testing::engine::tcp::{connect, pattern, qpair, start, tcp_error};
 
 /// Namespace 1 of the default target: 2048 blocks of 512 B in RAM.
 const NS: u32 = 1;

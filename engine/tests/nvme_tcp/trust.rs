@@ -17,8 +17,7 @@ use mcqio::vfio::DmaDir;
 use mcqio::{Completion, DmaBuf, WaitPolicy};
 use mcqio_fixtures::tcp::{TcpBacking, TcpFault, TcpNamespace, TcpTargetConfig, TcpTargetStats};
 
-mod tcp_common;
-use tcp_common::{connect, pattern, start, tcp_error};
+use mcqio_fixtures::testing::engine::tcp::{self as common, connect, pattern, start, tcp_error};
 
 const HANG: Duration = Duration::from_secs(60);
 const KEEP_ALIVE: u8 = 0x18;
@@ -37,7 +36,7 @@ fn ram(bytes: u64) -> Vec<TcpNamespace> {
 }
 
 fn qpair(c: &Arc<TcpController>, depth: u16) -> TcpQueuePair {
-    tcp_common::qpair(c, depth, WaitPolicy::Poll)
+    common::qpair(c, depth, WaitPolicy::Poll)
 }
 
 /// Poll until one completion arrives; a poll error or a hang fails the
