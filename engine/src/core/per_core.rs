@@ -33,7 +33,7 @@ pub trait PerCore {
 /// types through `?` (the engine's [`Error`], a
 /// [`SubmitError`](super::io::SubmitError), a message); [`Error`] boxes
 /// into the same type, so one `?` takes the outer result too
-/// (`engine/tests/api.rs` shows it).
+/// (`engine/tests/wire_neutral/api.rs` shows it).
 ///
 /// ```
 /// use std::sync::Arc;
