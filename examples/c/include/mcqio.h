@@ -132,7 +132,7 @@ typedef int32_t mcqio_status;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// Where a buffer is in its life (`mcqio_buf_state()`).
+// Where a buffer is in its life (`mcqio_buf_state_of()`).
 enum mcqio_buf_state
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
   : uint32_t
@@ -313,7 +313,7 @@ size_t mcqio_buf_len(const struct mcqio_buf *buf);
 //
 // # Safety
 // `buf` is NULL or a live buffer handle.
-mcqio_buf_state mcqio_buf_state(const struct mcqio_buf *buf);
+mcqio_buf_state mcqio_buf_state_of(const struct mcqio_buf *buf);
 
 // Open the device a device string names and bring its controller up:
 // `fake[,ns=N,lbs=4k,size=64M]` (the in-process NVMe fake),

@@ -29,7 +29,7 @@ const IN_FLIGHT: u8 = 1;
 /// Its command ended without the device being provably done with it.
 const LOST: u8 = 2;
 
-/// Where a buffer is in its life (`mcqio_buf_state()`).
+/// Where a buffer is in its life (`mcqio_buf_state_of()`).
 #[repr(u32)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum BufState {
@@ -230,7 +230,7 @@ pub unsafe extern "C" fn mcqio_buf_len(buf: *const McqioBuf) -> usize {
 /// # Safety
 /// `buf` is NULL or a live buffer handle.
 #[no_mangle]
-pub unsafe extern "C" fn mcqio_buf_state(buf: *const McqioBuf) -> BufState {
+pub unsafe extern "C" fn mcqio_buf_state_of(buf: *const McqioBuf) -> BufState {
     // SAFETY: forwarded caller contract.
     unsafe { buf.as_ref() }.map_or(BufState::Lost, McqioBuf::state)
 }

@@ -109,12 +109,12 @@ fn round_trip(devstr: &str) {
     let st = unsafe { mcqio_submit_write(qp, u.id, 4, 2, w, 0xfeed) };
     assert_eq!(st, Status::Ok, "{devstr}: {}", last());
     // SAFETY: a live buffer.
-    assert_eq!(unsafe { mcqio_buf_state(w) }, BufState::InFlight);
+    assert_eq!(unsafe { mcqio_buf_state_of(w) }, BufState::InFlight);
     let c = one(qp);
     assert_eq!((c.user_tag, c.status, c.flags), (0xfeed, Status::Ok, 0));
     assert_eq!(c.buf, w);
     // SAFETY: a live buffer.
-    assert_eq!(unsafe { mcqio_buf_state(w) }, BufState::Idle);
+    assert_eq!(unsafe { mcqio_buf_state_of(w) }, BufState::Idle);
 
     // SAFETY: live handles.
     assert_eq!(
@@ -352,11 +352,11 @@ fn refusals_are_typed_and_hand_the_buffer_back() {
         let past = u.blocks;
         assert_eq!(mcqio_submit_read(qp, u.id, past, 1, b, 0), Status::Range);
         assert!(last().contains("past the last block"), "{}", last());
-        assert_eq!(mcqio_buf_state(b), BufState::Idle);
+        assert_eq!(mcqio_buf_state_of(b), BufState::Idle);
         assert_eq!(mcqio_submit_read(qp, u.id, 0, 2, b, 0), Status::Range);
         assert_eq!(mcqio_submit_read(qp, 77, 0, 1, b, 0), Status::NoUnit);
         assert_eq!(mcqio_submit_read(qp, u.id, 0, 0, b, 0), Status::Invalid);
-        assert_eq!(mcqio_buf_state(b), BufState::Idle);
+        assert_eq!(mcqio_buf_state_of(b), BufState::Idle);
         // Depth 1: the second command finds the queue full.
         assert_eq!(mcqio_submit_read(qp, u.id, 0, 1, b, 1), Status::Ok);
         assert_eq!(mcqio_submit_flush(qp, u.id, 2), Status::QueueFull);
@@ -373,7 +373,7 @@ fn refusals_are_typed_and_hand_the_buffer_back() {
         let ob = alloc(other, u.block_size as usize);
         assert_eq!(mcqio_submit_read(qp, u.id, 0, 1, ob, 0), Status::Invalid);
         assert!(last().contains("not DMA-mapped"), "{}", last());
-        assert_eq!(mcqio_buf_state(ob), BufState::Idle);
+        assert_eq!(mcqio_buf_state_of(ob), BufState::Idle);
         assert_eq!(mcqio_buf_free(ob), Status::Ok);
         mcqio_device_close(other);
         // Options out of range.
