@@ -16,6 +16,14 @@ pub struct McqioDevice {
     units: Vec<BlockUnit>,
 }
 
+impl McqioDevice {
+    /// The handle of an open device; its units as they are now.
+    pub(crate) fn new(device: Device) -> Self {
+        let units = device.units();
+        McqioDevice { device, units }
+    }
+}
+
 /// Which wire a device speaks.
 #[repr(u32)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -104,11 +112,7 @@ pub unsafe extern "C" fn mcqio_device_open(
             OpenError::Spec(e) => fail(Status::Devstr, e),
             e => fail(Status::Open, format_args!("{s}: {e}")),
         })?;
-        let units = opened.device.units();
-        let handle = Box::new(McqioDevice {
-            device: opened.device,
-            units,
-        });
+        let handle = Box::new(McqioDevice::new(opened.device));
         // SAFETY: as above.
         unsafe { out.write(Box::into_raw(handle)) };
         Ok(())

@@ -577,9 +577,10 @@ pub unsafe extern "C" fn mcqio_qpair_ring(qp: *mut McqioQpair) -> Status {
 /// As `mcqio_submit_flush()`.
 #[no_mangle]
 pub unsafe extern "C" fn mcqio_qpair_depth(qp: *mut McqioQpair) -> c_int {
-    // SAFETY: forwarded caller contract.
     guard_count("mcqio_qpair_depth", || {
-        Ok(unsafe { qpair(qp) }?.slots.len())
+        // SAFETY: forwarded caller contract.
+        let h = unsafe { qpair(qp) }?;
+        Ok(h.slots.len())
     })
 }
 

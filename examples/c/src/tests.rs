@@ -90,10 +90,8 @@ fn round_trip(devstr: &str) {
     assert!(u.usable && u.blocks > 8, "{devstr}: {u:?}");
     let mut info = std::mem::MaybeUninit::uninit();
     // SAFETY: a live device and a struct to write.
-    assert_eq!(
-        unsafe { mcqio_device_info(dev, info.as_mut_ptr()) },
-        Status::Ok
-    );
+    let st = unsafe { mcqio_device_info(dev, info.as_mut_ptr()) };
+    assert_eq!(st, Status::Ok);
     // SAFETY: written above.
     let info = unsafe { info.assume_init() };
     assert!(info.queues >= 1 && info.units >= 1, "{devstr}: {info:?}");
@@ -117,10 +115,8 @@ fn round_trip(devstr: &str) {
     assert_eq!(unsafe { mcqio_buf_state_of(w) }, BufState::Idle);
 
     // SAFETY: live handles.
-    assert_eq!(
-        unsafe { mcqio_submit_read(qp, u.id, 4, 2, r, 7) },
-        Status::Ok
-    );
+    let st = unsafe { mcqio_submit_read(qp, u.id, 4, 2, r, 7) };
+    assert_eq!(st, Status::Ok);
     // SAFETY: a live queue pair.
     assert_eq!(unsafe { mcqio_qpair_outstanding(qp) }, 1);
     extern "C" fn note(c: *const McqioCpl, ctx: *mut c_void) {
@@ -290,12 +286,20 @@ fn a_callback_resubmits_but_cannot_reenter_the_poll() {
     // SAFETY: live handles; `next` keeps the callback rules.
     unsafe {
         assert_eq!(mcqio_submit_read(qp, u.id, 0, 1, b, 0), Status::Ok);
-        let ctx = (&mut ch as *mut Chain).cast();
+        // The callbacks change the chain through this pointer, so the
+        // loop reads it through the same one.
+        let chp: *mut Chain = &mut ch;
         let mut polls = 0;
-        while ch.done < 50 {
-            assert!(mcqio_poll(qp, 4, Some(next), ctx) >= 0, "{}", last());
+        // Ends when the callbacks have counted 50 (a check clippy cannot
+        // see change: they write through `chp`).
+        loop {
+            let done = (*chp).done;
+            if done >= 50 {
+                break;
+            }
+            assert!(mcqio_poll(qp, 4, Some(next), chp.cast()) >= 0, "{}", last());
             polls += 1;
-            assert!(polls < 1_000_000, "the chain stalled at {}", ch.done);
+            assert!(polls < 1_000_000, "the chain stalled at {done}");
         }
         assert_eq!(mcqio_qpair_outstanding(qp), 0);
         assert_eq!(mcqio_qpair_destroy(qp, None, null_mut()), Status::Ok);
@@ -428,4 +432,38 @@ fn strerror_names_every_status() {
     // SAFETY: as above.
     let t = unsafe { CStr::from_ptr(mcqio_strerror(-999)) };
     assert_eq!(t, c"unknown mcqio status");
+}
+
+/// A command whose buffer the device may still reach (a fatal controller
+/// that ignores the disable) completes once with `MCQIO_CPL_BUF_LOST`: the
+/// buffer is lost, has no data pointer, cannot be submitted again, and
+/// only its handle can be freed.
+#[test]
+fn a_buffer_the_device_may_still_reach_is_lost() {
+    let spec: mcqio_open::DeviceSpec = "fake-ufs,latency=200ms".parse().unwrap();
+    let opened = spec.open("test").unwrap();
+    let Some(mcqio_open::Fake::Ufs(fake)) = opened.fake.clone() else {
+        panic!("fake-ufs opened without its fake")
+    };
+    let dev = Box::into_raw(Box::new(McqioDevice::new(opened.device)));
+    let u = first_unit(dev);
+    let qp = qpair(dev, None);
+    let b = alloc(dev, u.block_size as usize);
+    // SAFETY: live handles throughout; each given up once at the end.
+    unsafe {
+        assert_eq!(mcqio_submit_read(qp, u.id, 0, 1, b, 3), Status::Ok);
+        assert_eq!(mcqio_qpair_ring(qp), Status::Ok);
+        fake.set_ignore_disable(true);
+        fake.set_fatal();
+        let c = one(qp);
+        assert_eq!((c.user_tag, c.buf, c.flags), (3, b, MCQIO_CPL_BUF_LOST));
+        assert_eq!(c.status, Status::Failed);
+        assert_eq!(mcqio_buf_state_of(b), BufState::Lost);
+        assert!(mcqio_buf_data(b).is_null());
+        assert_eq!(mcqio_submit_read(qp, u.id, 0, 1, b, 4), Status::Invalid);
+        assert!(last().contains("lost"), "{}", last());
+        assert_eq!(mcqio_buf_free(b), Status::Ok);
+        let _ = mcqio_qpair_destroy(qp, None, null_mut());
+        mcqio_device_close(dev);
+    }
 }
