@@ -20,7 +20,7 @@ use engine::vfio::DmaDir;
 use engine::DmaBuf;
 
 use crate::device::{device, McqioDevice};
-use crate::status::{fail, guard, Status};
+use crate::status::{fail, guard, new_handle, Status};
 
 /// The application's: its bytes may be read and written.
 const IDLE: u8 = 0;
@@ -133,27 +133,23 @@ pub unsafe extern "C" fn mcqio_buf_alloc(
     out: *mut *mut McqioBuf,
 ) -> Status {
     guard("mcqio_buf_alloc", || {
-        if out.is_null() {
-            return Err(fail(Status::Invalid, "out is NULL"));
-        }
-        // SAFETY: `out` is valid for one write (caller contract).
-        unsafe { out.write(std::ptr::null_mut()) };
-        // SAFETY: forwarded caller contract.
-        let d = unsafe { device(dev) }?;
-        if len == 0 {
-            return Err(fail(Status::Invalid, "a buffer of 0 bytes"));
-        }
-        let b = DmaBuf::alloc(d.device.dma(), len, DmaDir::Bidirectional)
-            .map_err(|e| fail(Status::Nomem, format_args!("{len} bytes: {e}")))?;
-        let cell = Box::new(McqioBuf {
-            state: AtomicU8::new(IDLE),
-            data: b.as_ptr(),
-            len: b.len(),
-            buf: UnsafeCell::new(Some(b)),
-        });
-        // SAFETY: as above.
-        unsafe { out.write(Box::into_raw(cell)) };
-        Ok(())
+        let make = || {
+            // SAFETY: forwarded caller contract.
+            let d = unsafe { device(dev) }?;
+            if len == 0 {
+                return Err(fail(Status::Invalid, "a buffer of 0 bytes"));
+            }
+            let b = DmaBuf::alloc(d.device.dma(), len, DmaDir::Bidirectional)
+                .map_err(|e| fail(Status::Nomem, format_args!("{len} bytes: {e}")))?;
+            Ok(Box::new(McqioBuf {
+                state: AtomicU8::new(IDLE),
+                data: b.as_ptr(),
+                len: b.len(),
+                buf: UnsafeCell::new(Some(b)),
+            }))
+        };
+        // SAFETY: `out` is NULL or valid for one write (caller contract).
+        unsafe { new_handle(out, make) }
     })
 }
 

@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_int, CStr};
 use engine::{BlockDevice, BlockUnit};
 use mcqio_open::{Device, DeviceSpec, OpenError};
 
-use crate::status::{fail, guard, guard_count, Status};
+use crate::status::{fail, guard, guard_count, new_handle, Status};
 
 /// An open device: an NVMe controller (the fake or `vfio:`), a UFS host
 /// controller (`fake-ufs`, `vfio:`) or an NVMe/TCP association (`tcp:`).
@@ -95,27 +95,23 @@ pub unsafe extern "C" fn mcqio_device_open(
     out: *mut *mut McqioDevice,
 ) -> Status {
     guard("mcqio_device_open", || {
-        if out.is_null() {
-            return Err(fail(Status::Invalid, "out is NULL"));
-        }
-        // SAFETY: `out` is valid for one write (caller contract).
-        unsafe { out.write(std::ptr::null_mut()) };
-        if devstr.is_null() {
-            return Err(fail(Status::Invalid, "the device string is NULL"));
-        }
-        // SAFETY: non-null and NUL-terminated (caller contract).
-        let s = unsafe { CStr::from_ptr(devstr) }
-            .to_str()
-            .map_err(|_| fail(Status::Devstr, "the device string is not UTF-8"))?;
-        let spec: DeviceSpec = s.parse().map_err(|e| fail(Status::Devstr, e))?;
-        let opened = spec.open("libmcqio").map_err(|e| match e {
-            OpenError::Spec(e) => fail(Status::Devstr, e),
-            e => fail(Status::Open, format_args!("{s}: {e}")),
-        })?;
-        let handle = Box::new(McqioDevice::new(opened.device));
-        // SAFETY: as above.
-        unsafe { out.write(Box::into_raw(handle)) };
-        Ok(())
+        let make = || {
+            if devstr.is_null() {
+                return Err(fail(Status::Invalid, "the device string is NULL"));
+            }
+            // SAFETY: non-null and NUL-terminated (caller contract).
+            let s = unsafe { CStr::from_ptr(devstr) }
+                .to_str()
+                .map_err(|_| fail(Status::Devstr, "the device string is not UTF-8"))?;
+            let spec: DeviceSpec = s.parse().map_err(|e| fail(Status::Devstr, e))?;
+            let opened = spec.open("libmcqio").map_err(|e| match e {
+                OpenError::Spec(e) => fail(Status::Devstr, e),
+                e => fail(Status::Open, format_args!("{s}: {e}")),
+            })?;
+            Ok(Box::new(McqioDevice::new(opened.device)))
+        };
+        // SAFETY: `out` is NULL or valid for one write (caller contract).
+        unsafe { new_handle(out, make) }
     })
 }
 

@@ -17,7 +17,9 @@ use mcqio_open::Queue;
 
 use crate::buf::{cell, McqioBuf};
 use crate::device::{device, McqioDevice};
-use crate::status::{engine_status, fail, guard, guard_count, io_status, submit_status, Status};
+use crate::status::{
+    engine_status, fail, guard, guard_count, io_status, new_handle, submit_status, Status,
+};
 
 /// `mcqio_qpair_opts.wait`: spin on the completion queue (the default).
 pub const MCQIO_WAIT_POLL: u32 = 0;
@@ -273,11 +275,21 @@ pub unsafe extern "C" fn mcqio_qpair_create(
     out: *mut *mut McqioQpair,
 ) -> Status {
     guard("mcqio_qpair_create", || {
-        if out.is_null() {
-            return Err(fail(Status::Invalid, "out is NULL"));
-        }
-        // SAFETY: `out` is valid for one write (caller contract).
-        unsafe { out.write(std::ptr::null_mut()) };
+        // SAFETY: `out` is NULL or valid for one write (caller contract).
+        unsafe { new_handle(out, || McqioQpair::new(dev, opts)) }
+    })
+}
+
+impl McqioQpair {
+    /// A queue pair of `dev` with `opts`, its slots and batch allocated.
+    ///
+    /// # Safety
+    /// `dev` is NULL or a live device handle; `opts` is NULL or points to
+    /// the struct.
+    unsafe fn new(
+        dev: *const McqioDevice,
+        opts: *const McqioQpairOpts,
+    ) -> Result<Box<Self>, Status> {
         // SAFETY: forwarded caller contract.
         let d = unsafe { device(dev) }?;
         // SAFETY: NULL or a readable struct (caller contract).
@@ -287,25 +299,19 @@ pub unsafe extern "C" fn mcqio_qpair_create(
             .create_queue::<DmaBuf>(qpair_options(&o)?)
             .map_err(engine_status)?;
         let depth = BlockQueue::depth(&queue).max(1);
-        let handle = Box::new(McqioQpair {
+        let idle = Slot {
+            user_tag: 0,
+            buf: std::ptr::null(),
+        };
+        Ok(Box::new(McqioQpair {
             queue,
-            slots: vec![
-                Slot {
-                    user_tag: 0,
-                    buf: std::ptr::null(),
-                };
-                depth
-            ]
-            .into_boxed_slice(),
+            slots: vec![idle; depth].into_boxed_slice(),
             free: (0..depth as u32).rev().collect(),
             batch: Vec::with_capacity(depth.min(256)),
             queued: false,
             in_callback: false,
-        });
-        // SAFETY: as above.
-        unsafe { out.write(Box::into_raw(handle)) };
-        Ok(())
-    })
+        }))
+    }
 }
 
 /// The engine's options for `o`.

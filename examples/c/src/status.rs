@@ -158,6 +158,27 @@ pub(crate) fn guard_count(what: &'static str, f: impl FnOnce() -> Result<usize, 
     }
 }
 
+/// For a call that makes a handle: `*out` is NULL until `make` succeeds,
+/// then the new handle (`Box::into_raw`); a NULL `out` is
+/// [`Status::Invalid`].
+///
+/// # Safety
+/// `out` is null or valid for one pointer write.
+pub(crate) unsafe fn new_handle<T>(
+    out: *mut *mut T,
+    make: impl FnOnce() -> Result<Box<T>, Status>,
+) -> Result<(), Status> {
+    if out.is_null() {
+        return Err(fail(Status::Invalid, "out is NULL"));
+    }
+    // SAFETY: `out` is valid for one write (caller contract).
+    unsafe { out.write(std::ptr::null_mut()) };
+    let handle = make()?;
+    // SAFETY: as above.
+    unsafe { out.write(Box::into_raw(handle)) };
+    Ok(())
+}
+
 /// The status of a refused submission (its message recorded).
 pub(crate) fn submit_status(kind: SubmitErrorKind) -> Status {
     use SubmitErrorKind as K;
