@@ -72,6 +72,8 @@ pub trait Link: Sealed + Sized + Send + Sync + 'static {
     type Options: Clone + std::fmt::Debug + Send + Sync;
     /// The queue pair (of [`DmaBuf`]s) the wire creates.
     type Qpair: Send;
+    /// The controller's name in `Debug` output.
+    const NAME: &'static str;
 
     /// `Err` if the controller is known to have failed, or is found so now.
     fn health(c: &NvmeController<Self>) -> Result<()>;
@@ -120,7 +122,7 @@ pub struct NvmeController<L: Link> {
 
 impl<L: Link> std::fmt::Debug for NvmeController<L> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut d = f.debug_struct(std::any::type_name::<L>().rsplit("::").next().unwrap_or(""));
+        let mut d = f.debug_struct(L::NAME);
         self.link.describe(&mut d);
         d.field("model", &self.identify.model)
             .field("serial", &self.identify.serial)

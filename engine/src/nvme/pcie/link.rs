@@ -13,6 +13,7 @@ use crate::nvme::spec::{Cqe, Sqe};
 impl Link for PcieLink {
     type Options = ControllerOptions;
     type Qpair = QueuePair;
+    const NAME: &'static str = "Controller";
 
     /// Read CSTS: `Err` if the controller is fatal or gone (or was found
     /// so earlier and has not been reset since).

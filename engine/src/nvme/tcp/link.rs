@@ -14,6 +14,7 @@ use crate::nvme::tcp::qpair::TcpQueuePair;
 impl Link for TcpLink {
     type Options = TcpOptions;
     type Qpair = TcpQueuePair;
+    const NAME: &'static str = "TcpController";
 
     /// `Err` once the association failed.
     fn health(c: &TcpController) -> Result<()> {
