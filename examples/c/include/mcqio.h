@@ -114,7 +114,9 @@ enum mcqio_status
   // was aborted; it may be resubmitted.
   MCQIO_STATUS_TIMED_OUT = -12,
   // The host ended the command (queue pair destroyed, controller
-  // reset); it may or may not have executed: resubmit it.
+  // reset), or the device did because the host deleted its queue (NVMe
+  // "aborted: SQ deletion", in `detail`); it may or may not have
+  // executed: resubmit it.
   MCQIO_STATUS_ABORTED = -13,
   // NVMe/TCP: the connection that carried the command ended; it may or
   // may not have executed.
@@ -249,7 +251,9 @@ struct mcqio_cpl {
   // `MCQIO_STATUS_FAILED`.
   mcqio_status status;
   // With `MCQIO_STATUS_IO`: NVMe `(SCT << 8) | SC`; UFS the SCSI status byte
-  // (0 for a transport or response error). Otherwise 0.
+  // (0 for a transport or response error). With `MCQIO_STATUS_ABORTED`:
+  // the NVMe status if the device aborted it (SQ deletion), else 0.
+  // Otherwise 0.
   uint32_t detail;
   // Command-specific result dword 0 of the completion.
   uint32_t dw0;

@@ -71,7 +71,9 @@ pub struct McqioCpl {
     /// `MCQIO_STATUS_FAILED`.
     pub status: Status,
     /// With `MCQIO_STATUS_IO`: NVMe `(SCT << 8) | SC`; UFS the SCSI status byte
-    /// (0 for a transport or response error). Otherwise 0.
+    /// (0 for a transport or response error). With `MCQIO_STATUS_ABORTED`:
+    /// the NVMe status if the device aborted it (SQ deletion), else 0.
+    /// Otherwise 0.
     pub detail: u32,
     /// Command-specific result dword 0 of the completion.
     pub dw0: u32,

@@ -7,6 +7,7 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::fmt::Display;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use engine::nvme::spec::status::{generic, sct};
 use engine::{IoError, SubmitErrorKind, UfsError};
 
 /// The result of a call: `MCQIO_STATUS_OK` (0) or a negative code saying what
@@ -52,7 +53,9 @@ pub enum Status {
     /// was aborted; it may be resubmitted.
     TimedOut = -12,
     /// The host ended the command (queue pair destroyed, controller
-    /// reset); it may or may not have executed: resubmit it.
+    /// reset), or the device did because the host deleted its queue (NVMe
+    /// "aborted: SQ deletion", in `detail`); it may or may not have
+    /// executed: resubmit it.
     Aborted = -13,
     /// NVMe/TCP: the connection that carried the command ended; it may or
     /// may not have executed.
@@ -197,13 +200,28 @@ pub(crate) fn submit_status(kind: SubmitErrorKind) -> Status {
     fail(status, kind)
 }
 
+/// NVMe's "Command Aborted due to SQ Deletion" (whatever its DNR, More
+/// and CRD bits).
+fn sq_deletion(s: engine::NvmeStatus) -> bool {
+    (s.sct, s.sc) == (sct::GENERIC, generic::ABORTED_SQ_DELETION)
+}
+
+/// `detail` of an NVMe status: `(SCT << 8) | SC`.
+fn nvme_detail(s: engine::NvmeStatus) -> u32 {
+    u32::from(s.sct) << 8 | u32::from(s.sc)
+}
+
 /// The status and detail of a command's result. `detail` for
 /// [`Status::Io`]: NVMe `(SCT << 8) | SC`; UFS the SCSI status byte (0 for
 /// a transport or response error).
 pub(crate) fn io_status(r: &Result<(), IoError>) -> (Status, u32) {
     match r {
         Ok(()) => (Status::Ok, 0),
-        Err(IoError::Nvme(s)) => (Status::Io, u32::from(s.sct) << 8 | u32::from(s.sc)),
+        // Posted by the device for what it had fetched when the host
+        // deleted the queue (destroying the queue pair does): ended by the
+        // host, as the engine's own `Aborted` is.
+        Err(IoError::Nvme(s)) if sq_deletion(*s) => (Status::Aborted, nvme_detail(*s)),
+        Err(IoError::Nvme(s)) => (Status::Io, nvme_detail(*s)),
         Err(IoError::Ufs(UfsError::Scsi { status, .. })) => (Status::Io, u32::from(status.0)),
         Err(IoError::TimedOut) => (Status::TimedOut, 0),
         Err(IoError::Aborted | IoError::AbortedByReset) => (Status::Aborted, 0),

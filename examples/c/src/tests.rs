@@ -467,3 +467,26 @@ fn a_buffer_the_device_may_still_reach_is_lost() {
         mcqio_device_close(dev);
     }
 }
+
+/// What the device posts for a command it had fetched when the host
+/// deleted its queue ("aborted: SQ deletion") is the host's abort, as the
+/// engine's own `Aborted` is, with the NVMe status kept in `detail`; any
+/// other NVMe status stays `MCQIO_STATUS_IO`. (Seen under qemu-user, where
+/// the fake's device thread fetched commands before `destroy` deleted the
+/// queue, and `destroy_ends_every_command_in_flight_once` got `Io`.)
+#[test]
+fn a_device_abort_at_queue_deletion_is_aborted() {
+    use engine::NvmeStatus;
+    let deleted = NvmeStatus {
+        dnr: true,
+        ..NvmeStatus::new(0, 0x08)
+    };
+    assert_eq!(
+        crate::status::io_status(&Err(engine::IoError::Nvme(deleted))),
+        (Status::Aborted, 0x0008)
+    );
+    assert_eq!(
+        crate::status::io_status(&Err(engine::IoError::Nvme(NvmeStatus::new(2, 0x81)))),
+        (Status::Io, 0x0281)
+    );
+}
