@@ -22,6 +22,7 @@
 //! `VfioIommufd` goes. As with type1, a [`crate::DmaRegion`] holds the
 //! `DmaSpace`, which holds this, so the IOAS outlives every mapping.
 
+mod ioas;
 mod open;
 pub mod sys;
 
@@ -33,10 +34,10 @@ use std::sync::Arc;
 
 use vfio_ioctls::{VfioDevice, VfioIommufd};
 
-use crate::container::{coalesce, usable_iova_ranges};
 use crate::iommu::{DmaDir, Iommu, IommuCounters, IommuError};
 use crate::iova::{Iova, IovaRange};
 
+pub use ioas::{map_reason, Ioas, IoasCalls};
 pub use open::{cdev_name, iommufd_node, vfio_cdev_node};
 pub(crate) use open::{open, precheck};
 
@@ -44,14 +45,9 @@ pub(crate) use open::{open, precheck};
 pub struct IommufdIommu {
     device: ManuallyDrop<VfioDevice>,
     iommufd: Arc<VfioIommufd>,
-    fd: RawFd,
-    ioas: u32,
+    ioas: Ioas<KernelIoas>,
     sysfs_path: PathBuf,
     cdev: PathBuf,
-    ranges: Vec<IovaRange>,
-    reported: Vec<IovaRange>,
-    alignment: u64,
-    counters: IommuCounters,
 }
 
 impl std::fmt::Debug for IommufdIommu {
@@ -59,8 +55,6 @@ impl std::fmt::Debug for IommufdIommu {
         f.debug_struct("IommufdIommu")
             .field("cdev", &self.cdev)
             .field("ioas", &self.ioas)
-            .field("ranges", &self.ranges)
-            .field("alignment", &format_args!("{:#x}", self.alignment))
             .finish_non_exhaustive()
     }
 }
@@ -75,25 +69,16 @@ impl IommufdIommu {
         cdev: PathBuf,
         geometry: sys::IoasGeometry,
     ) -> Self {
-        let fd = iommufd.iommufd().as_raw_fd();
-        let ioas = iommufd.ioas().id();
-        let ranges = usable_iova_ranges(Some(&geometry.ranges));
-        log::debug!(
-            "iommufd IOAS {ioas}: IOVA alignment {:#x}, allowed ranges {:?}",
-            geometry.alignment,
-            geometry.ranges
-        );
+        let calls = KernelIoas {
+            fd: iommufd.iommufd().as_raw_fd(),
+            id: iommufd.ioas().id(),
+        };
         Self {
             device: ManuallyDrop::new(device),
             iommufd,
-            fd,
-            ioas,
+            ioas: Ioas::new(calls, geometry),
             sysfs_path,
             cdev,
-            ranges,
-            reported: geometry.ranges,
-            alignment: geometry.alignment,
-            counters: IommuCounters::default(),
         }
     }
 
@@ -114,74 +99,51 @@ impl IommufdIommu {
 
     /// The IOAS's object id in the iommufd.
     pub fn ioas_id(&self) -> u32 {
-        self.ioas
+        self.ioas.calls().id
     }
 
     /// The allowed IOVA ranges as the kernel reported them after the attach.
     pub fn reported_ranges(&self) -> &[IovaRange] {
-        &self.reported
+        self.ioas.reported_ranges()
     }
 
     /// The alignment the kernel requires of a map's IOVA and length.
     pub fn iova_alignment(&self) -> u64 {
-        self.alignment
-    }
-
-    /// Unmap `[iova, iova+len)`, which covers `n` whole mappings, with one ioctl.
-    fn unmap_run(&self, iova: Iova, len: u64, n: u64) -> Result<(), IommuError> {
-        match sys::ioas_unmap(self.fd, self.ioas, iova.raw(), len) {
-            Ok(done) if done == len => {
-                // iommufd tears each mapping (an "area") down with its own
-                // iommu_unmap, and each of those syncs the IOTLB.
-                self.counters.on_unmap(n, len, n);
-                Ok(())
-            }
-            Ok(done) => {
-                self.counters.on_unmap(0, done, u64::from(done > 0));
-                Err(IommuError::Unmap {
-                    iova,
-                    len,
-                    reason: format!("only {done:#x} bytes were mapped there"),
-                })
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Err(IommuError::Gone),
-            Err(e) => Err(IommuError::Unmap {
-                iova,
-                len,
-                reason: unmap_reason(&e),
-            }),
-        }
+        self.ioas.iova_alignment()
     }
 }
 
-/// The errno of a failed `IOMMU_IOAS_MAP`, with what to do about it.
-pub fn map_reason(e: &std::io::Error) -> String {
-    let hint = match e.raw_os_error() {
-        Some(libc::ENOMEM) => {
-            " — iommufd charges pinned pages to RLIMIT_MEMLOCK: raise it (`mcqio-perf doctor`)"
-        }
-        Some(libc::EEXIST) => " — the IOVA range is already mapped",
-        Some(libc::EINVAL) => " — address or length not aligned to the IOAS's IOVA alignment",
-        Some(libc::ENOENT) => " — outside the IOAS's allowed IOVA ranges, or the IOAS is gone",
-        _ => "",
-    };
-    format!("{e}{hint}")
+/// An IOAS of an open iommufd: the calls go to the kernel.
+#[derive(Debug)]
+struct KernelIoas {
+    fd: RawFd,
+    id: u32,
 }
 
-/// The errno of a failed `IOMMU_IOAS_UNMAP`, with what it means.
-fn unmap_reason(e: &std::io::Error) -> String {
-    let hint = match e.raw_os_error() {
-        Some(libc::ENOENT) => " — nothing was mapped there",
-        Some(libc::EINVAL) => " — the range splits a mapping",
-        _ => "",
-    };
-    format!("{e}{hint}")
+// SAFETY: `unmap` returns Ok only when IOMMU_IOAS_UNMAP returned; iommufd
+// unmaps every attached domain and syncs its IOTLB (iommu_unmap) before it
+// unpins the pages and before the ioctl returns, so the device can no longer
+// reach the memory.
+unsafe impl IoasCalls for KernelIoas {
+    unsafe fn map(
+        &self,
+        iova: u64,
+        vaddr: NonNull<u8>,
+        len: u64,
+        dir: DmaDir,
+    ) -> std::io::Result<()> {
+        // SAFETY: the caller upholds `IoasCalls::map`'s contract, which is
+        // `sys::ioas_map`'s.
+        unsafe { sys::ioas_map(self.fd, self.id, iova, vaddr, len, dir) }
+    }
+
+    fn unmap(&self, iova: u64, len: u64) -> std::io::Result<u64> {
+        sys::ioas_unmap(self.fd, self.id, iova, len)
+    }
 }
 
-// SAFETY: after `unmap`/`unmap_many` return Ok, IOMMU_IOAS_UNMAP has returned
-// with the full length unmapped; iommufd unmaps every attached domain and
-// syncs its IOTLB (iommu_unmap) before it unpins the pages and before the
-// ioctl returns, so the device can no longer reach the memory.
+// SAFETY: every method forwards to the `Ioas`, whose `Iommu` impl keeps the
+// contract; the device and the IOAS stay open while `self` lives.
 unsafe impl Iommu for IommufdIommu {
     unsafe fn map(
         &self,
@@ -190,54 +152,32 @@ unsafe impl Iommu for IommufdIommu {
         len: usize,
         dir: DmaDir,
     ) -> Result<(), IommuError> {
-        // SAFETY: the caller upholds `Iommu::map`'s contract, which is
-        // `sys::ioas_map`'s.
-        match unsafe { sys::ioas_map(self.fd, self.ioas, iova.raw(), vaddr, len as u64, dir) } {
-            Ok(()) => {
-                self.counters.on_map(len as u64);
-                Ok(())
-            }
-            Err(e) => Err(IommuError::Map {
-                iova,
-                len,
-                reason: map_reason(&e),
-            }),
-        }
+        // SAFETY: the caller upholds `Iommu::map`'s contract.
+        unsafe { self.ioas.map(iova, vaddr, len, dir) }
     }
 
     fn unmap(&self, iova: Iova, len: u64) -> Result<(), IommuError> {
-        if len == 0 {
-            return Ok(());
-        }
-        self.unmap_run(iova, len, 1)
+        self.ioas.unmap(iova, len)
     }
 
-    /// One `IOMMU_IOAS_UNMAP` per run of exactly adjacent ranges (a range
-    /// that covers whole mappings unmaps all of them).
     fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<(), IommuError> {
-        coalesce(ranges)
-            .into_iter()
-            .try_for_each(|(iova, len, n)| self.unmap_run(iova, len, n))
+        self.ioas.unmap_many(ranges)
     }
 
     fn valid_ranges(&self) -> Vec<IovaRange> {
-        self.ranges.clone()
+        self.ioas.valid_ranges()
     }
 
     fn min_page_size(&self) -> usize {
-        // The IOVA alignment is at most the host page; DmaSpace rounds up to
-        // the host page anyway, so report the larger.
-        (self.alignment as usize).max(crate::host_page_size())
+        self.ioas.min_page_size()
     }
 
     fn counters(&self) -> &IommuCounters {
-        &self.counters
+        self.ioas.counters()
     }
 
     fn pins_pages(&self) -> bool {
-        // IOMMU_IOAS_MAP pins every page it maps, charged to the user's
-        // locked_vm (iommufd's default accounting).
-        true
+        self.ioas.pins_pages()
     }
 }
 
@@ -260,7 +200,7 @@ impl Drop for IommufdIommu {
         log::debug!(
             "{}: VFIO device cdev closed, destroying IOAS {}",
             self.cdev.display(),
-            self.ioas
+            self.ioas_id()
         );
     }
 }
