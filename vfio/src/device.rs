@@ -349,7 +349,7 @@ fn open_type1(
     let device = VfioDevice::new(&dev.path, ops, false)
         .map_err(|e| map_open_error(addr, opts, group, "open group and device", e))?;
     log::debug!("{addr}: group {group} attached, IOMMU type1v2 set, device fd open");
-    Ok(VfioIommu::new(device, container, dev.path.clone()))
+    Ok(VfioIommu::attached(device, container, dev.path.clone()))
 }
 
 /// VFIO's interrupt indexes, best first, with the kind each gives.

@@ -87,6 +87,7 @@ pub mod iova;
 pub mod irq;
 pub mod mapping;
 pub mod memlock;
+pub mod ranged;
 pub mod setup;
 mod sys;
 pub mod sysfs;
@@ -111,5 +112,6 @@ pub use mapping::{
     MapperConfig, MapperStats, PoolBuf, PoolConfig, QueueMapper, Returned,
 };
 pub use memlock::{memlock_needed, MemlockStatus};
+pub use ranged::{RangeCalls, Ranged};
 pub use setup::{bind, devices, unbind, BindOptions, BindOutcome, NvmeController};
 pub use sysfs::{PciAddress, PciDevice, SysRoots};

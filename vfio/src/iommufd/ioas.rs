@@ -1,195 +1,35 @@
-//! [`Ioas`]: the [`Iommu`] over an IOAS's two calls, map and unmap.
-//!
-//! What iommufd adds to the mapping layer lives here, apart from the device
-//! and the file descriptors: the allowed ranges floored like type1's, the
-//! unmap of coalesced runs with its "only so many bytes" check, the errno
-//! hints, the counters. [`IoasCalls`] is the seam: the kernel's IOAS
-//! ([`super::IommufdIommu`]) implements it with `IOMMU_IOAS_MAP`/`UNMAP`, and
-//! the unit tests with an in-process IOAS that follows `iommufd.h`'s rules, so
-//! a [`crate::DmaSpace`] and the strict and lazy mappers run over this code
-//! without a kernel.
+//! What an IOAS's range calls mean: IOTLB syncs per unmap and the errno
+//! hints of `IOMMU_IOAS_MAP`/`UNMAP` (the rest is [`crate::ranged`]'s, shared
+//! with type1), and, in the tests, an in-process IOAS that follows
+//! `iommufd.h`'s rules, on which a [`crate::DmaSpace`] and the strict and lazy
+//! mappers run over the same [`Ranged`](crate::ranged::Ranged) code the
+//! kernel's IOAS uses.
 
-use std::io;
-use std::ptr::NonNull;
-
-use super::sys::IoasGeometry;
-use crate::container::{coalesce, usable_iova_ranges};
-use crate::iommu::{DmaDir, Iommu, IommuCounters, IommuError};
-use crate::iova::{Iova, IovaRange};
-
-/// The two calls of an IO address space.
-///
-/// # Safety
-///
-/// Implementors: after `unmap` returns `Ok(n)`, the device can no longer
-/// reach the `n` bytes unmapped (the IOTLB has been synced), as
-/// [`Iommu`]'s contract requires.
-pub unsafe trait IoasCalls: Send + Sync {
-    /// `IOMMU_IOAS_MAP` of `vaddr..vaddr+len` at the fixed `iova`.
-    ///
-    /// # Safety
-    ///
-    /// As [`Iommu::map`]: the memory stays allocated until an unmap covering
-    /// it succeeds, and no reference is formed over it meanwhile.
-    unsafe fn map(&self, iova: u64, vaddr: NonNull<u8>, len: u64, dir: DmaDir) -> io::Result<()>;
-
-    /// `IOMMU_IOAS_UNMAP` of `[iova, iova+len)`: the bytes unmapped.
-    fn unmap(&self, iova: u64, len: u64) -> io::Result<u64>;
+/// IOTLB syncs of one unmap of `n` whole mappings: iommufd tears each mapping
+/// (an "area") down with its own `iommu_unmap`, and each of those syncs.
+pub(super) fn syncs(n: u64) -> u64 {
+    n
 }
 
-/// An IOAS as an [`Iommu`].
-#[derive(Debug)]
-pub struct Ioas<C> {
-    calls: C,
-    ranges: Vec<IovaRange>,
-    reported: Vec<IovaRange>,
-    alignment: u64,
-    counters: IommuCounters,
-}
-
-impl<C: IoasCalls> Ioas<C> {
-    /// An IOAS whose geometry (read after the attach) is `geometry`.
-    pub fn new(calls: C, geometry: IoasGeometry) -> Self {
-        let ranges = usable_iova_ranges(Some(&geometry.ranges));
-        log::debug!(
-            "IOAS: IOVA alignment {:#x}, allowed ranges {:?}",
-            geometry.alignment,
-            geometry.ranges
-        );
-        Self {
-            calls,
-            ranges,
-            reported: geometry.ranges,
-            alignment: geometry.alignment,
-            counters: IommuCounters::default(),
-        }
-    }
-
-    /// The calls (the kernel's IOAS, or a test's).
-    pub fn calls(&self) -> &C {
-        &self.calls
-    }
-
-    /// The allowed ranges as reported.
-    pub fn reported_ranges(&self) -> &[IovaRange] {
-        &self.reported
-    }
-
-    /// The alignment a map's IOVA and length must have.
-    pub fn iova_alignment(&self) -> u64 {
-        self.alignment
-    }
-
-    /// Unmap `[iova, iova+len)`, which covers `n` whole mappings, with one call.
-    fn unmap_run(&self, iova: Iova, len: u64, n: u64) -> Result<(), IommuError> {
-        match self.calls.unmap(iova.raw(), len) {
-            Ok(done) if done == len => {
-                // iommufd tears each mapping (an "area") down with its own
-                // iommu_unmap, and each of those syncs the IOTLB.
-                self.counters.on_unmap(n, len, n);
-                Ok(())
-            }
-            Ok(done) => {
-                self.counters.on_unmap(0, done, u64::from(done > 0));
-                Err(IommuError::Unmap {
-                    iova,
-                    len,
-                    reason: format!("only {done:#x} bytes were mapped there"),
-                })
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Err(IommuError::Gone),
-            Err(e) => Err(IommuError::Unmap {
-                iova,
-                len,
-                reason: unmap_reason(&e),
-            }),
-        }
-    }
-}
-
-/// The errno of a failed `IOMMU_IOAS_MAP`, with what to do about it.
-pub fn map_reason(e: &io::Error) -> String {
-    let hint = match e.raw_os_error() {
-        Some(libc::ENOMEM) => {
+/// What a failed `IOMMU_IOAS_MAP`'s errno means.
+pub(super) fn map_hint(errno: i32) -> &'static str {
+    match errno {
+        libc::ENOMEM => {
             " — iommufd charges pinned pages to RLIMIT_MEMLOCK: raise it (`mcqio-perf doctor`)"
         }
-        Some(libc::EEXIST) => " — the IOVA range is already mapped",
-        Some(libc::EINVAL) => " — address or length not aligned to the IOAS's IOVA alignment",
-        Some(libc::ENOENT) => " — outside the IOAS's allowed IOVA ranges, or the IOAS is gone",
+        libc::EEXIST => " — the IOVA range is already mapped",
+        libc::EINVAL => " — address or length not aligned to the IOAS's IOVA alignment",
+        libc::ENOENT => " — outside the IOAS's allowed IOVA ranges, or the IOAS is gone",
         _ => "",
-    };
-    format!("{e}{hint}")
+    }
 }
 
-/// The errno of a failed `IOMMU_IOAS_UNMAP`, with what it means.
-fn unmap_reason(e: &io::Error) -> String {
-    let hint = match e.raw_os_error() {
-        Some(libc::ENOENT) => " — nothing was mapped there",
-        Some(libc::EINVAL) => " — the range splits a mapping",
+/// What a failed `IOMMU_IOAS_UNMAP`'s errno means.
+pub(super) fn unmap_hint(errno: i32) -> &'static str {
+    match errno {
+        libc::ENOENT => " — nothing was mapped there",
+        libc::EINVAL => " — the range splits a mapping",
         _ => "",
-    };
-    format!("{e}{hint}")
-}
-
-// SAFETY: `unmap`/`unmap_many` return Ok only when every call to
-// `IoasCalls::unmap` returned the full length, after which the device cannot
-// reach that memory (`IoasCalls`' contract).
-unsafe impl<C: IoasCalls> Iommu for Ioas<C> {
-    unsafe fn map(
-        &self,
-        iova: Iova,
-        vaddr: NonNull<u8>,
-        len: usize,
-        dir: DmaDir,
-    ) -> Result<(), IommuError> {
-        // SAFETY: the caller upholds `Iommu::map`'s contract, which is
-        // `IoasCalls::map`'s.
-        match unsafe { self.calls.map(iova.raw(), vaddr, len as u64, dir) } {
-            Ok(()) => {
-                self.counters.on_map(len as u64);
-                Ok(())
-            }
-            Err(e) => Err(IommuError::Map {
-                iova,
-                len,
-                reason: map_reason(&e),
-            }),
-        }
-    }
-
-    fn unmap(&self, iova: Iova, len: u64) -> Result<(), IommuError> {
-        if len == 0 {
-            return Ok(());
-        }
-        self.unmap_run(iova, len, 1)
-    }
-
-    /// One `IOMMU_IOAS_UNMAP` per run of exactly adjacent ranges (a range
-    /// that covers whole mappings unmaps all of them).
-    fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<(), IommuError> {
-        coalesce(ranges)
-            .into_iter()
-            .try_for_each(|(iova, len, n)| self.unmap_run(iova, len, n))
-    }
-
-    fn valid_ranges(&self) -> Vec<IovaRange> {
-        self.ranges.clone()
-    }
-
-    fn min_page_size(&self) -> usize {
-        // The IOVA alignment is at most the host page; DmaSpace rounds up to
-        // the host page anyway, so report the larger.
-        (self.alignment as usize).max(crate::host_page_size())
-    }
-
-    fn counters(&self) -> &IommuCounters {
-        &self.counters
-    }
-
-    fn pins_pages(&self) -> bool {
-        // IOMMU_IOAS_MAP pins every page it maps, charged to the user's
-        // locked_vm (iommufd's default accounting).
-        true
     }
 }
 
@@ -199,9 +39,16 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::{Arc, Mutex};
 
+    use std::io;
+    use std::ptr::NonNull;
+
     use super::*;
+    use crate::container::usable_iova_ranges;
     use crate::dma::{DmaSpace, HugePages};
+    use crate::iommu::{DmaDir, Iommu};
+    use crate::iova::{Iova, IovaRange};
     use crate::mapping::{DmaMapper, LazyConfig, LazyMapper, StrictMapper};
+    use crate::ranged::{RangeCalls, Ranged};
     use crate::{AppBuffer, IoBuffer, PAGE_SIZE};
 
     /// An in-process IOAS that follows `iommufd.h`: a map at a fixed IOVA
@@ -218,7 +65,7 @@ mod tests {
     }
 
     // SAFETY: the fake is not a device: nothing can reach memory through it.
-    unsafe impl IoasCalls for Arc<FakeIoas> {
+    unsafe impl RangeCalls for Arc<FakeIoas> {
         unsafe fn map(&self, iova: u64, _: NonNull<u8>, len: u64, _: DmaDir) -> io::Result<()> {
             let end = iova + len;
             if !self.allowed.iter().any(|r| r.start <= iova && end <= r.end) {
@@ -263,9 +110,21 @@ mod tests {
                 .map(|&(s, l)| a.remove(&s).map_or(0, |_| l))
                 .sum())
         }
+
+        fn syncs(&self, n: u64) -> u64 {
+            syncs(n)
+        }
+
+        fn map_hint(&self, errno: i32) -> &'static str {
+            map_hint(errno)
+        }
+
+        fn unmap_hint(&self, errno: i32) -> &'static str {
+            unmap_hint(errno)
+        }
     }
 
-    fn ioas() -> (Arc<FakeIoas>, Arc<Ioas<Arc<FakeIoas>>>) {
+    fn ioas() -> (Arc<FakeIoas>, Arc<Ranged<Arc<FakeIoas>>>) {
         // What VT-d reports for a fresh IOAS with a 48-bit address width.
         let ranges = vec![
             IovaRange::from_inclusive(0, 0xfedf_ffff),
@@ -275,11 +134,8 @@ mod tests {
             allowed: ranges.clone(),
             ..FakeIoas::default()
         });
-        let geometry = IoasGeometry {
-            ranges,
-            alignment: PAGE_SIZE as u64,
-        };
-        (fake.clone(), Arc::new(Ioas::new(fake, geometry)))
+        let usable = usable_iova_ranges(Some(&ranges));
+        (fake.clone(), Arc::new(Ranged::new(fake, usable, PAGE_SIZE)))
     }
 
     fn app(pages: usize) -> IoBuffer {

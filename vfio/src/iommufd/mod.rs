@@ -1,4 +1,4 @@
-//! [`IommufdIommu`]: an iommufd IO address space (IOAS) as an [`Iommu`].
+//! [`IommufdIommu`]: an iommufd IO address space (IOAS) as an [`Iommu`](crate::Iommu).
 //!
 //! The modern VFIO interface: the device is opened through its own cdev
 //! (`/dev/vfio/devices/vfioN`) instead of a group, bound to an iommufd
@@ -9,8 +9,10 @@
 //! what the device's IOMMU can reach, without the MSI window and reserved
 //! regions).
 //!
-//! It is a sibling of the type1 container ([`crate::VfioIommu`]) behind the
-//! same [`Iommu`] trait, so everything above that trait — the
+//! It is a sibling of the type1 container ([`crate::VfioIommu`]): both are a
+//! [`Ranged`] over their own range calls, so the IOVA windows, the coalesced
+//! unmaps and the counters are one piece of code, and so is everything above
+//! the [`crate::Iommu`] trait — the
 //! [`crate::DmaSpace`], the strict, lazy and premapped [`crate::DmaMode`]s,
 //! the batched unmaps and the rule that memory whose unmap failed is leaked,
 //! never freed — is the same code on both. The device itself is a
@@ -34,27 +36,37 @@ use std::sync::Arc;
 
 use vfio_ioctls::{VfioDevice, VfioIommufd};
 
-use crate::iommu::{DmaDir, Iommu, IommuCounters, IommuError};
-use crate::iova::{Iova, IovaRange};
+use crate::container::usable_iova_ranges;
+use crate::iommu::DmaDir;
+use crate::iova::IovaRange;
+use crate::ranged::{RangeCalls, Ranged};
 
-pub use ioas::{map_reason, Ioas, IoasCalls};
 pub use open::{cdev_name, iommufd_node, vfio_cdev_node};
 pub(crate) use open::{open, precheck};
 
-/// An iommufd IOAS with its device attached, usable as an [`Iommu`].
-pub struct IommufdIommu {
+/// An iommufd IOAS with its device attached, usable as an [`Iommu`](crate::Iommu)
+/// (through [`Ranged`], which it shares with the type1 container).
+pub type IommufdIommu = Ranged<IommufdIoas>;
+
+/// The device opened through its cdev, bound to an iommufd and attached to
+/// an IOAS: the fds the iommufd range calls go to, and what the IOAS reported.
+pub struct IommufdIoas {
     device: ManuallyDrop<VfioDevice>,
     iommufd: Arc<VfioIommufd>,
-    ioas: Ioas<KernelIoas>,
+    fd: RawFd,
+    id: u32,
     sysfs_path: PathBuf,
     cdev: PathBuf,
+    reported: Vec<IovaRange>,
+    alignment: u64,
 }
 
-impl std::fmt::Debug for IommufdIommu {
+impl std::fmt::Debug for IommufdIoas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IommufdIommu")
+        f.debug_struct("IommufdIoas")
             .field("cdev", &self.cdev)
-            .field("ioas", &self.ioas)
+            .field("ioas", &self.id)
+            .field("alignment", &format_args!("{:#x}", self.alignment))
             .finish_non_exhaustive()
     }
 }
@@ -62,69 +74,72 @@ impl std::fmt::Debug for IommufdIommu {
 impl IommufdIommu {
     /// Wrap a device bound to `iommufd` and attached to its IOAS, whose
     /// geometry was read after the attach.
-    fn new(
+    fn attached(
         device: VfioDevice,
         iommufd: Arc<VfioIommufd>,
         sysfs_path: PathBuf,
         cdev: PathBuf,
         geometry: sys::IoasGeometry,
     ) -> Self {
-        let calls = KernelIoas {
+        let ranges = usable_iova_ranges(Some(&geometry.ranges));
+        log::debug!(
+            "IOAS {}: IOVA alignment {:#x}, allowed ranges {:?}",
+            iommufd.ioas().id(),
+            geometry.alignment,
+            geometry.ranges
+        );
+        // The IOVA alignment is at most the host page; DmaSpace rounds up to
+        // the host page anyway, so the granule is the larger.
+        let min_page = (geometry.alignment as usize).max(crate::host_page_size());
+        let calls = IommufdIoas {
             fd: iommufd.iommufd().as_raw_fd(),
             id: iommufd.ioas().id(),
-        };
-        Self {
             device: ManuallyDrop::new(device),
             iommufd,
-            ioas: Ioas::new(calls, geometry),
             sysfs_path,
             cdev,
-        }
+            reported: geometry.ranges,
+            alignment: geometry.alignment,
+        };
+        Ranged::new(calls, ranges, min_page)
     }
 
     /// The open VFIO device (through its cdev).
     pub fn device(&self) -> &VfioDevice {
-        &self.device
+        &self.calls().device
     }
 
     /// The iommufd and the IOAS (the fd and object mappings are made on).
     pub fn iommufd(&self) -> &Arc<VfioIommufd> {
-        &self.iommufd
+        &self.calls().iommufd
     }
 
     /// The device cdev that was opened (`/dev/vfio/devices/vfioN`).
     pub fn cdev(&self) -> &std::path::Path {
-        &self.cdev
+        &self.calls().cdev
     }
 
     /// The IOAS's object id in the iommufd.
     pub fn ioas_id(&self) -> u32 {
-        self.ioas.calls().id
+        self.calls().id
     }
 
     /// The allowed IOVA ranges as the kernel reported them after the attach.
     pub fn reported_ranges(&self) -> &[IovaRange] {
-        self.ioas.reported_ranges()
+        &self.calls().reported
     }
 
     /// The alignment the kernel requires of a map's IOVA and length.
     pub fn iova_alignment(&self) -> u64 {
-        self.ioas.iova_alignment()
+        self.calls().alignment
     }
-}
-
-/// An IOAS of an open iommufd: the calls go to the kernel.
-#[derive(Debug)]
-struct KernelIoas {
-    fd: RawFd,
-    id: u32,
 }
 
 // SAFETY: `unmap` returns Ok only when IOMMU_IOAS_UNMAP returned; iommufd
 // unmaps every attached domain and syncs its IOTLB (iommu_unmap) before it
 // unpins the pages and before the ioctl returns, so the device can no longer
 // reach the memory.
-unsafe impl IoasCalls for KernelIoas {
+unsafe impl RangeCalls for IommufdIoas {
     unsafe fn map(
         &self,
         iova: u64,
@@ -132,7 +147,7 @@ unsafe impl IoasCalls for KernelIoas {
         len: u64,
         dir: DmaDir,
     ) -> std::io::Result<()> {
-        // SAFETY: the caller upholds `IoasCalls::map`'s contract, which is
+        // SAFETY: the caller upholds `RangeCalls::map`'s contract, which is
         // `sys::ioas_map`'s.
         unsafe { sys::ioas_map(self.fd, self.id, iova, vaddr, len, dir) }
     }
@@ -140,48 +155,21 @@ unsafe impl IoasCalls for KernelIoas {
     fn unmap(&self, iova: u64, len: u64) -> std::io::Result<u64> {
         sys::ioas_unmap(self.fd, self.id, iova, len)
     }
-}
 
-// SAFETY: every method forwards to the `Ioas`, whose `Iommu` impl keeps the
-// contract; the device and the IOAS stay open while `self` lives.
-unsafe impl Iommu for IommufdIommu {
-    unsafe fn map(
-        &self,
-        iova: Iova,
-        vaddr: NonNull<u8>,
-        len: usize,
-        dir: DmaDir,
-    ) -> Result<(), IommuError> {
-        // SAFETY: the caller upholds `Iommu::map`'s contract.
-        unsafe { self.ioas.map(iova, vaddr, len, dir) }
+    fn syncs(&self, n: u64) -> u64 {
+        ioas::syncs(n)
     }
 
-    fn unmap(&self, iova: Iova, len: u64) -> Result<(), IommuError> {
-        self.ioas.unmap(iova, len)
+    fn map_hint(&self, errno: i32) -> &'static str {
+        ioas::map_hint(errno)
     }
 
-    fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<(), IommuError> {
-        self.ioas.unmap_many(ranges)
-    }
-
-    fn valid_ranges(&self) -> Vec<IovaRange> {
-        self.ioas.valid_ranges()
-    }
-
-    fn min_page_size(&self) -> usize {
-        self.ioas.min_page_size()
-    }
-
-    fn counters(&self) -> &IommuCounters {
-        self.ioas.counters()
-    }
-
-    fn pins_pages(&self) -> bool {
-        self.ioas.pins_pages()
+    fn unmap_hint(&self, errno: i32) -> &'static str {
+        ioas::unmap_hint(errno)
     }
 }
 
-impl Drop for IommufdIommu {
+impl Drop for IommufdIoas {
     fn drop(&mut self) {
         // Device first: `VfioDevice::drop` detaches it from the IOAS and
         // panics if that fails, which it does once the device is gone
@@ -200,7 +188,7 @@ impl Drop for IommufdIommu {
         log::debug!(
             "{}: VFIO device cdev closed, destroying IOAS {}",
             self.cdev.display(),
-            self.ioas_id()
+            self.id
         );
     }
 }

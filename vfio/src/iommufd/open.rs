@@ -149,7 +149,7 @@ pub(crate) fn open(roots: &SysRoots, dev: &PciDevice) -> Result<IommufdIommu> {
                 source,
             }
         })?;
-    Ok(IommufdIommu::new(
+    Ok(IommufdIommu::attached(
         device,
         iommufd,
         dev.path.clone(),
