@@ -234,6 +234,17 @@ fn check_type1(r: &SysRoots) -> Check {
             CheckStatus::Pass,
             format!("the type1 IOMMU backend is loaded{limit}"),
         )
+    } else if r.vfio_container_node().exists()
+        && iommufd_node(r).exists()
+        && r.sys.join("module/iommufd").exists()
+    {
+        // No type1 module but a container and iommufd: the container is
+        // iommufd's (CONFIG_IOMMUFD_VFIO_CONTAINER), which answers type1v2.
+        Check::new(
+            "vfio_iommu_type1",
+            CheckStatus::Info,
+            "no vfio_iommu_type1: /dev/vfio/vfio is iommufd's emulation of the type1 container (CONFIG_IOMMUFD_VFIO_CONTAINER); iommu=type1 goes through it",
+        )
     } else {
         Check::new(
             "vfio_iommu_type1",
@@ -696,6 +707,25 @@ mod tests {
         let r = run(&fs, "0000:00:03.0");
         assert_eq!(r.get("vfio").unwrap().status, CheckStatus::Warn, "{r}");
         assert!(r.passed(), "{r}");
+    }
+
+    /// On a kernel with CONFIG_IOMMUFD_VFIO_CONTAINER, /dev/vfio/vfio is
+    /// iommufd's emulation of type1 and there is no vfio_iommu_type1 to load:
+    /// the doctor says so instead of asking for a modprobe that cannot work.
+    #[test]
+    fn the_iommufd_compat_container_is_not_a_missing_module() {
+        let fs = ready_tree();
+        std::fs::remove_dir_all(fs.roots.sys.join("module/vfio_iommu_type1")).unwrap();
+        fs.write("dev/iommu", "");
+        fs.write(
+            "sys/module/iommufd/parameters/allow_unsafe_interrupts",
+            "N\n",
+        );
+        let r = run(&fs, "0000:00:03.0");
+        let t = r.get("vfio_iommu_type1").unwrap();
+        assert_eq!(t.status, CheckStatus::Info, "{r}");
+        assert!(t.detail.contains("iommufd's emulation"), "{}", t.detail);
+        assert!(t.fix.is_none(), "{r}");
     }
 
     /// Issue 13 item 6: a UFS host controller is a device doctor knows.
