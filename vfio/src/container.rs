@@ -1,4 +1,4 @@
-//! [`VfioIommu`]: the VFIO type1 container as an [`Iommu`].
+//! [`VfioIommu`]: the VFIO type1 container as an [`Iommu`](crate::Iommu).
 //!
 //! It owns the open VFIO device together with its container, because the
 //! IOMMU domain only exists while a group is attached: if the device (and so
@@ -20,8 +20,9 @@ use std::sync::Arc;
 
 use vfio_ioctls::{VfioContainer, VfioDevice};
 
-use crate::iommu::{DmaDir, Iommu, IommuCounters, IommuError};
+use crate::iommu::DmaDir;
 use crate::iova::{Iova, IovaRange};
+use crate::ranged::{RangeCalls, Ranged};
 use crate::sys;
 
 /// Lowest IOVA handed out: the first 64 KiB stay unmapped so a zero or tiny
@@ -84,24 +85,26 @@ pub fn coalesce(ranges: &[(Iova, u64)]) -> Vec<(Iova, u64, u64)> {
     runs
 }
 
-/// A VFIO type1v2 container with its device attached, usable as an [`Iommu`].
-pub struct VfioIommu {
+/// A VFIO type1v2 container with its device attached, usable as an [`Iommu`](crate::Iommu)
+/// (through [`Ranged`], which it shares with iommufd).
+pub type VfioIommu = Ranged<Type1Container>;
+
+/// The open VFIO device with its type1v2 container: the fds the type1 range
+/// calls go to, and what `VFIO_IOMMU_GET_INFO` reported.
+pub struct Type1Container {
     device: ManuallyDrop<VfioDevice>,
     container: Arc<VfioContainer>,
     container_fd: RawFd,
     sysfs_path: PathBuf,
-    ranges: Vec<IovaRange>,
     reported: Option<Vec<IovaRange>>,
     pgsizes: Option<u64>,
     dma_avail: Option<u32>,
-    counters: IommuCounters,
 }
 
-impl std::fmt::Debug for VfioIommu {
+impl std::fmt::Debug for Type1Container {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VfioIommu")
+        f.debug_struct("Type1Container")
             .field("sysfs_path", &self.sysfs_path)
-            .field("ranges", &self.ranges)
             .field("pgsizes", &self.pgsizes.map(|p| format!("{p:#x}")))
             .field("dma_avail", &self.dma_avail)
             .finish_non_exhaustive()
@@ -111,7 +114,7 @@ impl std::fmt::Debug for VfioIommu {
 impl VfioIommu {
     /// Wrap an open device and its container (whose IOMMU `vfio-ioctls` set
     /// to type1v2 when the group was attached) and read the IOMMU's geometry.
-    pub(crate) fn new(
+    pub(crate) fn attached(
         device: VfioDevice,
         container: Arc<VfioContainer>,
         sysfs_path: PathBuf,
@@ -134,150 +137,87 @@ impl VfioIommu {
             ranges,
             info.dma_avail
         );
-        Self {
+        let min_page = match info.pgsizes {
+            Some(p) if p != 0 => 1usize << p.trailing_zeros(),
+            // Not reported: type1 never maps below the host page.
+            _ => crate::host_page_size(),
+        };
+        let calls = Type1Container {
             device: ManuallyDrop::new(device),
             container,
             container_fd,
             sysfs_path,
-            ranges,
             reported: info.iova_ranges,
             pgsizes: info.pgsizes,
             dma_avail: info.dma_avail,
-            counters: IommuCounters::default(),
-        }
+        };
+        Ranged::new(calls, ranges, min_page)
     }
 
     /// The open VFIO device.
     pub fn device(&self) -> &VfioDevice {
-        &self.device
+        &self.calls().device
     }
 
     /// The container (the fd IOMMU mappings are made on).
     pub fn container(&self) -> &Arc<VfioContainer> {
-        &self.container
+        &self.calls().container
     }
 
     /// The IOVA windows the kernel reported (`None` before Linux 5.4).
     pub fn reported_ranges(&self) -> Option<&[IovaRange]> {
-        self.reported.as_deref()
+        self.calls().reported.as_deref()
     }
 
     /// The IOMMU page-size bitmap, if reported.
     pub fn page_sizes(&self) -> Option<u64> {
-        self.pgsizes
+        self.calls().pgsizes
     }
 
     /// How many DMA mappings the container still accepted when opened
     /// (`vfio_iommu_type1.dma_entry_limit`), if reported.
     pub fn dma_mappings_available(&self) -> Option<u32> {
-        self.dma_avail
-    }
-
-    /// Unmap `[iova, iova+len)`, which covers `n` whole mappings, with one ioctl.
-    fn unmap_run(&self, iova: Iova, len: u64, n: u64) -> Result<(), IommuError> {
-        match sys::unmap_dma(self.container_fd, iova.raw(), len) {
-            Ok(done) if done == len => {
-                // The kernel syncs the IOTLB once per up to 512 regions.
-                self.counters
-                    .on_unmap(n, len, n.div_ceil(TYPE1_REGIONS_PER_SYNC));
-                Ok(())
-            }
-            Ok(done) => {
-                // Which mappings went is unknown; count the call and bytes.
-                self.counters.on_unmap(0, done, u64::from(done > 0));
-                Err(IommuError::Unmap {
-                    iova,
-                    len,
-                    reason: format!("only {done:#x} bytes were mapped there"),
-                })
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Err(IommuError::Gone),
-            Err(e) => Err(IommuError::Unmap {
-                iova,
-                len,
-                reason: e.to_string(),
-            }),
-        }
-    }
-
-    fn map_reason(&self, e: &std::io::Error) -> String {
-        let hint = match e.raw_os_error() {
-            Some(libc::ENOMEM) => " — pinned pages count against RLIMIT_MEMLOCK: raise it (`mcqio-perf doctor`)",
-            Some(libc::ENOSPC) => " — the container's mapping budget (vfio_iommu_type1.dma_entry_limit) is used up: use larger regions",
-            Some(libc::EEXIST) => " — the IOVA range is already mapped",
-            Some(libc::EINVAL) => " — address or length not aligned to the IOMMU page size, or outside the valid IOVA windows",
-            _ => "",
-        };
-        format!("{e}{hint}")
+        self.calls().dma_avail
     }
 }
 
-// SAFETY: after `unmap`/`unmap_many` return Ok, VFIO_IOMMU_UNMAP_DMA has
-// returned with the full size unmapped; the type1 driver invalidates the
-// IOTLB (iommu_iotlb_sync) before unpinning and before the ioctl returns, so
-// the device can no longer reach the memory.
-unsafe impl Iommu for VfioIommu {
+// SAFETY: `unmap` returns Ok only when VFIO_IOMMU_UNMAP_DMA has returned; the
+// type1 driver invalidates the IOTLB (iommu_iotlb_sync) before unpinning and
+// before the ioctl returns, so the device can no longer reach the memory.
+unsafe impl RangeCalls for Type1Container {
     unsafe fn map(
         &self,
-        iova: Iova,
+        iova: u64,
         vaddr: NonNull<u8>,
-        len: usize,
+        len: u64,
         dir: DmaDir,
-    ) -> Result<(), IommuError> {
-        // SAFETY: the caller upholds `Iommu::map`'s contract, which is
+    ) -> std::io::Result<()> {
+        // SAFETY: the caller upholds `RangeCalls::map`'s contract, which is
         // `sys::map_dma`'s.
-        match unsafe { sys::map_dma(self.container_fd, iova.raw(), vaddr, len as u64, dir) } {
-            Ok(()) => {
-                self.counters.on_map(len as u64);
-                Ok(())
-            }
-            Err(e) => Err(IommuError::Map {
-                iova,
-                len,
-                reason: self.map_reason(&e),
-            }),
+        unsafe { sys::map_dma(self.container_fd, iova, vaddr, len, dir) }
+    }
+
+    fn unmap(&self, iova: u64, len: u64) -> std::io::Result<u64> {
+        sys::unmap_dma(self.container_fd, iova, len)
+    }
+
+    fn syncs(&self, n: u64) -> u64 {
+        // The kernel syncs the IOTLB once per up to 512 regions of a call.
+        n.div_ceil(TYPE1_REGIONS_PER_SYNC)
+    }
+
+    fn map_hint(&self, errno: i32) -> &'static str {
+        match errno {
+            libc::ENOMEM => " — pinned pages count against RLIMIT_MEMLOCK: raise it (`mcqio-perf doctor`)",
+            libc::ENOSPC => " — the container's mapping budget (vfio_iommu_type1.dma_entry_limit) is used up: use larger regions",
+            libc::EEXIST => " — the IOVA range is already mapped",
+            libc::EINVAL => " — address or length not aligned to the IOMMU page size, or outside the valid IOVA windows",
+            _ => "",
         }
-    }
-
-    fn unmap(&self, iova: Iova, len: u64) -> Result<(), IommuError> {
-        if len == 0 {
-            return Ok(());
-        }
-        self.unmap_run(iova, len, 1)
-    }
-
-    /// One `VFIO_IOMMU_UNMAP_DMA` per run of exactly adjacent ranges (type1v2
-    /// unmaps every whole mapping inside the range), so the kernel gathers
-    /// the IOTLB invalidation of the run.
-    fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<(), IommuError> {
-        coalesce(ranges)
-            .into_iter()
-            .try_for_each(|(iova, len, n)| self.unmap_run(iova, len, n))
-    }
-
-    fn valid_ranges(&self) -> Vec<IovaRange> {
-        self.ranges.clone()
-    }
-
-    fn min_page_size(&self) -> usize {
-        match self.pgsizes {
-            Some(p) if p != 0 => 1usize << p.trailing_zeros(),
-            // Not reported: type1 never maps below the host page.
-            _ => crate::host_page_size(),
-        }
-    }
-
-    fn counters(&self) -> &IommuCounters {
-        &self.counters
-    }
-
-    fn pins_pages(&self) -> bool {
-        // VFIO_IOMMU_MAP_DMA pins (and charges to locked_vm) every page it maps.
-        true
     }
 }
 
-impl Drop for VfioIommu {
+impl Drop for Type1Container {
     fn drop(&mut self) {
         // Device before group before container. `VfioDevice::drop` closes the
         // device fd, then detaches and closes the group; it looks the group up

@@ -4,10 +4,14 @@
 //! cryptic errno at a time, each failing with a [`VfioError`] that says what
 //! to do ([`precheck`]), then:
 //!
-//! 1. opens the container (`/dev/vfio/vfio`, type1v2 extension checked),
-//! 2. opens the group and the device through `vfio-ioctls` (which checks the
-//!    group is viable, attaches it and sets the type1v2 IOMMU),
-//! 3. reads the IOMMU's valid IOVA windows (`VFIO_IOMMU_GET_INFO`),
+//! 1. picks the IOMMU interface ([`OpenOptions::iommu`]: `auto` takes
+//!    iommufd where the kernel gave the device a cdev, type1 otherwise);
+//! 2. type1: opens the container (`/dev/vfio/vfio`, type1v2 extension
+//!    checked), then the group and the device through `vfio-ioctls` (which
+//!    checks the group is viable, attaches it and sets the type1v2 IOMMU),
+//!    and reads the valid IOVA windows (`VFIO_IOMMU_GET_INFO`);
+//!    iommufd: opens the device cdev, binds it to `/dev/iommu`, attaches it to
+//!    a fresh IOAS and reads the IOAS's allowed ranges ([`crate::iommufd`]);
 //! 4. reads vendor/device/class from config space and enables memory space
 //!    and bus mastering (and disables INTx: mcqio polls),
 //! 5. maps BAR0 as a [`Bar`],
@@ -19,8 +23,9 @@
 //! # Drop order
 //!
 //! Fields drop in declaration order: the BAR mapping first, then this
-//! backend's reference to the DMA space and the [`VfioIommu`]. The device,
-//! group and container close (in that order, see [`VfioIommu`]) when the last
+//! backend's reference to the DMA space and the [`VfioIommu`] (or
+//! [`IommufdIommu`]). The device, group and container (or the device cdev,
+//! the IOAS and the iommufd) close in that order, when the last
 //! [`crate::DmaRegion`] is gone too, so regions can always unmap themselves.
 //! Disable the controller (CC.EN = 0) before dropping the backend: closing
 //! the device resets the function, but only then.
@@ -33,12 +38,13 @@ use vfio_bindings::bindings::vfio::{
 };
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError as IoctlError, VfioOps, VfioRegionInfoCap};
 
+use crate::attach::{Attached, IommuChoice, IommuKind};
 use crate::backend::{Backend, Mmio};
 use crate::bar::Bar;
 use crate::container::VfioIommu;
 use crate::dma::{DmaSpace, HugePages};
 use crate::error::{Result, VfioError};
-use crate::iommu::Iommu;
+use crate::iommufd::{self, IommufdIommu};
 use crate::irq::{Interrupts, IrqError, IrqKind, Notifier};
 use crate::memlock::{check_memlock, memlock_needed, MemlockStatus};
 use crate::sys;
@@ -77,6 +83,9 @@ pub struct OpenOptions {
     pub dma_budget: u64,
     /// Refuse devices whose PCI class is not NVMe (0x0108xx).
     pub require_nvme: bool,
+    /// The IOMMU interface to open the device through. The default is
+    /// [`IOMMU_ENV`](crate::attach::IOMMU_ENV)'s value, `auto` without it.
+    pub iommu: IommuChoice,
 }
 
 impl Default for OpenOptions {
@@ -86,6 +95,10 @@ impl Default for OpenOptions {
             huge_pages: HugePages::Prefer,
             dma_budget: DEFAULT_DMA_BUDGET,
             require_nvme: true,
+            iommu: IommuChoice::from_env().unwrap_or_else(|e| {
+                log::warn!("{e}; using auto");
+                IommuChoice::Auto
+            }),
         }
     }
 }
@@ -108,16 +121,24 @@ pub struct DeviceInfo {
     /// How much of BAR0 is mapped (less than the size when the MSI-X table
     /// in BAR0 may not be mapped).
     pub bar0_mapped: usize,
+    /// The IOMMU interface the device was opened through.
+    pub iommu: IommuKind,
 }
 
 /// Run every check that can be made before touching VFIO; returns the
 /// device as sysfs shows it, and its group.
 ///
 /// Checks, in order: the device exists (and is NVMe if required), VFIO is
-/// loaded, the IOMMU gave it a group, it is bound to vfio-pci, its group is
-/// viable, `/dev/vfio/<group>` is accessible, `RLIMIT_MEMLOCK` covers the
-/// DMA budget.
+/// loaded (type1: `/dev/vfio/vfio`), the IOMMU gave it a group, it is bound
+/// to vfio-pci, its group is viable, `/dev/vfio/<group>` (iommufd: the device
+/// cdev and `/dev/iommu`) is accessible, `RLIMIT_MEMLOCK` covers the DMA
+/// budget.
 pub fn precheck(bdf: &PciAddress, opts: &OpenOptions) -> Result<(PciDevice, u32)> {
+    precheck_for(bdf, opts).map(|(dev, group, _)| (dev, group))
+}
+
+/// [`precheck`], also saying which interface `opts.iommu` resolved to.
+fn precheck_for(bdf: &PciAddress, opts: &OpenOptions) -> Result<(PciDevice, u32, IommuKind)> {
     let roots = &opts.roots;
     let b = bdf.to_string();
     let dev = PciDevice::read(roots, bdf)?;
@@ -135,8 +156,9 @@ pub fn precheck(bdf: &PciAddress, opts: &OpenOptions) -> Result<(PciDevice, u32)
             class: dev.class,
         });
     }
+    let kind = opts.iommu.resolve(roots, &dev);
     let container = roots.vfio_container_node();
-    if !container.exists() {
+    if kind == IommuKind::Type1 && !container.exists() {
         return Err(VfioError::VfioMissing {
             bdf: b,
             path: container,
@@ -163,11 +185,12 @@ pub fn precheck(bdf: &PciAddress, opts: &OpenOptions) -> Result<(PciDevice, u32)
         });
     }
     let node = roots.vfio_group_node(group);
-    match can_read_write(&node) {
-        Ok(true) => {}
-        Ok(false) => return Err(VfioError::GroupPermission { bdf: b, path: node }),
+    match (kind, can_read_write(&node)) {
+        (IommuKind::Iommufd, _) => drop(iommufd::precheck(roots, &dev)?),
+        (_, Ok(true)) => {}
+        (_, Ok(false)) => return Err(VfioError::GroupPermission { bdf: b, path: node }),
         // Bound to vfio-pci but no node: devtmpfs/udev did not create it.
-        Err(_) => {
+        (_, Err(_)) => {
             return Err(VfioError::VfioMissing { bdf: b, path: node });
         }
     }
@@ -178,7 +201,7 @@ pub fn precheck(bdf: &PciAddress, opts: &OpenOptions) -> Result<(PciDevice, u32)
             memlock_needed(opts.dma_budget),
         )?;
     }
-    Ok((dev, group))
+    Ok((dev, group, kind))
 }
 
 /// An NVMe controller driven through VFIO: BAR0 plus a DMA space.
@@ -187,7 +210,7 @@ pub struct VfioBackend {
     // (device → group → container); see the module docs.
     bar: Bar,
     dma: Arc<DmaSpace>,
-    iommu: Arc<VfioIommu>,
+    iommu: Attached,
     info: DeviceInfo,
     name: String,
     /// The interrupt index routed to notifiers and the notifiers, kept
@@ -215,22 +238,16 @@ impl VfioBackend {
     pub fn open_with(bdf: &str, opts: &OpenOptions) -> Result<Self> {
         let addr = PciAddress::parse(bdf)?;
         let b = addr.to_string();
-        let (dev, group) = precheck(&addr, opts)?;
-        log::debug!("{b}: pre-checks passed (group {group})");
+        let (dev, group, kind) = precheck_for(&addr, opts)?;
+        log::debug!("{b}: pre-checks passed (group {group}, {kind})");
 
-        let container = VfioContainer::new(None)
-            .map_err(|e| map_open_error(&addr, opts, group, "open container", e))?;
-        let container = Arc::new(container);
-        log::debug!("{b}: container open, type1v2 supported");
-        let ops: Arc<dyn VfioOps> = container.clone();
-        let device = VfioDevice::new(&dev.path, ops, false)
-            .map_err(|e| map_open_error(&addr, opts, group, "open group and device", e))?;
-        log::debug!("{b}: group {group} attached, IOMMU type1v2 set, device fd open");
-
-        let iommu = Arc::new(VfioIommu::new(device, container, dev.path.clone()));
+        let iommu = match kind {
+            IommuKind::Type1 => Attached::Type1(Arc::new(open_type1(&addr, opts, &dev, group)?)),
+            IommuKind::Iommufd => Attached::Iommufd(Arc::new(iommufd::open(&opts.roots, &dev)?)),
+        };
         let (vendor, device_id, class) = enable_device(&addr, iommu.device())?;
         let (bar, bar0_size) = map_bar0(&addr, iommu.device())?;
-        let dma = DmaSpace::new(iommu.clone() as Arc<dyn Iommu>, opts.huge_pages);
+        let dma = DmaSpace::new(iommu.iommu(), opts.huge_pages);
         let info = DeviceInfo {
             bdf: addr,
             vendor,
@@ -239,12 +256,13 @@ impl VfioBackend {
             iommu_group: group,
             bar0_size,
             bar0_mapped: bar.len(),
+            iommu: kind,
         };
         log::info!(
-            "{b}: opened through VFIO ({vendor:04x}:{device_id:04x}, group {group}, BAR0 {:#x} bytes, {:#x} mapped, IOVA windows {:?})",
+            "{b}: opened through VFIO {kind} ({vendor:04x}:{device_id:04x}, group {group}, BAR0 {:#x} bytes, {:#x} mapped, IOVA windows {:?})",
             bar0_size,
             bar.len(),
-            iommu.valid_ranges()
+            dma.iommu().valid_ranges()
         );
         Ok(Self {
             bar,
@@ -266,9 +284,25 @@ impl VfioBackend {
         &self.bar
     }
 
-    /// The container as an IOMMU (counters, IOVA windows).
-    pub fn iommu(&self) -> &Arc<VfioIommu> {
-        &self.iommu
+    /// The type1 container, if the device was opened through it.
+    pub fn type1(&self) -> Option<&Arc<VfioIommu>> {
+        match &self.iommu {
+            Attached::Type1(t) => Some(t),
+            Attached::Iommufd(_) => None,
+        }
+    }
+
+    /// The iommufd IOAS, if the device was opened through it.
+    pub fn iommufd(&self) -> Option<&Arc<IommufdIommu>> {
+        match &self.iommu {
+            Attached::Iommufd(i) => Some(i),
+            Attached::Type1(_) => None,
+        }
+    }
+
+    /// The IOMMU interface the device was opened through.
+    pub fn iommu_kind(&self) -> IommuKind {
+        self.iommu.kind()
     }
 
     /// Read `buf.len()` bytes of PCI config space at `offset`.
@@ -298,6 +332,24 @@ impl Backend for VfioBackend {
     fn interrupts(&self) -> Option<&dyn Interrupts> {
         Some(self)
     }
+}
+
+/// Open the type1 container, then the group and the device through it.
+fn open_type1(
+    addr: &PciAddress,
+    opts: &OpenOptions,
+    dev: &PciDevice,
+    group: u32,
+) -> Result<VfioIommu> {
+    let container = VfioContainer::new(None)
+        .map_err(|e| map_open_error(addr, opts, group, "open container", e))?;
+    let container = Arc::new(container);
+    log::debug!("{addr}: container open, type1v2 supported");
+    let ops: Arc<dyn VfioOps> = container.clone();
+    let device = VfioDevice::new(&dev.path, ops, false)
+        .map_err(|e| map_open_error(addr, opts, group, "open group and device", e))?;
+    log::debug!("{addr}: group {group} attached, IOMMU type1v2 set, device fd open");
+    Ok(VfioIommu::attached(device, container, dev.path.clone()))
 }
 
 /// VFIO's interrupt indexes, best first, with the kind each gives.

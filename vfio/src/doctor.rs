@@ -9,7 +9,9 @@ use std::fmt;
 use std::fs;
 use std::path::Path;
 
+use crate::attach::{offered, IommuChoice};
 use crate::error::fmt_bytes;
+use crate::iommufd::iommufd_node;
 use crate::memlock::{memlock_needed, MemlockStatus};
 use crate::setup::NvmeController;
 use crate::sysfs::{can_read_write, PciAddress, SysRoots, VFIO_PCI_DRIVER};
@@ -177,6 +179,18 @@ fn check_vfio(r: &SysRoots) -> Check {
             CheckStatus::Pass,
             format!("{} present", node.display()),
         )
+    } else if iommufd_node(r).exists() && r.sys.join("class/vfio-dev").exists() {
+        // A kernel with neither container (CONFIG_VFIO_CONTAINER nor
+        // IOMMUFD_VFIO_CONTAINER) still opens devices through iommufd.
+        Check::new(
+            "vfio",
+            CheckStatus::Warn,
+            format!(
+                "{} is missing (no type1 container); devices open through iommufd and their cdevs",
+                node.display()
+            ),
+        )
+        .fix("nothing for mcqio (iommu=auto takes iommufd); CONFIG_VFIO_CONTAINER for type1")
     } else {
         Check::new(
             "vfio",
@@ -219,6 +233,17 @@ fn check_type1(r: &SysRoots) -> Check {
             "vfio_iommu_type1",
             CheckStatus::Pass,
             format!("the type1 IOMMU backend is loaded{limit}"),
+        )
+    } else if r.vfio_container_node().exists()
+        && iommufd_node(r).exists()
+        && r.sys.join("module/iommufd").exists()
+    {
+        // No type1 module but a container and iommufd: the container is
+        // iommufd's (CONFIG_IOMMUFD_VFIO_CONTAINER), which answers type1v2.
+        Check::new(
+            "vfio_iommu_type1",
+            CheckStatus::Info,
+            "no vfio_iommu_type1: /dev/vfio/vfio is iommufd's emulation of the type1 container (CONFIG_IOMMUFD_VFIO_CONTAINER); iommu=type1 goes through it",
         )
     } else {
         Check::new(
@@ -370,6 +395,7 @@ fn check_device(r: &SysRoots, bdf: &str) -> Vec<Check> {
         ))
     });
 
+    out.push(check_interfaces(r, p));
     let node = r.vfio_group_node(group);
     out.push(match can_read_write(&node) {
         Ok(true) => Check::new(
@@ -506,19 +532,50 @@ fn check_huge_pages(r: &SysRoots, dma_budget: u64) -> Check {
     }
 }
 
+/// What the kernel offers besides the type1 container: iommufd (`/dev/iommu`,
+/// `CONFIG_IOMMUFD`) and the VFIO device cdev (`/sys/class/vfio-dev`, which
+/// exists only with `CONFIG_VFIO_DEVICE_CDEV`). Either way a run works as long
+/// as one of the two interfaces is there, so this is information.
 fn check_iommufd(r: &SysRoots) -> Check {
-    if r.dev.join("iommu").exists() {
-        Check::new(
-            "iommufd",
-            CheckStatus::Info,
-            "/dev/iommu present (mcqio uses the VFIO type1 container; iommufd is not needed)",
-        )
+    let iommu = iommufd_node(r);
+    let cdev_class = r.sys.join("class/vfio-dev");
+    let detail = match (iommu.exists(), cdev_class.exists()) {
+        (true, true) => format!(
+            "iommufd offered: {} and VFIO device cdevs ({}); `vfio:<BDF>` opens through it (iommu=auto), `vfio:<BDF>,iommu=type1` takes the container",
+            iommu.display(),
+            cdev_class.display()
+        ),
+        (true, false) => format!(
+            "{} present, but no VFIO device cdevs ({} is missing: CONFIG_VFIO_DEVICE_CDEV is off), so mcqio uses the type1 container",
+            iommu.display(),
+            cdev_class.display()
+        ),
+        (false, _) => format!(
+            "{} absent (CONFIG_IOMMUFD is off, as in every Debian kernel), so mcqio uses the type1 container",
+            iommu.display()
+        ),
+    };
+    Check::new("iommufd", CheckStatus::Info, detail)
+}
+
+/// Which IOMMU interfaces `dev` can be opened through, and which `auto` takes.
+fn check_interfaces(r: &SysRoots, dev: &crate::sysfs::PciDevice) -> Check {
+    let o = offered(r, dev);
+    let say = |x: &Result<String, String>| match x {
+        Ok(what) => format!("yes ({what})"),
+        Err(why) => format!("no ({why})"),
+    };
+    let detail = format!(
+        "type1: {}; iommufd: {}; iommu=auto takes {}",
+        say(&o.type1),
+        say(&o.iommufd),
+        IommuChoice::Auto.resolve(r, dev)
+    );
+    if o.type1.is_err() && o.iommufd.is_err() && dev.is_vfio() {
+        Check::new("iommu interface", CheckStatus::Fail, detail)
+            .fix("modprobe vfio-pci (the type1 container), or a kernel with CONFIG_IOMMUFD and CONFIG_VFIO_DEVICE_CDEV")
     } else {
-        Check::new(
-            "iommufd",
-            CheckStatus::Info,
-            "/dev/iommu absent (not needed: mcqio uses the VFIO type1 container)",
-        )
+        Check::new("iommu interface", CheckStatus::Info, detail)
     }
 }
 
@@ -597,6 +654,78 @@ mod tests {
         assert!(r
             .to_string()
             .ends_with("0000:00:03.0: ready: a run would work"));
+    }
+
+    /// Issue 42: the doctor says which IOMMU interfaces the kernel offers,
+    /// why one is missing, and which `auto` takes.
+    #[test]
+    fn says_which_iommu_interfaces_the_kernel_offers() {
+        let fs = ready_tree();
+        let r = run(&fs, "0000:00:03.0");
+        let i = r.get("iommufd").unwrap();
+        assert!(i.detail.contains("CONFIG_IOMMUFD is off"), "{r}");
+        let d = r.get("iommu interface").unwrap();
+        assert_eq!(d.status, CheckStatus::Info);
+        assert!(d.detail.contains("type1: yes"), "{}", d.detail);
+        assert!(d.detail.ends_with("iommu=auto takes type1"), "{}", d.detail);
+
+        // /dev/iommu but no cdev support: still type1, and it says why.
+        fs.write("dev/iommu", "");
+        let r = run(&fs, "0000:00:03.0");
+        assert!(
+            r.get("iommufd")
+                .unwrap()
+                .detail
+                .contains("CONFIG_VFIO_DEVICE_CDEV is off"),
+            "{r}"
+        );
+        let d = r.get("iommu interface").unwrap();
+        assert!(d.detail.contains("iommufd: no ("), "{}", d.detail);
+
+        // The cdev class and the device's cdev: auto takes iommufd.
+        fs.write("sys/class/vfio-dev/vfio0/dev", "");
+        fs.write("sys/devices/pci0000:00/0000:00:03.0/vfio-dev/vfio0/dev", "");
+        fs.write("dev/vfio/devices/vfio0", "");
+        let r = run(&fs, "0000:00:03.0");
+        assert!(r.passed(), "{r}");
+        assert!(
+            r.get("iommufd")
+                .unwrap()
+                .detail
+                .starts_with("iommufd offered"),
+            "{r}"
+        );
+        let d = r.get("iommu interface").unwrap();
+        assert!(
+            d.detail.ends_with("iommu=auto takes iommufd"),
+            "{}",
+            d.detail
+        );
+
+        // Without any container, a kernel with iommufd still works.
+        std::fs::remove_file(fs.roots.vfio_container_node()).unwrap();
+        let r = run(&fs, "0000:00:03.0");
+        assert_eq!(r.get("vfio").unwrap().status, CheckStatus::Warn, "{r}");
+        assert!(r.passed(), "{r}");
+    }
+
+    /// On a kernel with CONFIG_IOMMUFD_VFIO_CONTAINER, /dev/vfio/vfio is
+    /// iommufd's emulation of type1 and there is no vfio_iommu_type1 to load:
+    /// the doctor says so instead of asking for a modprobe that cannot work.
+    #[test]
+    fn the_iommufd_compat_container_is_not_a_missing_module() {
+        let fs = ready_tree();
+        std::fs::remove_dir_all(fs.roots.sys.join("module/vfio_iommu_type1")).unwrap();
+        fs.write("dev/iommu", "");
+        fs.write(
+            "sys/module/iommufd/parameters/allow_unsafe_interrupts",
+            "N\n",
+        );
+        let r = run(&fs, "0000:00:03.0");
+        let t = r.get("vfio_iommu_type1").unwrap();
+        assert_eq!(t.status, CheckStatus::Info, "{r}");
+        assert!(t.detail.contains("iommufd's emulation"), "{}", t.detail);
+        assert!(t.fix.is_none(), "{r}");
     }
 
     /// Issue 13 item 6: a UFS host controller is a device doctor knows.

@@ -152,6 +152,24 @@ pub enum VfioError {
         reason: String,
     },
 
+    /// iommufd was asked for, but the kernel has none (`/dev/iommu` is missing).
+    #[error("iommufd is missing: {} does not exist; the kernel needs CONFIG_IOMMUFD (`modprobe iommufd`; no Debian kernel enables it; fixtures/vm/kernel/build.sh builds a guest kernel that does), or open through the type1 container with `vfio:{bdf},iommu=type1`; run `mcqio-perf doctor {bdf}`", .path.display())]
+    NoIommufd {
+        /// The address being opened.
+        bdf: String,
+        /// The missing `/dev/iommu`.
+        path: PathBuf,
+    },
+
+    /// iommufd was asked for, but the kernel gave the device no VFIO cdev.
+    #[error("{bdf} has no VFIO device cdev ({} is missing): the kernel needs CONFIG_VFIO_DEVICE_CDEV (no Debian kernel enables it; fixtures/vm/kernel/build.sh builds a guest kernel that does) and the device must be bound to vfio-pci; or open through the type1 container with `vfio:{bdf},iommu=type1`; run `mcqio-perf doctor {bdf}`", .path.display())]
+    NoDeviceCdev {
+        /// The address being opened.
+        bdf: String,
+        /// The missing `<sysfs device>/vfio-dev` directory.
+        path: PathBuf,
+    },
+
     /// `RLIMIT_MEMLOCK` is too low for the DMA memory that will be pinned.
     #[error("RLIMIT_MEMLOCK is {} but {} must be locked for DMA memory: raise it with `ulimit -l {}` (or a `memlock` line in /etc/security/limits.conf, `LimitMEMLOCK=` for systemd units), or run as root; run `mcqio-perf doctor {bdf}`", fmt_bytes(*.current), fmt_bytes(*.needed), .needed.div_ceil(1024))]
     Memlock {
@@ -274,6 +292,8 @@ impl VfioError {
             | GroupPermission { bdf, .. }
             | Busy { bdf, .. }
             | NoType1v2 { bdf, .. }
+            | NoIommufd { bdf, .. }
+            | NoDeviceCdev { bdf, .. }
             | Memlock { bdf, .. }
             | Bar { bdf, .. }
             | Vfio { bdf, .. }

@@ -6,7 +6,10 @@
 //! - [`Iova`] and [`IovaAllocator`]: device addresses and the allocator that
 //!   hands them out from the IOMMU's valid windows.
 //! - [`Iommu`]: the IOMMU seam. VFIO's type1 container implements it
-//!   ([`VfioIommu`]); the fake IOMMU in `mcqio-fixtures` implements it for tests.
+//!   ([`VfioIommu`]), and so does an iommufd IO address space reached through
+//!   the device's cdev ([`IommufdIommu`]); [`IommuChoice`] picks one
+//!   (`auto`: iommufd where the kernel offers it). The fake IOMMU in
+//!   `mcqio-fixtures` implements it for tests.
 //! - [`DmaSpace`] and [`DmaRegion`]: pinned memory mapped at an IOVA, freed in
 //!   the right order on drop. **Read the DMA contract in [`dma`]**: the device
 //!   writes DMA memory concurrently, so no `&`/`&mut` reference is ever formed
@@ -69,6 +72,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+pub mod attach;
 pub mod backend;
 pub mod bar;
 pub mod barrier;
@@ -78,14 +82,17 @@ pub mod dma;
 pub mod doctor;
 pub mod error;
 pub mod iommu;
+pub mod iommufd;
 pub mod iova;
 pub mod irq;
 pub mod mapping;
 pub mod memlock;
+pub mod ranged;
 pub mod setup;
 mod sys;
 pub mod sysfs;
 
+pub use attach::{offered, IommuChoice, IommuKind, Offered, IOMMU_ENV};
 pub use backend::{Backend, DoorbellHook, Mmio};
 pub use bar::{Bar, BarAccessError, BarBacking};
 pub use container::VfioIommu;
@@ -97,6 +104,7 @@ pub use dma::{
 pub use doctor::{doctor, Check, CheckStatus, DoctorOptions, DoctorReport};
 pub use error::{GroupBlocker, Result, VfioError};
 pub use iommu::{DmaDir, Iommu, IommuCounters, IommuError, IommuStats};
+pub use iommufd::IommufdIommu;
 pub use iova::{Iova, IovaAllocator, IovaError, IovaRange};
 pub use irq::{Interrupts, IrqError, IrqKind, Notifier};
 pub use mapping::{
@@ -104,5 +112,6 @@ pub use mapping::{
     MapperConfig, MapperStats, PoolBuf, PoolConfig, QueueMapper, Returned,
 };
 pub use memlock::{memlock_needed, MemlockStatus};
+pub use ranged::{RangeCalls, Ranged};
 pub use setup::{bind, devices, unbind, BindOptions, BindOutcome, NvmeController};
 pub use sysfs::{PciAddress, PciDevice, SysRoots};

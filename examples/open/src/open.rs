@@ -372,10 +372,10 @@ impl DeviceSpec {
                 ))
             }
             DeviceKind::Vfio { bdf } => {
-                self.check_keys(&["mcq"], who)?;
+                self.check_keys(&["mcq", "iommu"], who)?;
                 Ok(Backing::Vfio {
                     bdf: bdf.clone(),
-                    options: VfioOpenOptions::default(),
+                    options: self.vfio_options(),
                 })
             }
             DeviceKind::Tcp { addr, subnqn } => Ok(Backing::Tcp {

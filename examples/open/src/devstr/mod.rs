@@ -40,8 +40,10 @@
 //! `sync` as above; its blocks are 4 KiB. `tr`, `tprog` and `dies` switch
 //! on the fake's flash cost model in wall-clock time (NAND read latency,
 //! program latency per block, parallel NAND units; the device's map cache
-//! covers 1 GiB): throughput then comes from the model, not the host CPU. `vfio:` takes `qpairs` (NVMe) and
-//! `mcq` (UFS).
+//! covers 1 GiB): throughput then comes from the model, not the host CPU. `vfio:` takes `qpairs` (NVMe),
+//! `mcq` (UFS) and `iommu` (`auto`, `type1` or `iommufd`: the IOMMU interface VFIO opens the device
+//! through; `auto`, the default, takes iommufd where the kernel gave the device a cdev; without the
+//! option the environment's `MCQIO_VFIO_IOMMU` decides).
 //!
 //! A fio `--filename` ([`Filename::parse`]) is the same language with the
 //! spelling fio allows and one difference of meaning: `fake`, `fake-ufs` or
@@ -155,6 +157,8 @@ pub struct DeviceOpts {
     /// Buffer Config) when it offers them (`shadow=on`) or store to the
     /// doorbell registers only (`shadow=off`, the engine's default).
     pub shadow: Option<bool>,
+    /// `vfio:`: the IOMMU interface to open the device through (`iommu=`).
+    pub iommu: Option<mcqio_vfio::IommuChoice>,
     /// `fake-ufs`: MCQ hardware queues the fake offers (`queues=`).
     pub queues: Option<u8>,
     /// `fake-ufs`: logical units (`lus=`).
@@ -198,6 +202,16 @@ impl fmt::Display for DeviceSpec {
 }
 
 impl DeviceSpec {
+    /// The VFIO open options this spec asks for (`iommu=`), over the
+    /// library's defaults.
+    pub fn vfio_options(&self) -> mcqio_vfio::OpenOptions {
+        let d = mcqio_vfio::OpenOptions::default();
+        mcqio_vfio::OpenOptions {
+            iommu: self.opts.iommu.unwrap_or(d.iommu),
+            ..d
+        }
+    }
+
     /// A short label for table rows: the spec without its options.
     pub fn label(&self) -> String {
         match &self.kind {

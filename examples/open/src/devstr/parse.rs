@@ -10,7 +10,7 @@ const FAKE_KEYS: &[&str] = &[
 const FAKE_UFS_KEYS: &[&str] = &[
     "mcq", "queues", "lus", "size", "latency", "core", "sync", "tr", "tprog", "dies",
 ];
-const VFIO_KEYS: &[&str] = &["qpairs", "mcq", "shadow"];
+const VFIO_KEYS: &[&str] = &["qpairs", "mcq", "shadow", "iommu"];
 const URING_NULL_KEYS: &[&str] = &[];
 const URING_FILE_KEYS: &[&str] = &["lbs", "lbads", "size", "direct"];
 const TCP_KEYS: &[&str] = &["hdgst", "ddgst", "qpairs", "kato", "pace"];
@@ -168,6 +168,12 @@ impl std::str::FromStr for DeviceSpec {
                     opts.nand_units = Some(n as u32);
                 }
                 "mcq" => opts.mcq = Some(on_off(k, v, "MCQ", "legacy single doorbell")?),
+                "iommu" => {
+                    opts.iommu = Some(
+                        v.parse()
+                            .map_err(|e: String| SpecError(format!("iommu={v}: {e}")))?,
+                    )
+                }
                 "shadow" => {
                     opts.shadow = Some(on_off(
                         k,

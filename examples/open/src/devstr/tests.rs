@@ -81,6 +81,29 @@ fn fake_ufs_specs() {
     assert!("fake,shadow=off".parse::<DeviceSpec>().is_err());
 }
 
+/// Issue 42: `iommu=` picks the IOMMU interface of a `vfio:` device, and
+/// reaches the VFIO open options.
+#[test]
+fn vfio_takes_the_iommu_interface() {
+    use mcqio_vfio::IommuChoice;
+    for (s, want) in [
+        ("vfio:0000:01:00.0,iommu=iommufd", IommuChoice::Iommufd),
+        ("vfio:0000:01:00.0,iommu=type1", IommuChoice::Type1),
+        ("vfio-0000.01.00.0,iommu=auto", IommuChoice::Auto),
+    ] {
+        let d = spec(s);
+        assert_eq!(d.opts.iommu, Some(want), "{s}");
+        assert_eq!(d.vfio_options().iommu, want, "{s}");
+    }
+    assert_eq!(spec("vfio:0000:01:00.0").opts.iommu, None);
+    let e = "vfio:0000:01:00.0,iommu=vfio"
+        .parse::<DeviceSpec>()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("auto, type1 or iommufd"), "{e}");
+    assert!("fake,iommu=type1".parse::<DeviceSpec>().is_err());
+}
+
 /// `latency=10` meant 10 s here and 10 µs in the fio
 /// engine. A device's durations now need their unit (only `0` is the
 /// same in every unit), and the fio engine parses its own with the same

@@ -121,7 +121,7 @@ impl NvmeTarget {
                 let budget = jobs as u64 * per_job + (2 << 20);
                 let options = VfioOpenOptions {
                     dma_budget: budget,
-                    ..VfioOpenOptions::default()
+                    ..spec.vfio_options()
                 };
                 let b = Backing::Vfio {
                     bdf: bdf.clone(),

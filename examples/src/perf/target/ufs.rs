@@ -128,7 +128,7 @@ impl UfsTarget {
                 // refuses anything but an NVMe controller).
                 let options = VfioOpenOptions {
                     dma_budget: jobs as u64 * per_job + (2 << 20),
-                    ..VfioOpenOptions::default()
+                    ..spec.vfio_options()
                 };
                 let b = Backing::Vfio {
                     bdf: bdf.clone(),
