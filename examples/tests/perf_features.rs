@@ -316,6 +316,95 @@ fn devices_lists_ufs_host_controllers() {
     assert!(line("0000:00:05.0").is_none(), "{text}");
 }
 
+/// Issue 42: `devices` says which IOMMU interfaces the kernel offers (and
+/// why one is missing), and for each device on vfio-pci which one
+/// `vfio:<BDF>` opens it through.
+#[test]
+fn devices_say_which_iommu_interface_opens_each_device() {
+    use std::os::unix::fs::symlink;
+    let base = temp("root-iommufd");
+    let real = base.join("sys/devices/pci0000:00/0000:00:03.0");
+    std::fs::create_dir_all(&real).unwrap();
+    for (f, v) in [
+        ("vendor", "0x1b36"),
+        ("device", "0x0010"),
+        ("class", "0x010802"),
+    ] {
+        std::fs::write(real.join(f), format!("{v}\n")).unwrap();
+    }
+    for d in [
+        "sys/bus/pci/devices",
+        "sys/bus/pci/drivers/vfio-pci",
+        "sys/kernel/iommu_groups/3/devices",
+        "sys/module/vfio_iommu_type1",
+        "proc",
+        "dev/vfio/devices",
+    ] {
+        std::fs::create_dir_all(base.join(d)).unwrap();
+    }
+    symlink(&real, base.join("sys/bus/pci/devices/0000:00:03.0")).unwrap();
+    symlink(
+        base.join("sys/bus/pci/drivers/vfio-pci"),
+        real.join("driver"),
+    )
+    .unwrap();
+    symlink(
+        base.join("sys/kernel/iommu_groups/3"),
+        real.join("iommu_group"),
+    )
+    .unwrap();
+    symlink(
+        &real,
+        base.join("sys/kernel/iommu_groups/3/devices/0000:00:03.0"),
+    )
+    .unwrap();
+    for f in ["proc/mounts", "dev/vfio/vfio", "dev/vfio/3"] {
+        std::fs::write(base.join(f), "").unwrap();
+    }
+    let devices = || {
+        let out = support::command(env!("CARGO_BIN_EXE_mcqio-perf"))
+            .args(["devices", "--root", base.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let opens = |text: &str| {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("0000:00:03.0"))
+            .unwrap();
+        line.split_whitespace().nth(6).unwrap().to_string()
+    };
+
+    // A Debian kernel: the container only.
+    let text = devices();
+    assert!(text.contains("type1 yes, "), "{text}");
+    assert!(
+        text.contains("iommufd no: ") && text.contains("CONFIG_IOMMUFD is off"),
+        "{text}"
+    );
+    assert_eq!(opens(&text), "type1", "{text}");
+
+    // /dev/iommu and the cdev class, but this device has no cdev yet.
+    std::fs::write(base.join("dev/iommu"), "").unwrap();
+    std::fs::create_dir_all(base.join("sys/class/vfio-dev/vfio0")).unwrap();
+    let text = devices();
+    assert!(text.contains("iommufd yes, "), "{text}");
+    assert_eq!(opens(&text), "type1", "{text}");
+    assert!(
+        text.contains("no iommufd: ") && text.contains("vfio-dev is missing"),
+        "{text}"
+    );
+
+    // The device's cdev: auto takes iommufd.
+    std::fs::create_dir_all(real.join("vfio-dev/vfio0")).unwrap();
+    std::fs::write(base.join("dev/vfio/devices/vfio0"), "").unwrap();
+    let text = devices();
+    assert_eq!(opens(&text), "iommufd", "{text}");
+    assert!(!text.contains("no iommufd"), "{text}");
+}
+
 /// With `-N` left out every namespace is driven, as
 /// spdk_nvme_perf associates workers with namespaces (max(jobs,
 /// namespaces) rows, row r on job r mod jobs and namespace r mod

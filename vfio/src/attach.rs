@@ -8,6 +8,7 @@
 //! `mcqio-perf devices` and for the doctor).
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use vfio_ioctls::VfioDevice;
 use crate::container::VfioIommu;
 use crate::iommu::Iommu;
 use crate::iommufd::{cdev_name, iommufd_node, IommufdIommu};
-use crate::sysfs::{PciDevice, SysRoots};
+use crate::sysfs::{can_read_write, PciDevice, SysRoots};
 
 /// The environment variable that gives [`IommuChoice`]'s default, for tools
 /// that open devices without a device-string option (the guest test
@@ -110,45 +111,99 @@ pub struct Offered {
     pub iommufd: Result<String, String>,
 }
 
-/// What the kernel offers for `dev` (see [`Offered`]). Only looks at nodes,
-/// opens nothing.
+/// How this process could reach a node: `Ok` when it may open it read-write,
+/// `Err` with the reason and the fix (`grant`) otherwise.
+fn reachable(node: &Path, grant: &str) -> Result<(), String> {
+    match can_read_write(node) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!(
+            "this user may not open {}: {grant}",
+            node.display()
+        )),
+        Err(_) => Err(format!("{} is missing", node.display())),
+    }
+}
+
+/// What the running kernel offers before any device is looked at (for
+/// `mcqio-perf devices`): the type1 container (`/dev/vfio/vfio`, from
+/// `vfio_iommu_type1` or from iommufd's emulation of it) and iommufd
+/// (`/dev/iommu` and the VFIO device cdev class), each `Err` with why it is
+/// missing — the kernel option, the module, this user's access — and the
+/// fix. Only looks at nodes, opens nothing.
+pub fn interfaces(roots: &SysRoots) -> Offered {
+    let container = roots.vfio_container_node();
+    let iommu = iommufd_node(roots);
+    let type1 = if !container.exists() {
+        Err(format!(
+            "{} is missing: modprobe vfio-pci (kernel: CONFIG_VFIO_CONTAINER, or CONFIG_IOMMUFD_VFIO_CONTAINER)",
+            container.display()
+        ))
+    } else {
+        reachable(&container, "sudo chmod 0666 it (its default mode)").map(|()| {
+            let by = if roots.sys.join("module/vfio_iommu_type1").exists() {
+                "vfio_iommu_type1"
+            } else if iommu.exists() && roots.sys.join("module/iommufd").exists() {
+                "iommufd's emulation of it"
+            } else {
+                "vfio_iommu_type1 once loaded"
+            };
+            format!("{} ({by})", container.display())
+        })
+    };
+    let cdevs = roots.sys.join("class/vfio-dev");
+    let iommufd = if !iommu.exists() {
+        Err(format!(
+            "{} is missing: CONFIG_IOMMUFD is off (as in every Debian kernel; fixtures/vm/kernel/build.sh builds one with it)",
+            iommu.display()
+        ))
+    } else if !cdevs.exists() {
+        Err(format!(
+            "{} is missing: CONFIG_VFIO_DEVICE_CDEV is off, or vfio-pci is not loaded (modprobe vfio-pci)",
+            cdevs.display()
+        ))
+    } else {
+        reachable(
+            &iommu,
+            "sudo setfacl -m u:$USER:rw /dev/iommu (or a udev rule giving it a group)",
+        )
+        .map(|()| format!("{} + device cdevs", iommu.display()))
+    };
+    Offered { type1, iommufd }
+}
+
+/// What the kernel offers for `dev` (see [`Offered`]): the nodes exist and
+/// this process may open them. Only looks at nodes, opens nothing.
 pub fn offered(roots: &SysRoots, dev: &PciDevice) -> Offered {
+    let system = interfaces(roots);
+    let grant = format!("mcqio-perf bind {} --user $USER", dev.bdf);
     let container = roots.vfio_container_node();
     let type1 = match dev.iommu_group {
         None => Err("no IOMMU group (the IOMMU is off)".to_string()),
-        Some(_) if !container.exists() => Err(format!(
-            "{} is missing (no VFIO, or a kernel without CONFIG_VFIO_CONTAINER and CONFIG_IOMMUFD_VFIO_CONTAINER)",
-            container.display()
-        )),
-        Some(g) => {
+        Some(g) => system.type1.and_then(|_| {
             let node = roots.vfio_group_node(g);
-            if node.exists() || !dev.is_vfio() {
-                Ok(format!("{} + {}", container.display(), node.display()))
-            } else {
-                Err(format!("{} is missing", node.display()))
+            // The group node appears when the device is bound to vfio-pci.
+            if dev.is_vfio() {
+                reachable(&node, &grant)?;
             }
-        }
+            Ok(format!("{} + {}", container.display(), node.display()))
+        }),
     };
-    let iommu = iommufd_node(roots);
-    let iommufd = if !iommu.exists() {
-        Err(format!(
-            "{} is missing: the kernel has no CONFIG_IOMMUFD (no Debian kernel enables it)",
-            iommu.display()
-        ))
-    } else if !dev.is_vfio() {
-        Err("the device has a cdev only while bound to vfio-pci".to_string())
-    } else {
-        match cdev_name(dev) {
-            Some(name) => Ok(format!(
-                "{} + {}",
-                iommu.display(),
-                crate::iommufd::vfio_cdev_node(roots, &name).display()
-            )),
+    let iommufd = match system.iommufd {
+        Err(why) => Err(why),
+        Ok(_) if !dev.is_vfio() => {
+            Err("the device has a cdev only while bound to vfio-pci".to_string())
+        }
+        Ok(_) => match cdev_name(dev) {
+            Some(name) => {
+                let node = crate::iommufd::vfio_cdev_node(roots, &name);
+                reachable(&node, &grant)
+                    .map(|()| format!("{} + {}", iommufd_node(roots).display(), node.display()))
+            }
             None => Err(format!(
-                "{} is missing: the kernel has no CONFIG_VFIO_DEVICE_CDEV",
+                "{} is missing: CONFIG_VFIO_DEVICE_CDEV is off",
                 dev.path.join("vfio-dev").display()
             )),
-        }
+        },
     };
     Offered { type1, iommufd }
 }
@@ -181,5 +236,55 @@ impl Attached {
             Self::Type1(_) => IommuKind::Type1,
             Self::Iommufd(_) => IommuKind::Iommufd,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sysfs::fake::FakeSys;
+
+    /// Issue 42: what the kernel offers, named by the option or module that
+    /// is missing, for `mcqio-perf devices` before any device is looked at.
+    #[test]
+    fn interfaces_name_what_is_missing_and_who_serves_the_container() {
+        let fs = FakeSys::new();
+        let o = interfaces(&fs.roots);
+        let t = o.type1.unwrap_err();
+        assert!(t.contains("modprobe vfio-pci"), "{t}");
+        assert!(t.contains("CONFIG_VFIO_CONTAINER"), "{t}");
+        let i = o.iommufd.unwrap_err();
+        assert!(i.contains("CONFIG_IOMMUFD is off"), "{i}");
+
+        fs.write("dev/vfio/vfio", "");
+        fs.write(
+            "sys/module/vfio_iommu_type1/parameters/dma_entry_limit",
+            "65535\n",
+        );
+        fs.write("dev/iommu", "");
+        let o = interfaces(&fs.roots);
+        assert!(
+            o.type1.as_ref().unwrap().ends_with("(vfio_iommu_type1)"),
+            "{o:?}"
+        );
+        let i = o.iommufd.unwrap_err();
+        assert!(i.contains("CONFIG_VFIO_DEVICE_CDEV is off"), "{i}");
+
+        fs.write("sys/class/vfio-dev/vfio0/dev", "");
+        assert!(interfaces(&fs.roots)
+            .iommufd
+            .unwrap()
+            .contains("device cdevs"));
+
+        // The compat kernel: a container, no type1 module, iommufd loaded.
+        let fs = FakeSys::new();
+        fs.write("dev/vfio/vfio", "");
+        fs.write("dev/iommu", "");
+        fs.write(
+            "sys/module/iommufd/parameters/allow_unsafe_interrupts",
+            "N\n",
+        );
+        let t = interfaces(&fs.roots).type1.unwrap();
+        assert!(t.ends_with("(iommufd's emulation of it)"), "{t}");
     }
 }

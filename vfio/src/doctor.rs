@@ -537,23 +537,11 @@ fn check_huge_pages(r: &SysRoots, dma_budget: u64) -> Check {
 /// exists only with `CONFIG_VFIO_DEVICE_CDEV`). Either way a run works as long
 /// as one of the two interfaces is there, so this is information.
 fn check_iommufd(r: &SysRoots) -> Check {
-    let iommu = iommufd_node(r);
-    let cdev_class = r.sys.join("class/vfio-dev");
-    let detail = match (iommu.exists(), cdev_class.exists()) {
-        (true, true) => format!(
-            "iommufd offered: {} and VFIO device cdevs ({}); `vfio:<BDF>` opens through it (iommu=auto), `vfio:<BDF>,iommu=type1` takes the container",
-            iommu.display(),
-            cdev_class.display()
+    let detail = match crate::attach::interfaces(r).iommufd {
+        Ok(what) => format!(
+            "iommufd offered: {what}; `vfio:<BDF>` opens through it (iommu=auto), `vfio:<BDF>,iommu=type1` takes the container"
         ),
-        (true, false) => format!(
-            "{} present, but no VFIO device cdevs ({} is missing: CONFIG_VFIO_DEVICE_CDEV is off), so mcqio uses the type1 container",
-            iommu.display(),
-            cdev_class.display()
-        ),
-        (false, _) => format!(
-            "{} absent (CONFIG_IOMMUFD is off, as in every Debian kernel), so mcqio uses the type1 container",
-            iommu.display()
-        ),
+        Err(why) => format!("iommufd not offered: {why}; mcqio uses the type1 container"),
     };
     Check::new("iommufd", CheckStatus::Info, detail)
 }

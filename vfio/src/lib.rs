@@ -92,7 +92,7 @@ pub mod setup;
 mod sys;
 pub mod sysfs;
 
-pub use attach::{offered, IommuChoice, IommuKind, Offered, IOMMU_ENV};
+pub use attach::{interfaces, offered, IommuChoice, IommuKind, Offered, IOMMU_ENV};
 pub use backend::{Backend, DoorbellHook, Mmio};
 pub use bar::{Bar, BarAccessError, BarBacking};
 pub use container::VfioIommu;

@@ -326,7 +326,10 @@ pub struct BindOptions {
     /// Bind even if the kernel is using the controller (mounted, swap,
     /// held, open), or if it is not an NVMe controller.
     pub force: bool,
-    /// Give this user (login name or numeric uid) `/dev/vfio/<group>`.
+    /// Give this user (login name or numeric uid) `/dev/vfio/<group>`, and
+    /// the device's cdev `/dev/vfio/devices/vfioN` where the kernel has one
+    /// (iommufd; `/dev/iommu` itself is shared by every device and is left
+    /// to the administrator, as `mcqio-perf doctor` says).
     pub user: Option<String>,
 }
 
@@ -345,7 +348,10 @@ pub struct BindOutcome {
     pub group: Option<u32>,
     /// `/dev/vfio/<group>`, after a bind.
     pub group_node: Option<PathBuf>,
-    /// The uid the group node was given to (`--user`).
+    /// The device's VFIO cdev (`/dev/vfio/devices/vfioN`), after a bind on
+    /// a kernel with `CONFIG_VFIO_DEVICE_CDEV` (the iommufd path).
+    pub cdev_node: Option<PathBuf>,
+    /// The uid the group node (and the cdev) was given to (`--user`).
     pub granted_uid: Option<u32>,
     /// Group peers that still keep the group from being viable: VFIO will
     /// refuse to open it until they are unbound or bound to vfio-pci too.
@@ -460,21 +466,26 @@ fn finish_bind(
     }
     let group = dev.iommu_group;
     let node = group.map(|g| roots.vfio_group_node(g));
+    let cdev_node =
+        crate::iommufd::cdev_name(&dev).map(|n| crate::iommufd::vfio_cdev_node(roots, &n));
+    let uid = match &opts.user {
+        Some(user) => Some(lookup_uid(user).ok_or_else(|| VfioError::NoSuchUser {
+            bdf: b.clone(),
+            user: user.clone(),
+        })?),
+        None => None,
+    };
     let mut granted_uid = None;
-    if let Some(node) = &node {
-        settle(wait, || node.exists());
-        if let Some(user) = &opts.user {
-            let uid = lookup_uid(user).ok_or_else(|| VfioError::NoSuchUser {
-                bdf: b.clone(),
-                user: user.clone(),
-            })?;
-            std::os::unix::fs::chown(node, Some(uid), None).map_err(|source| VfioError::Sysfs {
+    for n in node.iter().chain(cdev_node.iter()) {
+        settle(wait, || n.exists());
+        if let Some(uid) = uid {
+            std::os::unix::fs::chown(n, Some(uid), None).map_err(|source| VfioError::Sysfs {
                 bdf: b.clone(),
                 op: "chown",
-                path: node.clone(),
+                path: n.clone(),
                 source,
             })?;
-            log::info!("{b}: {} now belongs to uid {uid}", node.display());
+            log::info!("{b}: {} now belongs to uid {uid}", n.display());
             granted_uid = Some(uid);
         }
     }
@@ -486,6 +497,7 @@ fn finish_bind(
         changed,
         group,
         group_node: node,
+        cdev_node,
         granted_uid,
         blockers,
         forced_over,
@@ -598,6 +610,7 @@ fn finish_unbind(
         changed,
         group: dev.iommu_group,
         group_node: None,
+        cdev_node: None,
         granted_uid: None,
         blockers: Vec::new(),
         forced_over,
@@ -746,7 +759,14 @@ mod tests {
         assert_eq!(out.group, Some(3));
         assert_eq!(out.group_node, Some(fs.roots.vfio_group_node(3)));
         assert_eq!(out.granted_uid, Some(effective_uid()));
+        assert_eq!(out.cdev_node, None);
         assert!(out.blockers.is_empty());
+        // On a kernel with VFIO device cdevs the cdev is granted too.
+        fs.write(&format!("{dev}/vfio-dev/vfio0/dev"), "");
+        fs.write("dev/vfio/devices/vfio0", "");
+        let out = bind(&fs.roots, "0000:00:03.0", &opts).unwrap();
+        assert_eq!(out.cdev_node, Some(fs.roots.dev.join("vfio/devices/vfio0")));
+        assert_eq!(out.granted_uid, Some(effective_uid()));
         // Binding again changes nothing.
         let again = bind(&fs.roots, "0000:00:03.0", &BindOptions::default()).unwrap();
         assert!(!again.changed);

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use mcqio_vfio::{BindOptions, BindOutcome, DoctorOptions, SysRoots};
+use mcqio_vfio::{BindOptions, BindOutcome, DoctorOptions, IommuChoice, SysRoots};
 
 use crate::spec::parse_size;
 
@@ -142,8 +142,16 @@ fn outcome(verb: &str, o: &BindOutcome) {
         }
         println!();
     }
+    if let Some(n) = &o.cdev_node {
+        println!("  VFIO device cdev {} (iommufd)", n.display());
+    }
     if let Some(uid) = o.granted_uid {
-        println!("  group node given to uid {uid}");
+        let what = if o.cdev_node.is_some() {
+            "group node and cdev"
+        } else {
+            "group node"
+        };
+        println!("  {what} given to uid {uid}");
     }
     for b in &o.blockers {
         println!("  warning: {b} shares the IOMMU group and keeps it from being viable: unbind it or bind it to vfio-pci too");
@@ -158,6 +166,17 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// The line above `devices`' table: which IOMMU interfaces the kernel
+/// offers, and for each missing one why and the fix.
+fn print_interfaces(o: &mcqio_vfio::Offered) {
+    let say = |x: &Result<String, String>| match x {
+        Ok(what) => format!("yes, {what}"),
+        Err(why) => format!("no: {why}"),
+    };
+    println!("IOMMU interfaces: type1 {}", say(&o.type1));
+    println!("                  iommufd {}", say(&o.iommufd));
+}
+
 /// Run a set-up command.
 pub fn run(cmd: &Command) -> ExitCode {
     match cmd {
@@ -165,15 +184,17 @@ pub fn run(cmd: &Command) -> ExitCode {
             target: Some(t), ..
         }) => discovery(t),
         Command::Devices(a) => {
-            match mcqio_vfio::devices(&a.roots.get()) {
+            let roots = a.roots.get();
+            print_interfaces(&mcqio_vfio::interfaces(&roots));
+            match mcqio_vfio::devices(&roots) {
                 Ok(list) if list.is_empty() => {
                     println!("no NVMe controllers or UFS host controllers (PCI class 0x0108 / 0x0109) found");
                     ExitCode::SUCCESS
                 }
                 Ok(list) => {
                     println!(
-                        "{:<14} {:<5} {:<10} {:<10} {:<6} {:<14} In use / namespaces",
-                        "Address", "Kind", "ID", "Driver", "Group", "Group viable"
+                        "{:<14} {:<5} {:<10} {:<10} {:<6} {:<14} {:<8} In use / namespaces",
+                        "Address", "Kind", "ID", "Driver", "Group", "Group viable", "Opens"
                     );
                     for c in &list {
                         let p = &c.pci;
@@ -189,8 +210,16 @@ pub fn run(cmd: &Command) -> ExitCode {
                         } else {
                             "idle".to_string()
                         };
+                        // What `vfio:<BDF>` (iommu=auto) would open it
+                        // through; only a device on vfio-pci has the nodes.
+                        let offered = mcqio_vfio::offered(&roots, p);
+                        let opens = match (&offered.type1, &offered.iommufd) {
+                            _ if !p.is_vfio() => "-".to_string(),
+                            (Err(_), Err(_)) => "nothing".to_string(),
+                            _ => IommuChoice::Auto.resolve(&roots, p).to_string(),
+                        };
                         println!(
-                            "{:<14} {:<5} {:04x}:{:04x}  {:<10} {:<6} {:<14} {}",
+                            "{:<14} {:<5} {:04x}:{:04x}  {:<10} {:<6} {:<14} {:<8} {}",
                             p.bdf.to_string(),
                             c.transport.map_or("?", |t| t.name()),
                             p.vendor,
@@ -199,8 +228,18 @@ pub fn run(cmd: &Command) -> ExitCode {
                             p.iommu_group
                                 .map_or_else(|| "-".to_string(), |g| g.to_string()),
                             viable,
+                            opens,
                             usage
                         );
+                        if p.is_vfio() {
+                            for (name, why) in
+                                [("type1", &offered.type1), ("iommufd", &offered.iommufd)]
+                            {
+                                if let Err(why) = why {
+                                    println!("{:<14} no {name}: {why}", "");
+                                }
+                            }
+                        }
                         for b in &c.blockers {
                             println!("{:<14} group blocked by {b}", "");
                         }
