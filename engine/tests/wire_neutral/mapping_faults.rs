@@ -23,7 +23,9 @@ use mcqio::{
     Completion, Controller, ControllerOptions, Error, MappedQueuePair, MappedSubmitErrorKind,
     MappingMode, QpairOptions,
 };
-use mcqio_fixtures::iommu::{FlakyUnmaps, UnmapCall, UnmapFaultKind, UnmapFaultStats};
+use mcqio_fixtures::iommu::{
+    FakeInterface, FlakyUnmaps, UnmapCall, UnmapFaultKind, UnmapFaultStats,
+};
 use mcqio_fixtures::{FakeConfig, FakeController, FakeIommu};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -668,6 +670,35 @@ fn strict_and_lazy_with_device_threads_survive_a_flaky_iommu() {
         all.push(run_flaky(rig, 30 + i as u64, 150, i % 2 == 0));
         let rig = ufs_rig_with(ufs_common::threaded_cfg(true, 1), mode, true);
         all.push(run_flaky(rig, 40 + i as u64, 150, i % 2 == 1));
+    }
+    both_kinds(&all);
+}
+
+/// Issue 42 item 5: the same through the engine's iommufd code (`Ranged`
+/// over the fake's IOAS shape: one unmap call per run, one IOTLB sync per
+/// area, iommufd's errnos), on both wires, in every mapped mode.
+#[test]
+fn strict_and_lazy_through_iommufd_survive_a_flaky_iommu() {
+    let mut all = Vec::new();
+    for (i, mode) in mapped_modes().into_iter().enumerate() {
+        let mut cfg = FakeConfig::sync();
+        cfg.iommu.interface = FakeInterface::Iommufd;
+        let rig = nvme_rig_with(cfg, mode.clone());
+        // The DMA space maps through the wrapper, not the fake itself.
+        assert_ne!(
+            Arc::as_ptr(rig.space.iommu()) as *const u8,
+            Arc::as_ptr(&rig.iommu) as *const u8,
+            "not the iommufd path"
+        );
+        all.push(run_flaky(rig, 50 + i as u64, 300, i % 2 == 0));
+        let mut cfg = ufs_common::sync_cfg(true);
+        cfg.iommu.interface = FakeInterface::Iommufd;
+        all.push(run_flaky(
+            ufs_rig_with(cfg, mode, true),
+            60 + i as u64,
+            300,
+            i % 2 == 1,
+        ));
     }
     both_kinds(&all);
 }
