@@ -143,3 +143,129 @@ fn dma_bench_uses_a_log_axis_for_rates_far_apart() {
     ]);
     check(&svg, &["(log)", "4096 B I/Os"]);
 }
+
+/// The `<text>` elements with their anchor position (x, y) and contents.
+fn placed_texts(svg_path: &Path) -> Vec<(f64, f64, String)> {
+    let svg = std::fs::read_to_string(svg_path).unwrap();
+    let doc = roxmltree::Document::parse(&svg).expect("the chart is well-formed SVG");
+    doc.descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| {
+            let x = n.attribute("x")?.parse().ok()?;
+            let y = n.attribute("y")?.parse().ok()?;
+            Some((x, y, n.text()?.trim().to_string()))
+        })
+        .collect()
+}
+
+/// Reads an SI tick label back: `200k` is 200000.
+fn si_value(t: &str) -> Option<f64> {
+    let (num, mult) = match t.chars().last()? {
+        'k' => (&t[..t.len() - 1], 1e3),
+        'M' => (&t[..t.len() - 1], 1e6),
+        'G' => (&t[..t.len() - 1], 1e9),
+        _ => (t, 1.0),
+    };
+    Some(num.parse::<f64>().ok()? * mult)
+}
+
+/// Devices 10 to 100 times apart get a log IOPS axis spanning one to two
+/// decades, where plotters' own ticks named the decade twice (`100k` at
+/// two heights). Every tick label of the IOPS axis is distinct and sits
+/// higher the larger it is; the latency axis is in percentiles (nines).
+#[test]
+fn the_iops_axis_names_each_tick_once_and_latency_is_in_nines() {
+    let d = dir();
+    let svg = d.join("ticks.svg");
+    perf(&[
+        "-d",
+        "fake:null",
+        "-t",
+        "1",
+        "--compare",
+        "fake,latency=1ms",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let t = placed_texts(&svg);
+    // The left panel's y tick labels: right-aligned in its label area.
+    let mut ticks: Vec<(f64, f64)> = t
+        .iter()
+        .filter(|(x, _, _)| *x > 30.0 && *x < 80.0)
+        .filter_map(|(_, y, s)| Some((*y, si_value(s)?)))
+        .collect();
+    assert!(ticks.len() >= 2, "IOPS ticks: {t:?}");
+    ticks.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for w in ticks.windows(2) {
+        // SVG y grows downwards: a lower tick has a larger y and a smaller value.
+        assert!(
+            w[0].1 > w[1].1,
+            "IOPS ticks not distinct and increasing upwards: {ticks:?}"
+        );
+    }
+    let labels: Vec<&str> = t.iter().map(|(_, _, s)| s.as_str()).collect();
+    for want in ["90%", "99%", "99.9%"] {
+        assert!(
+            labels.contains(&want),
+            "no percentile tick {want}: {labels:?}"
+        );
+    }
+    assert!(
+        labels.iter().any(|l| l.contains("percentile")),
+        "{labels:?}"
+    );
+}
+
+/// `dma-bench` over 1 and 2 threads: whole thread counts on the x axis
+/// (no 1.1, 1.2 ...), the legend right of every tick (outside the
+/// plotting area), and the invalidation cost the fake IOMMU modelled in
+/// the title.
+#[test]
+fn dma_bench_chart_has_whole_threads_a_clear_legend_and_its_cost() {
+    let d = dir();
+    let svg = d.join("dma-threads.svg");
+    perf(&[
+        "dma-bench",
+        "-t",
+        "100ms",
+        "--threads",
+        "1,2",
+        "--inval-cost",
+        "20us",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let t = placed_texts(&svg);
+    let labels: Vec<&str> = t.iter().map(|(_, _, s)| s.as_str()).collect();
+    assert!(
+        labels
+            .iter()
+            .any(|l| l.contains("20 us per IOTLB invalidation")),
+        "the title omits the invalidation cost: {labels:?}"
+    );
+    // The x tick labels: the lowest row of numbers.
+    let bottom = t
+        .iter()
+        .filter(|(_, _, s)| s.parse::<f64>().is_ok())
+        .map(|(_, y, _)| *y)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let xticks: Vec<&(f64, f64, String)> = t
+        .iter()
+        .filter(|(_, y, s)| *y == bottom && s.parse::<f64>().is_ok())
+        .collect();
+    assert!(!xticks.is_empty(), "{t:?}");
+    for (_, _, s) in &xticks {
+        assert!(!s.contains('.'), "thread tick {s:?}: {xticks:?}");
+    }
+    let right_edge = xticks.iter().map(|x| x.0).fold(0.0, f64::max);
+    for mode in ["premapped", "strict"] {
+        let (x, _, _) = t
+            .iter()
+            .find(|(_, _, s)| s == mode)
+            .unwrap_or_else(|| panic!("no legend entry {mode}: {labels:?}"));
+        assert!(
+            *x > right_edge,
+            "legend entry {mode} at x {x} inside the plot (last tick at {right_edge})"
+        );
+    }
+}

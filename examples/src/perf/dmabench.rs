@@ -101,6 +101,15 @@ fn space_for(
     Ok((backend, space))
 }
 
+/// What an IOTLB invalidation costs in this run, for the chart's title: the
+/// fake IOMMU's modelled busy-wait as configured, or a real IOMMU's own.
+fn inval_text(cost_us: Option<f64>) -> String {
+    match cost_us {
+        Some(c) => format!("fake IOMMU modelling {c} us per IOTLB invalidation"),
+        None => "the host IOMMU's own IOTLB invalidation cost".into(),
+    }
+}
+
 /// Run the table.
 pub fn run(a: &DmaBenchArgs) -> ExitCode {
     let fail = |e: String| {
@@ -200,9 +209,10 @@ pub fn run(a: &DmaBenchArgs) -> ExitCode {
     }
     if let Some(path) = &a.plot {
         let title = format!(
-            "map -> I/O -> unmap on {} ({} B I/Os)",
+            "map -> I/O -> unmap on {} ({} B I/Os, {})",
             a.device.label(),
-            a.io_size
+            a.io_size,
+            inval_text(cost_us)
         );
         if let Err(e) =
             crate::plot::line_chart(path, &title, "threads", "requests per second", &chart)

@@ -60,9 +60,8 @@ enum Cmd {
         /// devices only.
         #[arg(long)]
         recovery: bool,
-        /// Engine per-command timeout in milliseconds (0: none).
-        #[arg(long, default_value_t = 30_000)]
-        io_timeout_ms: u64,
+        #[command(flatten)]
+        timeouts: IoTimeoutArgs,
         /// How a queue thread waits when both rings are idle: irq (sleep at
         /// once, on the ublk ring and the engine queue's interrupt
         /// together), hybrid[:SPIN] (spin SPIN after the last work, then
@@ -87,13 +86,10 @@ enum Cmd {
         /// The NVMe namespace id or UFS LUN it served (default: the first).
         #[arg(long)]
         unit: Option<u32>,
-        /// Engine per-command timeout in milliseconds (0: none).
-        #[arg(long, default_value_t = 30_000)]
-        io_timeout_ms: u64,
-        /// How long to wait for the dead server's device to be quiesced
-        /// and released by the kernel, in seconds.
-        #[arg(long, default_value_t = 30)]
-        wait_s: u64,
+        #[command(flatten)]
+        timeouts: IoTimeoutArgs,
+        #[command(flatten)]
+        quiesce: QuiesceArgs,
         /// How a queue thread waits when both rings are idle: irq (sleep at
         /// once, on the ublk ring and the engine queue's interrupt
         /// together), hybrid[:SPIN] (spin SPIN after the last work, then
@@ -117,6 +113,68 @@ fn parse_size(s: &str) -> Result<u64, String> {
     mcqio_open::devstr::parse_size(s).map_err(|e| e.to_string())
 }
 
+/// Durations as every mcqio frontend reads them (`-t`, `kato=`): seconds
+/// or with a unit (`30s`, `500ms`, `2m`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    mcqio_open::devstr::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// The engine's per-command timeout, shared by `add` and `recover`.
+#[derive(clap::Args)]
+struct IoTimeoutArgs {
+    /// Engine per-command timeout: seconds or with a unit (30s, 500ms,
+    /// 2m; 0: none).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    io_timeout: Duration,
+    /// Deprecated spelling of --io-timeout in milliseconds, kept for one
+    /// release.
+    #[arg(long, hide = true, conflicts_with = "io_timeout")]
+    io_timeout_ms: Option<u64>,
+}
+
+impl IoTimeoutArgs {
+    /// The timeout to give the engine (`None`: none).
+    fn io_timeout(&self) -> Option<Duration> {
+        let t = self
+            .io_timeout_ms
+            .map_or(self.io_timeout, Duration::from_millis);
+        (!t.is_zero()).then_some(t)
+    }
+
+    /// Say so on stderr when the deprecated flag was used.
+    fn warn_deprecated(&self) {
+        if let Some(ms) = self.io_timeout_ms {
+            eprintln!("mcqio-ublk: --io-timeout-ms is deprecated: use --io-timeout {ms}ms");
+        }
+    }
+}
+
+/// `recover`: how long the dead server's device may take to be quiesced.
+#[derive(clap::Args)]
+struct QuiesceArgs {
+    /// How long to wait for the dead server's device to be quiesced and
+    /// released by the kernel: seconds or with a unit (30s, 2m).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    quiesce_timeout: Duration,
+    /// Deprecated spelling of --quiesce-timeout in seconds, kept for one
+    /// release.
+    #[arg(long, hide = true, conflicts_with = "quiesce_timeout")]
+    wait_s: Option<u64>,
+}
+
+impl QuiesceArgs {
+    fn timeout(&self) -> Duration {
+        self.wait_s
+            .map_or(self.quiesce_timeout, Duration::from_secs)
+    }
+
+    fn warn_deprecated(&self) {
+        if let Some(s) = self.wait_s {
+            eprintln!("mcqio-ublk: --wait-s is deprecated: use --quiesce-timeout {s}s");
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
@@ -129,37 +187,44 @@ fn main() -> ExitCode {
             max_io,
             user_copy,
             recovery,
-            io_timeout_ms,
+            timeouts,
             wait,
             null,
-        } => add(AddArgs {
-            device,
-            queues,
-            depth,
-            id,
-            unit,
-            max_io,
-            user_copy,
-            recovery,
-            io_timeout: timeout_of(io_timeout_ms),
-            wait,
-            null,
-        }),
+        } => {
+            timeouts.warn_deprecated();
+            add(AddArgs {
+                device,
+                queues,
+                depth,
+                id,
+                unit,
+                max_io,
+                user_copy,
+                recovery,
+                io_timeout: timeouts.io_timeout(),
+                wait,
+                null,
+            })
+        }
         Cmd::Recover {
             device,
             id,
             unit,
-            io_timeout_ms,
-            wait_s,
+            timeouts,
+            quiesce,
             wait,
-        } => recover(
-            &device,
-            id,
-            unit,
-            timeout_of(io_timeout_ms),
-            Duration::from_secs(wait_s),
-            wait,
-        ),
+        } => {
+            timeouts.warn_deprecated();
+            quiesce.warn_deprecated();
+            recover(
+                &device,
+                id,
+                unit,
+                timeouts.io_timeout(),
+                quiesce.timeout(),
+                wait,
+            )
+        }
         Cmd::List => list(),
         Cmd::Del { ids, all } => del(ids, all),
     };
@@ -178,10 +243,6 @@ fn wait_name(w: WaitPolicy) -> String {
         WaitPolicy::Interrupt => "irq".into(),
         WaitPolicy::Hybrid { spin } => format!("hybrid:{}us", spin.as_micros()),
     }
-}
-
-fn timeout_of(ms: u64) -> Option<Duration> {
-    (ms > 0).then(|| Duration::from_millis(ms))
 }
 
 struct AddArgs {
@@ -688,6 +749,77 @@ mod tests {
         assert_eq!(null, Some(NullMode::NoCopy));
         assert!(parse(&["add", "fake", "--null", "zero"]).is_err());
         assert!(parse(&["add", "fake", "--wait", "sometimes"]).is_err());
+    }
+
+    /// Durations take units as everywhere else (`-t 1s`, `kato=10s`):
+    /// `--io-timeout 500ms`, `--io-timeout 0` for none, a bare number is
+    /// seconds; `--io-timeout-ms` stays for one release as a hidden alias
+    /// and is refused together with `--io-timeout`. `recover`'s
+    /// `--quiesce-timeout` likewise, with `--wait-s` as its old spelling.
+    #[test]
+    fn timeouts_take_units_and_the_old_flags_still_work() {
+        let add_timeout = |args: &[&str]| {
+            let mut v = vec!["add", "fake"];
+            v.extend_from_slice(args);
+            let Cmd::Add { timeouts, .. } = parse(&v).unwrap().cmd else {
+                panic!("not add");
+            };
+            timeouts.io_timeout()
+        };
+        assert_eq!(add_timeout(&[]), Some(Duration::from_secs(30)));
+        assert_eq!(
+            add_timeout(&["--io-timeout", "500ms"]),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            add_timeout(&["--io-timeout", "2"]),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(add_timeout(&["--io-timeout", "0"]), None);
+        assert_eq!(
+            add_timeout(&["--io-timeout-ms", "1500"]),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(add_timeout(&["--io-timeout-ms", "0"]), None);
+        assert!(parse(&["add", "fake", "--io-timeout", "soon"]).is_err());
+        assert!(parse(&["add", "fake", "--io-timeout", "1s", "--io-timeout-ms", "5"]).is_err());
+        let recover_args = |args: &[&str]| {
+            let mut v = vec!["recover", "vfio:0000:00:04.0", "--id", "0"];
+            v.extend_from_slice(args);
+            let Cmd::Recover {
+                timeouts, quiesce, ..
+            } = parse(&v).unwrap().cmd
+            else {
+                panic!("not recover");
+            };
+            (timeouts.io_timeout(), quiesce.timeout())
+        };
+        assert_eq!(
+            recover_args(&[]),
+            (Some(Duration::from_secs(30)), Duration::from_secs(30))
+        );
+        assert_eq!(
+            recover_args(&["--io-timeout", "1m", "--quiesce-timeout", "90s"]),
+            (Some(Duration::from_secs(60)), Duration::from_secs(90))
+        );
+        assert_eq!(recover_args(&["--wait-s", "5"]).1, Duration::from_secs(5));
+        // The help lists the new spellings only.
+        let help = {
+            use clap::CommandFactory;
+            let mut c = Cli::command();
+            c.find_subcommand_mut("recover")
+                .unwrap()
+                .render_long_help()
+                .to_string()
+        };
+        assert!(
+            help.contains("--quiesce-timeout") && help.contains("--io-timeout"),
+            "{help}"
+        );
+        assert!(
+            !help.contains("--wait-s") && !help.contains("--io-timeout-ms"),
+            "{help}"
+        );
     }
 
     // Refused before the kernel or the engine is touched.

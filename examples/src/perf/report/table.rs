@@ -4,12 +4,16 @@ use std::fmt::Write as _;
 
 use super::{LatUs, RunReport, Stats};
 
-const RULE: &str = "========================================================================================================";
+/// The name column's width unless a name is longer (spdk_nvme_perf's).
+const NAME_WIDTH: usize = 44;
+/// Width of the figures right of the name column: `": "`, IOPS, MiB/s and
+/// the three latencies.
+const FIGURES_WIDTH: usize = 2 + 12 + 4 * 11;
 
-fn row(out: &mut String, name: &str, s: &Stats) {
+fn row(out: &mut String, width: usize, name: &str, s: &Stats) {
     let _ = writeln!(
         out,
-        "{name:<44}: {:>12.2} {:>10} {:>10.2} {:>10.2} {:>10.2}",
+        "{name:<width$}: {:>12.2} {:>10} {:>10.2} {:>10.2} {:>10.2}",
         s.iops,
         s.mib_s
             .map_or_else(|| "-".to_string(), |m| format!("{m:.2}")),
@@ -20,7 +24,7 @@ fn row(out: &mut String, name: &str, s: &Stats) {
 }
 
 /// The `read`/`write` rows under a row of a mixed workload.
-fn dir_rows(out: &mut String, s: &Stats) {
+fn dir_rows(out: &mut String, width: usize, s: &Stats) {
     if s.read.is_none() || s.write.is_none() {
         return;
     }
@@ -28,7 +32,7 @@ fn dir_rows(out: &mut String, s: &Stats) {
         if let Some(d) = d {
             let _ = writeln!(
                 out,
-                "{name:<44}: {:>12.2} {:>10} {:>10.2} {:>10.2} {:>10.2}",
+                "{name:<width$}: {:>12.2} {:>10} {:>10.2} {:>10.2} {:>10.2}",
                 d.iops,
                 d.mib_s
                     .map_or_else(|| "-".to_string(), |m| format!("{m:.2}")),
@@ -77,35 +81,46 @@ impl RunReport {
             },
             if w.verify { ", verify" } else { "" }
         );
-        let _ = writeln!(out, "{RULE}");
+        // The name column is as wide as its longest name (a tcp: device
+        // with its NQN, `vfio:<BDF>,iommu=iommufd`), so the figures stay in
+        // their columns.
+        let names: Vec<String> = self
+            .jobs
+            .iter()
+            .map(|j| {
+                let core = j
+                    .core
+                    .map_or_else(|| "any core".to_string(), |c| format!("core {c}"));
+                match j.unit() {
+                    Some(u) => format!("{} {u} from {core}", j.device),
+                    None => format!("{} from {core}", j.device),
+                }
+            })
+            .collect();
+        let width = names
+            .iter()
+            .map(|n| n.chars().count())
+            .fold(NAME_WIDTH, usize::max);
+        let rule = "=".repeat(width + FIGURES_WIDTH);
+        let _ = writeln!(out, "{rule}");
         let _ = writeln!(
             out,
-            "{:<44}  {:>12} {:>10} {:>32}",
+            "{:<width$}  {:>12} {:>10} {:>32}",
             "", "", "", "Latency(us)"
         );
         let _ = writeln!(
             out,
-            "{:<44}: {:>12} {:>10} {:>10} {:>10} {:>10}",
+            "{:<width$}: {:>12} {:>10} {:>10} {:>10} {:>10}",
             "Device Information", "IOPS", "MiB/s", "Average", "min", "max"
         );
-        for j in &self.jobs {
-            let core = j
-                .core
-                .map_or_else(|| "any core".to_string(), |c| format!("core {c}"));
-            row(
-                &mut out,
-                &match j.unit() {
-                    Some(u) => format!("{} {u} from {core}", j.device),
-                    None => format!("{} from {core}", j.device),
-                },
-                &j.stats,
-            );
-            dir_rows(&mut out, &j.stats);
+        for (j, name) in self.jobs.iter().zip(&names) {
+            row(&mut out, width, name, &j.stats);
+            dir_rows(&mut out, width, &j.stats);
         }
-        let _ = writeln!(out, "{RULE}");
+        let _ = writeln!(out, "{rule}");
         let t = &self.total.stats;
-        row(&mut out, "Total", t);
-        dir_rows(&mut out, t);
+        row(&mut out, width, "Total", t);
+        dir_rows(&mut out, width, t);
         let _ = writeln!(out);
         if t.iops_samples > 0 {
             let _ = writeln!(
@@ -311,6 +326,38 @@ mod tests {
             t.contains("Per I/O: latency clock tsc (2.00 reads per I/O, 7.0 ns per read)"),
             "{t}"
         );
+    }
+
+    /// A device string longer than the name column (a tcp: device with its
+    /// NQN) keeps every figure in its column: the header, the job row and
+    /// the Total row put their `: ` at the same place, and the rules are as
+    /// wide as the rows.
+    #[test]
+    fn long_device_names_keep_the_columns_aligned() {
+        for dev in [
+            "tcp:192.168.100.1:4420,nqn=nqn.2014-08.org.nvmexpress:uuid:8f1f5c7e-3a59-4d3c-9d1e-2b3b7d0c9a10",
+            "vfio:0000:00:04.0,iommu=iommufd",
+        ] {
+            let mut r = sample_run(dev, 1234.5, 2.0);
+            r.total.stats.read = None;
+            let t = r.table(false);
+            let lines: Vec<&str> = t
+                .lines()
+                .filter(|l| {
+                    l.starts_with("Device Information")
+                        || l.contains(" from core")
+                        || l.starts_with("Total")
+                })
+                .filter(|l| l.contains(": "))
+                .collect();
+            assert_eq!(lines.len(), 3, "{t}");
+            let at: Vec<usize> = lines.iter().map(|l| l.find(": ").unwrap()).collect();
+            assert!(at.iter().all(|&a| a == at[0]), "columns moved: {at:?}\n{t}");
+            let width = lines[0].chars().count();
+            assert!(lines.iter().all(|l| l.chars().count() == width), "{t}");
+            let rule = t.lines().find(|l| l.starts_with("===")).unwrap();
+            assert_eq!(rule.len(), width, "{t}");
+        }
     }
 
     #[test]
