@@ -196,8 +196,16 @@ pub fn offered(roots: &SysRoots, dev: &PciDevice) -> Offered {
         Ok(_) => match cdev_name(dev) {
             Some(name) => {
                 let node = crate::iommufd::vfio_cdev_node(roots, &name);
-                reachable(&node, &grant)
-                    .map(|()| format!("{} + {}", iommufd_node(roots).display(), node.display()))
+                // Denied access is a reason to take type1; a node sysfs
+                // names but devtmpfs lacks is left for the open to report.
+                match reachable(&node, &grant) {
+                    Err(why) if node.exists() => Err(why),
+                    _ => Ok(format!(
+                        "{} + {}",
+                        iommufd_node(roots).display(),
+                        node.display()
+                    )),
+                }
             }
             None => Err(format!(
                 "{} is missing: CONFIG_VFIO_DEVICE_CDEV is off",

@@ -185,6 +185,8 @@ mod tests {
         let real = fs.add(Dev::nvme(BDF, Some("vfio-pci"), Some(2)));
         if cdev {
             std::fs::create_dir_all(real.join("vfio-dev/vfio0")).unwrap();
+            // The class exists on every kernel with CONFIG_VFIO_DEVICE_CDEV.
+            std::fs::create_dir_all(fs.roots.sys.join("class/vfio-dev/vfio0")).unwrap();
         }
     }
 
